@@ -1,0 +1,67 @@
+/*
+ * shardbfc_sim.h -- controls of the simulated device (SIM backend).
+ *
+ * The SIM backend serves "device" memory from host memory and models streams
+ * and events, so that stream-ordering logic is testable without a GPU.  A
+ * simulated stream is idle unless held: events recorded on an idle stream are
+ * complete at once; events recorded while it is held stay incomplete until the
+ * stream is drained.
+ */
+#ifndef SHARDBFC_SIM_H
+#define SHARDBFC_SIM_H
+
+#include <shardbfc.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/*
+ * Creates a simulated stream for ctx (which must use the SIM backend; NULL is
+ * returned otherwise or on allocation failure).
+ * Context: thread-safe; takes the SIM backend's stream-registry lock (rare).
+ */
+BFC_API bfc_stream_t bfc_sim_stream_create(bfc_ctx_t *ctx);
+
+/*
+ * Destroys a simulated stream: its queued work is considered complete (as by
+ * bfc_sim_stream_drain) before it goes.  Does not release its shard (see
+ * bfc_ctx_stream_release).  NULL or an unknown stream is a no-op.
+ * Context: thread-safe; the stream must not be used afterwards.
+ */
+BFC_API void bfc_sim_stream_destroy(bfc_ctx_t *ctx, bfc_stream_t s);
+
+/*
+ * Work is in flight on s: events recorded on s from now on stay incomplete
+ * (until bfc_sim_stream_drain).  s may be NULL (the default stream).
+ * Context: thread-safe, lock-free.
+ */
+BFC_API void bfc_sim_stream_hold(bfc_ctx_t *ctx, bfc_stream_t s);
+
+/*
+ * All work queued on s has completed: every event recorded on s completes,
+ * and the hold ends.
+ * Context: thread-safe, lock-free.
+ */
+BFC_API void bfc_sim_stream_drain(bfc_ctx_t *ctx, bfc_stream_t s);
+
+/*
+ * Fault injection (tests and the perf harness): from now on, every Nth device
+ * memory allocation / every Nth event record or query of ctx's SIM backend
+ * fails (0 turns it off).  bfc_sim_set_alloc_ceiling: device allocations
+ * succeed only while the backend holds at most `bytes` (SIZE_MAX = off).
+ * Context: thread-safe, lock-free.
+ */
+BFC_API void bfc_sim_fail_alloc_every(bfc_ctx_t *ctx, unsigned n);
+BFC_API void bfc_sim_fail_event_every(bfc_ctx_t *ctx, unsigned n);
+BFC_API void bfc_sim_set_alloc_ceiling(bfc_ctx_t *ctx, size_t bytes);
+
+/* Number of device allocations the SIM backend has served and failed so far.
+ * Context: thread-safe, lock-free. */
+BFC_API uint64_t bfc_sim_backend_allocs(bfc_ctx_t *ctx);
+BFC_API uint64_t bfc_sim_backend_failures(bfc_ctx_t *ctx);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* SHARDBFC_SIM_H */

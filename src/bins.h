@@ -1,0 +1,71 @@
+/*
+ * bins.h -- the free-chunk index of one BFC arena.
+ *
+ * 21 bins: bin i holds free chunks of size in [256*2^i, 256*2^(i+1)), the
+ * last bin open-ended.  Inside a bin the chunks are kept in an intrusive
+ * balanced search tree ordered by (size, address); a bitmap records which bins
+ * are non-empty.  Best fit -- the smallest free chunk >= the request, lowest
+ * address among equal sizes -- costs O(log n) and never scans: a lower-bound
+ * search in the request's own bin, else the minimum of the next non-empty bin
+ * found with one find-first-set on the bitmap.
+ *
+ * Not thread-safe: the owning arena's lock protects a bins structure.
+ * The bins never allocate; a chunk carries its own tree links.
+ */
+#ifndef BFC_BINS_H
+#define BFC_BINS_H
+
+#include "internal.h"
+
+struct bfc__chunk;
+
+/* Intrusive tree links, embedded in every chunk record. */
+struct bfc__bin_link {
+    struct bfc__chunk *left, *right, *parent;
+    uint32_t prio;   /* treap priority (or balance info for another tree) */
+    uint32_t bin;    /* bin index while in a bin, BFC__NO_BIN otherwise */
+};
+#define BFC__NO_BIN UINT32_MAX
+
+/* What the bins need to see of a chunk (the rest lives in chunk.h). */
+struct bfc__chunk_key {
+    uintptr_t ptr;
+    size_t size;
+};
+
+struct bfc__bins {
+    uint32_t nonempty;                          /* bit i: bin i has chunks */
+    struct bfc__chunk *root[BFC__NUM_BINS];
+    size_t count[BFC__NUM_BINS];
+    size_t bytes[BFC__NUM_BINS];
+    size_t total_count;
+    size_t total_bytes;
+};
+
+/* Bin index of a size (a multiple of 256, >= 256): min(20, floor(log2(size/256))). */
+static inline uint32_t bfc__bin_for_size(size_t size)
+{
+    size_t units = size >> BFC__MIN_ALLOC_BITS;
+    uint32_t b = units ? (uint32_t)(63 - __builtin_clzll((unsigned long long)units)) : 0;
+    return b < BFC__NUM_BINS - 1 ? b : BFC__NUM_BINS - 1;
+}
+
+void bfc__bins_init(struct bfc__bins *b);
+/* c must not be in a bin; its key (ptr, size) must not change while binned. */
+void bfc__bins_insert(struct bfc__bins *b, struct bfc__chunk *c);
+void bfc__bins_remove(struct bfc__bins *b, struct bfc__chunk *c);
+/* The best-fit chunk for a rounded size (not removed), or NULL. */
+struct bfc__chunk *bfc__bins_best_fit(const struct bfc__bins *b, size_t rounded);
+/* Largest free chunk size (0 when empty). */
+size_t bfc__bins_largest(const struct bfc__bins *b);
+/* Calls fn on every chunk of bin i in (size, address) order; stops when fn
+ * returns non-zero and returns that value. */
+int bfc__bins_walk(const struct bfc__bins *b, uint32_t i,
+                   int (*fn)(struct bfc__chunk *c, void *arg), void *arg);
+/* Is c in bin i's tree (O(log n) search by key)?  For bfc_ctx_check. */
+bool bfc__bins_contains(const struct bfc__bins *b, uint32_t i, const struct bfc__chunk *c);
+/* Verifies tree order, links, counts, bytes and the bitmap; 0 if sound,
+ * else writes a description into buf and returns -1. */
+int bfc__bins_verify(const struct bfc__bins *b, char *buf, size_t len);
+
+#endif /* BFC_BINS_H */

@@ -1,0 +1,47 @@
+/*
+ * chunk.h -- the chunk record: one contiguous piece of a region, wholly free
+ * or wholly in use.
+ *
+ * The chunks of a region cover it without gaps, linked in address order
+ * (prev/next).  Records come from the owning arena's slab (meta.h), so their
+ * addresses are stable for the life of the arena; the region's handle table
+ * maps the start of each chunk to its record.
+ *
+ * Who touches what: every field is written only under the owning arena's
+ * lock, except `state`, which a cross-stream free moves from INUSE to FREEING
+ * with a compare-and-swap without that lock (the claim that makes exactly one
+ * of two racing frees win).
+ */
+#ifndef BFC_CHUNK_H
+#define BFC_CHUNK_H
+
+#include "bins.h"
+
+enum bfc__chunk_state {
+    BFC__CHUNK_FREE = 0,   /* in a bin (or, transiently, being merged) */
+    BFC__CHUNK_INUSE = 1,  /* handed out */
+    BFC__CHUNK_FREEING = 2,/* claimed by a cross-stream free, in the owner's queue */
+    BFC__CHUNK_PENDING = 3 /* freed, waiting for its fences; never merged or reused */
+};
+
+/* flags */
+#define BFC__CF_RETURNED 1u  /* this start address was handed to a user once */
+
+struct bfc__region;
+struct bfc__recorded;
+
+struct bfc__chunk {
+    void *slab_link;               /* first word: the slab's free-list link */
+    _Atomic uint32_t state;        /* enum bfc__chunk_state */
+    uint32_t flags;
+    uintptr_t ptr;                 /* start address (256-aligned) */
+    size_t size;                   /* multiple of 256 */
+    size_t requested;              /* size asked for while in use, else 0 */
+    int64_t alloc_id;              /* while in use, else -1 */
+    struct bfc__chunk *prev, *next;/* address-ordered neighbours in the region */
+    struct bfc__region *region;
+    struct bfc__recorded *recorded;/* streams named by record_stream */
+    struct bfc__bin_link link;     /* bins.c */
+};
+
+#endif /* BFC_CHUNK_H */

@@ -1,0 +1,98 @@
+/*
+ * internal.h -- definitions shared by every translation unit of libshardbfc.
+ * Not installed.  Internal non-static names start with bfc__.
+ */
+#ifndef BFC_INTERNAL_H
+#define BFC_INTERNAL_H
+
+#include "config.h" /* autoconf: BFC_HAVE_CUDA, BFC_META_JEMALLOC, BFC_DEBUG */
+
+#include <stdalign.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <shardbfc.h>
+
+#define BFC__LIKELY(x) __builtin_expect(!!(x), 1)
+#define BFC__UNLIKELY(x) __builtin_expect(!!(x), 0)
+#define BFC__CACHELINE 64
+
+/* Granule of every chunk and of every returned pointer. */
+#define BFC__MIN_ALLOC_BITS 8
+#define BFC__MIN_ALLOC ((size_t)1 << BFC__MIN_ALLOC_BITS) /* 256 */
+#define BFC__NUM_BINS 21
+#define BFC__KiB ((size_t)1 << 10)
+#define BFC__MiB ((size_t)1 << 20)
+#define BFC__GiB ((size_t)1 << 30)
+/* TensorFlow's kMaxInternalFragmentation rule: 128 MiB. */
+#define BFC__MAX_INTERNAL_FRAG (128 * BFC__MiB)
+
+/*
+ * Configure switches as constants (jemalloc's config_* idiom): debug code
+ * always compiles and is removed by the optimiser when off.
+ */
+#ifndef BFC_HAVE_CUDA
+#define BFC_HAVE_CUDA 0
+#endif
+#ifndef BFC_DEBUG
+#define BFC_DEBUG 0
+#endif
+#ifndef BFC_META_JEMALLOC
+#define BFC_META_JEMALLOC 0
+#endif
+static const bool bfc__config_cuda = BFC_HAVE_CUDA;
+static const bool bfc__config_debug = BFC_DEBUG;
+static const bool bfc__config_meta_jemalloc = BFC_META_JEMALLOC;
+
+/* Rounds n up to a multiple of 256; returns 0 when that would overflow. */
+static inline size_t bfc__round256(size_t n)
+{
+    if (n > SIZE_MAX - (BFC__MIN_ALLOC - 1))
+        return 0;
+    return (n + BFC__MIN_ALLOC - 1) & ~(BFC__MIN_ALLOC - 1);
+}
+
+/* Rounds n up to a multiple of a power of two `align`; 0 on overflow. */
+static inline size_t bfc__round_up(size_t n, size_t align)
+{
+    if (n > SIZE_MAX - (align - 1))
+        return 0;
+    return (n + align - 1) & ~(align - 1);
+}
+
+/*
+ * A pthread call on a lock the library initialised can only fail if memory
+ * was corrupted; there is no state to return to, so it reports and aborts
+ * (ctx.c).  Every other failure is a status code.
+ */
+void bfc__fatal(const char *what, int err) __attribute__((noreturn, cold));
+
+#include <pthread.h>
+static inline void bfc__lock(pthread_mutex_t *m)
+{
+    int e = pthread_mutex_lock(m);
+    if (BFC__UNLIKELY(e != 0))
+        bfc__fatal("pthread_mutex_lock", e);
+}
+
+static inline void bfc__unlock(pthread_mutex_t *m)
+{
+    int e = pthread_mutex_unlock(m);
+    if (BFC__UNLIKELY(e != 0))
+        bfc__fatal("pthread_mutex_unlock", e);
+}
+
+/* Sets the calling thread's bfc_last_error() (errors.c). */
+void bfc__set_last_error(int status);
+
+/*
+ * The configuration read once from SHARDBFC_CONF (config.c): *out is filled
+ * with the defaults plus the environment's spec; returns the parse status
+ * (BFC_EINVAL for a bad spec, in which case *out holds the defaults).
+ * Context: thread-safe (pthread_once).
+ */
+int bfc__config_from_env(bfc_config_t *out);
+
+#endif /* BFC_INTERNAL_H */
