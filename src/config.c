@@ -1,0 +1,465 @@
+/*
+ * config.c -- runtime configuration: defaults, the "key=value,..." spec
+ * parser shared by bfc_config_parse and SHARDBFC_CONF, and validation.
+ *
+ * The parser is all-or-nothing: it works on a private copy of the caller's
+ * struct and copies it back only after every item has parsed, so a spec
+ * with one bad item leaves *cfg byte-for-byte as it was (padding included,
+ * which is why the copies are memcpy rather than struct assignment).  It
+ * never allocates and never writes outside that copy: items are read in
+ * place as (pointer, length) spans of the caller's string, and numbers are
+ * converted by hand.  Hand conversion is deliberate, not thrift: strtoul
+ * silently accepts "-1" (wrapping it to ULONG_MAX), leading '+' and
+ * whitespace, and strtod honours LC_NUMERIC, so a server that set a German
+ * locale would read "0.5" as 0.  Every key has a closed grammar, so any
+ * byte that does not fit it (non-ASCII, control characters, a stray '=')
+ * is a plain BFC_EINVAL.
+ *
+ * Grammar: items separated by ',', each "key=value" with ASCII whitespace
+ * allowed around key and value; empty items are skipped; a later duplicate
+ * key overrides an earlier one.  An item longer than MAX_ITEM bytes is
+ * rejected, which bounds the work per item and lets the limit be stated.
+ *
+ * Range checks that concern a single field (initial_region != 0, a memory
+ * limit of 0 or >= 256 bytes, fraction in [0, 1], retry_ms <= 1 hour) are
+ * made by the parser too, so a spec applied to a valid config yields a valid
+ * config; bfc_config_validate repeats them for structs filled in by hand.
+ *
+ * Locking: bfc_config_* touch only the caller's struct.  The SHARDBFC_CONF
+ * cache is written once inside pthread_once and only read afterwards;
+ * pthread_once orders the write before every reader's return.
+ */
+#include "internal.h"
+
+#include <limits.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_ITEM 4096
+/* The smallest non-zero memory_limit: one 256-byte granule. */
+#define MIN_LIMIT BFC__MIN_ALLOC
+#define MAX_RETRY_MS 3600000u
+
+enum kind {
+    K_BACKEND,
+    K_DEVICE,
+    K_SIZE,
+    K_BOOL,
+    K_FRACTION,
+    K_UINT,
+    K_HOST_NUMA,
+};
+
+static const struct key {
+    const char *name;
+    enum kind kind;
+    size_t off;
+    /* K_SIZE: smallest accepted non-zero value, and whether 0 is allowed.
+     * K_UINT: hi is the largest accepted value. */
+    size_t lo;
+    bool zero_ok;
+    uint64_t hi;
+} keys[] = {
+    {"backend", K_BACKEND, offsetof(bfc_config_t, backend), 0, false, 0},
+    {"device", K_DEVICE, offsetof(bfc_config_t, device), 0, false, 0},
+    {"memory_limit", K_SIZE, offsetof(bfc_config_t, memory_limit), MIN_LIMIT, true, 0},
+    {"allow_growth", K_BOOL, offsetof(bfc_config_t, allow_growth), 0, false, 0},
+    {"initial_region", K_SIZE, offsetof(bfc_config_t, initial_region), 1, false, 0},
+    {"fragmentation_fraction", K_FRACTION, offsetof(bfc_config_t, fragmentation_fraction), 0,
+     false, 0},
+    {"garbage_collection", K_BOOL, offsetof(bfc_config_t, garbage_collection), 0, false, 0},
+    {"large_alloc", K_SIZE, offsetof(bfc_config_t, large_alloc), 0, true, 0},
+    {"retry_ms", K_UINT, offsetof(bfc_config_t, retry_ms), 0, false, MAX_RETRY_MS},
+    {"debug_check", K_BOOL, offsetof(bfc_config_t, debug_check), 0, false, 0},
+    {"poison", K_BOOL, offsetof(bfc_config_t, poison), 0, false, 0},
+    {"host_numa", K_HOST_NUMA, offsetof(bfc_config_t, host_numa), 0, false, 0},
+    {"sim_fail_alloc_every", K_UINT, offsetof(bfc_config_t, sim_fail_alloc_every), 0, false,
+     UINT_MAX},
+    {"sim_fail_event_every", K_UINT, offsetof(bfc_config_t, sim_fail_event_every), 0, false,
+     UINT_MAX},
+};
+
+/* A piece of the spec string, not NUL-terminated. */
+struct span {
+    const char *p;
+    size_t n;
+};
+
+/* The C locale's isspace, independent of the process locale. */
+static bool is_ws(char c)
+{
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
+}
+
+static bool is_digit(char c)
+{
+    return c >= '0' && c <= '9';
+}
+
+static char lower(char c)
+{
+    return (c >= 'A' && c <= 'Z') ? (char)(c - 'A' + 'a') : c;
+}
+
+static struct span trim(struct span s)
+{
+    while (s.n > 0 && is_ws(s.p[0])) {
+        s.p++;
+        s.n--;
+    }
+    while (s.n > 0 && is_ws(s.p[s.n - 1]))
+        s.n--;
+    return s;
+}
+
+static bool eq(struct span s, const char *word)
+{
+    size_t n = strlen(word);
+    return s.n == n && memcmp(s.p, word, n) == 0;
+}
+
+/* Case-insensitive ASCII comparison; `word` is lower case. */
+static bool eq_nocase(struct span s, const char *word)
+{
+    size_t n = strlen(word);
+    if (s.n != n)
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if (lower(s.p[i]) != word[i])
+            return false;
+    return true;
+}
+
+/*
+ * Reads the leading decimal digits of s into *out.  Returns the number of
+ * digits read, or 0 when there is none or the value exceeds `max`.
+ */
+static size_t read_digits(struct span s, uint64_t max, uint64_t *out)
+{
+    uint64_t v = 0;
+    size_t i = 0;
+    while (i < s.n && is_digit(s.p[i])) {
+        unsigned d = (unsigned)(s.p[i] - '0');
+        if (v > (max - d) / 10)
+            return 0;
+        v = v * 10 + d;
+        i++;
+    }
+    *out = v;
+    return i;
+}
+
+/* The whole span is decimal digits with a value <= max. */
+static bool parse_uint(struct span s, uint64_t max, uint64_t *out)
+{
+    size_t used = read_digits(s, max, out);
+    return used > 0 && used == s.n;
+}
+
+/* Digits with an optional binary suffix: K, KB, KiB (any case), M..., G... */
+static bool parse_size(struct span s, size_t *out)
+{
+    uint64_t v;
+    size_t used = read_digits(s, SIZE_MAX, &v);
+    if (used == 0)
+        return false;
+    struct span suf = {s.p + used, s.n - used};
+    unsigned shift;
+    if (suf.n == 0)
+        shift = 0;
+    else if (eq_nocase(suf, "k") || eq_nocase(suf, "kb") || eq_nocase(suf, "kib"))
+        shift = 10;
+    else if (eq_nocase(suf, "m") || eq_nocase(suf, "mb") || eq_nocase(suf, "mib"))
+        shift = 20;
+    else if (eq_nocase(suf, "g") || eq_nocase(suf, "gb") || eq_nocase(suf, "gib"))
+        shift = 30;
+    else
+        return false;
+    if (v > (uint64_t)(SIZE_MAX >> shift))
+        return false;
+    *out = (size_t)v << shift;
+    return true;
+}
+
+static bool parse_bool(struct span s, bool *out)
+{
+    if (eq_nocase(s, "true") || eq(s, "1") || eq_nocase(s, "yes") || eq_nocase(s, "on")) {
+        *out = true;
+        return true;
+    }
+    if (eq_nocase(s, "false") || eq(s, "0") || eq_nocase(s, "no") || eq_nocase(s, "off")) {
+        *out = false;
+        return true;
+    }
+    return false;
+}
+
+/*
+ * A decimal number in [0, 1]: [+]digits[.digits][e[+-]digits] or
+ * [+].digits[...].  No nan, inf, hex or locale-specific decimal point.
+ * The first 19 significant digits are kept; the result is the mantissa
+ * divided by an exact power of ten, which is correctly rounded whenever the
+ * mantissa is below 2^53 and at most 22 fraction digits are given (every
+ * realistic spelling), and within an ulp or two otherwise.
+ */
+static bool parse_fraction(struct span s, double *out)
+{
+    static const double pow10[] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,
+                                   1e8,  1e9,  1e10, 1e11, 1e12, 1e13, 1e14, 1e15,
+                                   1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
+    const uint64_t room = (UINT64_MAX - 9) / 10;
+    uint64_t mant = 0;
+    long exp10 = 0; /* value = mant * 10^exp10 */
+    bool any = false;
+    size_t i = 0;
+
+    if (i < s.n && s.p[i] == '+')
+        i++;
+    for (; i < s.n && is_digit(s.p[i]); i++) {
+        any = true;
+        if (mant <= room)
+            mant = mant * 10 + (uint64_t)(s.p[i] - '0');
+        else
+            exp10++; /* dropped integer digit still scales the value */
+    }
+    if (i < s.n && s.p[i] == '.') {
+        for (i++; i < s.n && is_digit(s.p[i]); i++) {
+            any = true;
+            if (mant <= room) {
+                mant = mant * 10 + (uint64_t)(s.p[i] - '0');
+                exp10--;
+            }
+        }
+    }
+    if (!any)
+        return false;
+    if (i < s.n && (s.p[i] == 'e' || s.p[i] == 'E')) {
+        long sign = 1, e = 0;
+        bool edig = false;
+        i++;
+        if (i < s.n && (s.p[i] == '+' || s.p[i] == '-'))
+            sign = s.p[i++] == '-' ? -1 : 1;
+        for (; i < s.n && is_digit(s.p[i]); i++) {
+            edig = true;
+            if (e < 100000) /* far beyond any double's range; avoids overflow */
+                e = e * 10 + (s.p[i] - '0');
+        }
+        if (!edig)
+            return false;
+        exp10 += sign * e;
+    }
+    if (i != s.n)
+        return false;
+
+    if (mant == 0) {
+        *out = 0.0;
+        return true;
+    }
+    if (exp10 > 0)
+        return false; /* a non-zero mantissa times 10 or more is > 1 */
+    double v = (double)mant;
+    long k = -exp10;
+    while (k > 22 && v != 0.0) {
+        v /= pow10[22];
+        k -= 22;
+    }
+    if (k > 22)
+        k = 0; /* v is already 0 */
+    v /= pow10[k];
+    if (v > 1.0)
+        return false;
+    *out = v;
+    return true;
+}
+
+/* Applies one value to the field `k` names in *cfg.  false: bad value. */
+static bool apply(bfc_config_t *cfg, const struct key *k, struct span v)
+{
+    char *field = (char *)cfg + k->off;
+    uint64_t u;
+
+    switch (k->kind) {
+    case K_BACKEND: {
+        bfc_backend_t b;
+        if (eq_nocase(v, "auto"))
+            b = BFC_BACKEND_AUTO;
+        else if (eq_nocase(v, "cuda"))
+            b = BFC_BACKEND_CUDA;
+        else if (eq_nocase(v, "sim"))
+            b = BFC_BACKEND_SIM;
+        else
+            return false;
+        *(bfc_backend_t *)(void *)field = b;
+        return true;
+    }
+    case K_DEVICE:
+        if (!parse_uint(v, INT_MAX, &u))
+            return false;
+        *(int *)(void *)field = (int)u;
+        return true;
+    case K_SIZE: {
+        size_t sz;
+        if (!parse_size(v, &sz))
+            return false;
+        if (sz == 0 ? !k->zero_ok : sz < k->lo)
+            return false;
+        *(size_t *)(void *)field = sz;
+        return true;
+    }
+    case K_BOOL: {
+        bool b;
+        if (!parse_bool(v, &b))
+            return false;
+        *(bool *)(void *)field = b;
+        return true;
+    }
+    case K_FRACTION: {
+        double d;
+        if (!parse_fraction(v, &d))
+            return false;
+        *(double *)(void *)field = d;
+        return true;
+    }
+    case K_UINT:
+        if (!parse_uint(v, k->hi, &u))
+            return false;
+        *(unsigned *)(void *)field = (unsigned)u;
+        return true;
+    case K_HOST_NUMA: {
+        int node;
+        if (eq_nocase(v, "thread"))
+            node = BFC_HOST_NUMA_THREAD;
+        else if (eq_nocase(v, "gpu"))
+            node = BFC_HOST_NUMA_GPU;
+        else if (parse_uint(v, INT_MAX, &u))
+            node = (int)u;
+        else
+            return false;
+        *(int *)(void *)field = node;
+        return true;
+    }
+    }
+    return false;
+}
+
+/* One comma-free item.  BFC_OK (also for an empty item) or BFC_EINVAL. */
+static int parse_item(bfc_config_t *cfg, struct span item)
+{
+    if (item.n > MAX_ITEM)
+        return BFC_EINVAL;
+    item = trim(item);
+    if (item.n == 0)
+        return BFC_OK;
+    const char *eqsign = memchr(item.p, '=', item.n);
+    if (eqsign == NULL)
+        return BFC_EINVAL;
+    struct span key = trim((struct span){item.p, (size_t)(eqsign - item.p)});
+    struct span val = trim((struct span){eqsign + 1, item.n - (size_t)(eqsign - item.p) - 1});
+    if (key.n == 0 || val.n == 0)
+        return BFC_EINVAL;
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+        if (eq(key, keys[i].name))
+            return apply(cfg, &keys[i], val) ? BFC_OK : BFC_EINVAL;
+    return BFC_EINVAL;
+}
+
+void bfc_config_init(bfc_config_t *cfg)
+{
+    if (cfg == NULL)
+        return;
+    /* Zero first so padding bytes are deterministic: callers memcmp configs. */
+    memset(cfg, 0, sizeof *cfg);
+    cfg->backend = BFC_BACKEND_AUTO;
+    cfg->device = 0;
+    cfg->memory_limit = 0;
+    cfg->allow_growth = true;
+    cfg->initial_region = 2 * BFC__MiB;
+    cfg->fragmentation_fraction = 0.0;
+    cfg->garbage_collection = false;
+    cfg->large_alloc = 32 * BFC__MiB;
+    cfg->retry_ms = 0;
+    cfg->debug_check = false;
+    cfg->poison = false;
+    cfg->host_numa = BFC_HOST_NUMA_THREAD;
+    cfg->sim_fail_alloc_every = 0;
+    cfg->sim_fail_event_every = 0;
+}
+
+int bfc_config_parse(bfc_config_t *cfg, const char *spec)
+{
+    if (cfg == NULL)
+        return BFC_EINVAL;
+    if (spec == NULL)
+        return BFC_OK;
+
+    bfc_config_t tmp;
+    memcpy(&tmp, cfg, sizeof tmp);
+    const char *p = spec;
+    for (;;) {
+        size_t n = strcspn(p, ",");
+        if (parse_item(&tmp, (struct span){p, n}) != BFC_OK)
+            return BFC_EINVAL;
+        if (p[n] == '\0')
+            break;
+        p += n + 1;
+    }
+    memcpy(cfg, &tmp, sizeof tmp);
+    return BFC_OK;
+}
+
+int bfc_config_validate(const bfc_config_t *cfg)
+{
+    if (cfg == NULL)
+        return BFC_EINVAL;
+    /* Compare as int: the struct may have been filled from outside the enum. */
+    int backend = (int)cfg->backend;
+    if (backend != BFC_BACKEND_AUTO && backend != BFC_BACKEND_CUDA &&
+        backend != BFC_BACKEND_SIM)
+        return BFC_EINVAL;
+    if (cfg->device < 0)
+        return BFC_EINVAL;
+    if (cfg->initial_region == 0)
+        return BFC_EINVAL;
+    /* Written so that NaN fails both comparisons and is rejected. */
+    if (!(cfg->fragmentation_fraction >= 0.0 && cfg->fragmentation_fraction <= 1.0))
+        return BFC_EINVAL;
+    if (cfg->memory_limit != 0 && cfg->memory_limit < MIN_LIMIT)
+        return BFC_EINVAL;
+    if (cfg->host_numa < BFC_HOST_NUMA_GPU)
+        return BFC_EINVAL;
+    return BFC_OK;
+}
+
+/* ------------------------------------------------------- SHARDBFC_CONF */
+
+static pthread_once_t env_once = PTHREAD_ONCE_INIT;
+static bfc_config_t env_cfg;
+static int env_status;
+
+/*
+ * Runs once per process.  getenv is read here and never again, so a later
+ * setenv (which may race with getenv) cannot affect a running service.
+ * A bad spec leaves the defaults in env_cfg, since the parse is
+ * all-or-nothing.
+ */
+static void env_load(void)
+{
+    bfc_config_init(&env_cfg);
+    env_status = bfc_config_parse(&env_cfg, getenv("SHARDBFC_CONF"));
+}
+
+int bfc__config_from_env(bfc_config_t *out)
+{
+    if (out == NULL)
+        return BFC_EINVAL;
+    int rc = pthread_once(&env_once, env_load);
+    if (rc != 0) {
+        /* pthread_once cannot fail on glibc; if it ever does, run on the
+         * defaults rather than read a half-initialised cache. */
+        bfc_config_init(out);
+        return BFC_ESTATE;
+    }
+    memcpy(out, &env_cfg, sizeof *out);
+    return env_status;
+}

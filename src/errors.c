@@ -1,0 +1,55 @@
+/*
+ * errors.c -- status codes: their descriptions, their names, and the
+ * per-thread "last error" of pointer-returning calls.
+ *
+ * Every string here is generated from the single BFC_ERRNO_MAP table in
+ * shardbfc.h (libuv's UV_ERRNO_MAP idiom), so adding a code there adds its
+ * description and name here with no second list to keep in step.  Both
+ * lookups are switch statements over compile-time constants: no table to
+ * initialise, no lock, and a value outside the table falls to the default
+ * arm instead of indexing out of bounds.
+ *
+ * The last error is a _Thread_local int: each thread sees only its own
+ * calls' outcomes, so no synchronisation is needed and a failing call on one
+ * thread cannot be observed as another thread's failure.  A thread that has
+ * made no failing call reads BFC_OK (static TLS initialisation).
+ */
+#include "internal.h"
+
+static _Thread_local int last_error = BFC_OK;
+
+const char *bfc_strerror(int status)
+{
+    switch (status) {
+#define BFC__ERRNO_DESC(name, val, desc) \
+    case BFC_##name:                    \
+        return desc;
+        BFC_ERRNO_MAP(BFC__ERRNO_DESC)
+#undef BFC__ERRNO_DESC
+    default:
+        return "unknown status";
+    }
+}
+
+const char *bfc_err_name(int status)
+{
+    switch (status) {
+#define BFC__ERRNO_NAME(name, val, desc) \
+    case BFC_##name:                    \
+        return "BFC_" #name;
+        BFC_ERRNO_MAP(BFC__ERRNO_NAME)
+#undef BFC__ERRNO_NAME
+    default:
+        return "BFC_UNKNOWN";
+    }
+}
+
+int bfc_last_error(void)
+{
+    return last_error;
+}
+
+void bfc__set_last_error(int status)
+{
+    last_error = status;
+}
