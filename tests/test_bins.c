@@ -1,0 +1,782 @@
+/*
+ * test_bins.c -- Check suite for bins.c, the free-chunk index of an arena.
+ *
+ * White-box: chunk records are calloc'd here with only ptr, size and
+ * link.bin = BFC__NO_BIN set, as the arena does, and handed straight to the
+ * bins.  The suite checks the size classes, every best-fit rule (smallest
+ * sufficient size, lowest address among equals, fall-through to the next
+ * non-empty bin, none), largest, walk order, that bfc__bins_verify notices
+ * corruption, and compares the bins against a brute-force reference on a long
+ * random sequence and at 100 000 chunks.  All randomness is a fixed-seed
+ * splitmix64, printed on failure.
+ *
+ * BFC_BINS_BENCH=1 also prints a microbenchmark (ns per insert + best_fit +
+ * remove with 1000 and with 100 000 chunks present); it asserts nothing.
+ */
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "bins.h"
+#include "chunk.h"
+
+/* ------------------------------------------------------------- helpers */
+
+static uint64_t rng_state;
+
+static void rng_seed(uint64_t seed)
+{
+    rng_state = seed;
+}
+
+static uint64_t rng_next(void)
+{
+    uint64_t z = (rng_state += UINT64_C(0x9e3779b97f4a7c15));
+    z = (z ^ (z >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
+    z = (z ^ (z >> 27)) * UINT64_C(0x94d049bb133111eb);
+    return z ^ (z >> 31);
+}
+
+static uint64_t rng_below(uint64_t n)
+{
+    return rng_next() % n;
+}
+
+static struct bfc__chunk *mk(uintptr_t ptr, size_t size)
+{
+    struct bfc__chunk *c = calloc(1, sizeof *c);
+    ck_assert_ptr_nonnull(c);
+    c->ptr = ptr;
+    c->size = size;
+    c->link.bin = BFC__NO_BIN;
+    return c;
+}
+
+static void verify_ok(const struct bfc__bins *b)
+{
+    char msg[256];
+    int rc = bfc__bins_verify(b, msg, sizeof msg);
+    ck_assert_msg(rc == 0, "bins_verify: %s", msg);
+}
+
+/* A random multiple of 256 in bin `bin`'s range (bin 20 capped at 512 MiB). */
+static size_t size_in_bin(uint32_t bin)
+{
+    size_t lo = (size_t)256 << bin;
+    return lo + (size_t)rng_below(lo / 256) * 256;
+}
+
+/* A random permutation of 0..n-1 (Fisher-Yates). */
+static size_t *shuffled(size_t n)
+{
+    size_t *p = malloc(n * sizeof *p);
+    ck_assert_ptr_nonnull(p);
+    for (size_t i = 0; i < n; i++)
+        p[i] = i;
+    for (size_t i = n; i > 1; i--) {
+        size_t j = (size_t)rng_below(i);
+        size_t t = p[i - 1];
+        p[i - 1] = p[j];
+        p[j] = t;
+    }
+    return p;
+}
+
+static int key_cmp(const void *a, const void *b)
+{
+    const struct bfc__chunk *x = *(struct bfc__chunk *const *)a;
+    const struct bfc__chunk *y = *(struct bfc__chunk *const *)b;
+    if (x->size != y->size)
+        return x->size < y->size ? -1 : 1;
+    if (x->ptr != y->ptr)
+        return x->ptr < y->ptr ? -1 : 1;
+    return 0;
+}
+
+/* ----------------------------------------------------- size classes */
+
+START_TEST(test_bin_for_size)
+{
+    ck_assert_uint_eq(bfc__bin_for_size(256), 0);
+    ck_assert_uint_eq(bfc__bin_for_size(511), 0); /* not a valid size, but in bin 0 */
+    ck_assert_uint_eq(bfc__bin_for_size(512), 1);
+    ck_assert_uint_eq(bfc__bin_for_size(768), 1);
+    ck_assert_uint_eq(bfc__bin_for_size(1024), 2);
+    ck_assert_uint_eq(bfc__bin_for_size(256 * BFC__MiB - 256), 19);
+    ck_assert_uint_eq(bfc__bin_for_size(256 * BFC__MiB), 20);
+    ck_assert_uint_eq(bfc__bin_for_size(512 * BFC__MiB), 20);
+    ck_assert_uint_eq(bfc__bin_for_size((size_t)1 << 40), 20);
+    ck_assert_uint_eq(bfc__bin_for_size(SIZE_MAX & ~(size_t)255), 20);
+    for (uint32_t i = 0; i < 20; i++) {
+        ck_assert_uint_eq(bfc__bin_for_size((size_t)256 << i), i);
+        ck_assert_uint_eq(bfc__bin_for_size(((size_t)256 << (i + 1)) - 256), i);
+    }
+}
+END_TEST
+
+/* ----------------------------------------------------------- best fit */
+
+START_TEST(test_empty)
+{
+    struct bfc__bins b;
+    bfc__bins_init(&b);
+    verify_ok(&b);
+    ck_assert_ptr_null(bfc__bins_best_fit(&b, 256));
+    ck_assert_ptr_null(bfc__bins_best_fit(&b, 256 * BFC__MiB));
+    ck_assert_uint_eq(bfc__bins_largest(&b), 0);
+    ck_assert_uint_eq(b.nonempty, 0);
+    ck_assert_uint_eq(b.total_count, 0);
+}
+END_TEST
+
+START_TEST(test_exact_match)
+{
+    struct bfc__bins b;
+    bfc__bins_init(&b);
+    struct bfc__chunk *c1 = mk(0x10000, 1024), *c2 = mk(0x20000, 2048), *c3 = mk(0x30000, 4096);
+    bfc__bins_insert(&b, c3);
+    bfc__bins_insert(&b, c1);
+    bfc__bins_insert(&b, c2);
+    verify_ok(&b);
+    ck_assert_ptr_eq(bfc__bins_best_fit(&b, 1024), c1);
+    ck_assert_ptr_eq(bfc__bins_best_fit(&b, 2048), c2);
+    ck_assert_ptr_eq(bfc__bins_best_fit(&b, 4096), c3);
+    ck_assert_uint_eq(c1->link.bin, 2);
+    ck_assert_uint_eq(c2->link.bin, 3);
+    ck_assert_uint_eq(c3->link.bin, 4);
+    ck_assert_uint_eq(b.nonempty, (1u << 2) | (1u << 3) | (1u << 4));
+    ck_assert_uint_eq(b.total_count, 3);
+    ck_assert_uint_eq(b.total_bytes, 1024 + 2048 + 4096);
+    ck_assert_uint_eq(b.count[3], 1);
+    ck_assert_uint_eq(b.bytes[3], 2048);
+    free(c1);
+    free(c2);
+    free(c3);
+}
+END_TEST
+
+START_TEST(test_smallest_sufficient)
+{
+    struct bfc__bins b;
+    bfc__bins_init(&b);
+    /* Bin 2 is [1024, 2048): three sizes, inserted out of order, at addresses
+     * that do not follow size order; a bigger chunk in bin 3 at a low address. */
+    struct bfc__chunk *a = mk(0x1000, 1792), *m = mk(0x5000, 1280), *z = mk(0x3000, 1536);
+    struct bfc__chunk *big = mk(0x100, 2048);
+    bfc__bins_insert(&b, a);
+    bfc__bins_insert(&b, big);
+    bfc__bins_insert(&b, m);
+    bfc__bins_insert(&b, z);
+    verify_ok(&b);
+    ck_assert_ptr_eq(bfc__bins_best_fit(&b, 256), m);   /* falls up from bin 0 */
+    ck_assert_ptr_eq(bfc__bins_best_fit(&b, 1024), m);
+    ck_assert_ptr_eq(bfc__bins_best_fit(&b, 1280), m);
+    ck_assert_ptr_eq(bfc__bins_best_fit(&b, 1536), z);
+    ck_assert_ptr_eq(bfc__bins_best_fit(&b, 1792), a);
+    ck_assert_ptr_eq(bfc__bins_best_fit(&b, 2048), big);
+    ck_assert_ptr_null(bfc__bins_best_fit(&b, 2304));
+    free(a);
+    free(m);
+    free(z);
+    free(big);
+}
+END_TEST
+
+START_TEST(test_lowest_address_among_equals)
+{
+    enum { N = 200 };
+    struct bfc__bins b;
+    struct bfc__chunk *c[N], *other[N];
+    bfc__bins_init(&b);
+    rng_seed(0xb1a5);
+    size_t *perm = shuffled(N);
+    /* N chunks of 4096 at addresses k * 1 MiB, inserted in random order,
+     * mixed with N chunks of other sizes in the same bin (4352..8191) and
+     * below it. */
+    for (size_t k = 0; k < N; k++) {
+        c[k] = mk((uintptr_t)(k + 1) << 20, 4096);
+        other[k] = mk(((uintptr_t)(k + 1) << 20) + 0x10000, k % 2 ? 4096 + 256 * (1 + k % 15) : 3840);
+    }
+    for (size_t k = 0; k < N; k++) {
+        bfc__bins_insert(&b, c[perm[k]]);
+        bfc__bins_insert(&b, other[perm[k]]);
+    }
+    verify_ok(&b);
+    /* best fit walks the 4096s in ascending address order as each is taken */
+    for (size_t k = 0; k < N; k++) {
+        struct bfc__chunk *f = bfc__bins_best_fit(&b, 4096);
+        ck_assert_msg(f == c[k], "step %zu: got ptr 0x%lx size %zu", k,
+                      f ? (unsigned long)f->ptr : 0ul, f ? f->size : 0);
+        bfc__bins_remove(&b, f);
+        ck_assert_uint_eq(f->link.bin, BFC__NO_BIN);
+    }
+    verify_ok(&b);
+    /* then the next size up, 4352, lowest address first: other[k] for odd k
+     * has 4096 + 256 * (1 + k % 15), so k = 15, 45, 75, ... -> other[15] */
+    struct bfc__chunk *f = bfc__bins_best_fit(&b, 4096);
+    ck_assert_ptr_eq(f, other[15]);
+    ck_assert_uint_eq(f->size, 4352);
+    for (size_t k = 0; k < N; k++) {
+        free(c[k]);
+        free(other[k]);
+    }
+    free(perm);
+}
+END_TEST
+
+START_TEST(test_falls_through)
+{
+    struct bfc__bins b;
+    bfc__bins_init(&b);
+    /* bin 3 [2048, 4096) holds 2304 only; bins 4..7 empty; bin 8 holds
+     * 100352 (low address) and 65536 (high address); bin 12 holds 1 MiB. */
+    struct bfc__chunk *small = mk(0x1000, 2304);
+    struct bfc__chunk *b8hi = mk(0x900000, 65536), *b8lo = mk(0x100000, 100352);
+    struct bfc__chunk *b12 = mk(0x200000, BFC__MiB);
+    bfc__bins_insert(&b, b12);
+    bfc__bins_insert(&b, b8lo);
+    bfc__bins_insert(&b, small);
+    bfc__bins_insert(&b, b8hi);
+    verify_ok(&b);
+    ck_assert_ptr_eq(bfc__bins_best_fit(&b, 2304), small);
+    ck_assert_ptr_eq(bfc__bins_best_fit(&b, 2560), b8hi);   /* min of bin 8 */
+    ck_assert_ptr_eq(bfc__bins_best_fit(&b, 8192), b8hi);
+    ck_assert_ptr_eq(bfc__bins_best_fit(&b, 65792), b8lo);  /* inside bin 8 */
+    ck_assert_ptr_eq(bfc__bins_best_fit(&b, 100608), b12);  /* past bin 8's max */
+    ck_assert_ptr_null(bfc__bins_best_fit(&b, BFC__MiB + 256));
+    bfc__bins_remove(&b, b8hi);
+    bfc__bins_remove(&b, b8lo);
+    verify_ok(&b);
+    ck_assert_uint_eq(b.nonempty, (1u << 3) | (1u << 12));
+    ck_assert_ptr_eq(bfc__bins_best_fit(&b, 2560), b12);
+    free(small);
+    free(b8hi);
+    free(b8lo);
+    free(b12);
+}
+END_TEST
+
+START_TEST(test_none_fits)
+{
+    struct bfc__bins b;
+    bfc__bins_init(&b);
+    struct bfc__chunk *c = mk(0x1000, 8192), *huge = mk(0x40000000, 300 * BFC__MiB);
+    bfc__bins_insert(&b, c);
+    ck_assert_ptr_null(bfc__bins_best_fit(&b, 8448));
+    ck_assert_ptr_null(bfc__bins_best_fit(&b, 256 * BFC__MiB));
+    bfc__bins_insert(&b, huge);
+    ck_assert_ptr_eq(bfc__bins_best_fit(&b, 8448), huge);
+    ck_assert_ptr_eq(bfc__bins_best_fit(&b, 300 * BFC__MiB), huge);
+    ck_assert_ptr_null(bfc__bins_best_fit(&b, 300 * BFC__MiB + 256));
+    ck_assert_ptr_null(bfc__bins_best_fit(&b, (size_t)1 << 40));
+    free(c);
+    free(huge);
+}
+END_TEST
+
+START_TEST(test_remove_skips)
+{
+    struct bfc__bins b;
+    bfc__bins_init(&b);
+    struct bfc__chunk *x = mk(0x1000, 1024), *y = mk(0x2000, 1024), *z = mk(0x3000, 1280);
+    bfc__bins_insert(&b, y);
+    bfc__bins_insert(&b, z);
+    bfc__bins_insert(&b, x);
+    ck_assert_ptr_eq(bfc__bins_best_fit(&b, 1024), x);
+    bfc__bins_remove(&b, x);
+    verify_ok(&b);
+    ck_assert(!bfc__bins_contains(&b, 2, x));
+    ck_assert(bfc__bins_contains(&b, 2, y));
+    ck_assert(!bfc__bins_contains(&b, 3, y));
+    ck_assert_ptr_eq(bfc__bins_best_fit(&b, 1024), y);
+    bfc__bins_remove(&b, y);
+    ck_assert_ptr_eq(bfc__bins_best_fit(&b, 1024), z);
+    ck_assert_uint_eq(b.count[2], 1);
+    ck_assert_uint_eq(b.bytes[2], 1280);
+    bfc__bins_remove(&b, z);
+    ck_assert_ptr_null(bfc__bins_best_fit(&b, 256));
+    ck_assert_uint_eq(b.nonempty, 0);
+    ck_assert_uint_eq(b.total_bytes, 0);
+    verify_ok(&b);
+    /* a removed chunk may be resized and inserted again */
+    x->size = 512;
+    bfc__bins_insert(&b, x);
+    ck_assert_uint_eq(x->link.bin, 1);
+    ck_assert_ptr_eq(bfc__bins_best_fit(&b, 256), x);
+    verify_ok(&b);
+    free(x);
+    free(y);
+    free(z);
+}
+END_TEST
+
+START_TEST(test_largest)
+{
+    struct bfc__bins b;
+    bfc__bins_init(&b);
+    struct bfc__chunk *c[4] = {mk(0x1000, 1024), mk(0x2000, 1792), mk(0x3000, 1536),
+                               mk(0x4000, 512 * BFC__MiB)};
+    ck_assert_uint_eq(bfc__bins_largest(&b), 0);
+    bfc__bins_insert(&b, c[0]);
+    ck_assert_uint_eq(bfc__bins_largest(&b), 1024);
+    bfc__bins_insert(&b, c[1]);
+    bfc__bins_insert(&b, c[2]);
+    ck_assert_uint_eq(bfc__bins_largest(&b), 1792);   /* max of the bin, not last inserted */
+    bfc__bins_insert(&b, c[3]);
+    ck_assert_uint_eq(bfc__bins_largest(&b), 512 * BFC__MiB);
+    bfc__bins_remove(&b, c[3]);
+    ck_assert_uint_eq(bfc__bins_largest(&b), 1792);
+    bfc__bins_remove(&b, c[1]);
+    ck_assert_uint_eq(bfc__bins_largest(&b), 1536);
+    for (int i = 0; i < 4; i++)
+        free(c[i]);
+}
+END_TEST
+
+/* ---------------------------------------------------------------- walk */
+
+struct walk_rec {
+    struct bfc__chunk *seen[512];
+    size_t n;
+    size_t stop_at; /* return 7 on this visit (1-based), 0 = never */
+    struct bfc__bins *remove_from;
+};
+
+static int walk_fn(struct bfc__chunk *c, void *arg)
+{
+    struct walk_rec *w = arg;
+    if (w->n < 512)
+        w->seen[w->n] = c;
+    w->n++;
+    if (w->remove_from)
+        bfc__bins_remove(w->remove_from, c);
+    return w->stop_at && w->n == w->stop_at ? 7 : 0;
+}
+
+START_TEST(test_walk_order)
+{
+    enum { N = 300 };
+    struct bfc__bins b;
+    struct bfc__chunk *c[N];
+    static struct walk_rec w;
+    bfc__bins_init(&b);
+    rng_seed(0x3a1c);
+    /* bin 5 is [8192, 16384): few distinct sizes, so many ties on size */
+    for (size_t k = 0; k < N; k++) {
+        /* unique addresses, not in insertion order (7919 is prime to N) */
+        c[k] = mk(((uintptr_t)k * 7919 % N + 1) << 16, 8192 + 256 * rng_below(4));
+        bfc__bins_insert(&b, c[k]);
+    }
+    struct bfc__chunk *other = mk(0x7000, 256);
+    bfc__bins_insert(&b, other);
+    verify_ok(&b);
+
+    memset(&w, 0, sizeof w);
+    ck_assert_int_eq(bfc__bins_walk(&b, 5, walk_fn, &w), 0);
+    ck_assert_uint_eq(w.n, N);
+    struct bfc__chunk *sorted[N];
+    memcpy(sorted, c, sizeof sorted);
+    qsort(sorted, N, sizeof sorted[0], key_cmp);
+    for (size_t k = 0; k < N; k++)
+        ck_assert_msg(w.seen[k] == sorted[k], "walk position %zu out of order", k);
+
+    /* an empty bin and a bad index visit nothing */
+    memset(&w, 0, sizeof w);
+    ck_assert_int_eq(bfc__bins_walk(&b, 4, walk_fn, &w), 0);
+    ck_assert_int_eq(bfc__bins_walk(&b, BFC__NUM_BINS, walk_fn, &w), 0);
+    ck_assert_uint_eq(w.n, 0);
+
+    /* non-zero from fn stops the walk and is returned */
+    memset(&w, 0, sizeof w);
+    w.stop_at = 10;
+    ck_assert_int_eq(bfc__bins_walk(&b, 5, walk_fn, &w), 7);
+    ck_assert_uint_eq(w.n, 10);
+
+    /* fn may remove the chunk it is given: the walk still sees every chunk in order */
+    memset(&w, 0, sizeof w);
+    w.remove_from = &b;
+    ck_assert_int_eq(bfc__bins_walk(&b, 5, walk_fn, &w), 0);
+    ck_assert_uint_eq(w.n, N);
+    for (size_t k = 0; k < N; k++)
+        ck_assert_msg(w.seen[k] == sorted[k], "removing walk position %zu out of order", k);
+    ck_assert_ptr_null(b.root[5]);
+    ck_assert_uint_eq(b.nonempty, 1u);
+    ck_assert_uint_eq(b.total_count, 1);
+    verify_ok(&b);
+    for (size_t k = 0; k < N; k++)
+        free(c[k]);
+    free(other);
+}
+END_TEST
+
+/* -------------------------------------------------------------- verify */
+
+START_TEST(test_verify_detects_corruption)
+{
+    enum { N = 64 };
+    struct bfc__bins b;
+    struct bfc__chunk *c[N];
+    char msg[256];
+    bfc__bins_init(&b);
+    for (size_t k = 0; k < N; k++) {
+        c[k] = mk((uintptr_t)(k + 1) << 12, 1024 + 256 * (k % 4));
+        bfc__bins_insert(&b, c[k]);
+    }
+    verify_ok(&b);
+
+    b.count[2]++;
+    ck_assert_int_eq(bfc__bins_verify(&b, msg, sizeof msg), -1);
+    ck_assert_msg(strstr(msg, "bin 2") != NULL, "message: %s", msg);
+    b.count[2]--;
+
+    b.total_bytes += 256;
+    ck_assert_int_eq(bfc__bins_verify(&b, msg, sizeof msg), -1);
+    ck_assert_msg(strstr(msg, "total_bytes") != NULL, "message: %s", msg);
+    b.total_bytes -= 256;
+
+    b.nonempty |= 1u << 9;
+    ck_assert_int_eq(bfc__bins_verify(&b, msg, sizeof msg), -1);
+    ck_assert_msg(strstr(msg, "bin 9") != NULL, "message: %s", msg);
+    b.nonempty &= ~(1u << 9);
+    verify_ok(&b);
+
+    /* an address changed while binned: stale priority (and order) */
+    struct bfc__chunk *r = b.root[2];
+    r->ptr += (uintptr_t)1 << 30;
+    ck_assert_int_eq(bfc__bins_verify(&b, msg, sizeof msg), -1);
+    r->ptr -= (uintptr_t)1 << 30;
+    verify_ok(&b);
+
+    /* a size changed while binned (same bin) breaks the order */
+    struct bfc__chunk *mx = b.root[2];
+    while (mx->link.right)
+        mx = mx->link.right;
+    size_t saved = mx->size; /* 1792, the largest */
+    mx->size = 1024;
+    ck_assert_int_eq(bfc__bins_verify(&b, msg, sizeof msg), -1);
+    ck_assert_msg(strstr(msg, "order") != NULL, "message: %s", msg);
+    mx->size = saved;
+    verify_ok(&b);
+
+    /* a size that belongs in another bin */
+    struct bfc__chunk *leaf = bfc__bins_best_fit(&b, 1024); /* the minimum: no left child */
+    ck_assert_ptr_null(leaf->link.left);
+    saved = leaf->size;
+    leaf->size = 768;
+    ck_assert_int_eq(bfc__bins_verify(&b, msg, sizeof msg), -1);
+    ck_assert_msg(strstr(msg, "belongs in bin 1") != NULL, "message: %s", msg);
+    leaf->size = saved;
+
+    /* a broken parent link */
+    struct bfc__chunk *child = r->link.left ? r->link.left : r->link.right;
+    ck_assert_ptr_nonnull(child);
+    child->link.parent = NULL;
+    ck_assert_int_eq(bfc__bins_verify(&b, msg, sizeof msg), -1);
+    ck_assert_msg(strstr(msg, "parent") != NULL, "message: %s", msg);
+    child->link.parent = r;
+
+    /* heap order */
+    uint32_t saved_prio = child->link.prio;
+    child->link.prio = r->link.prio + 1u;
+    if (child->link.prio > r->link.prio) { /* r's prio may be UINT32_MAX */
+        ck_assert_int_eq(bfc__bins_verify(&b, msg, sizeof msg), -1);
+        ck_assert_msg(strstr(msg, "heap") != NULL, "message: %s", msg);
+    }
+    child->link.prio = saved_prio;
+
+    /* a cycle terminates */
+    struct bfc__chunk *lo = b.root[2];
+    while (lo->link.left)
+        lo = lo->link.left;
+    lo->link.left = b.root[2];
+    ck_assert_int_eq(bfc__bins_verify(&b, msg, sizeof msg), -1);
+    lo->link.left = NULL;
+
+    /* wrong link.bin */
+    c[5]->link.bin = 3;
+    ck_assert_int_eq(bfc__bins_verify(&b, msg, sizeof msg), -1);
+    c[5]->link.bin = 2;
+    verify_ok(&b);
+
+    /* buffer of length 0 is fine */
+    b.count[2]++;
+    ck_assert_int_eq(bfc__bins_verify(&b, NULL, 0), -1);
+    b.count[2]--;
+    for (size_t k = 0; k < N; k++)
+        free(c[k]);
+}
+END_TEST
+
+/* ------------------------------------------------ against a reference */
+
+/* A request or chunk size: half from a few fixed sizes (many ties), half
+ * log-uniform over all 21 bins. */
+static size_t random_size(void)
+{
+    static const size_t fixed[] = {256, 512, 768, 1024, 4096, 4352, 65536, BFC__MiB,
+                                   2 * BFC__MiB, 256 * BFC__MiB};
+    if (rng_below(2))
+        return fixed[rng_below(sizeof fixed / sizeof fixed[0])];
+    return size_in_bin((uint32_t)rng_below(BFC__NUM_BINS));
+}
+
+START_TEST(test_random_vs_reference)
+{
+    enum { N = 2000, OPS = 100000 };
+    const uint64_t seed = 0x5eed0b1;
+    struct bfc__bins b;
+    struct bfc__chunk **c = calloc(N, sizeof *c);
+    bool *in = calloc(N, sizeof *in);
+    size_t ref_count = 0, ref_bytes = 0;
+    ck_assert_ptr_nonnull(c);
+    ck_assert_ptr_nonnull(in);
+    rng_seed(seed);
+    size_t *perm = shuffled(N);
+    for (size_t k = 0; k < N; k++)
+        c[k] = mk((uintptr_t)(perm[k] + 1) << 24, 256);
+    bfc__bins_init(&b);
+
+    for (size_t op = 0; op < OPS; op++) {
+        uint64_t kind = rng_below(3);
+        size_t k = (size_t)rng_below(N);
+        if (kind == 0 && !in[k]) {
+            c[k]->size = random_size(); /* a chunk out of the bins may change size */
+            bfc__bins_insert(&b, c[k]);
+            in[k] = true;
+            ref_count++;
+            ref_bytes += c[k]->size;
+        } else if (kind == 1 && in[k]) {
+            bfc__bins_remove(&b, c[k]);
+            ck_assert_uint_eq(c[k]->link.bin, BFC__NO_BIN);
+            in[k] = false;
+            ref_count--;
+            ref_bytes -= c[k]->size;
+        } else {
+            size_t want = random_size();
+            if (rng_below(4) == 0 && want > 256)
+                want -= 256; /* just under a fixed size: lands on the size below */
+            struct bfc__chunk *expect = NULL;
+            for (size_t j = 0; j < N; j++)
+                if (in[j] && c[j]->size >= want && (!expect || key_cmp(&c[j], &expect) < 0))
+                    expect = c[j];
+            struct bfc__chunk *got = bfc__bins_best_fit(&b, want);
+            ck_assert_msg(got == expect,
+                          "seed 0x%llx op %zu: best_fit(%zu) got (%zu, 0x%lx) want (%zu, 0x%lx)",
+                          (unsigned long long)seed, op, want, got ? got->size : 0,
+                          got ? (unsigned long)got->ptr : 0ul, expect ? expect->size : 0,
+                          expect ? (unsigned long)expect->ptr : 0ul);
+        }
+        ck_assert_uint_eq(b.total_count, ref_count);
+        ck_assert_uint_eq(b.total_bytes, ref_bytes);
+        if (op % 1000 == 999) {
+            char msg[256];
+            ck_assert_msg(bfc__bins_verify(&b, msg, sizeof msg) == 0,
+                          "seed 0x%llx op %zu: %s", (unsigned long long)seed, op, msg);
+            size_t largest = 0;
+            for (size_t j = 0; j < N; j++) {
+                if (in[j] && c[j]->size > largest)
+                    largest = c[j]->size;
+                ck_assert(bfc__bins_contains(&b, bfc__bin_for_size(c[j]->size), c[j]) == in[j]);
+            }
+            ck_assert_uint_eq(bfc__bins_largest(&b), largest);
+        }
+    }
+    ck_assert_uint_gt(ref_count, N / 4); /* the sequence really filled the bins */
+    for (size_t k = 0; k < N; k++)
+        free(c[k]);
+    free(c);
+    free(in);
+    free(perm);
+}
+END_TEST
+
+/* Lower bound of `want` in a key-sorted array: the reference best fit. */
+static struct bfc__chunk *ref_lower_bound(struct bfc__chunk **sorted, size_t n, size_t want)
+{
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (sorted[mid]->size < want)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < n ? sorted[lo] : NULL;
+}
+
+static void check_queries(const struct bfc__bins *b, struct bfc__chunk **sorted, size_t n)
+{
+    for (int q = 0; q < 20000; q++) {
+        size_t want = 256 * (1 + (size_t)rng_below(q % 2 ? 4200 : 64));
+        struct bfc__chunk *expect = ref_lower_bound(sorted, n, want);
+        ck_assert_msg(bfc__bins_best_fit(b, want) == expect, "best_fit(%zu) at n=%zu", want, n);
+    }
+    ck_assert_uint_eq(bfc__bins_largest(b), n ? sorted[n - 1]->size : 0);
+}
+
+START_TEST(test_scale_100k)
+{
+    enum { N = 100000 };
+    struct bfc__bins b;
+    struct bfc__chunk **c = malloc(N * sizeof *c), **sorted = malloc(N * sizeof *sorted);
+    ck_assert_ptr_nonnull(c);
+    ck_assert_ptr_nonnull(sorted);
+    rng_seed(0x100000);
+    size_t *perm = shuffled(N);
+    /* sizes 256 B .. 1 MiB in 256-byte steps: bins 0..12, ~24 chunks per size */
+    for (size_t k = 0; k < N; k++)
+        c[k] = mk((uintptr_t)(perm[k] + 1) << 21, 256 * (1 + (size_t)rng_below(4096)));
+    bfc__bins_init(&b);
+    for (size_t k = 0; k < N; k++)
+        bfc__bins_insert(&b, c[k]);
+    verify_ok(&b);
+    ck_assert_uint_eq(b.total_count, N);
+    memcpy(sorted, c, N * sizeof *c);
+    qsort(sorted, N, sizeof *sorted, key_cmp);
+    check_queries(&b, sorted, N);
+
+    /* remove a random half, then check again */
+    for (size_t k = 0; k < N / 2; k++)
+        bfc__bins_remove(&b, c[perm[k]]);
+    verify_ok(&b);
+    size_t n = 0;
+    for (size_t k = 0; k < N; k++)
+        if (c[k]->link.bin != BFC__NO_BIN)
+            sorted[n++] = c[k];
+    ck_assert_uint_eq(n, N - N / 2);
+    ck_assert_uint_eq(b.total_count, n);
+    qsort(sorted, n, sizeof *sorted, key_cmp);
+    check_queries(&b, sorted, n);
+
+    /* and empty it by repeated best fit: every chunk comes out in key order */
+    for (size_t k = 0; k < n; k++) {
+        struct bfc__chunk *f = bfc__bins_best_fit(&b, 256);
+        ck_assert_ptr_eq(f, sorted[k]);
+        bfc__bins_remove(&b, f);
+    }
+    ck_assert_uint_eq(b.nonempty, 0);
+    verify_ok(&b);
+    for (size_t k = 0; k < N; k++)
+        free(c[k]);
+    free(c);
+    free(sorted);
+    free(perm);
+}
+END_TEST
+
+/* --------------------------------------------------------- benchmark */
+
+static double now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
+}
+
+/* About log-uniform over 256 B .. 1 MiB (uniform within each power of two),
+ * a multiple of 256; integer-only so the test needs no libm. */
+static size_t bench_size(void)
+{
+    size_t lo = (size_t)256 << rng_below(12);
+    return lo + ((size_t)rng_below(lo) & ~(size_t)255);
+}
+
+/*
+ * With `present` chunks in the bins: insert a spare chunk of a random size,
+ * take the best fit for a random size, remove what was found (the spare when
+ * nothing fits) and make it the next spare, so the population stays constant.
+ */
+static double bench_one(size_t present, size_t iters)
+{
+    enum { TAB = 1 << 16 };
+    struct bfc__bins b;
+    struct bfc__chunk *recs = calloc(present + 1, sizeof *recs);
+    size_t *ins = malloc(TAB * sizeof *ins), *req = malloc(TAB * sizeof *req);
+    if (!recs || !ins || !req)
+        abort();
+    rng_seed(0xbe7c4 + present);
+    for (size_t k = 0; k < TAB; k++) {
+        ins[k] = bench_size();
+        req[k] = bench_size();
+    }
+    bfc__bins_init(&b);
+    for (size_t k = 0; k <= present; k++) {
+        recs[k].ptr = (uintptr_t)(k + 1) << 21;
+        recs[k].size = bench_size();
+        recs[k].link.bin = BFC__NO_BIN;
+        if (k < present)
+            bfc__bins_insert(&b, &recs[k]);
+    }
+    struct bfc__chunk *spare = &recs[present];
+    double best = 1e30;
+    for (int round = 0; round < 15; round++) { /* min of many: robust to a busy machine */
+        double t0 = now_ns();
+        for (size_t i = 0; i < iters; i++) {
+            spare->size = ins[i & (TAB - 1)];
+            bfc__bins_insert(&b, spare);
+            struct bfc__chunk *f = bfc__bins_best_fit(&b, req[(i * 7) & (TAB - 1)]);
+            if (!f)
+                f = spare;
+            bfc__bins_remove(&b, f);
+            spare = f;
+        }
+        double per = (now_ns() - t0) / (double)iters;
+        if (per < best)
+            best = per;
+    }
+    char msg[256];
+    if (bfc__bins_verify(&b, msg, sizeof msg))
+        fprintf(stderr, "bench: verify failed: %s\n", msg);
+    free(recs);
+    free(ins);
+    free(req);
+    return best;
+}
+
+static void bench(void)
+{
+    const size_t iters = 300000;
+    double small = bench_one(1000, iters);
+    double large = bench_one(100000, iters);
+    printf("bins bench: ns per insert+best_fit+remove (best of 15 x %zu): "
+           "1000 present %.1f, 100000 present %.1f (ratio %.2f)\n",
+           iters, small, large, large / small);
+}
+
+/* --------------------------------------------------------------- main */
+
+static Suite *bins_suite(void)
+{
+    Suite *s = suite_create("bins");
+    TCase *tc = tcase_create("core");
+    tcase_add_test(tc, test_bin_for_size);
+    tcase_add_test(tc, test_empty);
+    tcase_add_test(tc, test_exact_match);
+    tcase_add_test(tc, test_smallest_sufficient);
+    tcase_add_test(tc, test_lowest_address_among_equals);
+    tcase_add_test(tc, test_falls_through);
+    tcase_add_test(tc, test_none_fits);
+    tcase_add_test(tc, test_remove_skips);
+    tcase_add_test(tc, test_largest);
+    tcase_add_test(tc, test_walk_order);
+    tcase_add_test(tc, test_verify_detects_corruption);
+    tcase_add_test(tc, test_random_vs_reference);
+    tcase_add_test(tc, test_scale_100k);
+    tcase_set_timeout(tc, 60);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    const char *bench_env = getenv("BFC_BINS_BENCH");
+    SRunner *sr = srunner_create(bins_suite());
+    srunner_run_all(sr, CK_ENV);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    if (bench_env && strcmp(bench_env, "1") == 0)
+        bench();
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
