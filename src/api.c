@@ -1,0 +1,176 @@
+/*
+ * api.c -- the process-wide service: one context per CUDA device, created
+ * lazily from SHARDBFC_CONF on first use.
+ *
+ * A stream's own device picks the context (cudaStreamGetDevice; the NULL
+ * stream means the calling thread's current device; on SIM everything is
+ * the configured device).  A pointer finds its context by itself through the
+ * process-wide region map, so frees need no device argument.
+ *
+ * Locking: `create_lock` is taken only when a device's context does not exist
+ * yet (once per device) and by bfc_shutdown; every other call reads the
+ * context table with an acquire load.
+ */
+#include <string.h>
+
+#include "ctx.h"
+
+#define MAX_DEVICES 64
+
+static bfc_ctx_t *_Atomic devices[MAX_DEVICES];
+static pthread_mutex_t create_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static pthread_once_t env_once = PTHREAD_ONCE_INIT;
+static bfc_config_t env_cfg;
+static bool env_use_cuda;
+
+static void env_init(void)
+{
+    if (bfc__config_from_env(&env_cfg) != BFC_OK)
+        fprintf(stderr, "libshardbfc: SHARDBFC_CONF is invalid; using defaults\n");
+    env_use_cuda = false;
+#if BFC_HAVE_CUDA
+    if (env_cfg.backend != BFC_BACKEND_SIM && bfc__cuda_device_count() > 0)
+        env_use_cuda = true;
+#endif
+}
+
+static int device_of(bfc_stream_t s, int *dev)
+{
+    int e = pthread_once(&env_once, env_init);
+    if (e != 0)
+        bfc__fatal("pthread_once", e);
+    *dev = env_cfg.device;
+#if BFC_HAVE_CUDA
+    if (env_use_cuda) {
+        int st = bfc__cuda_stream_device(s, dev);
+        if (st != BFC_OK)
+            return st;
+    }
+#else
+    (void)s;
+#endif
+    if (*dev < 0 || *dev >= MAX_DEVICES)
+        return BFC_ENODEV;
+    return BFC_OK;
+}
+
+static bfc_ctx_t *ctx_of_device(int dev, int *status)
+{
+    /* acquire: pairs with the release store below (a fully built context). */
+    bfc_ctx_t *ctx = atomic_load_explicit(&devices[dev], memory_order_acquire);
+    if (BFC__LIKELY(ctx != NULL))
+        return ctx;
+    bfc__lock(&create_lock);
+    ctx = atomic_load_explicit(&devices[dev], memory_order_relaxed);
+    if (!ctx) {
+        bfc_config_t cfg = env_cfg;
+        cfg.device = dev;
+        int st = bfc_ctx_create(&cfg, &ctx);
+        if (st != BFC_OK) {
+            *status = st;
+            ctx = NULL;
+        } else {
+            atomic_store_explicit(&devices[dev], ctx, memory_order_release);
+        }
+    }
+    bfc__unlock(&create_lock);
+    return ctx;
+}
+
+static bfc_ctx_t *ctx_of_stream(bfc_stream_t s, int *status)
+{
+    int dev;
+    int st = device_of(s, &dev);
+    if (st != BFC_OK) {
+        *status = st;
+        return NULL;
+    }
+    return ctx_of_device(dev, status);
+}
+
+bfc_ctx_t *bfc_default_ctx(void)
+{
+    int st = BFC_OK;
+    bfc_ctx_t *ctx = ctx_of_stream(NULL, &st);
+    if (!ctx)
+        bfc__set_last_error(st);
+    return ctx;
+}
+
+void *bfc_stream_alloc(bfc_stream_t stream, size_t n)
+{
+    int st = BFC_OK;
+    bfc_ctx_t *ctx = ctx_of_stream(stream, &st);
+    if (!ctx) {
+        bfc__set_last_error(st);
+        return NULL;
+    }
+    return bfc_ctx_alloc(ctx, stream, n);
+}
+
+/* The context and owner stream of a pointer, or BFC_ENOTOWNED. */
+static int owner_of(const void *p, bfc_ctx_t **ctx, bfc_stream_t *s)
+{
+    rcu_read_lock();
+    struct bfc__region *r = bfc__regionmap_lookup((uintptr_t)p);
+    int st = BFC_ENOTOWNED;
+    if (r) {
+        *ctx = r->ctx;
+        *s = r->owner->stream;
+        st = BFC_OK;
+    }
+    rcu_read_unlock();
+    return st;
+}
+
+int bfc_stream_free(void *p, bfc_stream_t stream)
+{
+    if (!p)
+        return BFC_OK;
+    bfc_ctx_t *ctx;
+    bfc_stream_t owner;
+    int st = owner_of(p, &ctx, &owner);
+    return st == BFC_OK ? bfc_ctx_free(ctx, p, stream) : st;
+}
+
+int bfc_free(void *p)
+{
+    if (!p)
+        return BFC_OK;
+    bfc_ctx_t *ctx;
+    bfc_stream_t owner;
+    int st = owner_of(p, &ctx, &owner);
+    return st == BFC_OK ? bfc_ctx_free(ctx, p, owner) : st;
+}
+
+int bfc_record_stream(void *p, bfc_stream_t stream)
+{
+    if (!p)
+        return BFC_EINVAL;
+    bfc_ctx_t *ctx;
+    bfc_stream_t owner;
+    int st = owner_of(p, &ctx, &owner);
+    return st == BFC_OK ? bfc_ctx_record_stream(ctx, p, stream) : st;
+}
+
+int bfc_stream_release(bfc_stream_t stream)
+{
+    int dev;
+    int st = device_of(stream, &dev);
+    if (st != BFC_OK)
+        return st;
+    bfc_ctx_t *ctx = atomic_load_explicit(&devices[dev], memory_order_acquire);
+    return ctx ? bfc_ctx_stream_release(ctx, stream) : BFC_EINVAL;
+}
+
+void bfc_shutdown(void)
+{
+    bfc__lock(&create_lock);
+    for (int i = 0; i < MAX_DEVICES; i++) {
+        bfc_ctx_t *ctx = atomic_exchange_explicit(&devices[i], NULL, memory_order_acq_rel);
+        if (ctx)
+            bfc_ctx_destroy(ctx);
+    }
+    bfc__unlock(&create_lock);
+}

@@ -1,0 +1,825 @@
+/*
+ * arena.c -- one shard's allocator: TensorFlow's Best-Fit with Coalescing.
+ *
+ * The algorithm (DESIGN.md, "The BFC arena"):
+ *   - sizes are rounded up to 256 bytes; chunks tile regions without gaps;
+ *   - allocation takes the best fit from the bins (bins.c: smallest free chunk
+ *     >= the rounded size, lowest address among equals, found in O(log n));
+ *   - the chunk is split when it is >= 2x the rounded size or when the
+ *     leftover reaches the max internal fragmentation (128 MiB, or
+ *     fragmentation_fraction x limit); the allocation keeps the front;
+ *   - a free merges with a free next and a free previous neighbour at once;
+ *   - when nothing fits the arena extends: a new region of curr_region_bytes
+ *     (doubling from initial_region until it covers the request; never past
+ *     the limit; 0.9x back-off when refused), exactly TensorFlow's Extend;
+ *   - requests >= large_alloc get a region of their own (rounded to 2 MiB)
+ *     that goes straight back to the pool when freed.
+ *
+ * Fragmentation bound: with the split rule, a chunk handed out wastes less
+ * than half of itself unless the leftover is below max internal
+ * fragmentation, i.e. internal waste < max(size/2, max_frag) per block.
+ *
+ * Fences: a block freed with fences outstanding (another stream's free,
+ * recorded streams) is PENDING: it stays out of the bins and is never merged
+ * until every event has completed (drain / poll below).
+ *
+ * Locking: every function here runs under the arena's own lock (the callers
+ * in ctx.c and remote.c take it), which one thread per stream normally holds
+ * uncontended.  The pool lock is taken beneath it only when a region comes or
+ * goes.  Chunk handles are published with release stores because cross-stream
+ * frees read them without this lock.
+ */
+#include <errno.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+
+#include "ctx.h"
+
+/* ------------------------------------------------------------ regions */
+
+static struct bfc__chunk *chunk_new(struct bfc__arena *a)
+{
+    struct bfc__chunk *c = bfc__slab_get(&a->chunk_slab);
+    if (!c)
+        return NULL;
+    c->link.bin = BFC__NO_BIN;
+    c->alloc_id = -1;
+    a->st.chunks++;
+    return c;
+}
+
+static void chunk_delete(struct bfc__arena *a, struct bfc__chunk *c)
+{
+    /* A lock-free reader may still hold c (a stale handle): the record's
+     * memory stays valid (slab), and a state other than INUSE makes its
+     * claim fail. */
+    atomic_store_explicit(&c->state, BFC__CHUNK_FREE, memory_order_relaxed);
+    c->ptr = 0;
+    bfc__slab_put(&a->chunk_slab, c);
+    a->st.chunks--;
+}
+
+static void region_free_cb(struct rcu_head *h)
+{
+    struct bfc__region *r = caa_container_of(h, struct bfc__region, rcu);
+    if (r->handles_bytes)
+        munmap((void *)r->handles, r->handles_bytes);
+    else
+        bfc__meta_free((void *)r->handles, r->nhandles * sizeof(r->handles[0]));
+    bfc__meta_free(r, sizeof(*r));
+}
+
+/* Creates a region of exactly `size` bytes from the pool, one free chunk
+ * covering it, published in the region map.  BFC_ENOMEM when refused. */
+static int region_new(struct bfc__arena *a, size_t size, bool large, struct bfc__region **out)
+{
+    struct bfc_ctx *ctx = a->ctx;
+    uintptr_t base;
+    struct bfc__segment *seg;
+    int st = bfc__pool_get(ctx, size, &base, &seg);
+    if (st != BFC_OK)
+        return st;
+    struct bfc__region *r = bfc__meta_zalloc(sizeof(*r));
+    struct bfc__chunk *c = chunk_new(a);
+    if (!r || !c)
+        goto nomem;
+    r->base = base;
+    r->size = size;
+    r->ctx = ctx;
+    r->owner = a;
+    r->seg = seg;
+    r->large = large;
+    r->nhandles = large ? 1 : size >> BFC__MIN_ALLOC_BITS;
+    size_t hb = r->nhandles * sizeof(r->handles[0]);
+    if (hb >= 64 * BFC__KiB) {
+        /* Proportional to device memory: mapped so that only the pages
+         * holding chunk starts are ever committed. */
+        void *m = mmap(NULL, hb, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                       -1, 0);
+        if (m == MAP_FAILED)
+            goto nomem;
+        r->handles = m;
+        r->handles_bytes = hb;
+    } else {
+        r->handles = bfc__meta_zalloc(hb);
+        if (!r->handles)
+            goto nomem;
+    }
+    c->ptr = base;
+    c->size = size;
+    c->region = r;
+    bfc__region_set_handle(r, base, c);
+    if (bfc__regionmap_insert(r) != BFC_OK)
+        goto nomem;
+    r->anext = a->regions;
+    if (a->regions)
+        a->regions->aprev = r;
+    a->regions = r;
+    a->st.num_regions++;
+    a->st.bytes_reserved += size;
+    if (a->st.bytes_reserved > a->st.peak_reserved)
+        a->st.peak_reserved = a->st.bytes_reserved;
+    if (ctx->cfg.poison && ctx->be->host_accessible)
+        memset((void *)base, 0xDB, size);
+    if (!large)
+        bfc__bins_insert(&a->bins, c);
+    *out = r;
+    return BFC_OK;
+nomem:
+    if (c)
+        chunk_delete(a, c);
+    if (r) {
+        if (r->handles_bytes)
+            munmap((void *)r->handles, r->handles_bytes);
+        else if (r->handles)
+            bfc__meta_free((void *)r->handles, r->nhandles * sizeof(r->handles[0]));
+        bfc__meta_free(r, sizeof(*r));
+    }
+    bfc__pool_put(ctx, base, size, seg);
+    return BFC_ENOMEM;
+}
+
+/* Gives a fully free region back to the pool. */
+static void region_release(struct bfc__arena *a, struct bfc__region *r)
+{
+    struct bfc__chunk *c = bfc__region_handle(r, r->base);
+    if (c->link.bin != BFC__NO_BIN)
+        bfc__bins_remove(&a->bins, c);
+    bfc__region_set_handle(r, r->base, NULL);
+    chunk_delete(a, c);
+    if (r->aprev)
+        r->aprev->anext = r->anext;
+    else
+        a->regions = r->anext;
+    if (r->anext)
+        r->anext->aprev = r->aprev;
+    r->gone = true;
+    a->st.num_regions--;
+    a->st.bytes_reserved -= r->size;
+    bfc__regionmap_remove(r);
+    bfc__pool_put(a->ctx, r->base, r->size, r->seg);
+    call_rcu(&r->rcu, region_free_cb);
+}
+
+static bool region_fully_free(struct bfc__region *r)
+{
+    return r->live == 0;
+}
+
+size_t bfc__arena_release_free_regions_locked(struct bfc__arena *a)
+{
+    size_t freed = 0;
+    struct bfc__region *r = a->regions;
+    while (r) {
+        struct bfc__region *next = r->anext;
+        if (region_fully_free(r)) {
+            freed += r->size;
+            region_release(a, r);
+        }
+        r = next;
+    }
+    return freed;
+}
+
+/* ------------------------------------------------------------- chunks */
+
+static void account_alloc(struct bfc__arena *a, struct bfc__chunk *c, size_t n)
+{
+    struct bfc__astats *st = &a->st;
+    st->num_allocs++;
+    st->bytes_in_use += c->size;
+    if (st->bytes_in_use > st->peak_in_use)
+        st->peak_in_use = st->bytes_in_use;
+    st->bytes_requested += n;
+    /* TensorFlow counts the chunk size as the largest allocation. */
+    if (c->size > st->largest_alloc)
+        st->largest_alloc = c->size;
+}
+
+static void account_free(struct bfc__arena *a, struct bfc__chunk *c)
+{
+    a->st.num_frees++;
+    a->st.bytes_in_use -= c->size;
+    a->st.bytes_requested -= c->requested;
+}
+
+/* Splits c so that it keeps `rounded` bytes; the leftover after it goes to
+ * the bins.  Returns false (c unchanged) if no record is available. */
+static bool split(struct bfc__arena *a, struct bfc__chunk *c, size_t rounded)
+{
+    struct bfc__chunk *n = chunk_new(a);
+    if (!n)
+        return false;
+    n->ptr = c->ptr + rounded;
+    n->size = c->size - rounded;
+    n->region = c->region;
+    n->prev = c;
+    n->next = c->next;
+    if (c->next)
+        c->next->prev = n;
+    c->next = n;
+    c->size = rounded;
+    bfc__region_set_handle(c->region, n->ptr, n);
+    bfc__bins_insert(&a->bins, n);
+    return true;
+}
+
+static void *take_chunk(struct bfc__arena *a, struct bfc__chunk *c, size_t rounded, size_t n)
+{
+    if (c->link.bin != BFC__NO_BIN)
+        bfc__bins_remove(&a->bins, c);
+    if (!c->region->large && (c->size >= 2 * rounded || c->size - rounded >= a->ctx->max_frag))
+        (void)split(a, c, rounded); /* without a record the whole chunk is used */
+    c->requested = n;
+    c->alloc_id = (int64_t)((a->seq << 40) | (uint64_t)a->next_id++);
+    c->flags |= BFC__CF_RETURNED;
+    c->region->live++;
+    a->live++;
+    /* release: pairs with the acquire CAS of a cross-stream free, which
+     * must see ptr/region of this chunk once it sees INUSE. */
+    atomic_store_explicit(&c->state, BFC__CHUNK_INUSE, memory_order_release);
+    account_alloc(a, c, n);
+    return (void *)c->ptr;
+}
+
+/* Merges n (free, following c) into c. */
+static void merge(struct bfc__arena *a, struct bfc__chunk *c, struct bfc__chunk *n)
+{
+    c->size += n->size;
+    c->next = n->next;
+    if (n->next)
+        n->next->prev = c;
+    bfc__region_set_handle(c->region, n->ptr, (n->flags & BFC__CF_RETURNED) ? BFC__HANDLE_GONE : NULL);
+    chunk_delete(a, n);
+}
+
+/* The block's memory is reusable now: back to the bins, coalesced. */
+static void release_chunk(struct bfc__arena *a, struct bfc__chunk *c)
+{
+    struct bfc__region *r = c->region;
+    struct bfc_ctx *ctx = a->ctx;
+    atomic_store_explicit(&c->state, BFC__CHUNK_FREE, memory_order_relaxed);
+    c->requested = 0;
+    c->alloc_id = -1;
+    r->live--;
+    a->live--;
+    if (ctx->cfg.poison && ctx->be->host_accessible)
+        memset((void *)c->ptr, 0xDB, c->size);
+    if (r->large) {
+        region_release(a, r);
+        return;
+    }
+    struct bfc__chunk *n = c->next;
+    if (n && atomic_load_explicit(&n->state, memory_order_relaxed) == BFC__CHUNK_FREE) {
+        bfc__bins_remove(&a->bins, n);
+        merge(a, c, n);
+    }
+    struct bfc__chunk *p = c->prev;
+    if (p && atomic_load_explicit(&p->state, memory_order_relaxed) == BFC__CHUNK_FREE) {
+        bfc__bins_remove(&a->bins, p);
+        merge(a, p, c);
+        c = p;
+    }
+    bfc__bins_insert(&a->bins, c);
+    /* A retired shard keeps nothing it does not need. */
+    if (r->live == 0 && atomic_load_explicit(&a->retired, memory_order_relaxed))
+        region_release(a, r);
+}
+
+/* ------------------------------------------------------------- fences */
+
+static void pending_append(struct bfc__arena *a, struct bfc__fence *f)
+{
+    f->pnext = NULL;
+    f->pprev = a->pending_tail;
+    if (a->pending_tail)
+        a->pending_tail->pnext = f;
+    else
+        a->pending_head = f;
+    a->pending_tail = f;
+    atomic_store_explicit(&f->chunk->state, BFC__CHUNK_PENDING, memory_order_relaxed);
+    a->st.pending++;
+    a->st.pending_bytes += f->chunk->size;
+}
+
+static void pending_unlink(struct bfc__arena *a, struct bfc__fence *f)
+{
+    if (f->pprev)
+        f->pprev->pnext = f->pnext;
+    else
+        a->pending_head = f->pnext;
+    if (f->pnext)
+        f->pnext->pprev = f->pprev;
+    else
+        a->pending_tail = f->pprev;
+    a->st.pending--;
+    a->st.pending_bytes -= f->chunk->size;
+}
+
+/* Records an event on every stream named by record_stream for c (except the
+ * owner's own stream), appended to the chain *chain.  The recorded list is
+ * consumed.  Recording at this point (rather than at the user's free call)
+ * fences at least the work queued before the free: it is never too early. */
+static void fence_recorded(struct bfc__arena *a, struct bfc__chunk *c, struct bfc__fence **chain)
+{
+    bfc__backend_t *be = a->ctx->be;
+    struct bfc__recorded *rs = atomic_exchange_explicit((struct bfc__recorded *_Atomic *)&c->recorded, NULL,
+                                                        memory_order_acquire);
+    while (rs) {
+        struct bfc__recorded *next = rs->next;
+        if (rs->id != a->stream_id) {
+            struct bfc__fence *f = bfc__fence_get(a);
+            bool fenced = false;
+            if (f && f->ev && be->ops->event_record(be, f->ev, rs->stream) == BFC_OK)
+                fenced = true;
+            if (f && !fenced) {
+                /* No event: fall back to waiting for the stream now. */
+                f->synced = be->ops->stream_sync(be, rs->stream) == BFC_OK;
+                fenced = f->synced;
+            }
+            if (f) {
+                f->chunk = c;
+                f->extra = *chain;
+                *chain = f;
+            }
+            (void)fenced; /* an unfenced entry stays pending until it can be queried */
+        }
+        bfc__meta_free(rs, sizeof(*rs));
+        rs = next;
+    }
+}
+
+void bfc__arena_free_chunk_locked(struct bfc__arena *a, struct bfc__chunk *c)
+{
+    account_free(a, c);
+    if (BFC__UNLIKELY(atomic_load_explicit((struct bfc__recorded *_Atomic *)&c->recorded, memory_order_relaxed) !=
+                      NULL)) {
+        struct bfc__fence *chain = NULL;
+        fence_recorded(a, c, &chain);
+        if (chain) {
+            if (bfc__fence_query(a, chain) == BFC_OK) {
+                bfc__fence_put(a, chain);
+            } else {
+                chain->chunk = c;
+                pending_append(a, chain);
+                return;
+            }
+        }
+    }
+    release_chunk(a, c);
+}
+
+void bfc__arena_drain_locked(struct bfc__arena *a, bool full)
+{
+    if (!cds_wfcq_empty(&a->rq_head, &a->rq_tail)) {
+        struct __cds_wfcq_head h;
+        struct cds_wfcq_tail t;
+        struct cds_wfcq_node *node, *next;
+        __cds_wfcq_init(&h, &t);
+        /* We are the only dequeuer (arena lock held); enqueuers never block. */
+        (void)__cds_wfcq_splice_blocking(&h, &t, &a->rq_head, &a->rq_tail);
+        __cds_wfcq_for_each_blocking_safe(&h, &t, node, next)
+        {
+            struct bfc__fence *f = caa_container_of(node, struct bfc__fence, qnode);
+            struct bfc__chunk *c = f->chunk;
+            account_free(a, c);
+            a->st.remote_frees++;
+            fence_recorded(a, c, &f->extra);
+            if (bfc__fence_query(a, f) == BFC_OK) {
+                bfc__fence_put(a, f);
+                release_chunk(a, c);
+            } else {
+                pending_append(a, f);
+            }
+        }
+    }
+    struct bfc__fence *f = a->pending_head;
+    while (f) {
+        struct bfc__fence *next = f->pnext;
+        if (bfc__fence_query(a, f) == BFC_OK) {
+            struct bfc__chunk *c = f->chunk;
+            pending_unlink(a, f);
+            bfc__fence_put(a, f);
+            release_chunk(a, c);
+        } else if (!full) {
+            /* Fences complete roughly in the order they were queued: the
+             * cheap poll stops at the first one still in flight. */
+            break;
+        }
+        f = next;
+    }
+}
+
+/* Waits (bounded) for pending fences; used only when out of memory. */
+static void wait_pending(struct bfc__arena *a)
+{
+    bfc__backend_t *be = a->ctx->be;
+    uint32_t timeout = be->kind == BFC_BACKEND_CUDA ? UINT32_MAX : 0;
+    for (struct bfc__fence *f = a->pending_head; f; f = f->pnext)
+        for (struct bfc__fence *e = f; e; e = e->extra)
+            if (e->ev && !e->synced)
+                (void)be->ops->event_wait(be, e->ev, timeout);
+    bfc__arena_drain_locked(a, true);
+}
+
+/* ----------------------------------------------------------- extension */
+
+/* TensorFlow's Extend, per arena. */
+static int extend(struct bfc__arena *a, size_t rounded)
+{
+    struct bfc_ctx *ctx = a->ctx;
+    size_t committed = atomic_load_explicit(&ctx->pool.committed, memory_order_relaxed);
+    size_t available = committed < ctx->limit ? (ctx->limit - committed) & ~(BFC__MIN_ALLOC - 1) : 0;
+    if (rounded > available)
+        return BFC_ENOMEM;
+    bool grew = false;
+    while (rounded > a->curr_region_bytes) {
+        a->curr_region_bytes *= 2;
+        grew = true;
+    }
+    size_t size = a->curr_region_bytes < available ? a->curr_region_bytes : available;
+    struct bfc__region *r;
+    /* Each refusal shrinks by 0.9x; when rounding would undo the shrink we
+     * step down by one granule, so the loop ends within a bounded number of
+     * backend calls (at most (size - rounded)/256 + 1, in practice ~log). */
+    for (;;) {
+        int st = region_new(a, size, false, &r);
+        if (st == BFC_OK)
+            break;
+        if (st != BFC_ENOMEM)
+            return st;
+        size_t next = bfc__round256(size / 10 * 9);
+        if (next >= size)
+            next = size - BFC__MIN_ALLOC;
+        if (next < rounded)
+            return BFC_ENOMEM;
+        size = next;
+    }
+    if (!grew)
+        a->curr_region_bytes *= 2;
+    return BFC_OK;
+}
+
+static void *alloc_large(struct bfc__arena *a, size_t n, size_t rounded, int *status)
+{
+    struct bfc_ctx *ctx = a->ctx;
+    size_t size = bfc__round_up(rounded, 2 * BFC__MiB);
+    size_t committed = atomic_load_explicit(&ctx->pool.committed, memory_order_relaxed);
+    size_t available = committed < ctx->limit ? (ctx->limit - committed) & ~(BFC__MIN_ALLOC - 1) : 0;
+    if (size == 0 || size > available)
+        size = rounded; /* the 2 MiB rounding must not turn a fitting request into an OOM */
+    struct bfc__region *r;
+    int st = region_new(a, size, true, &r);
+    if (st != BFC_OK) {
+        *status = st;
+        return NULL;
+    }
+    return take_chunk(a, bfc__region_handle(r, r->base), size, n);
+}
+
+static void *try_fit(struct bfc__arena *a, size_t n, size_t rounded)
+{
+    struct bfc__chunk *c = bfc__bins_best_fit(&a->bins, rounded);
+    return c ? take_chunk(a, c, rounded, n) : NULL;
+}
+
+static void *try_extend(struct bfc__arena *a, size_t n, size_t rounded, bool large, int *status)
+{
+    if (large)
+        return alloc_large(a, n, rounded, status);
+    int st = extend(a, rounded);
+    if (st != BFC_OK) {
+        *status = st;
+        return NULL;
+    }
+    return try_fit(a, n, rounded);
+}
+
+static void sleep_ms(unsigned ms)
+{
+    struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
+    while (nanosleep(&ts, &ts) == -1 && errno == EINTR)
+        ;
+}
+
+static uint64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* Everything after the bins came up empty.  May drop and retake a->lock
+ * (to reclaim from other arenas, or to sleep for retry_ms). */
+static void *alloc_slow(struct bfc__arena *a, size_t n, size_t rounded, int *status)
+{
+    struct bfc_ctx *ctx = a->ctx;
+    bool large = ctx->cfg.large_alloc && rounded >= ctx->cfg.large_alloc;
+    void *p;
+    int st = BFC_ENOMEM;
+
+    /* 1. Our own queue and every pending fence. */
+    bfc__arena_drain_locked(a, true);
+    if (!large && (p = try_fit(a, n, rounded)))
+        return p;
+    /* 2. A new region. */
+    if ((p = try_extend(a, n, rounded, large, &st)))
+        return p;
+    if (st != BFC_ENOMEM)
+        goto fail;
+    /* 3. Our pending fences, if what they hold could serve the request. */
+    if (a->pending_head && a->st.pending_bytes + a->bins.total_bytes >= rounded) {
+        wait_pending(a);
+        if (!large && (p = try_fit(a, n, rounded)))
+            return p;
+    }
+    for (uint64_t deadline = 0;;) {
+        /* 4. Fully free regions of the other shards (never two arena locks:
+         * ours is dropped meanwhile), with GC ours too and the pool's cache. */
+        bfc__unlock(&a->lock);
+        bfc__ctx_reclaim_others(ctx, a);
+        bfc__lock(&a->lock);
+        bfc__arena_drain_locked(a, true);
+        if (!large && (p = try_fit(a, n, rounded)))
+            return p;
+        if (ctx->cfg.garbage_collection) {
+            bfc__arena_release_free_regions_locked(a);
+            bfc__pool_release_free(ctx);
+        }
+        st = BFC_ENOMEM;
+        if ((p = try_extend(a, n, rounded, large, &st)))
+            return p;
+        if (st != BFC_ENOMEM)
+            goto fail;
+        /* 5. retry_ms: wait for other threads to free memory. */
+        if (ctx->cfg.retry_ms == 0)
+            break;
+        if (deadline == 0)
+            deadline = now_ms() + ctx->cfg.retry_ms;
+        if (now_ms() >= deadline)
+            break;
+        bfc__unlock(&a->lock);
+        sleep_ms(1);
+        bfc__lock(&a->lock);
+    }
+fail:
+    a->st.ooms++;
+    *status = st;
+    return NULL;
+}
+
+void *bfc__arena_alloc_locked(struct bfc__arena *a, size_t n, size_t rounded, int *status)
+{
+    struct bfc_ctx *ctx = a->ctx;
+    if (!cds_wfcq_empty(&a->rq_head, &a->rq_tail) || a->pending_head)
+        bfc__arena_drain_locked(a, false);
+    if (!(ctx->cfg.large_alloc && rounded >= ctx->cfg.large_alloc)) {
+        struct bfc__chunk *c = bfc__bins_best_fit(&a->bins, rounded);
+        if (BFC__LIKELY(c != NULL))
+            return take_chunk(a, c, rounded, n);
+    }
+    return alloc_slow(a, n, rounded, status);
+}
+
+/* ---------------------------------------------------------- lifecycle */
+
+struct bfc__arena *bfc__arena_new(struct bfc_ctx *ctx, bfc_stream_t s, uint64_t sid)
+{
+    struct bfc__arena *a = bfc__meta_aligned_alloc(BFC__CACHELINE, sizeof(*a));
+    if (!a)
+        return NULL;
+    memset(a, 0, sizeof(*a));
+    if (pthread_mutex_init(&a->lock, NULL)) {
+        bfc__meta_free(a, sizeof(*a));
+        return NULL;
+    }
+    a->ctx = ctx;
+    a->stream = s;
+    a->stream_id = sid;
+    bfc__bins_init(&a->bins);
+    bfc__slab_init(&a->chunk_slab, sizeof(struct bfc__chunk));
+    size_t init = ctx->cfg.initial_region < ctx->limit ? ctx->cfg.initial_region : ctx->limit;
+    a->curr_region_bytes = bfc__round256(init);
+    if (a->curr_region_bytes == 0)
+        a->curr_region_bytes = BFC__MIN_ALLOC;
+    a->next_id = 1;
+    cds_wfcq_init(&a->rq_head, &a->rq_tail);
+    cds_wfcq_init(&a->fpool_head, &a->fpool_tail);
+    cds_lfht_node_init(&a->dir_node);
+    return a;
+}
+
+void bfc__arena_free(struct bfc__arena *a)
+{
+    /* Teardown path (context destroy): whatever is left goes. */
+    while (a->pending_head) {
+        struct bfc__fence *f = a->pending_head;
+        pending_unlink(a, f);
+        bfc__fence_put(a, f);
+    }
+    while (a->regions) {
+        struct bfc__region *r = a->regions;
+        /* Free every chunk record of the region but the first, then the
+         * region itself (region_release deletes the first). */
+        struct bfc__chunk *c = bfc__region_handle(r, r->base);
+        if (c) {
+            struct bfc__chunk *n = c->next;
+            while (n) {
+                struct bfc__chunk *nn = n->next;
+                chunk_delete(a, n);
+                n = nn;
+            }
+            c->next = NULL;
+            if (c->link.bin == BFC__NO_BIN) {
+                struct bfc__recorded *rs = c->recorded;
+                while (rs) {
+                    struct bfc__recorded *x = rs->next;
+                    bfc__meta_free(rs, sizeof(*rs));
+                    rs = x;
+                }
+                c->recorded = NULL;
+            }
+        }
+        bfc__bins_init(&a->bins);
+        if (c)
+            c->link.bin = BFC__NO_BIN;
+        r->live = 0;
+        region_release(a, r);
+    }
+    bfc__fence_pool_destroy(a);
+    bfc__slab_destroy(&a->chunk_slab);
+    cds_wfcq_destroy(&a->rq_head, &a->rq_tail);
+    cds_wfcq_destroy(&a->fpool_head, &a->fpool_tail);
+    pthread_mutex_destroy(&a->lock);
+    bfc__meta_free(a, sizeof(*a));
+}
+
+bool bfc__arena_maybe_dead_locked(struct bfc__arena *a)
+{
+    if (a->dead || !atomic_load_explicit(&a->retired, memory_order_acquire))
+        return false;
+    bfc__arena_drain_locked(a, true);
+    if (a->live != 0 || a->pending_head)
+        return false;
+    bfc__arena_release_free_regions_locked(a);
+    a->dead = true;
+    return true;
+}
+
+/* ------------------------------------------------------- validation */
+
+struct bfc__chunk *bfc__region_find_containing(struct bfc__region *r, uintptr_t p)
+{
+    if (p < r->base || p >= r->base + r->size)
+        return NULL;
+    size_t i = (p - r->base) >> BFC__MIN_ALLOC_BITS;
+    if (i >= r->nhandles)
+        i = r->nhandles - 1;
+    for (;;) {
+        struct bfc__chunk *c = atomic_load_explicit(&r->handles[i], memory_order_acquire);
+        if (c && c != BFC__HANDLE_GONE)
+            return (p >= c->ptr && p < c->ptr + c->size) ? c : NULL;
+        if (i == 0)
+            return NULL;
+        i--;
+    }
+}
+
+int bfc__arena_classify_locked(struct bfc__arena *a, struct bfc__region *r, uintptr_t p,
+                               struct bfc__chunk **out)
+{
+    *out = NULL;
+    if (a->dead || r->gone || (p & (BFC__MIN_ALLOC - 1)))
+        return BFC_ENOTOWNED;
+    struct bfc__chunk *c = bfc__region_handle(r, p);
+    if (c && c != BFC__HANDLE_GONE && c->ptr == p && c->region == r) {
+        uint32_t s = atomic_load_explicit(&c->state, memory_order_acquire);
+        if (s == BFC__CHUNK_INUSE) {
+            *out = c;
+            return BFC_OK;
+        }
+        return (c->flags & BFC__CF_RETURNED) ? BFC_EDOUBLEFREE : BFC_ENOTOWNED;
+    }
+    if (c == BFC__HANDLE_GONE) {
+        /* A block started here once and was merged away: a second free,
+         * unless the address now lies inside a live block. */
+        struct bfc__chunk *in = bfc__region_find_containing(r, p);
+        if (in && atomic_load_explicit(&in->state, memory_order_acquire) != BFC__CHUNK_INUSE)
+            return BFC_EDOUBLEFREE;
+    }
+    return BFC_ENOTOWNED;
+}
+
+/* ------------------------------------------------------------- checks */
+
+int bfc__arena_check_locked(struct bfc__arena *a, char *buf, size_t len)
+{
+    uint64_t in_use = 0, requested = 0, reserved = 0, regions = 0, pending = 0, pending_bytes = 0;
+    uint64_t free_chunks = 0, free_bytes = 0, chunks = 0, live = 0;
+    for (struct bfc__region *r = a->regions; r; r = r->anext) {
+        regions++;
+        reserved += r->size;
+        struct bfc__chunk *c = bfc__region_handle(r, r->base);
+        uintptr_t expect = r->base;
+        struct bfc__chunk *prev = NULL;
+        size_t rlive = 0;
+        if (r->owner != a || r->gone) {
+            snprintf(buf, len, "invariant 6: region %#lx listed by shard %lu is owned elsewhere",
+                     (unsigned long)r->base, (unsigned long)a->stream_id);
+            return -1;
+        }
+        if (bfc__regionmap_lookup(r->base) != r) {
+            snprintf(buf, len, "invariant 5: region %#lx not resolved by the region map", (unsigned long)r->base);
+            return -1;
+        }
+        for (; c; prev = c, c = c->next) {
+            chunks++;
+            if (c == BFC__HANDLE_GONE || c->ptr != expect || c->prev != prev || c->region != r || c->size == 0 ||
+                (c->size & (BFC__MIN_ALLOC - 1))) {
+                snprintf(buf, len, "invariant 1: region %#lx: chunk at %#lx breaks the tiling (expected %#lx)",
+                         (unsigned long)r->base, c == BFC__HANDLE_GONE ? 0ul : (unsigned long)c->ptr,
+                         (unsigned long)expect);
+                return -1;
+            }
+            if (bfc__region_handle(r, c->ptr) != c) {
+                snprintf(buf, len, "invariant 5: chunk %#lx: handle table does not resolve to it",
+                         (unsigned long)c->ptr);
+                return -1;
+            }
+            uint32_t s = atomic_load_explicit(&c->state, memory_order_acquire);
+            if (s == BFC__CHUNK_FREE) {
+                free_chunks++;
+                free_bytes += c->size;
+                if (prev && atomic_load_explicit(&prev->state, memory_order_relaxed) == BFC__CHUNK_FREE) {
+                    snprintf(buf, len, "invariant 2: adjacent free chunks %#lx and %#lx not merged",
+                             (unsigned long)prev->ptr, (unsigned long)c->ptr);
+                    return -1;
+                }
+                uint32_t b = bfc__bin_for_size(c->size);
+                if (!r->large && (c->link.bin != b || !bfc__bins_contains(&a->bins, b, c))) {
+                    snprintf(buf, len, "invariant 3: free chunk %#lx (size %zu) not in bin %u",
+                             (unsigned long)c->ptr, c->size, b);
+                    return -1;
+                }
+            } else {
+                rlive++;
+                if (c->link.bin != BFC__NO_BIN) {
+                    snprintf(buf, len, "invariant 3: chunk %#lx in state %u is in bin %u", (unsigned long)c->ptr,
+                             s, c->link.bin);
+                    return -1;
+                }
+                if (s == BFC__CHUNK_PENDING) {
+                    pending++;
+                    pending_bytes += c->size;
+                } else {
+                    in_use += c->size;
+                    requested += c->requested;
+                }
+            }
+            expect = c->ptr + c->size;
+        }
+        if (expect != r->base + r->size) {
+            snprintf(buf, len, "invariant 1: region %#lx+%zu: chunks end at %#lx", (unsigned long)r->base, r->size,
+                     (unsigned long)expect);
+            return -1;
+        }
+        if (rlive != r->live) {
+            snprintf(buf, len, "invariant 4: region %#lx counts %zu live chunks, found %zu", (unsigned long)r->base,
+                     r->live, rlive);
+            return -1;
+        }
+        live += rlive;
+    }
+    char bb[256];
+    if (bfc__bins_verify(&a->bins, bb, sizeof(bb)) != 0) {
+        snprintf(buf, len, "invariant 3: bins: %s", bb);
+        return -1;
+    }
+    if (a->bins.total_count != free_chunks - 0 && a->bins.total_count != free_chunks) {
+        snprintf(buf, len, "invariant 3: bins hold %zu chunks, regions %lu free", a->bins.total_count,
+                 (unsigned long)free_chunks);
+        return -1;
+    }
+    /* Large regions' free chunks are never binned; none exist (a large
+     * region goes back the moment its block is freed). */
+    if (a->bins.total_count != free_chunks || a->bins.total_bytes != free_bytes) {
+        snprintf(buf, len, "invariant 3: bins hold %zu chunks/%zu bytes, regions %lu/%lu", a->bins.total_count,
+                 a->bins.total_bytes, (unsigned long)free_chunks, (unsigned long)free_bytes);
+        return -1;
+    }
+    if (in_use != a->st.bytes_in_use || requested != a->st.bytes_requested || reserved != a->st.bytes_reserved ||
+        regions != a->st.num_regions || pending != a->st.pending || pending_bytes != a->st.pending_bytes ||
+        live != a->live || chunks != a->st.chunks) {
+        snprintf(buf, len,
+                 "invariant 4: shard %lu stats (in use %lu, requested %lu, reserved %lu, regions %lu, pending %lu, "
+                 "chunks %lu) differ from chunks (%lu, %lu, %lu, %lu, %lu, %lu)",
+                 (unsigned long)a->stream_id, (unsigned long)a->st.bytes_in_use,
+                 (unsigned long)a->st.bytes_requested, (unsigned long)a->st.bytes_reserved,
+                 (unsigned long)a->st.num_regions, (unsigned long)a->st.pending, (unsigned long)a->st.chunks,
+                 (unsigned long)in_use, (unsigned long)requested, (unsigned long)reserved, (unsigned long)regions,
+                 (unsigned long)pending, (unsigned long)chunks);
+        return -1;
+    }
+    return 0;
+}

@@ -1,0 +1,235 @@
+/*
+ * arena.h -- regions, the region pool, the region map and the BFC arena.
+ *
+ * A region is one piece of device memory handed to one arena (a shard) by
+ * the context's region pool.  An arena cuts its regions into chunks (chunk.h)
+ * and serves allocations with TensorFlow's best-fit-with-coalescing.  The
+ * region map (process-wide, RCU) finds the region of any pointer without a
+ * lock; the region's handle table then finds the chunk that starts there.
+ *
+ * Lock order (outermost first); no path takes two arena locks:
+ *     ctx->arenas_lock -> arena->lock -> pool.lock -> region map writer lock
+ * Common paths (allocation, same-stream free) take one arena lock and no
+ * device-wide lock; a cross-stream free takes no arena lock at all.
+ */
+#ifndef BFC_ARENA_H
+#define BFC_ARENA_H
+
+#include <pthread.h>
+
+#include <urcu-bp.h>
+#include <urcu/rculfhash.h>
+#include <urcu/wfcqueue.h>
+
+#include "backend.h"
+#include "chunk.h"
+#include "meta.h"
+
+struct bfc__arena;
+struct bfc__segment;
+
+/* A handle-table entry: a chunk record at a chunk start, NULL where no chunk
+ * ever started, or BFC__HANDLE_GONE where a chunk started once and has since
+ * been merged into its predecessor (tells a double free from a foreign
+ * pointer). */
+#define BFC__HANDLE_GONE ((struct bfc__chunk *)(uintptr_t)1)
+
+struct bfc__region {
+    uintptr_t base;
+    size_t size;
+    struct bfc_ctx *ctx;
+    /* Written once when the region is created; a region never changes owner
+     * (it goes back to the pool and a new region record is made). */
+    struct bfc__arena *owner;
+    /* One entry per 256 bytes; mapped (MAP_NORESERVE) so that untouched
+     * pages cost nothing; written under the owner's lock, read lock-free by
+     * cross-stream frees (release stores pair with acquire loads). */
+    struct bfc__chunk *_Atomic *handles;
+    size_t nhandles;
+    size_t handles_bytes;
+    struct bfc__segment *seg;    /* pool segment it is carved from */
+    bool large;                  /* a large request's own region */
+    bool gone;                   /* given back to the pool (owner's lock) */
+    size_t live;                 /* chunks not FREE (owner's lock) */
+    struct bfc__region *anext, *aprev; /* owner's region list */
+    struct rcu_head rcu;
+};
+
+/* ----------------------------------------------------------- region map */
+
+/* Process-wide: which region holds an address.  Lookups under
+ * rcu_read_lock; updates under a writer mutex (only when regions come or
+ * go).  Returns NULL when no region holds p. */
+struct bfc__region *bfc__regionmap_lookup(uintptr_t p);
+int bfc__regionmap_insert(struct bfc__region *r);
+void bfc__regionmap_remove(struct bfc__region *r);
+/* Number of regions of ctx in the map (bfc_ctx_check). */
+size_t bfc__regionmap_count(struct bfc_ctx *ctx);
+
+/* Chunk record starting exactly at p in r, or NULL / BFC__HANDLE_GONE. */
+static inline struct bfc__chunk *bfc__region_handle(struct bfc__region *r, uintptr_t p)
+{
+    size_t i = (p - r->base) >> BFC__MIN_ALLOC_BITS;
+    if (i >= r->nhandles)
+        return NULL;
+    /* acquire: pairs with the release store that published the chunk's
+     * fields in bfc__region_set_handle. */
+    return atomic_load_explicit(&r->handles[i], memory_order_acquire);
+}
+
+static inline void bfc__region_set_handle(struct bfc__region *r, uintptr_t p, struct bfc__chunk *c)
+{
+    size_t i = (p - r->base) >> BFC__MIN_ALLOC_BITS;
+    atomic_store_explicit(&r->handles[i], c, memory_order_release);
+}
+
+/* ---------------------------------------------------------- region pool */
+
+/* A piece of memory held from the backend (growth: one per backend
+ * allocation; no growth: the one reservation of the whole limit). */
+struct bfc__segment {
+    uintptr_t base;
+    size_t size;
+    size_t free_bytes;
+    struct bfc__segment *next;
+};
+
+/* A free range of a segment, address-ordered, coalesced within a segment. */
+struct bfc__span {
+    uintptr_t base;
+    size_t size;
+    struct bfc__segment *seg;
+    struct bfc__span *next, *prev;
+};
+
+struct bfc__pool {
+    pthread_mutex_t lock;        /* device-wide: slow paths only (see pool.c) */
+    struct bfc__segment *segs;
+    struct bfc__span *spans;     /* address order */
+    size_t held;                 /* bytes held from the backend */
+    size_t peak_held;
+    _Atomic size_t committed;    /* bytes in regions owned by arenas */
+    size_t limit;
+    bool growth;
+    uint64_t backend_allocs, backend_frees;
+};
+
+int bfc__pool_init(struct bfc_ctx *ctx);
+void bfc__pool_fini(struct bfc_ctx *ctx);
+/* A range of exactly `size` bytes for a new region: *base, *seg.  BFC_ENOMEM
+ * when the limit or the backend refuses. */
+int bfc__pool_get(struct bfc_ctx *ctx, size_t size, uintptr_t *base, struct bfc__segment **seg);
+void bfc__pool_put(struct bfc_ctx *ctx, uintptr_t base, size_t size, struct bfc__segment *seg);
+/* Gives wholly free segments back to the backend (growth mode only);
+ * returns the bytes released. */
+size_t bfc__pool_release_free(struct bfc_ctx *ctx);
+int bfc__pool_check(struct bfc_ctx *ctx, char *buf, size_t len);
+void bfc__pool_stats(struct bfc_ctx *ctx, size_t *held, size_t *peak, size_t *committed,
+                     size_t *free_spans);
+void bfc__pool_clear_peak(struct bfc_ctx *ctx);
+
+/* ---------------------------------------------------------------- fences */
+
+/* A cross-stream free in flight: {chunk, event}.  Nodes and their events
+ * come from the owner arena's pool (never created on the hot path once the
+ * pool is warm) and return to it when the fence has completed. */
+struct bfc__fence {
+    struct cds_wfcq_node qnode;  /* owner's remote queue or pool */
+    struct bfc__chunk *chunk;
+    bfc__event_t ev;             /* NULL: no event */
+    bool synced;                 /* fenced by a full stream synchronisation instead */
+    struct bfc__fence *extra;    /* further fences (recorded streams) */
+    struct bfc__fence *pnext, *pprev; /* owner's pending list */
+};
+
+/* Streams named by record_stream for a live chunk. */
+struct bfc__recorded {
+    bfc_stream_t stream;
+    uint64_t id;
+    struct bfc__recorded *next;
+};
+
+/* ------------------------------------------------------------------ arena */
+
+struct bfc__astats {
+    uint64_t num_allocs, num_frees;
+    uint64_t bytes_in_use, peak_in_use;
+    uint64_t bytes_requested, largest_alloc;
+    uint64_t bytes_reserved, peak_reserved;
+    uint64_t num_regions;
+    uint64_t remote_frees;
+    uint64_t pending, pending_bytes;
+    uint64_t ooms;
+    uint64_t chunks;
+};
+
+struct bfc__arena {
+    /* ---- owner side: written under `lock` ---- */
+    pthread_mutex_t lock;        /* normally taken by the one thread driving the stream */
+    struct bfc_ctx *ctx;
+    bfc_stream_t stream;
+    uint64_t stream_id;
+    struct bfc__bins bins;
+    struct bfc__slab chunk_slab;
+    struct bfc__region *regions;
+    size_t curr_region_bytes;    /* TensorFlow's doubling schedule, per arena */
+    int64_t next_id;
+    struct bfc__astats st;
+    struct bfc__fence *pending_head, *pending_tail;
+    bool dead;                   /* reclaimed: no regions, no chunks; awaiting RCU */
+    bool unlinked;
+    size_t live;                 /* chunks in use, freeing or pending */
+
+    /* ---- shared with cross-stream freers: separate cache lines ---- */
+    alignas(BFC__CACHELINE) struct cds_wfcq_head rq_head; /* remote frees (enqueued wait-free) */
+    alignas(BFC__CACHELINE) struct cds_wfcq_tail rq_tail;
+    alignas(BFC__CACHELINE) struct cds_wfcq_head fpool_head; /* fence pool: dequeue takes its mutex */
+    alignas(BFC__CACHELINE) struct cds_wfcq_tail fpool_tail;
+    alignas(BFC__CACHELINE) _Atomic bool retired;
+    _Atomic bool reclaim_wanted; /* another arena asked for our free regions */
+    _Atomic size_t nfences;      /* fence nodes created (destroyed at reclaim) */
+
+    /* ---- directory, context list, RCU ---- */
+    struct cds_lfht_node dir_node;
+    struct bfc__arena *all_next, *all_prev; /* ctx->arenas_lock */
+    struct rcu_head rcu;
+    uint64_t seq;                /* creation order, for alloc ids and dumps */
+};
+
+struct bfc__arena *bfc__arena_new(struct bfc_ctx *ctx, bfc_stream_t s, uint64_t sid);
+/* Frees an arena that was never published, or one reclaimed after its
+ * grace period (regions must all be gone). */
+void bfc__arena_free(struct bfc__arena *a);
+
+/* Under a->lock. */
+void *bfc__arena_alloc_locked(struct bfc__arena *a, size_t n, size_t rounded, int *status);
+/* Local free of a live chunk c (validated by the caller) under a->lock. */
+void bfc__arena_free_chunk_locked(struct bfc__arena *a, struct bfc__chunk *c);
+/* Drains the remote queue and polls pending fences (full: every pending
+ * entry, else only until the first incomplete one). */
+void bfc__arena_drain_locked(struct bfc__arena *a, bool full);
+/* Gives fully free regions back to the pool; returns bytes given. */
+size_t bfc__arena_release_free_regions_locked(struct bfc__arena *a);
+/* Retired and empty: give everything back, mark dead.  Returns true when the
+ * caller must unlink and reclaim the arena (bfc__shard_reclaim) after
+ * unlocking. */
+bool bfc__arena_maybe_dead_locked(struct bfc__arena *a);
+/* Under a->lock: validate p against chunk c of region r for a free or an
+ * introspection call; BFC_OK, BFC_ENOTOWNED or BFC_EDOUBLEFREE. */
+int bfc__arena_classify_locked(struct bfc__arena *a, struct bfc__region *r, uintptr_t p,
+                               struct bfc__chunk **out);
+/* Chunk of a region p lies in (error path, owner's lock). */
+struct bfc__chunk *bfc__region_find_containing(struct bfc__region *r, uintptr_t p);
+int bfc__arena_check_locked(struct bfc__arena *a, char *buf, size_t len);
+
+/* remote.c: cross-stream free of chunk c (claimed: FREEING) of owner a. */
+int bfc__remote_free(struct bfc__arena *a, struct bfc__chunk *c, bfc_stream_t s);
+/* Fences for a chunk's recorded streams (owner's lock): a pending list entry
+ * or NULL when nothing needs waiting. */
+struct bfc__fence *bfc__fence_get(struct bfc__arena *a);
+void bfc__fence_put(struct bfc__arena *a, struct bfc__fence *f);
+/* BFC_OK when every event of the chain has completed, BFC_EBUSY if not. */
+int bfc__fence_query(struct bfc__arena *a, struct bfc__fence *f);
+void bfc__fence_pool_destroy(struct bfc__arena *a);
+
+#endif /* BFC_ARENA_H */

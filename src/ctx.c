@@ -1,0 +1,459 @@
+/*
+ * ctx.c -- the context API: create/destroy, allocate, free (same stream or
+ * cross-stream), record_stream, stream release, trim, introspection, and the
+ * SIM controls of shardbfc_sim.h.
+ *
+ * The paths and their locks:
+ *   alloc            rcu_read_lock; shard lookup (TLS cache or lock-free hash);
+ *                    the stream's arena lock.  Slow path (no fit): the pool
+ *                    lock, then -- own lock dropped -- arenas_lock and each
+ *                    other arena's lock in turn.
+ *   free, same stream   region map (RCU, no lock); owner arena's lock.
+ *   free, other stream  region map; CAS claim of the chunk; the owner's fence
+ *                    pool queue; wait-free enqueue.  No arena lock.
+ *   errors (bad free)   owner arena's lock, to classify without races.
+ *   record_stream, introspection   owner arena's lock.
+ *   release, trim, stats, check    arenas_lock / each arena lock / pool lock.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ctx.h"
+#include <shardbfc_sim.h>
+
+void bfc__fatal(const char *what, int err)
+{
+    fprintf(stderr, "libshardbfc: fatal: %s failed: %s\n", what, strerror(err));
+    abort();
+}
+
+/* ------------------------------------------------------------ process */
+
+static void before_fork(void)
+{
+    call_rcu_before_fork();
+    rcu_bp_before_fork();
+}
+
+static void after_fork_parent(void)
+{
+    rcu_bp_after_fork_parent();
+    call_rcu_after_fork_parent();
+}
+
+static void after_fork_child(void)
+{
+    rcu_bp_after_fork_child();
+    call_rcu_after_fork_child();
+}
+
+static pthread_once_t process_once = PTHREAD_ONCE_INIT;
+static int process_status = BFC_OK;
+
+static void process_init_once(void)
+{
+    if (bfc__meta_init() != BFC_OK) {
+        process_status = BFC_ENOMEM;
+        return;
+    }
+    /* liburcu's fork hooks: a child keeps a working RCU (and call_rcu
+     * thread) and can go on allocating. */
+    int e = pthread_atfork(before_fork, after_fork_parent, after_fork_child);
+    if (e != 0)
+        process_status = BFC_ENOMEM;
+}
+
+void bfc__process_init(void)
+{
+    int e = pthread_once(&process_once, process_init_once);
+    if (e != 0)
+        bfc__fatal("pthread_once", e);
+}
+
+/* ------------------------------------------------------------ create */
+
+int bfc_ctx_create(const bfc_config_t *cfg_in, bfc_ctx_t **out)
+{
+    if (!out)
+        return BFC_EINVAL;
+    *out = NULL;
+    bfc_config_t cfg;
+    if (cfg_in)
+        cfg = *cfg_in;
+    else
+        bfc_config_init(&cfg);
+    if (bfc_config_validate(&cfg) != BFC_OK)
+        return BFC_EINVAL;
+    bfc__process_init();
+    if (process_status != BFC_OK)
+        return process_status;
+
+    struct bfc_ctx *ctx = bfc__meta_zalloc(sizeof(*ctx));
+    if (!ctx)
+        return BFC_ENOMEM;
+    int st = bfc__backend_open(&cfg, &ctx->be);
+    if (st != BFC_OK) {
+        bfc__meta_free(ctx, sizeof(*ctx));
+        return st;
+    }
+    cfg.backend = ctx->be->kind;
+    if (cfg.memory_limit == 0)
+        cfg.memory_limit = ctx->be->default_limit;
+    ctx->limit = cfg.memory_limit & ~(BFC__MIN_ALLOC - 1);
+    if (ctx->limit == 0) {
+        st = BFC_EINVAL;
+        goto fail_be;
+    }
+    cfg.initial_region = bfc__round256(cfg.initial_region);
+    if (cfg.initial_region == 0) {
+        st = BFC_EINVAL;
+        goto fail_be;
+    }
+    ctx->cfg = cfg;
+    if (cfg.fragmentation_fraction > 0)
+        ctx->max_frag = (size_t)(cfg.fragmentation_fraction * (double)ctx->limit);
+    else
+        ctx->max_frag = BFC__MAX_INTERNAL_FRAG;
+    st = bfc__pool_init(ctx);
+    if (st != BFC_OK)
+        goto fail_be;
+    st = bfc__shard_dir_init(ctx);
+    if (st != BFC_OK)
+        goto fail_pool;
+    *out = ctx;
+    return BFC_OK;
+fail_pool:
+    bfc__pool_fini(ctx);
+fail_be:
+    ctx->be->ops->close(ctx->be);
+    bfc__meta_free(ctx, sizeof(*ctx));
+    return st;
+}
+
+void bfc_ctx_destroy(bfc_ctx_t *ctx)
+{
+    if (!ctx)
+        return;
+    ctx->destroying = true;
+    bfc__shard_dir_fini(ctx);
+    bfc__pool_fini(ctx);
+    ctx->be->ops->close(ctx->be);
+    bfc__meta_free(ctx, sizeof(*ctx));
+}
+
+int bfc_ctx_config(bfc_ctx_t *ctx, bfc_config_t *out)
+{
+    if (!ctx || !out)
+        return BFC_EINVAL;
+    *out = ctx->cfg;
+    return BFC_OK;
+}
+
+/* ------------------------------------------------------------ debug */
+
+static void debug_check(struct bfc_ctx *ctx)
+{
+    char buf[512];
+    if (bfc_ctx_check_report(ctx, buf, sizeof(buf)) != BFC_OK) {
+        fprintf(stderr, "libshardbfc: debug_check: %s\n", buf);
+        abort();
+    }
+}
+
+/* ------------------------------------------------------------- alloc */
+
+void *bfc_ctx_alloc(bfc_ctx_t *ctx, bfc_stream_t stream, size_t n)
+{
+    if (BFC__UNLIKELY(!ctx)) {
+        bfc__set_last_error(BFC_EINVAL);
+        return NULL;
+    }
+    if (BFC__UNLIKELY(n == 0)) {
+        bfc__set_last_error(BFC_OK);
+        return NULL;
+    }
+    size_t rounded = bfc__round256(n);
+    if (BFC__UNLIKELY(rounded == 0 || rounded > ctx->limit)) {
+        /* relaxed: a statistic. */
+        atomic_fetch_add_explicit(&ctx->ooms, 1, memory_order_relaxed);
+        bfc__set_last_error(BFC_ENOMEM);
+        return NULL;
+    }
+    void *p = NULL;
+    int st = BFC_ENOMEM;
+    rcu_read_lock();
+    for (;;) {
+        struct bfc__arena *a = bfc__shard_get(ctx, stream, &st);
+        if (!a)
+            break;
+        bfc__lock(&a->lock);
+        if (BFC__UNLIKELY(atomic_load_explicit(&a->retired, memory_order_acquire))) {
+            /* Released under our feet: the directory has forgotten it, so
+             * the next lookup makes a fresh shard. */
+            bfc__unlock(&a->lock);
+            continue;
+        }
+        p = bfc__arena_alloc_locked(a, n, rounded, &st);
+        bfc__unlock(&a->lock);
+        break;
+    }
+    rcu_read_unlock();
+    bfc__set_last_error(p ? BFC_OK : st);
+    if (BFC__UNLIKELY(ctx->cfg.debug_check))
+        debug_check(ctx);
+    return p;
+}
+
+/* -------------------------------------------------------------- free */
+
+/* Resolves p to its region and chunk (lock-free).  Under rcu_read_lock. */
+static int resolve(struct bfc_ctx *ctx, uintptr_t p, struct bfc__region **rp, struct bfc__chunk **cp)
+{
+    struct bfc__region *r = bfc__regionmap_lookup(p);
+    if (!r || r->ctx != ctx)
+        return BFC_ENOTOWNED;
+    *rp = r;
+    *cp = (p & (BFC__MIN_ALLOC - 1)) ? NULL : bfc__region_handle(r, p);
+    return BFC_OK;
+}
+
+/* Same-stream (or error) path under the owner's lock. */
+static int free_locked_path(struct bfc__arena *a, struct bfc__region *r, uintptr_t p)
+{
+    struct bfc__chunk *c;
+    bfc__lock(&a->lock);
+    int st = bfc__arena_classify_locked(a, r, p, &c);
+    bool dead = false;
+    if (st == BFC_OK) {
+        bfc__arena_free_chunk_locked(a, c);
+        dead = bfc__arena_maybe_dead_locked(a);
+    }
+    bfc__unlock(&a->lock);
+    if (dead)
+        bfc__shard_reclaim(a);
+    return st;
+}
+
+int bfc_ctx_free(bfc_ctx_t *ctx, void *ptr, bfc_stream_t stream)
+{
+    if (!ptr)
+        return BFC_OK;
+    if (!ctx)
+        return BFC_EINVAL;
+    uintptr_t p = (uintptr_t)ptr;
+    struct bfc__region *r;
+    struct bfc__chunk *c;
+    int st;
+    rcu_read_lock();
+    st = resolve(ctx, p, &r, &c);
+    if (st != BFC_OK)
+        goto out;
+    struct bfc__arena *a = r->owner;
+    bool local = stream == a->stream;
+    if (!local) {
+        uint64_t id;
+        st = bfc__shard_stream_id(ctx, stream, &id);
+        if (st != BFC_OK)
+            goto out;
+        local = id == a->stream_id;
+    }
+    if (local || !c || c == BFC__HANDLE_GONE) {
+        st = free_locked_path(a, r, p);
+        goto out;
+    }
+    /* Cross-stream: claim the block without the owner's lock.  acq_rel:
+     * acquire pairs with take_chunk's release store of INUSE (we then see
+     * ptr/region); release orders our claim before the enqueue. */
+    uint32_t expect = BFC__CHUNK_INUSE;
+    if (!atomic_compare_exchange_strong_explicit(&c->state, &expect, BFC__CHUNK_FREEING, memory_order_acq_rel,
+                                                 memory_order_acquire)) {
+        st = free_locked_path(a, r, p); /* classifies: double free or foreign */
+        goto out;
+    }
+    if (BFC__UNLIKELY(c->ptr != p || c->region != r)) {
+        /* The record was recycled for another block: undo the claim. */
+        atomic_store_explicit(&c->state, BFC__CHUNK_INUSE, memory_order_release);
+        st = free_locked_path(a, r, p);
+        goto out;
+    }
+    st = bfc__remote_free(a, c, stream);
+out:
+    rcu_read_unlock();
+    if (BFC__UNLIKELY(ctx->cfg.debug_check))
+        debug_check(ctx);
+    return st;
+}
+
+/* Runs fn on the live chunk at p under its owner's lock. */
+static int with_live_chunk(struct bfc_ctx *ctx, const void *ptr,
+                           int (*fn)(struct bfc__arena *a, struct bfc__chunk *c, void *arg), void *arg)
+{
+    if (!ctx || !ptr)
+        return BFC_EINVAL;
+    uintptr_t p = (uintptr_t)ptr;
+    struct bfc__region *r;
+    struct bfc__chunk *c;
+    rcu_read_lock();
+    int st = resolve(ctx, p, &r, &c);
+    if (st == BFC_OK) {
+        struct bfc__arena *a = r->owner;
+        bfc__lock(&a->lock);
+        st = bfc__arena_classify_locked(a, r, p, &c);
+        if (st == BFC_OK)
+            st = fn(a, c, arg);
+        bfc__unlock(&a->lock);
+    }
+    rcu_read_unlock();
+    return st;
+}
+
+struct record_arg {
+    struct bfc_ctx *ctx;
+    bfc_stream_t stream;
+};
+
+static int record_fn(struct bfc__arena *a, struct bfc__chunk *c, void *arg)
+{
+    struct record_arg *ra = arg;
+    uint64_t id;
+    int st = ra->ctx->be->ops->stream_id(ra->ctx->be, ra->stream, &id);
+    if (st != BFC_OK)
+        return st;
+    if (id == a->stream_id)
+        return BFC_OK;
+    struct bfc__recorded *head = atomic_load_explicit((struct bfc__recorded *_Atomic *)&c->recorded,
+                                                      memory_order_relaxed);
+    for (struct bfc__recorded *x = head; x; x = x->next)
+        if (x->id == id)
+            return BFC_OK;
+    struct bfc__recorded *rs = bfc__meta_alloc(sizeof(*rs));
+    if (!rs)
+        return BFC_ENOMEM;
+    rs->stream = ra->stream;
+    rs->id = id;
+    rs->next = head;
+    /* release: pairs with the acquire exchange in fence_recorded (arena.c). */
+    atomic_store_explicit((struct bfc__recorded *_Atomic *)&c->recorded, rs, memory_order_release);
+    return BFC_OK;
+}
+
+int bfc_ctx_record_stream(bfc_ctx_t *ctx, void *p, bfc_stream_t stream)
+{
+    if (!p)
+        return BFC_EINVAL;
+    struct record_arg ra = { ctx, stream };
+    return with_live_chunk(ctx, p, record_fn, &ra);
+}
+
+static int size_fn(struct bfc__arena *a, struct bfc__chunk *c, void *arg)
+{
+    (void)a;
+    size_t *out = arg;
+    out[0] = c->requested;
+    out[1] = c->size;
+    out[2] = (size_t)c->alloc_id;
+    return BFC_OK;
+}
+
+size_t bfc_ctx_requested_size(bfc_ctx_t *ctx, const void *p)
+{
+    size_t v[3] = { 0, 0, 0 };
+    return with_live_chunk(ctx, p, size_fn, v) == BFC_OK ? v[0] : 0;
+}
+
+size_t bfc_ctx_allocated_size(bfc_ctx_t *ctx, const void *p)
+{
+    size_t v[3] = { 0, 0, 0 };
+    return with_live_chunk(ctx, p, size_fn, v) == BFC_OK ? v[1] : 0;
+}
+
+int64_t bfc_ctx_allocation_id(bfc_ctx_t *ctx, const void *p)
+{
+    size_t v[3] = { 0, 0, 0 };
+    int st = with_live_chunk(ctx, p, size_fn, v);
+    return st == BFC_OK ? (int64_t)v[2] : (int64_t)st;
+}
+
+int bfc_ctx_stream_release(bfc_ctx_t *ctx, bfc_stream_t stream)
+{
+    if (!ctx)
+        return BFC_EINVAL;
+    return bfc__shard_retire(ctx, stream);
+}
+
+int bfc_ctx_trim(bfc_ctx_t *ctx)
+{
+    if (!ctx)
+        return BFC_EINVAL;
+    bfc__ctx_reclaim_others(ctx, NULL);
+    bfc__pool_release_free(ctx);
+    return BFC_OK;
+}
+
+/* ------------------------------------------------------- SIM controls */
+
+static bfc__backend_t *sim_be(bfc_ctx_t *ctx)
+{
+    return ctx && ctx->be->kind == BFC_BACKEND_SIM ? ctx->be : NULL;
+}
+
+bfc_stream_t bfc_sim_stream_create(bfc_ctx_t *ctx)
+{
+    bfc__backend_t *be = sim_be(ctx);
+    return be ? bfc__sim_stream_create(be) : NULL;
+}
+
+void bfc_sim_stream_destroy(bfc_ctx_t *ctx, bfc_stream_t s)
+{
+    bfc__backend_t *be = sim_be(ctx);
+    if (be)
+        bfc__sim_stream_destroy(be, s);
+}
+
+void bfc_sim_stream_hold(bfc_ctx_t *ctx, bfc_stream_t s)
+{
+    bfc__backend_t *be = sim_be(ctx);
+    if (be)
+        bfc__sim_stream_hold(be, s);
+}
+
+void bfc_sim_stream_drain(bfc_ctx_t *ctx, bfc_stream_t s)
+{
+    bfc__backend_t *be = sim_be(ctx);
+    if (be)
+        bfc__sim_stream_drain(be, s);
+}
+
+void bfc_sim_fail_alloc_every(bfc_ctx_t *ctx, unsigned n)
+{
+    bfc__backend_t *be = sim_be(ctx);
+    if (be)
+        bfc__sim_fail_alloc_every(be, n);
+}
+
+void bfc_sim_fail_event_every(bfc_ctx_t *ctx, unsigned n)
+{
+    bfc__backend_t *be = sim_be(ctx);
+    if (be)
+        bfc__sim_fail_event_every(be, n);
+}
+
+void bfc_sim_set_alloc_ceiling(bfc_ctx_t *ctx, size_t bytes)
+{
+    bfc__backend_t *be = sim_be(ctx);
+    if (be)
+        bfc__sim_set_alloc_ceiling(be, bytes);
+}
+
+uint64_t bfc_sim_backend_allocs(bfc_ctx_t *ctx)
+{
+    bfc__backend_t *be = sim_be(ctx);
+    return be ? bfc__sim_allocs(be) : 0;
+}
+
+uint64_t bfc_sim_backend_failures(bfc_ctx_t *ctx)
+{
+    bfc__backend_t *be = sim_be(ctx);
+    return be ? bfc__sim_failures(be) : 0;
+}

@@ -1,0 +1,52 @@
+/*
+ * ctx.h -- the context: one allocator service for one device.
+ *
+ * A context owns a backend, a region pool, a shard directory (stream id ->
+ * arena, an RCU lock-free hash) and the list of its arenas.  Everything a
+ * common path needs from it is read-only after creation.
+ */
+#ifndef BFC_CTX_H
+#define BFC_CTX_H
+
+#include "arena.h"
+
+struct bfc_ctx {
+    bfc_config_t cfg;            /* resolved: backend, limit filled in */
+    bfc__backend_t *be;
+    size_t limit;
+    size_t max_frag;             /* split when the leftover reaches this */
+    struct bfc__pool pool;
+    struct cds_lfht *dir;        /* stream id -> arena */
+    pthread_mutex_t arenas_lock; /* the arena list: shard create/reclaim, stats, slow path */
+    struct bfc__arena *arenas;
+    uint64_t arena_seq;
+    _Atomic uint64_t ooms;       /* rejected before any shard was involved */
+    _Atomic uint64_t shards_live;
+    bool destroying;
+};
+
+/* Shard directory (shard.c). */
+int bfc__shard_dir_init(struct bfc_ctx *ctx);
+/* The arena of stream s, created on first use.  Call under rcu_read_lock;
+ * the arena stays valid until rcu_read_unlock.  NULL on ENOMEM/EBACKEND. */
+struct bfc__arena *bfc__shard_get(struct bfc_ctx *ctx, bfc_stream_t s, int *status);
+/* Existing arena of s or NULL (no creation).  Under rcu_read_lock. */
+struct bfc__arena *bfc__shard_find(struct bfc_ctx *ctx, bfc_stream_t s);
+/* Stream id of s (thread-local cache first). */
+int bfc__shard_stream_id(struct bfc_ctx *ctx, bfc_stream_t s, uint64_t *id);
+int bfc__shard_retire(struct bfc_ctx *ctx, bfc_stream_t s);
+/* Unlinks a dead arena and frees it after a grace period. */
+void bfc__shard_reclaim(struct bfc__arena *a);
+/* Destroys every arena (ctx teardown; no concurrent users). */
+void bfc__shard_dir_fini(struct bfc_ctx *ctx);
+/* Bumped whenever a shard leaves a directory or a context dies: thread-local
+ * caches compare it to know they are stale. */
+extern _Atomic uint64_t bfc__dir_epoch;
+
+/* Slow path: ask every other arena for its fully free regions. */
+size_t bfc__ctx_reclaim_others(struct bfc_ctx *ctx, struct bfc__arena *self);
+
+/* The one-time process set-up: fork hooks (ctx.c). */
+void bfc__process_init(void);
+
+#endif /* BFC_CTX_H */

@@ -1,0 +1,123 @@
+/*
+ * remote.c -- cross-stream frees: {chunk, event} fences travelling from the
+ * freeing thread to the owner arena.
+ *
+ * A block freed on a stream t other than its owner's stream is claimed with a
+ * compare-and-swap of its state (INUSE -> FREEING: exactly one of two racing
+ * frees wins), fenced with an event recorded on t, and pushed on the owner's
+ * wait-free queue (liburcu wfcqueue).  The owner drains the queue under its
+ * own lock at its next allocation or when short of memory (arena.c): a fence
+ * that has completed returns the chunk to the bins; one still in flight puts
+ * it on the pending list, where it is never merged or handed out.
+ *
+ * Fence records and their events come from the owner's pool, a second
+ * wfcqueue: the owner enqueues records whose fences completed (wait-free);
+ * freers dequeue with cds_wfcq_dequeue_blocking, which takes that queue's own
+ * small mutex -- contended only by threads freeing into the same owner at
+ * the same instant, held for a few instructions, and never an arena lock.
+ * An empty pool creates a record and an event (a backend call): that happens
+ * while the pool warms up, then records circulate.
+ *
+ * If recording the event fails, the free falls back to synchronising the
+ * freeing stream; if that fails too, the block is not freed (its claim is
+ * undone) and BFC_EBACKEND is returned, so no memory is reused unsafely.
+ */
+#include "ctx.h"
+
+struct bfc__fence *bfc__fence_get(struct bfc__arena *a)
+{
+    struct cds_wfcq_node *node = cds_wfcq_dequeue_blocking(&a->fpool_head, &a->fpool_tail);
+    struct bfc__fence *f;
+    if (node) {
+        f = caa_container_of(node, struct bfc__fence, qnode);
+    } else {
+        f = bfc__meta_zalloc(sizeof(*f));
+        if (!f)
+            return NULL;
+        bfc__backend_t *be = a->ctx->be;
+        if (be->ops->event_create(be, &f->ev) != BFC_OK)
+            f->ev = NULL;
+        /* relaxed: a count for teardown accounting only. */
+        atomic_fetch_add_explicit(&a->nfences, 1, memory_order_relaxed);
+    }
+    f->extra = NULL;
+    f->chunk = NULL;
+    f->synced = false;
+    f->pnext = f->pprev = NULL;
+    return f;
+}
+
+void bfc__fence_put(struct bfc__arena *a, struct bfc__fence *f)
+{
+    while (f) {
+        struct bfc__fence *next = f->extra;
+        cds_wfcq_node_init(&f->qnode);
+        cds_wfcq_enqueue(&a->fpool_head, &a->fpool_tail, &f->qnode);
+        f = next;
+    }
+}
+
+int bfc__fence_query(struct bfc__arena *a, struct bfc__fence *f)
+{
+    bfc__backend_t *be = a->ctx->be;
+    for (; f; f = f->extra) {
+        if (f->synced)
+            continue;
+        if (!f->ev)
+            return BFC_EBUSY; /* neither event nor sync: keep it pending (see fence_recorded) */
+        int st = be->ops->event_query(be, f->ev);
+        if (st != BFC_OK)
+            return BFC_EBUSY; /* in flight, or a query error: ask again later */
+    }
+    return BFC_OK;
+}
+
+void bfc__fence_pool_destroy(struct bfc__arena *a)
+{
+    bfc__backend_t *be = a->ctx->be;
+    struct cds_wfcq_node *node;
+    while ((node = cds_wfcq_dequeue_blocking(&a->fpool_head, &a->fpool_tail))) {
+        struct bfc__fence *f = caa_container_of(node, struct bfc__fence, qnode);
+        if (f->ev)
+            be->ops->event_destroy(be, f->ev);
+        bfc__meta_free(f, sizeof(*f));
+        atomic_fetch_sub_explicit(&a->nfences, 1, memory_order_relaxed);
+    }
+}
+
+int bfc__remote_free(struct bfc__arena *a, struct bfc__chunk *c, bfc_stream_t s)
+{
+    bfc__backend_t *be = a->ctx->be;
+    struct bfc__fence *f = bfc__fence_get(a);
+    if (!f) {
+        atomic_store_explicit(&c->state, BFC__CHUNK_INUSE, memory_order_release);
+        return BFC_ENOMEM;
+    }
+    f->chunk = c;
+    if (!f->ev || be->ops->event_record(be, f->ev, s) != BFC_OK) {
+        if (be->ops->stream_sync(be, s) != BFC_OK) {
+            bfc__fence_put(a, f);
+            /* release: pairs with the acquire CAS of the next free. */
+            atomic_store_explicit(&c->state, BFC__CHUNK_INUSE, memory_order_release);
+            return BFC_EBACKEND;
+        }
+        f->synced = true;
+    }
+    cds_wfcq_node_init(&f->qnode);
+    cds_wfcq_enqueue(&a->rq_head, &a->rq_tail, &f->qnode);
+    /* A retired owner has no thread of its own to drain its queue: whoever
+     * enqueues after retirement drains it.  seq_cst fence: pairs with the
+     * seq_cst store of `retired` in bfc__shard_retire, which drains after
+     * it; at least one side sees the other. */
+    atomic_thread_fence(memory_order_seq_cst);
+    if (BFC__UNLIKELY(atomic_load_explicit(&a->retired, memory_order_relaxed))) {
+        bool dead;
+        bfc__lock(&a->lock);
+        bfc__arena_drain_locked(a, true);
+        dead = bfc__arena_maybe_dead_locked(a);
+        bfc__unlock(&a->lock);
+        if (dead)
+            bfc__shard_reclaim(a);
+    }
+    return BFC_OK;
+}

@@ -1,0 +1,267 @@
+/*
+ * shard.c -- the shard directory: stream id -> arena.
+ *
+ * A liburcu lock-free hash table (rculfhash) keyed by the stream's stable id
+ * (cudaStreamGetId; the simulated stream's index on SIM), read under urcu-bp
+ * read locks: callers' threads are not ours to register, and urcu-bp
+ * registers them lazily.  A thread-local cache of the last (context, stream
+ * handle, arena) triple skips even the hash lookup; it is valid while the
+ * process-wide epoch it was filled under is unchanged (every retirement and
+ * every context teardown bumps the epoch).
+ *
+ * Shards are created on first use with cds_lfht_add_unique: two threads
+ * racing on a new stream end up sharing one arena (the loser frees its
+ * unpublished one).  A retired shard leaves the table at once and is freed
+ * after its last block and an RCU grace period (call_rcu), so a reader that
+ * found it under rcu_read_lock can still lock it and see `retired`.
+ *
+ * Locks: none on lookup.  Creation and reclamation take ctx->arenas_lock
+ * (the arena list used by stats and by the OOM slow path) -- once per stream
+ * lifetime, never per allocation.
+ */
+#include <string.h>
+
+#include "ctx.h"
+
+_Atomic uint64_t bfc__dir_epoch = 1;
+
+struct tls_cache {
+    struct bfc_ctx *ctx;
+    bfc_stream_t stream;
+    struct bfc__arena *arena;
+    uint64_t epoch;
+};
+static __thread struct tls_cache tls_last;
+
+static unsigned long hash_id(uint64_t x)
+{
+    /* splitmix64 finaliser: SIM ids are small consecutive integers. */
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return (unsigned long)(x ^ (x >> 31));
+}
+
+static int match_id(struct cds_lfht_node *node, const void *key)
+{
+    const struct bfc__arena *a = caa_container_of(node, struct bfc__arena, dir_node);
+    return a->stream_id == *(const uint64_t *)key;
+}
+
+int bfc__shard_dir_init(struct bfc_ctx *ctx)
+{
+    ctx->dir = cds_lfht_new(64, 64, 0, CDS_LFHT_AUTO_RESIZE | CDS_LFHT_ACCOUNTING, NULL);
+    if (!ctx->dir)
+        return BFC_ENOMEM;
+    if (pthread_mutex_init(&ctx->arenas_lock, NULL)) {
+        cds_lfht_destroy(ctx->dir, NULL);
+        return BFC_EBACKEND;
+    }
+    return BFC_OK;
+}
+
+static bool tls_hit(struct bfc_ctx *ctx, bfc_stream_t s)
+{
+    /* acquire: pairs with the release increment in bfc__shard_retire; an
+     * unchanged epoch means the cached arena was not retired before this
+     * read section began, so it is not freed before we unlock RCU. */
+    return tls_last.ctx == ctx && tls_last.stream == s && tls_last.arena &&
+           tls_last.epoch == atomic_load_explicit(&bfc__dir_epoch, memory_order_acquire);
+}
+
+int bfc__shard_stream_id(struct bfc_ctx *ctx, bfc_stream_t s, uint64_t *id)
+{
+    if (tls_hit(ctx, s)) {
+        *id = tls_last.arena->stream_id;
+        return BFC_OK;
+    }
+    return ctx->be->ops->stream_id(ctx->be, s, id);
+}
+
+static struct bfc__arena *lookup(struct bfc_ctx *ctx, uint64_t id)
+{
+    struct cds_lfht_iter it;
+    cds_lfht_lookup(ctx->dir, hash_id(id), match_id, &id, &it);
+    struct cds_lfht_node *node = cds_lfht_iter_get_node(&it);
+    return node ? caa_container_of(node, struct bfc__arena, dir_node) : NULL;
+}
+
+static void tls_fill(struct bfc_ctx *ctx, bfc_stream_t s, struct bfc__arena *a, uint64_t epoch)
+{
+    tls_last.ctx = ctx;
+    tls_last.stream = s;
+    tls_last.arena = a;
+    tls_last.epoch = epoch;
+}
+
+struct bfc__arena *bfc__shard_find(struct bfc_ctx *ctx, bfc_stream_t s)
+{
+    if (tls_hit(ctx, s))
+        return tls_last.arena;
+    uint64_t epoch = atomic_load_explicit(&bfc__dir_epoch, memory_order_acquire);
+    uint64_t id;
+    if (ctx->be->ops->stream_id(ctx->be, s, &id) != BFC_OK)
+        return NULL;
+    struct bfc__arena *a = lookup(ctx, id);
+    if (a)
+        tls_fill(ctx, s, a, epoch);
+    return a;
+}
+
+struct bfc__arena *bfc__shard_get(struct bfc_ctx *ctx, bfc_stream_t s, int *status)
+{
+    if (tls_hit(ctx, s))
+        return tls_last.arena;
+    uint64_t epoch = atomic_load_explicit(&bfc__dir_epoch, memory_order_acquire);
+    uint64_t id;
+    int st = ctx->be->ops->stream_id(ctx->be, s, &id);
+    if (st != BFC_OK) {
+        *status = st;
+        return NULL;
+    }
+    struct bfc__arena *a = lookup(ctx, id);
+    if (!a) {
+        struct bfc__arena *mine = bfc__arena_new(ctx, s, id);
+        if (!mine) {
+            *status = BFC_ENOMEM;
+            return NULL;
+        }
+        bfc__lock(&ctx->arenas_lock);
+        mine->seq = ctx->arena_seq++;
+        mine->all_next = ctx->arenas;
+        if (ctx->arenas)
+            ctx->arenas->all_prev = mine;
+        ctx->arenas = mine;
+        bfc__unlock(&ctx->arenas_lock);
+        struct cds_lfht_node *got =
+            cds_lfht_add_unique(ctx->dir, hash_id(id), match_id, &id, &mine->dir_node);
+        if (got != &mine->dir_node) {
+            /* Another thread published this stream's shard first. */
+            mine->unlinked = true;
+            bfc__lock(&ctx->arenas_lock);
+            if (mine->all_prev)
+                mine->all_prev->all_next = mine->all_next;
+            else
+                ctx->arenas = mine->all_next;
+            if (mine->all_next)
+                mine->all_next->all_prev = mine->all_prev;
+            bfc__unlock(&ctx->arenas_lock);
+            bfc__arena_free(mine);
+            a = caa_container_of(got, struct bfc__arena, dir_node);
+        } else {
+            a = mine;
+            /* relaxed: a statistic. */
+            atomic_fetch_add_explicit(&ctx->shards_live, 1, memory_order_relaxed);
+        }
+    }
+    tls_fill(ctx, s, a, epoch);
+    return a;
+}
+
+static void arena_free_cb(struct rcu_head *h)
+{
+    bfc__arena_free(caa_container_of(h, struct bfc__arena, rcu));
+}
+
+/* Unlinks from the context list; ctx->arenas_lock held. */
+static void unlink_locked(struct bfc_ctx *ctx, struct bfc__arena *a)
+{
+    if (a->unlinked)
+        return;
+    a->unlinked = true;
+    if (a->all_prev)
+        a->all_prev->all_next = a->all_next;
+    else
+        ctx->arenas = a->all_next;
+    if (a->all_next)
+        a->all_next->all_prev = a->all_prev;
+}
+
+void bfc__shard_reclaim(struct bfc__arena *a)
+{
+    struct bfc_ctx *ctx = a->ctx;
+    bfc__lock(&ctx->arenas_lock);
+    bool first = !a->unlinked;
+    unlink_locked(ctx, a);
+    bfc__unlock(&ctx->arenas_lock);
+    if (first)
+        call_rcu(&a->rcu, arena_free_cb);
+}
+
+int bfc__shard_retire(struct bfc_ctx *ctx, bfc_stream_t s)
+{
+    rcu_read_lock();
+    uint64_t id;
+    int st = ctx->be->ops->stream_id(ctx->be, s, &id);
+    struct bfc__arena *a = st == BFC_OK ? lookup(ctx, id) : NULL;
+    if (!a || cds_lfht_del(ctx->dir, &a->dir_node) != 0) {
+        rcu_read_unlock();
+        return BFC_EINVAL;
+    }
+    /* seq_cst: pairs with the seq_cst fence in bfc__remote_free (an enqueue
+     * racing with retirement is drained by one side or the other). */
+    atomic_store_explicit(&a->retired, true, memory_order_seq_cst);
+    /* release: pairs with the acquire loads in tls_hit. */
+    atomic_fetch_add_explicit(&bfc__dir_epoch, 1, memory_order_release);
+    atomic_fetch_sub_explicit(&ctx->shards_live, 1, memory_order_relaxed);
+    bfc__lock(&a->lock);
+    bfc__arena_drain_locked(a, true);
+    bfc__arena_release_free_regions_locked(a);
+    bool dead = bfc__arena_maybe_dead_locked(a);
+    bfc__unlock(&a->lock);
+    rcu_read_unlock();
+    if (dead)
+        bfc__shard_reclaim(a);
+    return BFC_OK;
+}
+
+size_t bfc__ctx_reclaim_others(struct bfc_ctx *ctx, struct bfc__arena *self)
+{
+    size_t freed = 0;
+    bfc__lock(&ctx->arenas_lock);
+    struct bfc__arena *a = ctx->arenas;
+    while (a) {
+        struct bfc__arena *next = a->all_next;
+        if (a != self) {
+            bfc__lock(&a->lock);
+            bool dead = false;
+            if (!a->dead) {
+                bfc__arena_drain_locked(a, true);
+                freed += bfc__arena_release_free_regions_locked(a);
+                dead = bfc__arena_maybe_dead_locked(a);
+            }
+            bfc__unlock(&a->lock);
+            if (dead) {
+                unlink_locked(ctx, a);
+                call_rcu(&a->rcu, arena_free_cb);
+            }
+        }
+        a = next;
+    }
+    bfc__unlock(&ctx->arenas_lock);
+    return freed;
+}
+
+void bfc__shard_dir_fini(struct bfc_ctx *ctx)
+{
+    /* No concurrent users (bfc_ctx_destroy's contract); readers that might
+     * still hold a stale thread-local entry are fenced off by the epoch. */
+    atomic_fetch_add_explicit(&bfc__dir_epoch, 1, memory_order_release);
+    rcu_read_lock();
+    struct cds_lfht_iter it;
+    struct cds_lfht_node *node;
+    cds_lfht_for_each(ctx->dir, &it, node) (void)cds_lfht_del(ctx->dir, node);
+    rcu_read_unlock();
+    /* Wait for readers, then for every call_rcu callback queued so far
+     * (retired arenas, regions) before freeing the rest by hand. */
+    synchronize_rcu();
+    rcu_barrier();
+    while (ctx->arenas) {
+        struct bfc__arena *a = ctx->arenas;
+        ctx->arenas = a->all_next;
+        bfc__arena_free(a);
+    }
+    rcu_barrier();
+    cds_lfht_destroy(ctx->dir, NULL);
+    pthread_mutex_destroy(&ctx->arenas_lock);
+}

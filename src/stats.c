@@ -1,0 +1,300 @@
+/*
+ * stats.c -- statistics, invariant checks, the memory map and the JSON
+ * snapshot.
+ *
+ * Counters live in each arena (written under its lock, no shared counter on
+ * the hot path) and are summed on read.  A read drains each shard's
+ * remote-free queue first, so the figures are exact at the moment of the
+ * call.  The context's peak_bytes_in_use is the sum of the shards' peaks:
+ * exact for one shard, an upper bound when several shards peak at different
+ * times (an exact context-wide peak would need a shared counter on every
+ * allocation).  bytes_reserved / peak_bytes_reserved of the context are the
+ * pool's figures: memory held from the backend.
+ *
+ * Locking: ctx->arenas_lock, then each arena lock in turn (never two), then
+ * the pool lock.  These are rare, observational paths.
+ */
+#include <inttypes.h>
+#include <string.h>
+
+#include "ctx.h"
+
+static void add_arena(bfc_stats_t *o, const struct bfc__arena *a)
+{
+    const struct bfc__astats *s = &a->st;
+    o->num_allocs += s->num_allocs;
+    o->num_frees += s->num_frees;
+    o->bytes_in_use += s->bytes_in_use;
+    o->peak_bytes_in_use += s->peak_in_use;
+    o->bytes_requested += s->bytes_requested;
+    if (s->largest_alloc > o->largest_alloc_size)
+        o->largest_alloc_size = s->largest_alloc;
+    o->num_regions += s->num_regions;
+    o->num_remote_frees += s->remote_frees;
+    o->num_pending_frees += s->pending;
+    o->bytes_pending += s->pending_bytes;
+    o->num_ooms += s->ooms;
+    o->bytes_free += a->bins.total_bytes;
+    size_t lf = bfc__bins_largest(&a->bins);
+    if (lf > o->largest_free_chunk)
+        o->largest_free_chunk = lf;
+    o->num_chunks += s->chunks;
+}
+
+int bfc_ctx_stats(bfc_ctx_t *ctx, bfc_stats_t *out)
+{
+    if (!ctx || !out)
+        return BFC_EINVAL;
+    memset(out, 0, sizeof(*out));
+    bfc__lock(&ctx->arenas_lock);
+    for (struct bfc__arena *a = ctx->arenas; a; a = a->all_next) {
+        bfc__lock(&a->lock);
+        if (!a->dead) {
+            bfc__arena_drain_locked(a, true);
+            add_arena(out, a);
+        }
+        bfc__unlock(&a->lock);
+    }
+    bfc__unlock(&ctx->arenas_lock);
+    size_t held, peak, committed, free_spans;
+    bfc__pool_stats(ctx, &held, &peak, &committed, &free_spans);
+    out->bytes_reserved = held;
+    out->peak_bytes_reserved = peak;
+    out->bytes_limit = ctx->limit;
+    out->num_shards = atomic_load_explicit(&ctx->shards_live, memory_order_relaxed);
+    out->num_ooms += atomic_load_explicit(&ctx->ooms, memory_order_relaxed);
+    return BFC_OK;
+}
+
+int bfc_ctx_stream_stats(bfc_ctx_t *ctx, bfc_stream_t s, bfc_stats_t *out)
+{
+    if (!ctx || !out)
+        return BFC_EINVAL;
+    memset(out, 0, sizeof(*out));
+    rcu_read_lock();
+    struct bfc__arena *a = bfc__shard_find(ctx, s);
+    int st = BFC_EINVAL;
+    if (a) {
+        bfc__lock(&a->lock);
+        if (!a->dead && !atomic_load_explicit(&a->retired, memory_order_acquire)) {
+            bfc__arena_drain_locked(a, true);
+            add_arena(out, a);
+            out->bytes_reserved = a->st.bytes_reserved;
+            out->peak_bytes_reserved = a->st.peak_reserved;
+            out->bytes_limit = ctx->limit;
+            out->num_shards = 1;
+            st = BFC_OK;
+        }
+        bfc__unlock(&a->lock);
+    }
+    rcu_read_unlock();
+    return st;
+}
+
+int bfc_ctx_clear_peaks(bfc_ctx_t *ctx)
+{
+    if (!ctx)
+        return BFC_EINVAL;
+    bfc__lock(&ctx->arenas_lock);
+    for (struct bfc__arena *a = ctx->arenas; a; a = a->all_next) {
+        bfc__lock(&a->lock);
+        bfc__arena_drain_locked(a, true);
+        a->st.peak_in_use = a->st.bytes_in_use;
+        a->st.peak_reserved = a->st.bytes_reserved;
+        bfc__unlock(&a->lock);
+    }
+    bfc__unlock(&ctx->arenas_lock);
+    bfc__pool_clear_peak(ctx);
+    return BFC_OK;
+}
+
+int bfc_ctx_check_report(bfc_ctx_t *ctx, char *buf, size_t len)
+{
+    char local[512];
+    if (!buf || len == 0) {
+        buf = local;
+        len = sizeof(local);
+    }
+    buf[0] = '\0';
+    if (!ctx)
+        return BFC_EINVAL;
+    int bad = 0;
+    uint64_t regions = 0, reserved = 0;
+    bfc__lock(&ctx->arenas_lock);
+    for (struct bfc__arena *a = ctx->arenas; a && !bad; a = a->all_next) {
+        bfc__lock(&a->lock);
+        if (!a->dead) {
+            bad = bfc__arena_check_locked(a, buf, len);
+            regions += a->st.num_regions;
+            reserved += a->st.bytes_reserved;
+        }
+        bfc__unlock(&a->lock);
+    }
+    bfc__unlock(&ctx->arenas_lock);
+    if (!bad) {
+        size_t mapped = bfc__regionmap_count(ctx);
+        if (mapped != regions) {
+            snprintf(buf, len, "invariant 6: the region map holds %zu regions of this context, shards own %" PRIu64,
+                     mapped, regions);
+            bad = -1;
+        }
+    }
+    if (!bad) {
+        size_t committed = atomic_load_explicit(&ctx->pool.committed, memory_order_relaxed);
+        if (committed != reserved) {
+            snprintf(buf, len, "invariant 6: the pool lent %zu bytes of regions, shards hold %" PRIu64, committed,
+                     reserved);
+            bad = -1;
+        }
+    }
+    if (!bad)
+        bad = bfc__pool_check(ctx, buf, len);
+    return bad ? BFC_ECORRUPT : BFC_OK;
+}
+
+int bfc_ctx_check(bfc_ctx_t *ctx)
+{
+    return bfc_ctx_check_report(ctx, NULL, 0);
+}
+
+/* ------------------------------------------------------------ dumps */
+
+static const char *state_name(uint32_t s)
+{
+    switch (s) {
+    case BFC__CHUNK_FREE:
+        return "free";
+    case BFC__CHUNK_INUSE:
+        return "in_use";
+    case BFC__CHUNK_FREEING:
+        return "freeing";
+    default:
+        return "pending";
+    }
+}
+
+static void dump_arena(struct bfc__arena *a, FILE *f)
+{
+    fprintf(f, "Shard stream_id=%" PRIu64 "%s: %" PRIu64 " regions, %" PRIu64 " bytes reserved, %" PRIu64
+               " in use, %" PRIu64 " requested, %" PRIu64 " pending frees\n",
+            a->stream_id, atomic_load(&a->retired) ? " (retired)" : "", a->st.num_regions, a->st.bytes_reserved,
+            a->st.bytes_in_use, a->st.bytes_requested, a->st.pending);
+    for (struct bfc__region *r = a->regions; r; r = r->anext) {
+        fprintf(f, "  Region %#lx size %zu%s\n", (unsigned long)r->base, r->size, r->large ? " (large)" : "");
+        for (struct bfc__chunk *c = bfc__region_handle(r, r->base); c; c = c->next) {
+            uint32_t s = atomic_load_explicit(&c->state, memory_order_relaxed);
+            fprintf(f, "    Chunk %#lx size %zu %s", (unsigned long)c->ptr, c->size, state_name(s));
+            if (s != BFC__CHUNK_FREE)
+                fprintf(f, " requested %zu id %" PRId64, c->requested, c->alloc_id);
+            fputc('\n', f);
+        }
+    }
+    fprintf(f, "  Bins:");
+    for (int i = 0; i < BFC__NUM_BINS; i++)
+        if (a->bins.count[i])
+            fprintf(f, " [%d: %zu chunks, %zu bytes, >= %zu]", i, a->bins.count[i], a->bins.bytes[i],
+                    BFC__MIN_ALLOC << i);
+    fputc('\n', f);
+}
+
+int bfc_ctx_dump(bfc_ctx_t *ctx, FILE *f)
+{
+    if (!ctx || !f)
+        return BFC_EINVAL;
+    bfc_stats_t s;
+    bfc_ctx_stats(ctx, &s);
+    fprintf(f, "libshardbfc memory map: backend %s, limit %" PRIu64 ", reserved %" PRIu64 ", in use %" PRIu64
+               ", %" PRIu64 " shards, %" PRIu64 " regions\n",
+            ctx->be->name, s.bytes_limit, s.bytes_reserved, s.bytes_in_use, s.num_shards, s.num_regions);
+    bfc__lock(&ctx->arenas_lock);
+    for (struct bfc__arena *a = ctx->arenas; a; a = a->all_next) {
+        bfc__lock(&a->lock);
+        if (!a->dead)
+            dump_arena(a, f);
+        bfc__unlock(&a->lock);
+    }
+    bfc__unlock(&ctx->arenas_lock);
+    fprintf(f, "Stats: num_allocs %" PRIu64 ", num_frees %" PRIu64 ", peak_bytes_in_use %" PRIu64
+               ", largest_alloc_size %" PRIu64 ", num_ooms %" PRIu64 "\n",
+            s.num_allocs, s.num_frees, s.peak_bytes_in_use, s.largest_alloc_size, s.num_ooms);
+    return ferror(f) ? BFC_EBACKEND : BFC_OK;
+}
+
+static void json_stats(FILE *f, const bfc_stats_t *s)
+{
+    fprintf(f,
+            "{\"num_allocs\":%" PRIu64 ",\"num_frees\":%" PRIu64 ",\"bytes_in_use\":%" PRIu64
+            ",\"peak_bytes_in_use\":%" PRIu64 ",\"bytes_requested\":%" PRIu64 ",\"largest_alloc_size\":%" PRIu64
+            ",\"bytes_limit\":%" PRIu64 ",\"bytes_reserved\":%" PRIu64 ",\"peak_bytes_reserved\":%" PRIu64
+            ",\"num_regions\":%" PRIu64 ",\"num_shards\":%" PRIu64 ",\"num_remote_frees\":%" PRIu64
+            ",\"num_pending_frees\":%" PRIu64 ",\"num_ooms\":%" PRIu64 ",\"bytes_free\":%" PRIu64
+            ",\"largest_free_chunk\":%" PRIu64 ",\"bytes_pending\":%" PRIu64 "}",
+            s->num_allocs, s->num_frees, s->bytes_in_use, s->peak_bytes_in_use, s->bytes_requested,
+            s->largest_alloc_size, s->bytes_limit, s->bytes_reserved, s->peak_bytes_reserved, s->num_regions,
+            s->num_shards, s->num_remote_frees, s->num_pending_frees, s->num_ooms, s->bytes_free,
+            s->largest_free_chunk, s->bytes_pending);
+}
+
+static void json_arena(struct bfc__arena *a, FILE *f, struct bfc_ctx *ctx)
+{
+    bfc_stats_t s;
+    memset(&s, 0, sizeof(s));
+    add_arena(&s, a);
+    s.bytes_reserved = a->st.bytes_reserved;
+    s.peak_bytes_reserved = a->st.peak_reserved;
+    s.bytes_limit = ctx->limit;
+    s.num_shards = 1;
+    fprintf(f, "{\"stream_id\":%" PRIu64 ",\"retired\":%s,\"stats\":", a->stream_id,
+            atomic_load(&a->retired) ? "true" : "false");
+    json_stats(f, &s);
+    fprintf(f, ",\"regions\":[");
+    for (struct bfc__region *r = a->regions; r; r = r->anext) {
+        fprintf(f, "%s{\"base\":\"%#lx\",\"size\":%zu,\"large\":%s,\"chunks\":[", r == a->regions ? "" : ",",
+                (unsigned long)r->base, r->size, r->large ? "true" : "false");
+        for (struct bfc__chunk *c = bfc__region_handle(r, r->base); c; c = c->next) {
+            uint32_t st = atomic_load_explicit(&c->state, memory_order_relaxed);
+            fprintf(f,
+                    "%s{\"offset\":%zu,\"size\":%zu,\"requested\":%zu,\"state\":\"%s\",\"allocation_id\":%" PRId64
+                    "}",
+                    c == bfc__region_handle(r, r->base) ? "" : ",", (size_t)(c->ptr - r->base), c->size,
+                    c->requested, state_name(st), c->alloc_id);
+        }
+        fprintf(f, "]}");
+    }
+    fprintf(f, "],\"bins\":[");
+    for (int i = 0; i < BFC__NUM_BINS; i++)
+        fprintf(f, "%s{\"bin\":%d,\"min_size\":%zu,\"count\":%zu,\"bytes\":%zu}", i ? "," : "", i,
+                BFC__MIN_ALLOC << i, a->bins.count[i], a->bins.bytes[i]);
+    fprintf(f, "]}");
+}
+
+int bfc_ctx_snapshot_json(bfc_ctx_t *ctx, FILE *f)
+{
+    if (!ctx || !f)
+        return BFC_EINVAL;
+    bfc_stats_t s;
+    bfc_ctx_stats(ctx, &s);
+    size_t held, peak, committed, free_spans;
+    bfc__pool_stats(ctx, &held, &peak, &committed, &free_spans);
+    fprintf(f, "{\"version\":1,\"backend\":\"%s\",\"device\":%d,\"allow_growth\":%s,\"totals\":",
+            ctx->cfg.backend == BFC_BACKEND_CUDA ? "cuda" : "sim", ctx->cfg.device,
+            ctx->cfg.allow_growth ? "true" : "false");
+    json_stats(f, &s);
+    fprintf(f, ",\"pool\":{\"held\":%zu,\"peak_held\":%zu,\"committed\":%zu,\"free\":%zu},\"shards\":[", held,
+            peak, committed, free_spans);
+    bool first = true;
+    bfc__lock(&ctx->arenas_lock);
+    for (struct bfc__arena *a = ctx->arenas; a; a = a->all_next) {
+        bfc__lock(&a->lock);
+        if (!a->dead) {
+            if (!first)
+                fputc(',', f);
+            first = false;
+            json_arena(a, f, ctx);
+        }
+        bfc__unlock(&a->lock);
+    }
+    bfc__unlock(&ctx->arenas_lock);
+    fprintf(f, "]}\n");
+    return ferror(f) ? BFC_EBACKEND : BFC_OK;
+}
