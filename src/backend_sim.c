@@ -1,0 +1,584 @@
+/*
+ * backend_sim.c -- the simulated device: host memory, modelled streams and
+ * events, fault injection.  Always built; every test without a GPU runs on it.
+ *
+ * Memory: each mem_alloc is its own mmap(MAP_PRIVATE | MAP_ANONYMOUS |
+ * MAP_NORESERVE), so a 16 GiB (or 64 GiB) "device" costs nothing until it is
+ * touched, and every block is page aligned (hence 256-byte aligned).
+ * mem_free munmaps with the size the caller passes (the allocator always
+ * knows its region sizes).  The backend does not enforce memory_limit (the
+ * context does); an optional ceiling makes mem_alloc fail with BFC_ENOMEM
+ * once held + size would exceed it, and fault injection fails every Nth
+ * allocation, or every Nth event record/query.
+ *
+ * Streams: a fixed table of SIM_MAX_STREAMS cache-line records per backend,
+ * mapped with MAP_NORESERVE (only records in use are ever touched).  A
+ * stream handle is the address of its record, so validating a handle is a
+ * range check: no hash, no lock.  Record 0 is the default stream (the NULL
+ * handle).  A non-NULL handle outside the table (or not yet handed out) is an
+ * "unknown" stream: always idle, id = handle | 1 << 63, so it cannot collide
+ * with a table index.  Records are never reused: a destroyed stream stays in
+ * the table, drained and marked dead, so events that still name it stay valid.
+ *
+ * The model of one stream: `state` packs hold_gen << 1 | held; `done_gen` is
+ * the last generation known complete.  hold: if not held, hold_gen++ and set
+ * held (one CAS).  drain: clear held, then raise done_gen to that hold_gen.
+ * An event recorded on a held stream remembers (stream, hold_gen) and is
+ * complete once done_gen >= hold_gen; recorded on an idle stream it is
+ * complete at once.  The pair is packed into one 64-bit word of the event so
+ * that a concurrent record and query never see a torn pair.
+ *
+ * Locking: every operation is lock-free atomics, except stream creation,
+ * which takes `reg_lock` only to hand out the next table index (a rare path:
+ * streams are created once per simulated CUDA stream).
+ */
+#include "backend.h"
+#include "meta.h"
+
+#include <pthread.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#define SIM_DEFAULT_LIMIT (16 * BFC__GiB)
+#define SIM_MAX_STREAMS 65536u
+#define SIM_UNKNOWN_BIT (1ull << 63)
+/* Event word: (stream index + 1) << SIM_EV_GEN_BITS | hold_gen; 0 = complete. */
+#define SIM_EV_GEN_BITS 44
+#define SIM_EV_GEN_MASK ((1ull << SIM_EV_GEN_BITS) - 1)
+#define SIM_POLL_NS 50000L
+
+_Static_assert(SIM_MAX_STREAMS < (1u << (64 - SIM_EV_GEN_BITS)), "event packing");
+
+struct sim_stream {
+    alignas(BFC__CACHELINE) _Atomic uint64_t state; /* hold_gen << 1 | held */
+    _Atomic uint64_t done_gen;
+    atomic_bool dead;
+};
+
+_Static_assert(sizeof(struct sim_stream) == BFC__CACHELINE, "one line per stream");
+
+struct sim_event {
+    _Atomic uint64_t word; /* see SIM_EV_GEN_BITS */
+};
+
+struct sim_backend {
+    struct bfc__backend base; /* first: bfc__backend_t * casts to this */
+    size_t limit;
+    struct sim_stream *streams; /* SIM_MAX_STREAMS records, mmap'ed */
+    pthread_mutex_t reg_lock;   /* serialises stream creation only */
+
+    /* Counters bumped by every allocating thread. */
+    alignas(BFC__CACHELINE) atomic_size_t held;
+    atomic_size_t ceiling;
+    atomic_uint fail_alloc_every;
+    atomic_uint alloc_calls;
+    _Atomic uint64_t allocs;
+    _Atomic uint64_t failures;
+
+    /* Counters bumped by every event record / query. */
+    alignas(BFC__CACHELINE) atomic_uint fail_event_every;
+    atomic_uint event_calls;
+
+    /* Written under reg_lock, read lock-free by handle validation. */
+    alignas(BFC__CACHELINE) atomic_uint n_streams;
+};
+
+static const struct bfc__backend_ops sim_ops;
+
+static inline struct sim_backend *sim_of(bfc__backend_t *be)
+{
+    return (struct sim_backend *)be;
+}
+
+static inline bool is_sim(bfc__backend_t *be)
+{
+    return be && be->kind == BFC_BACKEND_SIM && be->ops == &sim_ops;
+}
+
+/* The table record of s, or NULL when s is unknown to this backend. */
+static struct sim_stream *sim_lookup(struct sim_backend *b, bfc_stream_t s,
+                                     uint32_t *idx_out)
+{
+    uintptr_t a = (uintptr_t)s;
+    uintptr_t base = (uintptr_t)b->streams;
+    uintptr_t off;
+    uint32_t idx;
+
+    if (!s) {
+        *idx_out = 0;
+        return &b->streams[0];
+    }
+    if (a < base)
+        return NULL;
+    off = a - base;
+    if (off >= (uintptr_t)SIM_MAX_STREAMS * sizeof(struct sim_stream) ||
+        off % sizeof(struct sim_stream) != 0)
+        return NULL;
+    idx = (uint32_t)(off / sizeof(struct sim_stream));
+    /* acquire: pairs with the release store in bfc__sim_stream_create, so a
+     * handed-out index's record is seen initialised. */
+    if (idx >= atomic_load_explicit(&b->n_streams, memory_order_acquire))
+        return NULL;
+    *idx_out = idx;
+    return &b->streams[idx];
+}
+
+/* ------------------------------------------------------------- memory */
+
+static size_t sim_map_size(size_t size)
+{
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+
+    if (pg == 0 || (pg & (pg - 1)) != 0)
+        pg = 4096;
+    return bfc__round_up(size, pg);
+}
+
+/* True when the every-Nth injector fires for this call. */
+static bool every_nth(atomic_uint *every, atomic_uint *calls)
+{
+    /* relaxed: a test knob and a call counter; no data is published. */
+    unsigned n = atomic_load_explicit(every, memory_order_relaxed);
+    unsigned c;
+
+    if (n == 0)
+        return false;
+    c = atomic_fetch_add_explicit(calls, 1, memory_order_relaxed) + 1;
+    return c % n == 0;
+}
+
+static int sim_mem_alloc(bfc__backend_t *be, size_t size, void **out)
+{
+    struct sim_backend *b = sim_of(be);
+    size_t map = sim_map_size(size);
+    size_t ceiling, prev;
+    void *p;
+
+    if (!out || size == 0 || map == 0)
+        return BFC_EINVAL;
+    *out = NULL;
+    if (every_nth(&b->fail_alloc_every, &b->alloc_calls))
+        goto fail;
+    /*
+     * Reserve before mapping, so that concurrent allocations cannot both
+     * pass the ceiling.  relaxed: `held` is a byte count, it guards no other
+     * memory; the mapping itself is published by the return value.
+     */
+    ceiling = atomic_load_explicit(&b->ceiling, memory_order_relaxed);
+    prev = atomic_fetch_add_explicit(&b->held, size, memory_order_relaxed);
+    if (prev + size < prev || prev + size > ceiling) {
+        atomic_fetch_sub_explicit(&b->held, size, memory_order_relaxed);
+        goto fail;
+    }
+    p = mmap(NULL, map, PROT_READ | PROT_WRITE,
+             MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) {
+        atomic_fetch_sub_explicit(&b->held, size, memory_order_relaxed);
+        goto fail;
+    }
+    atomic_fetch_add_explicit(&b->allocs, 1, memory_order_relaxed);
+    *out = p;
+    return BFC_OK;
+fail:
+    atomic_fetch_add_explicit(&b->failures, 1, memory_order_relaxed);
+    return BFC_ENOMEM;
+}
+
+static int sim_mem_free(bfc__backend_t *be, void *p, size_t size)
+{
+    struct sim_backend *b = sim_of(be);
+
+    if (!p)
+        return BFC_OK;
+    if (size == 0 || ((uintptr_t)p & (BFC__MIN_ALLOC - 1)) != 0)
+        return BFC_EINVAL;
+    if (munmap(p, sim_map_size(size)) != 0)
+        return BFC_EBACKEND;
+    atomic_fetch_sub_explicit(&b->held, size, memory_order_relaxed);
+    return BFC_OK;
+}
+
+static int sim_mem_info(bfc__backend_t *be, size_t *free_bytes, size_t *total_bytes)
+{
+    struct sim_backend *b = sim_of(be);
+    size_t held = atomic_load_explicit(&b->held, memory_order_relaxed);
+
+    if (free_bytes)
+        *free_bytes = held < b->limit ? b->limit - held : 0;
+    if (total_bytes)
+        *total_bytes = b->limit;
+    return BFC_OK;
+}
+
+static int sim_host_register(bfc__backend_t *be, void *p, size_t n)
+{
+    (void)be;
+    (void)p;
+    (void)n;
+    return BFC_OK; /* host memory needs no pinning to be "device" visible */
+}
+
+static int sim_host_unregister(bfc__backend_t *be, void *p)
+{
+    (void)be;
+    (void)p;
+    return BFC_OK;
+}
+
+/* ------------------------------------------------------------- events */
+
+static int sim_event_create(bfc__backend_t *be, bfc__event_t *out)
+{
+    struct sim_event *ev;
+
+    (void)be;
+    if (!out)
+        return BFC_EINVAL;
+    ev = bfc__meta_alloc(sizeof(*ev));
+    if (!ev)
+        return BFC_ENOMEM;
+    atomic_init(&ev->word, 0);
+    *out = ev;
+    return BFC_OK;
+}
+
+static int sim_event_destroy(bfc__backend_t *be, bfc__event_t ev)
+{
+    (void)be;
+    bfc__meta_free(ev, sizeof(struct sim_event));
+    return BFC_OK;
+}
+
+static int sim_event_record(bfc__backend_t *be, bfc__event_t evp, bfc_stream_t s)
+{
+    struct sim_backend *b = sim_of(be);
+    struct sim_event *ev = evp;
+    struct sim_stream *st;
+    uint64_t word = 0;
+    uint64_t state;
+    uint32_t idx = 0;
+
+    if (!ev)
+        return BFC_EINVAL;
+    if (every_nth(&b->fail_event_every, &b->event_calls))
+        return BFC_EBACKEND;
+    st = sim_lookup(b, s, &idx);
+    if (st) {
+        /* acquire: pairs with the acq_rel CAS in hold, so the generation
+         * read is the one the holder published. */
+        state = atomic_load_explicit(&st->state, memory_order_acquire);
+        if (state & 1)
+            word = ((uint64_t)idx + 1) << SIM_EV_GEN_BITS |
+                   ((state >> 1) & SIM_EV_GEN_MASK);
+    }
+    /* release: pairs with the acquire load in sim_event_done. */
+    atomic_store_explicit(&ev->word, word, memory_order_release);
+    return BFC_OK;
+}
+
+static bool sim_event_done(struct sim_backend *b, struct sim_event *ev)
+{
+    /* acquire: pairs with the release store in sim_event_record. */
+    uint64_t word = atomic_load_explicit(&ev->word, memory_order_acquire);
+    struct sim_stream *st;
+
+    if (word == 0)
+        return true;
+    st = &b->streams[(word >> SIM_EV_GEN_BITS) - 1];
+    /* acquire: pairs with the release CAS on done_gen in sim_drain, so work
+     * "completed" by the drainer happens-before the caller's reuse. */
+    return atomic_load_explicit(&st->done_gen, memory_order_acquire) >=
+           (word & SIM_EV_GEN_MASK);
+}
+
+static int sim_event_query(bfc__backend_t *be, bfc__event_t ev)
+{
+    struct sim_backend *b = sim_of(be);
+
+    if (!ev)
+        return BFC_EINVAL;
+    if (every_nth(&b->fail_event_every, &b->event_calls))
+        return BFC_EBACKEND;
+    return sim_event_done(b, ev) ? BFC_OK : BFC_EBUSY;
+}
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+
+    if (clock_gettime(CLOCK_MONOTONIC, &ts) != 0)
+        return 0;
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/*
+ * Polls (not counted by event fault injection: the wait is one call) until
+ * the event completes or the timeout passes.  A held stream only completes
+ * when some thread drains it, so SIM can do nothing but poll.
+ */
+static int sim_event_wait(bfc__backend_t *be, bfc__event_t ev, uint32_t timeout_ms)
+{
+    struct sim_backend *b = sim_of(be);
+    uint64_t deadline;
+    struct timespec nap = {0, SIM_POLL_NS};
+
+    if (!ev)
+        return BFC_EINVAL;
+    deadline = now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    for (;;) {
+        if (sim_event_done(b, ev))
+            return BFC_OK;
+        if (timeout_ms != UINT32_MAX && now_ns() >= deadline)
+            return BFC_EBUSY;
+        nanosleep(&nap, NULL); /* EINTR: just poll again */
+    }
+}
+
+/* ------------------------------------------------------------- streams */
+
+static int sim_stream_id(bfc__backend_t *be, bfc_stream_t s, uint64_t *id)
+{
+    uint32_t idx = 0;
+
+    if (!id)
+        return BFC_EINVAL;
+    if (sim_lookup(sim_of(be), s, &idx))
+        *id = idx;
+    else
+        *id = (uint64_t)(uintptr_t)s | SIM_UNKNOWN_BIT;
+    return BFC_OK;
+}
+
+/* SIM cannot make a held stream finish (only a drain can): BFC_EBUSY then. */
+static int sim_stream_sync(bfc__backend_t *be, bfc_stream_t s)
+{
+    uint32_t idx;
+    struct sim_stream *st = sim_lookup(sim_of(be), s, &idx);
+
+    if (!st)
+        return BFC_OK; /* unknown streams are always idle */
+    /* acquire: pairs with the acq_rel RMWs of hold and drain. */
+    return (atomic_load_explicit(&st->state, memory_order_acquire) & 1) ? BFC_EBUSY
+                                                                         : BFC_OK;
+}
+
+static void sim_hold(struct sim_stream *st)
+{
+    uint64_t old = atomic_load_explicit(&st->state, memory_order_relaxed);
+
+    for (;;) {
+        if (old & 1)
+            return; /* already held: later events share the generation */
+        /* acq_rel: release pairs with the acquire load in sim_event_record
+         * (an event recorded after the hold sees the new generation); acquire
+         * orders us after the previous drain's clear. */
+        if (atomic_compare_exchange_weak_explicit(&st->state, &old,
+                                                  ((old >> 1) + 1) << 1 | 1,
+                                                  memory_order_acq_rel,
+                                                  memory_order_relaxed))
+            return;
+    }
+}
+
+static void sim_drain(struct sim_stream *st)
+{
+    /* acq_rel: acquire pairs with hold's release CAS (we learn its gen);
+     * release orders the drainer's prior writes before the clear. */
+    uint64_t old = atomic_fetch_and_explicit(&st->state, ~(uint64_t)1,
+                                             memory_order_acq_rel);
+    uint64_t gen = old >> 1;
+    uint64_t done = atomic_load_explicit(&st->done_gen, memory_order_relaxed);
+
+    /* Raise done_gen to gen (a max: concurrent drains may race).  release:
+     * pairs with the acquire load in sim_event_done. */
+    while (done < gen &&
+           !atomic_compare_exchange_weak_explicit(&st->done_gen, &done, gen,
+                                                  memory_order_release,
+                                                  memory_order_relaxed))
+        ;
+}
+
+bfc_stream_t bfc__sim_stream_create(bfc__backend_t *be)
+{
+    struct sim_backend *b;
+    unsigned idx;
+
+    if (!is_sim(be))
+        return NULL;
+    b = sim_of(be);
+    /* The lock only hands out the next index; creation is a rare path. */
+    if (pthread_mutex_lock(&b->reg_lock) != 0)
+        return NULL;
+    idx = atomic_load_explicit(&b->n_streams, memory_order_relaxed);
+    if (idx < SIM_MAX_STREAMS) {
+        /* The record is fresh from the zero-filled mapping (indices are
+         * never reused).  release: pairs with the acquire in sim_lookup. */
+        atomic_store_explicit(&b->n_streams, idx + 1, memory_order_release);
+    }
+    if (pthread_mutex_unlock(&b->reg_lock) != 0)
+        return NULL;
+    if (idx >= SIM_MAX_STREAMS)
+        return NULL;
+    return (bfc_stream_t)(void *)&b->streams[idx];
+}
+
+void bfc__sim_stream_destroy(bfc__backend_t *be, bfc_stream_t s)
+{
+    struct sim_stream *st;
+    uint32_t idx = 0;
+
+    if (!is_sim(be) || !s)
+        return;
+    st = sim_lookup(sim_of(be), s, &idx);
+    if (!st || idx == 0)
+        return; /* unknown, or the default stream: nothing to destroy */
+    sim_drain(st);
+    /* relaxed: `dead` only stops later holds; events need done_gen alone. */
+    atomic_store_explicit(&st->dead, true, memory_order_relaxed);
+}
+
+void bfc__sim_stream_hold(bfc__backend_t *be, bfc_stream_t s)
+{
+    struct sim_stream *st;
+    uint32_t idx;
+
+    if (!is_sim(be))
+        return;
+    st = sim_lookup(sim_of(be), s, &idx);
+    if (!st || atomic_load_explicit(&st->dead, memory_order_relaxed))
+        return; /* unknown and destroyed streams stay idle */
+    sim_hold(st);
+}
+
+void bfc__sim_stream_drain(bfc__backend_t *be, bfc_stream_t s)
+{
+    struct sim_stream *st;
+    uint32_t idx;
+
+    if (!is_sim(be))
+        return;
+    st = sim_lookup(sim_of(be), s, &idx);
+    if (st)
+        sim_drain(st);
+}
+
+/* ------------------------------------------------------- fault injection */
+
+void bfc__sim_fail_alloc_every(bfc__backend_t *be, unsigned n)
+{
+    if (!is_sim(be))
+        return;
+    /* relaxed: test knobs; "from now on" counts from this call. */
+    atomic_store_explicit(&sim_of(be)->alloc_calls, 0, memory_order_relaxed);
+    atomic_store_explicit(&sim_of(be)->fail_alloc_every, n, memory_order_relaxed);
+}
+
+void bfc__sim_fail_event_every(bfc__backend_t *be, unsigned n)
+{
+    if (!is_sim(be))
+        return;
+    atomic_store_explicit(&sim_of(be)->event_calls, 0, memory_order_relaxed);
+    atomic_store_explicit(&sim_of(be)->fail_event_every, n, memory_order_relaxed);
+}
+
+void bfc__sim_set_alloc_ceiling(bfc__backend_t *be, size_t bytes)
+{
+    if (is_sim(be))
+        atomic_store_explicit(&sim_of(be)->ceiling, bytes, memory_order_relaxed);
+}
+
+uint64_t bfc__sim_allocs(bfc__backend_t *be)
+{
+    return is_sim(be) ? atomic_load_explicit(&sim_of(be)->allocs, memory_order_relaxed)
+                      : 0;
+}
+
+uint64_t bfc__sim_failures(bfc__backend_t *be)
+{
+    return is_sim(be) ? atomic_load_explicit(&sim_of(be)->failures, memory_order_relaxed)
+                      : 0;
+}
+
+size_t bfc__sim_bytes_held(bfc__backend_t *be)
+{
+    return is_sim(be) ? atomic_load_explicit(&sim_of(be)->held, memory_order_relaxed)
+                      : 0;
+}
+
+/* ------------------------------------------------------- open / close */
+
+static void sim_close(bfc__backend_t *be)
+{
+    struct sim_backend *b;
+
+    if (!is_sim(be))
+        return;
+    b = sim_of(be);
+    /* Nothing useful to do if these fail at teardown; the state is gone. */
+    (void)munmap(b->streams, (size_t)SIM_MAX_STREAMS * sizeof(struct sim_stream));
+    (void)pthread_mutex_destroy(&b->reg_lock);
+    bfc__meta_free(b, sizeof(*b));
+}
+
+static const struct bfc__backend_ops sim_ops = {
+    .mem_alloc = sim_mem_alloc,
+    .mem_free = sim_mem_free,
+    .event_create = sim_event_create,
+    .event_destroy = sim_event_destroy,
+    .event_record = sim_event_record,
+    .event_query = sim_event_query,
+    .event_wait = sim_event_wait,
+    .stream_id = sim_stream_id,
+    .stream_sync = sim_stream_sync,
+    .mem_info = sim_mem_info,
+    .host_register = sim_host_register,
+    .host_unregister = sim_host_unregister,
+    .close = sim_close,
+};
+
+int bfc__backend_sim_open(const bfc_config_t *cfg, bfc__backend_t **out)
+{
+    struct sim_backend *b;
+    void *tab;
+
+    if (!cfg || !out)
+        return BFC_EINVAL;
+    *out = NULL;
+    b = bfc__meta_aligned_alloc(BFC__CACHELINE, sizeof(*b));
+    if (!b)
+        return BFC_ENOMEM;
+    memset(b, 0, sizeof(*b));
+    tab = mmap(NULL, (size_t)SIM_MAX_STREAMS * sizeof(struct sim_stream),
+               PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+               -1, 0);
+    if (tab == MAP_FAILED) {
+        bfc__meta_free(b, sizeof(*b));
+        return BFC_ENOMEM;
+    }
+    if (pthread_mutex_init(&b->reg_lock, NULL) != 0) {
+        (void)munmap(tab, (size_t)SIM_MAX_STREAMS * sizeof(struct sim_stream));
+        bfc__meta_free(b, sizeof(*b));
+        return BFC_ENOMEM;
+    }
+    b->streams = tab; /* zero-filled: every stream idle, generation 0 */
+    b->base.ops = &sim_ops;
+    b->base.kind = BFC_BACKEND_SIM;
+    b->base.device = 0;
+    b->base.default_limit = SIM_DEFAULT_LIMIT;
+    b->base.host_accessible = true;
+    strcpy(b->base.name, "sim");
+    b->limit = cfg->memory_limit ? cfg->memory_limit : SIM_DEFAULT_LIMIT;
+    atomic_init(&b->held, 0);
+    atomic_init(&b->ceiling, SIZE_MAX);
+    atomic_init(&b->fail_alloc_every, cfg->sim_fail_alloc_every);
+    atomic_init(&b->alloc_calls, 0);
+    atomic_init(&b->allocs, 0);
+    atomic_init(&b->failures, 0);
+    atomic_init(&b->fail_event_every, cfg->sim_fail_event_every);
+    atomic_init(&b->event_calls, 0);
+    atomic_init(&b->n_streams, 1); /* index 0: the default stream */
+    *out = &b->base;
+    return BFC_OK;
+}

@@ -1,0 +1,563 @@
+/*
+ * test_backend_sim.c -- the SIM backend's contract (src/backend_sim.c):
+ * memory (alignment, NORESERVE, ceiling, fault injection), the stream/event
+ * model (hold/drain generations, default and unknown streams, ids, table
+ * exhaustion), event_wait timeouts, and concurrent use.
+ */
+#include "backend.h"
+#include "meta.h"
+
+#include <check.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static bfc__backend_t *open_sim_cfg(const bfc_config_t *cfg)
+{
+    bfc__backend_t *be = NULL;
+
+    ck_assert_int_eq(bfc__backend_sim_open(cfg, &be), BFC_OK);
+    ck_assert_ptr_nonnull(be);
+    return be;
+}
+
+static bfc__backend_t *open_sim(void)
+{
+    bfc_config_t cfg;
+
+    bfc_config_init(&cfg);
+    cfg.backend = BFC_BACKEND_SIM;
+    return open_sim_cfg(&cfg);
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+START_TEST(test_identity)
+{
+    bfc_config_t cfg;
+    bfc__backend_t *be = NULL;
+    size_t f = 0, t = 0;
+
+    bfc_config_init(&cfg);
+    cfg.backend = BFC_BACKEND_SIM;
+    ck_assert_int_eq(bfc__backend_open(&cfg, &be), BFC_OK);
+    ck_assert_int_eq(be->kind, BFC_BACKEND_SIM);
+    ck_assert_str_eq(be->name, "sim");
+    ck_assert(be->host_accessible);
+    ck_assert_uint_eq(be->default_limit, 16 * BFC__GiB);
+    ck_assert_int_eq(be->ops->mem_info(be, &f, &t), BFC_OK);
+    ck_assert_uint_eq(t, 16 * BFC__GiB);
+    ck_assert_uint_eq(f, 16 * BFC__GiB);
+    ck_assert_int_eq(be->ops->host_register(be, &cfg, sizeof(cfg)), BFC_OK);
+    ck_assert_int_eq(be->ops->host_unregister(be, &cfg), BFC_OK);
+    be->ops->close(be);
+
+    cfg.memory_limit = 3 * BFC__MiB;
+    be = open_sim_cfg(&cfg);
+    ck_assert_int_eq(be->ops->mem_info(be, &f, &t), BFC_OK);
+    ck_assert_uint_eq(t, 3 * BFC__MiB);
+    be->ops->close(be);
+
+    ck_assert_int_eq(bfc__backend_open(NULL, &be), BFC_EINVAL);
+    cfg.backend = (bfc_backend_t)42;
+    ck_assert_int_eq(bfc__backend_open(&cfg, &be), BFC_EINVAL);
+}
+END_TEST
+
+START_TEST(test_alloc_align_rw)
+{
+    bfc__backend_t *be = open_sim();
+    static const size_t sizes[] = {256, 1000, 4096, 65536 + 256, 3 * BFC__MiB};
+    void *p[5];
+    size_t i, f, t;
+
+    for (i = 0; i < 5; i++) {
+        ck_assert_int_eq(be->ops->mem_alloc(be, sizes[i], &p[i]), BFC_OK);
+        ck_assert_ptr_nonnull(p[i]);
+        ck_assert_uint_eq((uintptr_t)p[i] % 256, 0);
+        memset(p[i], (int)i + 1, sizes[i]);
+    }
+    for (i = 0; i < 5; i++) {
+        unsigned char *c = p[i];
+
+        ck_assert_uint_eq(c[0], i + 1);
+        ck_assert_uint_eq(c[sizes[i] - 1], i + 1);
+    }
+    ck_assert_uint_eq(bfc__sim_bytes_held(be), 256 + 1000 + 4096 + 65536 + 256 + 3 * BFC__MiB);
+    ck_assert_int_eq(be->ops->mem_info(be, &f, &t), BFC_OK);
+    ck_assert_uint_eq(f, t - bfc__sim_bytes_held(be));
+    ck_assert_uint_eq(bfc__sim_allocs(be), 5);
+    for (i = 0; i < 5; i++)
+        ck_assert_int_eq(be->ops->mem_free(be, p[i], sizes[i]), BFC_OK);
+    ck_assert_uint_eq(bfc__sim_bytes_held(be), 0);
+    ck_assert_int_eq(be->ops->mem_free(be, NULL, 0), BFC_OK);
+    ck_assert_int_eq(be->ops->mem_alloc(be, 0, &p[0]), BFC_EINVAL);
+    be->ops->close(be);
+}
+END_TEST
+
+START_TEST(test_big_noreserve)
+{
+    bfc__backend_t *be = open_sim();
+    size_t big = 64 * BFC__GiB;
+    unsigned char *p = NULL;
+
+    /* Far more than this machine has: only works because nothing is
+     * reserved until touched. */
+    ck_assert_int_eq(be->ops->mem_alloc(be, big, (void **)&p), BFC_OK);
+    ck_assert_uint_eq((uintptr_t)p % 256, 0);
+    p[0] = 1;
+    p[big / 2] = 2;
+    p[big - 1] = 3;
+    ck_assert_uint_eq(p[0] + p[big / 2] + p[big - 1], 6);
+    ck_assert_uint_eq(bfc__sim_bytes_held(be), big);
+    ck_assert_int_eq(be->ops->mem_free(be, p, big), BFC_OK);
+    be->ops->close(be);
+}
+END_TEST
+
+START_TEST(test_ceiling)
+{
+    bfc__backend_t *be = open_sim();
+    void *a = NULL, *b = NULL, *c = NULL;
+
+    bfc__sim_set_alloc_ceiling(be, 1 * BFC__MiB);
+    ck_assert_int_eq(be->ops->mem_alloc(be, 512 * BFC__KiB, &a), BFC_OK);
+    ck_assert_int_eq(be->ops->mem_alloc(be, 512 * BFC__KiB, &b), BFC_OK);
+    ck_assert_int_eq(be->ops->mem_alloc(be, 256, &c), BFC_ENOMEM); /* exactly full */
+    ck_assert_ptr_null(c);
+    ck_assert_uint_eq(bfc__sim_failures(be), 1);
+    ck_assert_uint_eq(bfc__sim_bytes_held(be), 1 * BFC__MiB); /* failure undone */
+    ck_assert_int_eq(be->ops->mem_free(be, b, 512 * BFC__KiB), BFC_OK);
+    ck_assert_int_eq(be->ops->mem_alloc(be, 512 * BFC__KiB + 256, &c), BFC_ENOMEM);
+    ck_assert_int_eq(be->ops->mem_alloc(be, 256 * BFC__KiB, &c), BFC_OK);
+    bfc__sim_set_alloc_ceiling(be, SIZE_MAX);
+    ck_assert_int_eq(be->ops->mem_alloc(be, 4 * BFC__MiB, &b), BFC_OK);
+    ck_assert_uint_eq(bfc__sim_allocs(be), 4);
+    ck_assert_uint_eq(bfc__sim_failures(be), 2);
+    be->ops->mem_free(be, a, 512 * BFC__KiB);
+    be->ops->mem_free(be, b, 4 * BFC__MiB);
+    be->ops->mem_free(be, c, 256 * BFC__KiB);
+    be->ops->close(be);
+}
+END_TEST
+
+START_TEST(test_fail_alloc_every)
+{
+    bfc_config_t cfg;
+    bfc__backend_t *be;
+    void *p[12];
+    int i, ok = 0;
+
+    bfc_config_init(&cfg);
+    cfg.sim_fail_alloc_every = 3; /* from the config */
+    be = open_sim_cfg(&cfg);
+    for (i = 1; i <= 9; i++) {
+        int st = be->ops->mem_alloc(be, 4096, &p[ok]);
+
+        if (i % 3 == 0) {
+            ck_assert_int_eq(st, BFC_ENOMEM);
+        } else {
+            ck_assert_int_eq(st, BFC_OK);
+            ok++;
+        }
+    }
+    ck_assert_uint_eq(bfc__sim_allocs(be), 6);
+    ck_assert_uint_eq(bfc__sim_failures(be), 3);
+
+    bfc__sim_fail_alloc_every(be, 1); /* at run time: every call fails */
+    ck_assert_int_eq(be->ops->mem_alloc(be, 4096, &p[ok]), BFC_ENOMEM);
+    ck_assert_int_eq(be->ops->mem_alloc(be, 4096, &p[ok]), BFC_ENOMEM);
+    bfc__sim_fail_alloc_every(be, 2); /* counts from the change */
+    ck_assert_int_eq(be->ops->mem_alloc(be, 4096, &p[ok]), BFC_OK);
+    ok++;
+    ck_assert_int_eq(be->ops->mem_alloc(be, 4096, &p[ok]), BFC_ENOMEM);
+    bfc__sim_fail_alloc_every(be, 0);
+    for (i = 0; i < 3; i++, ok++)
+        ck_assert_int_eq(be->ops->mem_alloc(be, 4096, &p[ok]), BFC_OK);
+    for (i = 0; i < ok; i++)
+        ck_assert_int_eq(be->ops->mem_free(be, p[i], 4096), BFC_OK);
+    ck_assert_uint_eq(bfc__sim_bytes_held(be), 0);
+    be->ops->close(be);
+}
+END_TEST
+
+START_TEST(test_fail_event_every)
+{
+    bfc_config_t cfg;
+    bfc__backend_t *be;
+    bfc__event_t ev;
+
+    bfc_config_init(&cfg);
+    cfg.sim_fail_event_every = 2;
+    be = open_sim_cfg(&cfg);
+    ck_assert_int_eq(be->ops->event_create(be, &ev), BFC_OK);
+    ck_assert_int_eq(be->ops->event_record(be, ev, NULL), BFC_OK);    /* 1 */
+    ck_assert_int_eq(be->ops->event_query(be, ev), BFC_EBACKEND);     /* 2 */
+    ck_assert_int_eq(be->ops->event_query(be, ev), BFC_OK);           /* 3 */
+    ck_assert_int_eq(be->ops->event_record(be, ev, NULL), BFC_EBACKEND); /* 4 */
+    bfc__sim_fail_event_every(be, 0);
+    ck_assert_int_eq(be->ops->event_record(be, ev, NULL), BFC_OK);
+    ck_assert_int_eq(be->ops->event_query(be, ev), BFC_OK);
+    bfc__sim_fail_event_every(be, 1);
+    ck_assert_int_eq(be->ops->event_record(be, ev, NULL), BFC_EBACKEND);
+    ck_assert_int_eq(be->ops->event_query(be, ev), BFC_EBACKEND);
+    ck_assert_int_eq(be->ops->event_destroy(be, ev), BFC_OK);
+    be->ops->close(be);
+}
+END_TEST
+
+START_TEST(test_event_hold_drain)
+{
+    bfc__backend_t *be = open_sim();
+    bfc_stream_t s = bfc__sim_stream_create(be);
+    bfc__event_t before, during, again;
+
+    ck_assert_ptr_nonnull(s);
+    ck_assert_int_eq(be->ops->event_create(be, &before), BFC_OK);
+    ck_assert_int_eq(be->ops->event_create(be, &during), BFC_OK);
+    ck_assert_int_eq(be->ops->event_create(be, &again), BFC_OK);
+
+    /* Idle stream: complete at once. */
+    ck_assert_int_eq(be->ops->event_record(be, before, s), BFC_OK);
+    ck_assert_int_eq(be->ops->event_query(be, before), BFC_OK);
+    ck_assert_int_eq(be->ops->stream_sync(be, s), BFC_OK);
+
+    bfc__sim_stream_hold(be, s);
+    ck_assert_int_eq(be->ops->event_record(be, during, s), BFC_OK);
+    ck_assert_int_eq(be->ops->event_query(be, during), BFC_EBUSY);
+    ck_assert_int_eq(be->ops->event_query(be, before), BFC_OK); /* recorded before the hold */
+    ck_assert_int_eq(be->ops->stream_sync(be, s), BFC_EBUSY);
+    bfc__sim_stream_hold(be, s); /* holding twice is one hold */
+    bfc__sim_stream_drain(be, s);
+    ck_assert_int_eq(be->ops->event_query(be, during), BFC_OK);
+    ck_assert_int_eq(be->ops->stream_sync(be, s), BFC_OK);
+    ck_assert_int_eq(be->ops->event_wait(be, during, 0), BFC_OK);
+
+    /* A new hold does not re-open events of the old generation. */
+    bfc__sim_stream_hold(be, s);
+    ck_assert_int_eq(be->ops->event_query(be, during), BFC_OK);
+    ck_assert_int_eq(be->ops->event_record(be, again, s), BFC_OK);
+    ck_assert_int_eq(be->ops->event_query(be, again), BFC_EBUSY);
+    /* Re-recording an event on an idle stream makes it complete. */
+    ck_assert_int_eq(be->ops->event_record(be, again, NULL), BFC_OK);
+    ck_assert_int_eq(be->ops->event_query(be, again), BFC_OK);
+    ck_assert_int_eq(be->ops->event_record(be, again, s), BFC_OK);
+    ck_assert_int_eq(be->ops->event_query(be, again), BFC_EBUSY);
+
+    /* Destroy drains; the record stays valid for events naming it. */
+    bfc__sim_stream_destroy(be, s);
+    ck_assert_int_eq(be->ops->event_query(be, again), BFC_OK);
+    bfc__sim_stream_hold(be, s); /* dead: stays idle */
+    ck_assert_int_eq(be->ops->event_record(be, again, s), BFC_OK);
+    ck_assert_int_eq(be->ops->event_query(be, again), BFC_OK);
+
+    be->ops->event_destroy(be, before);
+    be->ops->event_destroy(be, during);
+    be->ops->event_destroy(be, again);
+    be->ops->close(be);
+}
+END_TEST
+
+START_TEST(test_streams_independent)
+{
+    bfc__backend_t *be = open_sim();
+    bfc_stream_t a = bfc__sim_stream_create(be);
+    bfc_stream_t b = bfc__sim_stream_create(be);
+    bfc__event_t ea, eb, en;
+
+    ck_assert_ptr_nonnull(a);
+    ck_assert_ptr_nonnull(b);
+    ck_assert_int_eq(be->ops->event_create(be, &ea), BFC_OK);
+    ck_assert_int_eq(be->ops->event_create(be, &eb), BFC_OK);
+    ck_assert_int_eq(be->ops->event_create(be, &en), BFC_OK);
+
+    bfc__sim_stream_hold(be, a);
+    be->ops->event_record(be, ea, a);
+    be->ops->event_record(be, eb, b);
+    be->ops->event_record(be, en, NULL);
+    ck_assert_int_eq(be->ops->event_query(be, ea), BFC_EBUSY);
+    ck_assert_int_eq(be->ops->event_query(be, eb), BFC_OK);
+    ck_assert_int_eq(be->ops->event_query(be, en), BFC_OK);
+
+    bfc__sim_stream_hold(be, b);
+    be->ops->event_record(be, eb, b);
+    bfc__sim_stream_drain(be, a);
+    ck_assert_int_eq(be->ops->event_query(be, ea), BFC_OK);
+    ck_assert_int_eq(be->ops->event_query(be, eb), BFC_EBUSY);
+    bfc__sim_stream_drain(be, b);
+    ck_assert_int_eq(be->ops->event_query(be, eb), BFC_OK);
+
+    /* The NULL (default) stream can be held too. */
+    bfc__sim_stream_hold(be, NULL);
+    be->ops->event_record(be, en, NULL);
+    ck_assert_int_eq(be->ops->event_query(be, en), BFC_EBUSY);
+    ck_assert_int_eq(be->ops->stream_sync(be, NULL), BFC_EBUSY);
+    be->ops->event_record(be, ea, a);
+    ck_assert_int_eq(be->ops->event_query(be, ea), BFC_OK);
+    bfc__sim_stream_drain(be, NULL);
+    ck_assert_int_eq(be->ops->event_query(be, en), BFC_OK);
+
+    be->ops->event_destroy(be, ea);
+    be->ops->event_destroy(be, eb);
+    be->ops->event_destroy(be, en);
+    be->ops->close(be);
+}
+END_TEST
+
+START_TEST(test_stream_ids)
+{
+    bfc__backend_t *be = open_sim();
+    bfc__backend_t *other = open_sim();
+    bfc_stream_t a = bfc__sim_stream_create(be);
+    bfc_stream_t b = bfc__sim_stream_create(be);
+    bfc_stream_t foreign = bfc__sim_stream_create(other);
+    bfc_stream_t unknown = (bfc_stream_t)(uintptr_t)0x1000;
+    uint64_t ida = 0, idb = 0, idn = 99, idu = 0, idu2 = 0, idf = 0;
+    bfc__event_t ev;
+
+    ck_assert_int_eq(be->ops->stream_id(be, NULL, &idn), BFC_OK);
+    ck_assert_uint_eq(idn, 0);
+    ck_assert_int_eq(be->ops->stream_id(be, a, &ida), BFC_OK);
+    ck_assert_int_eq(be->ops->stream_id(be, b, &idb), BFC_OK);
+    ck_assert_uint_ne(ida, idb);
+    ck_assert_uint_ne(ida, 0);
+    ck_assert_uint_ne(idb, 0);
+    ck_assert_uint_eq(ida >> 63, 0);
+    ck_assert_int_eq(be->ops->stream_id(be, a, &idu2), BFC_OK);
+    ck_assert_uint_eq(idu2, ida); /* stable */
+
+    ck_assert_int_eq(be->ops->stream_id(be, unknown, &idu), BFC_OK);
+    ck_assert_uint_eq(idu, (uint64_t)0x1000 | 1ull << 63);
+    /* A stream of another SIM backend is unknown to this one. */
+    ck_assert_int_eq(be->ops->stream_id(be, foreign, &idf), BFC_OK);
+    ck_assert_uint_eq(idf >> 63, 1);
+    /* A pointer inside the table but not on a record boundary is unknown. */
+    ck_assert_int_eq(be->ops->stream_id(be, (bfc_stream_t)((char *)a + 8), &idu2), BFC_OK);
+    ck_assert_uint_eq(idu2 >> 63, 1);
+
+    /* Unknown streams are always idle: hold is a no-op. */
+    ck_assert_int_eq(be->ops->event_create(be, &ev), BFC_OK);
+    bfc__sim_stream_hold(be, unknown);
+    ck_assert_int_eq(be->ops->event_record(be, ev, unknown), BFC_OK);
+    ck_assert_int_eq(be->ops->event_query(be, ev), BFC_OK);
+    ck_assert_int_eq(be->ops->stream_sync(be, unknown), BFC_OK);
+    be->ops->event_destroy(be, ev);
+
+    /* Destroy does not recycle an index. */
+    bfc__sim_stream_destroy(be, a);
+    ck_assert_ptr_ne(bfc__sim_stream_create(be), a);
+    ck_assert_int_eq(be->ops->stream_id(be, a, &idu2), BFC_OK);
+    ck_assert_uint_eq(idu2, ida);
+
+    /* SIM controls refuse a NULL backend without crashing. */
+    ck_assert_ptr_null(bfc__sim_stream_create(NULL));
+    ck_assert_uint_eq(bfc__sim_allocs(NULL), 0);
+    bfc__sim_stream_hold(NULL, a);
+    be->ops->close(be);
+    other->ops->close(other);
+}
+END_TEST
+
+START_TEST(test_stream_table_exhaustion)
+{
+    bfc__backend_t *be = open_sim();
+    bfc_stream_t s, last = NULL;
+    uint64_t id = 0;
+    unsigned n = 0;
+
+    while ((s = bfc__sim_stream_create(be)) != NULL) {
+        last = s;
+        if (++n > 1000000)
+            break; /* never: the table is bounded */
+    }
+    ck_assert_uint_eq(n, 65535); /* index 0 is the default stream */
+    ck_assert_ptr_null(bfc__sim_stream_create(be));
+    ck_assert_int_eq(be->ops->stream_id(be, last, &id), BFC_OK);
+    ck_assert_uint_eq(id, 65535);
+    be->ops->close(be);
+}
+END_TEST
+
+START_TEST(test_event_wait_timeout)
+{
+    bfc__backend_t *be = open_sim();
+    bfc_stream_t s = bfc__sim_stream_create(be);
+    bfc__event_t ev;
+    double t0, dt;
+
+    ck_assert_int_eq(be->ops->event_create(be, &ev), BFC_OK);
+    bfc__sim_stream_hold(be, s);
+    be->ops->event_record(be, ev, s);
+    t0 = now_s();
+    ck_assert_int_eq(be->ops->event_wait(be, ev, 20), BFC_EBUSY);
+    dt = now_s() - t0;
+    ck_assert(dt >= 0.019);
+    ck_assert(dt < 1.0);
+    t0 = now_s();
+    ck_assert_int_eq(be->ops->event_wait(be, ev, 0), BFC_EBUSY);
+    ck_assert(now_s() - t0 < 0.5);
+    bfc__sim_stream_drain(be, s);
+    ck_assert_int_eq(be->ops->event_wait(be, ev, UINT32_MAX), BFC_OK);
+    be->ops->event_destroy(be, ev);
+    be->ops->close(be);
+}
+END_TEST
+
+/* A waiter blocked with no timeout is released by a drain on another thread. */
+struct waiter {
+    bfc__backend_t *be;
+    bfc__event_t ev;
+    int status;
+};
+
+static void *wait_forever(void *arg)
+{
+    struct waiter *w = arg;
+
+    w->status = w->be->ops->event_wait(w->be, w->ev, UINT32_MAX);
+    return NULL;
+}
+
+START_TEST(test_event_wait_released_by_drain)
+{
+    bfc__backend_t *be = open_sim();
+    bfc_stream_t s = bfc__sim_stream_create(be);
+    struct waiter w = {be, NULL, 1};
+    struct timespec nap = {0, 20 * 1000 * 1000};
+    pthread_t t;
+
+    ck_assert_int_eq(be->ops->event_create(be, &w.ev), BFC_OK);
+    bfc__sim_stream_hold(be, s);
+    be->ops->event_record(be, w.ev, s);
+    ck_assert_int_eq(pthread_create(&t, NULL, wait_forever, &w), 0);
+    nanosleep(&nap, NULL);
+    bfc__sim_stream_drain(be, s);
+    ck_assert_int_eq(pthread_join(t, NULL), 0);
+    ck_assert_int_eq(w.status, BFC_OK);
+    be->ops->event_destroy(be, w.ev);
+    be->ops->close(be);
+}
+END_TEST
+
+/* Two threads hammer hold/drain/record/query on shared streams. */
+#define HAMMER_ITERS 200000
+
+struct hammer {
+    bfc__backend_t *be;
+    bfc_stream_t s[2];
+    int seed;
+    int bad;
+};
+
+static void *hammer_thread(void *arg)
+{
+    struct hammer *h = arg;
+    bfc__backend_t *be = h->be;
+    bfc__event_t ev;
+    unsigned x = (unsigned)h->seed;
+    int i;
+
+    if (be->ops->event_create(be, &ev) != BFC_OK) {
+        h->bad = 1;
+        return NULL;
+    }
+    for (i = 0; i < HAMMER_ITERS; i++) {
+        bfc_stream_t s = h->s[(x >> 7) & 1];
+        int st;
+
+        x = x * 1103515245u + 12345u;
+        switch ((x >> 16) % 4) {
+        case 0:
+            bfc__sim_stream_hold(be, s);
+            break;
+        case 1:
+            bfc__sim_stream_drain(be, s);
+            break;
+        case 2:
+            if (be->ops->event_record(be, ev, s) != BFC_OK)
+                h->bad = 1;
+            break;
+        default:
+            st = be->ops->event_query(be, ev);
+            if (st != BFC_OK && st != BFC_EBUSY)
+                h->bad = 1;
+            break;
+        }
+    }
+    /* After a final drain of both streams every event must be complete. */
+    be->ops->event_record(be, ev, h->s[0]);
+    bfc__sim_stream_drain(be, h->s[0]);
+    if (be->ops->event_query(be, ev) != BFC_OK)
+        h->bad = 2;
+    be->ops->event_destroy(be, ev);
+    return NULL;
+}
+
+START_TEST(test_concurrency)
+{
+    bfc__backend_t *be = open_sim();
+    struct hammer h[2];
+    pthread_t t[2];
+    int i;
+
+    for (i = 0; i < 2; i++) {
+        h[i].be = be;
+        h[i].s[0] = i == 0 ? bfc__sim_stream_create(be) : h[0].s[0];
+        h[i].s[1] = NULL;
+        h[i].seed = 17 + i * 101;
+        h[i].bad = 0;
+    }
+    for (i = 0; i < 2; i++)
+        ck_assert_int_eq(pthread_create(&t[i], NULL, hammer_thread, &h[i]), 0);
+    for (i = 0; i < 2; i++)
+        ck_assert_int_eq(pthread_join(t[i], NULL), 0);
+    for (i = 0; i < 2; i++)
+        ck_assert_int_eq(h[i].bad, 0);
+    be->ops->close(be);
+}
+END_TEST
+
+static Suite *sim_suite(void)
+{
+    Suite *s = suite_create("backend_sim");
+    TCase *mem = tcase_create("memory");
+    TCase *ev = tcase_create("streams_events");
+
+    tcase_add_test(mem, test_identity);
+    tcase_add_test(mem, test_alloc_align_rw);
+    tcase_add_test(mem, test_big_noreserve);
+    tcase_add_test(mem, test_ceiling);
+    tcase_add_test(mem, test_fail_alloc_every);
+    suite_add_tcase(s, mem);
+
+    tcase_add_test(ev, test_fail_event_every);
+    tcase_add_test(ev, test_event_hold_drain);
+    tcase_add_test(ev, test_streams_independent);
+    tcase_add_test(ev, test_stream_ids);
+    tcase_add_test(ev, test_stream_table_exhaustion);
+    tcase_add_test(ev, test_event_wait_timeout);
+    tcase_add_test(ev, test_event_wait_released_by_drain);
+    tcase_add_test(ev, test_concurrency);
+    tcase_set_timeout(ev, 30);
+    suite_add_tcase(s, ev);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(sim_suite());
+    int failed;
+
+    srunner_run_all(sr, CK_ENV);
+    failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
