@@ -31,17 +31,19 @@ struct bfc__region;
 struct bfc__recorded;
 
 struct bfc__chunk {
+    /* First cache line: what best fit and the bins' tree walk touch. */
     void *slab_link;               /* first word: the slab's free-list link */
-    _Atomic uint32_t state;        /* enum bfc__chunk_state */
-    uint32_t flags;
     uintptr_t ptr;                 /* start address (256-aligned) */
     size_t size;                   /* multiple of 256 */
-    size_t requested;              /* size asked for while in use, else 0 */
+    struct bfc__bin_link link;     /* bins.c */
+    _Atomic uint32_t state;        /* enum bfc__chunk_state */
+    uint32_t flags;
+    /* Second line: the rest of the record. */
+    alignas(BFC__CACHELINE) size_t requested; /* size asked for while in use, else 0 */
     int64_t alloc_id;              /* while in use, else -1 */
     struct bfc__chunk *prev, *next;/* address-ordered neighbours in the region */
     struct bfc__region *region;
     struct bfc__recorded *recorded;/* streams named by record_stream */
-    struct bfc__bin_link link;     /* bins.c */
 };
 
 #endif /* BFC_CHUNK_H */
