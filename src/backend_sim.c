@@ -11,8 +11,11 @@
  * once held + size would exceed it, and fault injection fails every Nth
  * allocation, or every Nth event record/query.
  *
- * Streams: a fixed table of SIM_MAX_STREAMS cache-line records per backend,
- * mapped with MAP_NORESERVE (only records in use are ever touched).  A
+ * Streams: one process-wide table of SIM_MAX_STREAMS cache-line records,
+ * shared by every SIM backend instance (like CUDA streams, which belong to
+ * the process, not to an allocator: a stream made for one context can fence
+ * a block of another, e.g. a host pinned arena), mapped once with
+ * MAP_NORESERVE (only records in use are ever touched) and never unmapped.  A
  * stream handle is the address of its record, so validating a handle is a
  * range check: no hash, no lock.  Record 0 is the default stream (the NULL
  * handle).  A non-NULL handle outside the table (or not yet handed out) is an
@@ -29,7 +32,7 @@
  * that a concurrent record and query never see a torn pair.
  *
  * Locking: every operation is lock-free atomics, except stream creation,
- * which takes `reg_lock` only to hand out the next table index (a rare path:
+ * which takes `g_reg_lock` only to hand out the next table index (a rare path:
  * streams are created once per simulated CUDA stream).
  */
 #include "backend.h"
@@ -66,8 +69,7 @@ struct sim_event {
 struct sim_backend {
     struct bfc__backend base; /* first: bfc__backend_t * casts to this */
     size_t limit;
-    struct sim_stream *streams; /* SIM_MAX_STREAMS records, mmap'ed */
-    pthread_mutex_t reg_lock;   /* serialises stream creation only */
+    struct sim_stream *streams; /* the process-wide table */
 
     /* Counters bumped by every allocating thread. */
     alignas(BFC__CACHELINE) atomic_size_t held;
@@ -80,10 +82,21 @@ struct sim_backend {
     /* Counters bumped by every event record / query. */
     alignas(BFC__CACHELINE) atomic_uint fail_event_every;
     atomic_uint event_calls;
-
-    /* Written under reg_lock, read lock-free by handle validation. */
-    alignas(BFC__CACHELINE) atomic_uint n_streams;
 };
+
+/* The process-wide stream table (see above).  g_n_streams is written under
+ * g_reg_lock and read lock-free by handle validation. */
+static struct sim_stream *g_streams;
+static atomic_uint g_n_streams = 1; /* record 0: the default stream */
+static pthread_mutex_t g_reg_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t g_streams_once = PTHREAD_ONCE_INIT;
+
+static void streams_init(void)
+{
+    void *tab = mmap(NULL, (size_t)SIM_MAX_STREAMS * sizeof(struct sim_stream), PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    g_streams = tab == MAP_FAILED ? NULL : tab; /* zero-filled: every stream idle, generation 0 */
+}
 
 static const struct bfc__backend_ops sim_ops;
 
@@ -119,7 +132,7 @@ static struct sim_stream *sim_lookup(struct sim_backend *b, bfc_stream_t s,
     idx = (uint32_t)(off / sizeof(struct sim_stream));
     /* acquire: pairs with the release store in bfc__sim_stream_create, so a
      * handed-out index's record is seen initialised. */
-    if (idx >= atomic_load_explicit(&b->n_streams, memory_order_acquire))
+    if (idx >= atomic_load_explicit(&g_n_streams, memory_order_acquire))
         return NULL;
     *idx_out = idx;
     return &b->streams[idx];
@@ -409,15 +422,15 @@ bfc_stream_t bfc__sim_stream_create(bfc__backend_t *be)
         return NULL;
     b = sim_of(be);
     /* The lock only hands out the next index; creation is a rare path. */
-    if (pthread_mutex_lock(&b->reg_lock) != 0)
+    if (pthread_mutex_lock(&g_reg_lock) != 0)
         return NULL;
-    idx = atomic_load_explicit(&b->n_streams, memory_order_relaxed);
+    idx = atomic_load_explicit(&g_n_streams, memory_order_relaxed);
     if (idx < SIM_MAX_STREAMS) {
         /* The record is fresh from the zero-filled mapping (indices are
          * never reused).  release: pairs with the acquire in sim_lookup. */
-        atomic_store_explicit(&b->n_streams, idx + 1, memory_order_release);
+        atomic_store_explicit(&g_n_streams, idx + 1, memory_order_release);
     }
-    if (pthread_mutex_unlock(&b->reg_lock) != 0)
+    if (pthread_mutex_unlock(&g_reg_lock) != 0)
         return NULL;
     if (idx >= SIM_MAX_STREAMS)
         return NULL;
@@ -516,9 +529,7 @@ static void sim_close(bfc__backend_t *be)
     if (!is_sim(be))
         return;
     b = sim_of(be);
-    /* Nothing useful to do if these fail at teardown; the state is gone. */
-    (void)munmap(b->streams, (size_t)SIM_MAX_STREAMS * sizeof(struct sim_stream));
-    (void)pthread_mutex_destroy(&b->reg_lock);
+    /* The stream table is process-wide and stays. */
     bfc__meta_free(b, sizeof(*b));
 }
 
@@ -541,8 +552,6 @@ static const struct bfc__backend_ops sim_ops = {
 int bfc__backend_sim_open(const bfc_config_t *cfg, bfc__backend_t **out)
 {
     struct sim_backend *b;
-    void *tab;
-
     if (!cfg || !out)
         return BFC_EINVAL;
     *out = NULL;
@@ -550,19 +559,11 @@ int bfc__backend_sim_open(const bfc_config_t *cfg, bfc__backend_t **out)
     if (!b)
         return BFC_ENOMEM;
     memset(b, 0, sizeof(*b));
-    tab = mmap(NULL, (size_t)SIM_MAX_STREAMS * sizeof(struct sim_stream),
-               PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-               -1, 0);
-    if (tab == MAP_FAILED) {
+    if (pthread_once(&g_streams_once, streams_init) != 0 || !g_streams) {
         bfc__meta_free(b, sizeof(*b));
         return BFC_ENOMEM;
     }
-    if (pthread_mutex_init(&b->reg_lock, NULL) != 0) {
-        (void)munmap(tab, (size_t)SIM_MAX_STREAMS * sizeof(struct sim_stream));
-        bfc__meta_free(b, sizeof(*b));
-        return BFC_ENOMEM;
-    }
-    b->streams = tab; /* zero-filled: every stream idle, generation 0 */
+    b->streams = g_streams;
     b->base.ops = &sim_ops;
     b->base.kind = BFC_BACKEND_SIM;
     b->base.device = 0;
@@ -578,7 +579,6 @@ int bfc__backend_sim_open(const bfc_config_t *cfg, bfc__backend_t **out)
     atomic_init(&b->failures, 0);
     atomic_init(&b->fail_event_every, cfg->sim_fail_event_every);
     atomic_init(&b->event_calls, 0);
-    atomic_init(&b->n_streams, 1); /* index 0: the default stream */
     *out = &b->base;
     return BFC_OK;
 }
