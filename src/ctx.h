@@ -21,9 +21,15 @@ struct bfc_ctx {
     struct bfc__arena *arenas;
     uint64_t arena_seq;
     _Atomic uint64_t ooms;       /* rejected before any shard was involved */
+    struct bfc__astats retired;  /* cumulative counters of reclaimed shards (arenas_lock) */
     _Atomic uint64_t shards_live;
     bool destroying;
+    bool is_host;                /* a host pinned-memory context (host.c) */
 };
+
+/* A context over an already opened backend (host arenas); takes ownership of
+ * be, also on failure. */
+int bfc__ctx_create_with_backend(const bfc_config_t *cfg, bfc__backend_t *be, bool host, bfc_ctx_t **out);
 
 /* Shard directory (shard.c). */
 int bfc__shard_dir_init(struct bfc_ctx *ctx);

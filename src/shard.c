@@ -163,12 +163,22 @@ static void arena_free_cb(struct rcu_head *h)
     bfc__arena_free(caa_container_of(h, struct bfc__arena, rcu));
 }
 
-/* Unlinks from the context list; ctx->arenas_lock held. */
+/* Unlinks from the context list; ctx->arenas_lock held.  The arena is dead
+ * (no chunks, no regions), so its counters are final: the cumulative ones
+ * move to the context so totals never go backwards. */
 static void unlink_locked(struct bfc_ctx *ctx, struct bfc__arena *a)
 {
     if (a->unlinked)
         return;
     a->unlinked = true;
+    struct bfc__astats *r = &ctx->retired;
+    r->num_allocs += a->st.num_allocs;
+    r->num_frees += a->st.num_frees;
+    r->remote_frees += a->st.remote_frees;
+    r->ooms += a->st.ooms;
+    r->peak_in_use += a->st.peak_in_use;
+    if (a->st.largest_alloc > r->largest_alloc)
+        r->largest_alloc = a->st.largest_alloc;
     if (a->all_prev)
         a->all_prev->all_next = a->all_next;
     else

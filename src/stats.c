@@ -49,12 +49,21 @@ int bfc_ctx_stats(bfc_ctx_t *ctx, bfc_stats_t *out)
     bfc__lock(&ctx->arenas_lock);
     for (struct bfc__arena *a = ctx->arenas; a; a = a->all_next) {
         bfc__lock(&a->lock);
-        if (!a->dead) {
+        /* A dead shard still listed is counted until unlink folds its
+         * counters into ctx->retired (under arenas_lock, which we hold). */
+        if (!a->dead)
             bfc__arena_drain_locked(a, true);
-            add_arena(out, a);
-        }
+        add_arena(out, a);
         bfc__unlock(&a->lock);
     }
+    const struct bfc__astats *r = &ctx->retired;
+    out->num_allocs += r->num_allocs;
+    out->num_frees += r->num_frees;
+    out->num_remote_frees += r->remote_frees;
+    out->num_ooms += r->ooms;
+    out->peak_bytes_in_use += r->peak_in_use;
+    if (r->largest_alloc > out->largest_alloc_size)
+        out->largest_alloc_size = r->largest_alloc;
     bfc__unlock(&ctx->arenas_lock);
     size_t held, peak, committed, free_spans;
     bfc__pool_stats(ctx, &held, &peak, &committed, &free_spans);
@@ -103,6 +112,7 @@ int bfc_ctx_clear_peaks(bfc_ctx_t *ctx)
         a->st.peak_reserved = a->st.bytes_reserved;
         bfc__unlock(&a->lock);
     }
+    ctx->retired.peak_in_use = 0;
     bfc__unlock(&ctx->arenas_lock);
     bfc__pool_clear_peak(ctx);
     return BFC_OK;
