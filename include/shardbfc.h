@@ -286,6 +286,7 @@ BFC_API int bfc_host_free(void *p);
 BFC_API int bfc_host_numa_node(const void *p);
 BFC_API int bfc_host_record_stream(void *p, bfc_stream_t stream);
 
+
 /* ------------------------------------------------------- introspection */
 
 typedef struct bfc_stats {
@@ -319,6 +320,20 @@ typedef struct bfc_stats {
  */
 BFC_API int bfc_ctx_stats(bfc_ctx_t *ctx, bfc_stats_t *out);
 BFC_API int bfc_ctx_stream_stats(bfc_ctx_t *ctx, bfc_stream_t s, bfc_stats_t *out);
+
+/*
+ * Host statistics: all NUMA nodes summed, or one node's (os index), in the
+ * same bfc_stats_t as device memory (num_shards = live thread arenas).
+ * bfc_host_node_stats gives BFC_EINVAL for a node with no host arena yet.
+ * bfc_host_ctx returns the host context of a node (for bfc_ctx_dump,
+ * bfc_ctx_check, bfc_ctx_snapshot_json), or NULL if it has none yet.
+ * bfc_host_numa_nodes is the number of NUMA nodes hwloc reports.
+ * Context: thread-safe; takes each host arena lock in turn.
+ */
+BFC_API int bfc_host_stats(bfc_stats_t *out);
+BFC_API int bfc_host_node_stats(int node, bfc_stats_t *out);
+BFC_API bfc_ctx_t *bfc_host_ctx(int node);
+BFC_API int bfc_host_numa_nodes(void);
 
 /* Peaks (in use, reserved) := current values.  Context: as bfc_ctx_stats. */
 BFC_API int bfc_ctx_clear_peaks(bfc_ctx_t *ctx);

@@ -13,7 +13,7 @@
  */
 #include <string.h>
 
-#include "ctx.h"
+#include "host.h"
 
 #define MAX_DEVICES 64
 
@@ -173,4 +173,5 @@ void bfc_shutdown(void)
             bfc_ctx_destroy(ctx);
     }
     bfc__unlock(&create_lock);
+    bfc__host_shutdown();
 }

@@ -73,40 +73,24 @@ void bfc__process_init(void)
 
 /* ------------------------------------------------------------ create */
 
-int bfc_ctx_create(const bfc_config_t *cfg_in, bfc_ctx_t **out)
+/* Builds a context over an opened backend (which it then owns, also on
+ * failure).  cfg has been validated. */
+static int ctx_create(bfc_config_t cfg, bfc__backend_t *be, bool host, bfc_ctx_t **out)
 {
-    if (!out)
-        return BFC_EINVAL;
-    *out = NULL;
-    bfc_config_t cfg;
-    if (cfg_in)
-        cfg = *cfg_in;
-    else
-        bfc_config_init(&cfg);
-    if (bfc_config_validate(&cfg) != BFC_OK)
-        return BFC_EINVAL;
-    bfc__process_init();
-    if (process_status != BFC_OK)
-        return process_status;
-
+    int st;
     struct bfc_ctx *ctx = bfc__meta_zalloc(sizeof(*ctx));
-    if (!ctx)
+    if (!ctx) {
+        be->ops->close(be);
         return BFC_ENOMEM;
-    int st = bfc__backend_open(&cfg, &ctx->be);
-    if (st != BFC_OK) {
-        bfc__meta_free(ctx, sizeof(*ctx));
-        return st;
     }
-    cfg.backend = ctx->be->kind;
+    ctx->be = be;
+    ctx->is_host = host;
+    cfg.backend = be->kind;
     if (cfg.memory_limit == 0)
-        cfg.memory_limit = ctx->be->default_limit;
+        cfg.memory_limit = be->default_limit;
     ctx->limit = cfg.memory_limit & ~(BFC__MIN_ALLOC - 1);
-    if (ctx->limit == 0) {
-        st = BFC_EINVAL;
-        goto fail_be;
-    }
     cfg.initial_region = bfc__round256(cfg.initial_region);
-    if (cfg.initial_region == 0) {
+    if (ctx->limit == 0 || cfg.initial_region == 0) {
         st = BFC_EINVAL;
         goto fail_be;
     }
@@ -126,9 +110,46 @@ int bfc_ctx_create(const bfc_config_t *cfg_in, bfc_ctx_t **out)
 fail_pool:
     bfc__pool_fini(ctx);
 fail_be:
-    ctx->be->ops->close(ctx->be);
+    be->ops->close(be);
     bfc__meta_free(ctx, sizeof(*ctx));
     return st;
+}
+
+int bfc__ctx_create_with_backend(const bfc_config_t *cfg, bfc__backend_t *be, bool host, bfc_ctx_t **out)
+{
+    *out = NULL;
+    if (bfc_config_validate(cfg) != BFC_OK) {
+        be->ops->close(be);
+        return BFC_EINVAL;
+    }
+    bfc__process_init();
+    if (process_status != BFC_OK) {
+        be->ops->close(be);
+        return process_status;
+    }
+    return ctx_create(*cfg, be, host, out);
+}
+
+int bfc_ctx_create(const bfc_config_t *cfg_in, bfc_ctx_t **out)
+{
+    if (!out)
+        return BFC_EINVAL;
+    *out = NULL;
+    bfc_config_t cfg;
+    if (cfg_in)
+        cfg = *cfg_in;
+    else
+        bfc_config_init(&cfg);
+    if (bfc_config_validate(&cfg) != BFC_OK)
+        return BFC_EINVAL;
+    bfc__process_init();
+    if (process_status != BFC_OK)
+        return process_status;
+    bfc__backend_t *be;
+    int st = bfc__backend_open(&cfg, &be);
+    if (st != BFC_OK)
+        return st;
+    return ctx_create(cfg, be, false, out);
 }
 
 void bfc_ctx_destroy(bfc_ctx_t *ctx)

@@ -1,0 +1,218 @@
+/*
+ * backend_host.c -- the backend of host pinned-memory arenas.
+ *
+ * Memory: each region is mapped by the library (mmap), bound to one NUMA
+ * node with hwloc (hwloc_set_area_membind, strict, by nodeset), touched so
+ * that its pages are placed now rather than at first use, then pinned for DMA
+ * through the inner device backend (cudaHostRegister on CUDA; a no-op on
+ * SIM).  Unmapping reverses it.  On a machine with one NUMA node there is
+ * nothing to choose and the binding is skipped.
+ *
+ * Streams and events: a host arena is owned by a thread, not a stream.  Each
+ * thread gets a pseudo-stream handle from host.c (bfc__host_thread_id tells
+ * them apart); events "recorded" on a pseudo-stream are complete at once (a
+ * thread has no queued device work), while events on real streams
+ * (bfc_host_record_stream) are the inner backend's events.
+ *
+ * Thread safety: as every backend; the only shared state is the topology
+ * (read-only after load) and counters (relaxed atomics).
+ */
+#include <errno.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <hwloc.h>
+
+#include "host.h"
+
+struct host_backend {
+    struct bfc__backend base;
+    bfc__backend_t *inner;
+    hwloc_topology_t topo;
+    int node;               /* os index of the node */
+    bool bind;              /* false on a one-node machine */
+    _Atomic uint64_t bind_failures;
+};
+
+struct host_event {
+    bfc__event_t inner;
+    bool trivial;           /* recorded on a thread's pseudo-stream */
+};
+
+static struct host_backend *hb(bfc__backend_t *be)
+{
+    return (struct host_backend *)be;
+}
+
+static int host_mem_alloc(bfc__backend_t *be, size_t size, void **out)
+{
+    struct host_backend *h = hb(be);
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        return errno == ENOMEM ? BFC_ENOMEM : BFC_EBACKEND;
+    if (h->bind) {
+        hwloc_nodeset_t ns = hwloc_bitmap_alloc();
+        int rc = -1;
+        if (ns && hwloc_bitmap_only(ns, (unsigned)h->node) == 0)
+            rc = hwloc_set_area_membind(h->topo, p, size, ns, HWLOC_MEMBIND_BIND,
+                                        HWLOC_MEMBIND_STRICT | HWLOC_MEMBIND_BYNODESET);
+        hwloc_bitmap_free(ns);
+        if (rc != 0) {
+            /* The memory is still usable; bfc_host_numa_node reports where
+             * it really landed.  relaxed: a statistic. */
+            atomic_fetch_add_explicit(&h->bind_failures, 1, memory_order_relaxed);
+        }
+    }
+    long page = sysconf(_SC_PAGESIZE);
+    if (page <= 0)
+        page = 4096;
+    for (size_t off = 0; off < size; off += (size_t)page)
+        ((volatile char *)p)[off] = 0;
+    int st = h->inner->ops->host_register(h->inner, p, size);
+    if (st != BFC_OK) {
+        munmap(p, size);
+        return st;
+    }
+    *out = p;
+    return BFC_OK;
+}
+
+static int host_mem_free(bfc__backend_t *be, void *p, size_t size)
+{
+    struct host_backend *h = hb(be);
+    int st = h->inner->ops->host_unregister(h->inner, p);
+    if (munmap(p, size) != 0)
+        return BFC_EBACKEND;
+    return st;
+}
+
+static int host_event_create(bfc__backend_t *be, bfc__event_t *out)
+{
+    struct host_backend *h = hb(be);
+    struct host_event *ev = bfc__meta_zalloc(sizeof(*ev));
+    if (!ev)
+        return BFC_ENOMEM;
+    int st = h->inner->ops->event_create(h->inner, &ev->inner);
+    if (st != BFC_OK) {
+        bfc__meta_free(ev, sizeof(*ev));
+        return st;
+    }
+    *out = ev;
+    return BFC_OK;
+}
+
+static int host_event_destroy(bfc__backend_t *be, bfc__event_t e)
+{
+    struct host_event *ev = e;
+    int st = hb(be)->inner->ops->event_destroy(hb(be)->inner, ev->inner);
+    bfc__meta_free(ev, sizeof(*ev));
+    return st;
+}
+
+static int host_event_record(bfc__backend_t *be, bfc__event_t e, bfc_stream_t s)
+{
+    struct host_event *ev = e;
+    uint64_t id;
+    if (bfc__host_thread_id(s, &id)) {
+        ev->trivial = true;
+        return BFC_OK;
+    }
+    ev->trivial = false;
+    return hb(be)->inner->ops->event_record(hb(be)->inner, ev->inner, s);
+}
+
+static int host_event_query(bfc__backend_t *be, bfc__event_t e)
+{
+    struct host_event *ev = e;
+    return ev->trivial ? BFC_OK : hb(be)->inner->ops->event_query(hb(be)->inner, ev->inner);
+}
+
+static int host_event_wait(bfc__backend_t *be, bfc__event_t e, uint32_t timeout_ms)
+{
+    struct host_event *ev = e;
+    return ev->trivial ? BFC_OK : hb(be)->inner->ops->event_wait(hb(be)->inner, ev->inner, timeout_ms);
+}
+
+static int host_stream_id(bfc__backend_t *be, bfc_stream_t s, uint64_t *id)
+{
+    if (bfc__host_thread_id(s, id))
+        return BFC_OK;
+    return hb(be)->inner->ops->stream_id(hb(be)->inner, s, id);
+}
+
+static int host_stream_sync(bfc__backend_t *be, bfc_stream_t s)
+{
+    uint64_t id;
+    if (bfc__host_thread_id(s, &id))
+        return BFC_OK;
+    return hb(be)->inner->ops->stream_sync(hb(be)->inner, s);
+}
+
+static int host_mem_info(bfc__backend_t *be, size_t *free_bytes, size_t *total_bytes)
+{
+    *free_bytes = *total_bytes = be->default_limit;
+    return BFC_OK;
+}
+
+static int host_register(bfc__backend_t *be, void *p, size_t n)
+{
+    return hb(be)->inner->ops->host_register(hb(be)->inner, p, n);
+}
+
+static int host_unregister(bfc__backend_t *be, void *p)
+{
+    return hb(be)->inner->ops->host_unregister(hb(be)->inner, p);
+}
+
+static void host_close(bfc__backend_t *be)
+{
+    struct host_backend *h = hb(be);
+    h->inner->ops->close(h->inner);
+    bfc__meta_free(h, sizeof(*h));
+}
+
+static const struct bfc__backend_ops host_ops = {
+    .mem_alloc = host_mem_alloc,
+    .mem_free = host_mem_free,
+    .event_create = host_event_create,
+    .event_destroy = host_event_destroy,
+    .event_record = host_event_record,
+    .event_query = host_event_query,
+    .event_wait = host_event_wait,
+    .stream_id = host_stream_id,
+    .stream_sync = host_stream_sync,
+    .mem_info = host_mem_info,
+    .host_register = host_register,
+    .host_unregister = host_unregister,
+    .close = host_close,
+};
+
+int bfc__backend_host_open(const bfc_config_t *cfg, void *topo, int node, bool bind, size_t limit,
+                           bfc__backend_t **out)
+{
+    struct host_backend *h = bfc__meta_zalloc(sizeof(*h));
+    if (!h)
+        return BFC_ENOMEM;
+    int st = bfc__backend_open(cfg, &h->inner);
+    if (st != BFC_OK) {
+        bfc__meta_free(h, sizeof(*h));
+        return st;
+    }
+    h->topo = topo;
+    h->node = node;
+    h->bind = bind;
+    h->base.ops = &host_ops;
+    h->base.kind = h->inner->kind;
+    h->base.device = h->inner->device;
+    h->base.default_limit = limit;
+    h->base.host_accessible = true;
+    snprintf(h->base.name, sizeof(h->base.name), "host-node%d/%.32s", node, h->inner->name);
+    *out = &h->base;
+    return BFC_OK;
+}
+
+uint64_t bfc__backend_host_bind_failures(bfc__backend_t *be)
+{
+    return be->ops == &host_ops ? atomic_load_explicit(&hb(be)->bind_failures, memory_order_relaxed) : 0;
+}

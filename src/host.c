@@ -1,0 +1,374 @@
+/*
+ * host.c -- host pinned-memory arenas, one per thread, placed on the
+ * thread's NUMA node with hwloc.
+ *
+ * The same arena code as device memory, keyed by thread instead of stream:
+ * each NUMA node has a host context (regions mapped, bound to the node,
+ * touched and pinned by backend_host.c), and each thread that allocates gets
+ * a pseudo-stream handle -- the address of its slot in a process-wide table
+ * -- so its arena is that node context's shard for the handle.  A free from
+ * another thread is a "cross-stream" free: it goes back through the owner's
+ * wait-free remote-free queue (its fence, recorded on a thread handle, is
+ * complete at once).  bfc_host_record_stream adds real stream fences, so a
+ * buffer used by asynchronous copies is not reused before they complete.
+ *
+ * Node choice (config host_numa): the node the thread is bound to
+ * (hwloc_get_cpubind covering one node), else the node of the CPU it runs on
+ * at its first allocation (hwloc_get_last_cpu_location); `gpu` picks the node
+ * nearest the GPU (hwloc_cudart_get_device_cpuset, CUDA builds); a number
+ * picks that node.  The choice is made once per thread.
+ *
+ * When a thread exits, a thread-specific key destructor retires its arena
+ * (live blocks stay valid and are freed later by anyone; free regions go back
+ * to the node's pool at once, the rest when the last block is freed).
+ *
+ * Locking: `g_lock` guards the thread-slot free list and host context
+ * creation: once per thread and once per node, never per allocation.
+ */
+#include "host.h" /* first: config.h decides what follows */
+
+#include <string.h>
+#include <sys/mman.h>
+
+#include <hwloc.h>
+#if BFC_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#include <hwloc/cudart.h>
+#endif
+
+#define MAX_NODES 64
+#define MAX_THREADS (1u << 16)
+#define THREAD_ID_BIT (1ull << 62)
+
+struct host_thread {
+    alignas(BFC__CACHELINE) _Atomic uint64_t id; /* unique per owner; 0 = free slot */
+    int node;
+    uint32_t next_free;
+};
+
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+static int g_status = BFC_OK;
+static hwloc_topology_t g_topo;
+static int g_nnodes;
+static bfc_config_t g_cfg;
+static pthread_key_t g_key;
+static struct host_thread *g_threads;             /* MAX_THREADS slots, mapped */
+static atomic_uint g_hw;                          /* slots ever handed out */
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static uint32_t g_free = UINT32_MAX;              /* free slot list (g_lock) */
+static uint64_t g_next_id = 1;                    /* g_lock */
+static bfc_ctx_t *_Atomic g_ctx[MAX_NODES];
+static __thread struct host_thread *tls_thread;
+
+static void thread_exit(void *arg);
+
+static void host_init(void)
+{
+    if (bfc__config_from_env(&g_cfg) != BFC_OK)
+        bfc_config_init(&g_cfg);
+    if (hwloc_topology_init(&g_topo) != 0) {
+        g_status = BFC_EBACKEND;
+        return;
+    }
+    if (hwloc_topology_load(g_topo) != 0) {
+        hwloc_topology_destroy(g_topo);
+        g_status = BFC_EBACKEND;
+        return;
+    }
+    g_nnodes = hwloc_get_nbobjs_by_type(g_topo, HWLOC_OBJ_NUMANODE);
+    if (g_nnodes < 1)
+        g_nnodes = 1;
+    void *tab = mmap(NULL, (size_t)MAX_THREADS * sizeof(struct host_thread), PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (tab == MAP_FAILED) {
+        g_status = BFC_ENOMEM;
+        return;
+    }
+    if (pthread_key_create(&g_key, thread_exit) != 0) {
+        munmap(tab, (size_t)MAX_THREADS * sizeof(struct host_thread));
+        g_status = BFC_ENOMEM;
+        return;
+    }
+    g_threads = tab;
+}
+
+static int init(void)
+{
+    int e = pthread_once(&g_once, host_init);
+    if (e != 0)
+        bfc__fatal("pthread_once", e);
+    return g_status;
+}
+
+bool bfc__host_thread_id(bfc_stream_t s, uint64_t *id)
+{
+    uintptr_t base = (uintptr_t)g_threads, a = (uintptr_t)s;
+    if (!base || a < base)
+        return false;
+    uintptr_t off = a - base;
+    if (off >= (uintptr_t)MAX_THREADS * sizeof(struct host_thread) || off % sizeof(struct host_thread))
+        return false;
+    /* acquire: pairs with the release store of the slot's id in thread_slot. */
+    if (off / sizeof(struct host_thread) >= atomic_load_explicit(&g_hw, memory_order_acquire))
+        return false;
+    *id = atomic_load_explicit(&((struct host_thread *)s)->id, memory_order_acquire) | THREAD_ID_BIT;
+    return true;
+}
+
+int bfc__host_node_of_cpuset(void *topo, const void *cpuset)
+{
+    hwloc_nodeset_t ns = hwloc_bitmap_alloc();
+    int node = -1;
+    if (!ns)
+        return -1;
+    hwloc_cpuset_to_nodeset((hwloc_topology_t)topo, (hwloc_const_cpuset_t)cpuset, ns);
+    if (hwloc_bitmap_weight(ns) == 1)
+        node = hwloc_bitmap_first(ns);
+    hwloc_bitmap_free(ns);
+    return node;
+}
+
+static int first_node(void)
+{
+    hwloc_obj_t o = hwloc_get_obj_by_type(g_topo, HWLOC_OBJ_NUMANODE, 0);
+    return o ? (int)o->os_index : 0;
+}
+
+static bool node_exists(int n)
+{
+    return n >= 0 && hwloc_get_numanode_obj_by_os_index(g_topo, (unsigned)n) != NULL;
+}
+
+static int pick_node(void)
+{
+    int node = -1;
+    if (g_cfg.host_numa >= 0 && node_exists(g_cfg.host_numa))
+        return g_cfg.host_numa;
+    hwloc_cpuset_t set = hwloc_bitmap_alloc();
+    if (!set)
+        return first_node();
+#if BFC_HAVE_CUDA
+    if (g_cfg.host_numa == BFC_HOST_NUMA_GPU && hwloc_cudart_get_device_cpuset(g_topo, g_cfg.device, set) == 0)
+        node = bfc__host_node_of_cpuset(g_topo, set);
+#endif
+    if (node < 0 && hwloc_get_cpubind(g_topo, set, HWLOC_CPUBIND_THREAD) == 0)
+        node = bfc__host_node_of_cpuset(g_topo, set);
+    if (node < 0 && hwloc_get_last_cpu_location(g_topo, set, HWLOC_CPUBIND_THREAD) == 0)
+        node = bfc__host_node_of_cpuset(g_topo, set);
+    hwloc_bitmap_free(set);
+    return node_exists(node) ? node : first_node();
+}
+
+static struct host_thread *thread_slot(void)
+{
+    if (BFC__LIKELY(tls_thread != NULL))
+        return tls_thread;
+    int node = pick_node();
+    bfc__lock(&g_lock);
+    uint32_t idx = g_free;
+    if (idx != UINT32_MAX) {
+        g_free = g_threads[idx].next_free;
+    } else {
+        idx = atomic_load_explicit(&g_hw, memory_order_relaxed);
+        if (idx >= MAX_THREADS) {
+            bfc__unlock(&g_lock);
+            return NULL;
+        }
+    }
+    struct host_thread *t = &g_threads[idx];
+    t->node = node;
+    /* release: pairs with the acquire loads in bfc__host_thread_id. */
+    atomic_store_explicit(&t->id, g_next_id++, memory_order_release);
+    if (idx == atomic_load_explicit(&g_hw, memory_order_relaxed))
+        atomic_store_explicit(&g_hw, idx + 1, memory_order_release);
+    bfc__unlock(&g_lock);
+    if (pthread_setspecific(g_key, t) != 0) {
+        /* Without the key the arena is never retired at exit; keep the
+         * slot anyway (it is still a valid owner). */
+    }
+    tls_thread = t;
+    return t;
+}
+
+static bfc_ctx_t *node_ctx(int node, int *status)
+{
+    if (node < 0 || node >= MAX_NODES) {
+        *status = BFC_EINVAL;
+        return NULL;
+    }
+    /* acquire: pairs with the release store below. */
+    bfc_ctx_t *ctx = atomic_load_explicit(&g_ctx[node], memory_order_acquire);
+    if (BFC__LIKELY(ctx != NULL))
+        return ctx;
+    bfc__lock(&g_lock);
+    ctx = atomic_load_explicit(&g_ctx[node], memory_order_relaxed);
+    if (!ctx) {
+        hwloc_obj_t o = hwloc_get_numanode_obj_by_os_index(g_topo, (unsigned)node);
+        size_t limit = o && o->attr && o->attr->numanode.local_memory ? (size_t)o->attr->numanode.local_memory
+                                                                        : 16 * BFC__GiB;
+        bfc_config_t cfg = g_cfg;
+        cfg.memory_limit = limit & ~(BFC__MIN_ALLOC - 1);
+        cfg.allow_growth = true;
+        bfc__backend_t *be;
+        int st = bfc__backend_host_open(&cfg, g_topo, node, g_nnodes > 1, cfg.memory_limit, &be);
+        if (st == BFC_OK)
+            st = bfc__ctx_create_with_backend(&cfg, be, true, &ctx);
+        if (st == BFC_OK)
+            atomic_store_explicit(&g_ctx[node], ctx, memory_order_release);
+        else
+            *status = st;
+    }
+    bfc__unlock(&g_lock);
+    return ctx;
+}
+
+static void thread_exit(void *arg)
+{
+    struct host_thread *t = arg;
+    bfc_ctx_t *ctx = atomic_load_explicit(&g_ctx[t->node], memory_order_acquire);
+    if (ctx)
+        (void)bfc_ctx_stream_release(ctx, (bfc_stream_t)t);
+    bfc__lock(&g_lock);
+    atomic_store_explicit(&t->id, 0, memory_order_release);
+    t->next_free = g_free;
+    g_free = (uint32_t)(t - g_threads);
+    bfc__unlock(&g_lock);
+    tls_thread = NULL;
+}
+
+void *bfc_host_alloc(size_t n)
+{
+    int st = init();
+    struct host_thread *t = st == BFC_OK ? thread_slot() : NULL;
+    if (!t) {
+        bfc__set_last_error(st == BFC_OK ? BFC_ENOMEM : st);
+        return NULL;
+    }
+    bfc_ctx_t *ctx = node_ctx(t->node, &st);
+    if (!ctx) {
+        bfc__set_last_error(st);
+        return NULL;
+    }
+    return bfc_ctx_alloc(ctx, (bfc_stream_t)t, n);
+}
+
+/* The host context holding p and the stream a free from this thread uses. */
+static int host_owner(const void *p, bfc_ctx_t **ctx, bfc_stream_t *owner)
+{
+    if (init() != BFC_OK)
+        return BFC_ENOTOWNED;
+    int st = BFC_ENOTOWNED;
+    rcu_read_lock();
+    struct bfc__region *r = bfc__regionmap_lookup((uintptr_t)p);
+    if (r && r->ctx->is_host) {
+        *ctx = r->ctx;
+        *owner = r->owner->stream;
+        st = BFC_OK;
+    }
+    rcu_read_unlock();
+    return st;
+}
+
+int bfc_host_free(void *p)
+{
+    if (!p)
+        return BFC_OK;
+    bfc_ctx_t *ctx;
+    bfc_stream_t owner;
+    int st = host_owner(p, &ctx, &owner);
+    if (st != BFC_OK)
+        return st;
+    struct host_thread *t = thread_slot();
+    return bfc_ctx_free(ctx, p, t ? (bfc_stream_t)t : owner);
+}
+
+int bfc_host_record_stream(void *p, bfc_stream_t stream)
+{
+    if (!p)
+        return BFC_EINVAL;
+    bfc_ctx_t *ctx;
+    bfc_stream_t owner;
+    int st = host_owner(p, &ctx, &owner);
+    return st == BFC_OK ? bfc_ctx_record_stream(ctx, p, stream) : st;
+}
+
+int bfc_host_numa_node(const void *p)
+{
+    bfc_ctx_t *ctx;
+    bfc_stream_t owner;
+    if (!p)
+        return BFC_EINVAL;
+    int st = host_owner(p, &ctx, &owner);
+    if (st != BFC_OK)
+        return st;
+    hwloc_nodeset_t ns = hwloc_bitmap_alloc();
+    if (!ns)
+        return BFC_ENOMEM;
+    int node = BFC_EBACKEND;
+    if (hwloc_get_area_memlocation(g_topo, p, 1, ns, HWLOC_MEMBIND_BYNODESET) == 0 && !hwloc_bitmap_iszero(ns))
+        node = hwloc_bitmap_first(ns);
+    hwloc_bitmap_free(ns);
+    return node;
+}
+
+static void stats_add(bfc_stats_t *sum, const bfc_stats_t *s)
+{
+    uint64_t largest = sum->largest_alloc_size > s->largest_alloc_size ? sum->largest_alloc_size
+                                                                        : s->largest_alloc_size;
+    uint64_t lfree = sum->largest_free_chunk > s->largest_free_chunk ? sum->largest_free_chunk
+                                                                      : s->largest_free_chunk;
+    uint64_t *a = (uint64_t *)sum;
+    const uint64_t *b = (const uint64_t *)s;
+    for (size_t i = 0; i < sizeof(*s) / sizeof(uint64_t); i++)
+        a[i] += b[i];
+    sum->largest_alloc_size = largest;
+    sum->largest_free_chunk = lfree;
+}
+
+int bfc_host_stats(bfc_stats_t *out)
+{
+    if (!out)
+        return BFC_EINVAL;
+    memset(out, 0, sizeof(*out));
+    if (init() != BFC_OK)
+        return g_status;
+    for (int i = 0; i < MAX_NODES; i++) {
+        bfc_ctx_t *ctx = atomic_load_explicit(&g_ctx[i], memory_order_acquire);
+        bfc_stats_t s;
+        if (ctx && bfc_ctx_stats(ctx, &s) == BFC_OK)
+            stats_add(out, &s);
+    }
+    return BFC_OK;
+}
+
+int bfc_host_node_stats(int node, bfc_stats_t *out)
+{
+    if (!out || node < 0 || node >= MAX_NODES)
+        return BFC_EINVAL;
+    bfc_ctx_t *ctx = atomic_load_explicit(&g_ctx[node], memory_order_acquire);
+    return ctx ? bfc_ctx_stats(ctx, out) : BFC_EINVAL;
+}
+
+bfc_ctx_t *bfc_host_ctx(int node)
+{
+    if (node < 0 || node >= MAX_NODES)
+        return NULL;
+    return atomic_load_explicit(&g_ctx[node], memory_order_acquire);
+}
+
+int bfc_host_numa_nodes(void)
+{
+    int st = init();
+    return st == BFC_OK ? g_nnodes : st;
+}
+
+void bfc__host_shutdown(void)
+{
+    bfc__lock(&g_lock);
+    for (int i = 0; i < MAX_NODES; i++) {
+        bfc_ctx_t *ctx = atomic_exchange_explicit(&g_ctx[i], NULL, memory_order_acq_rel);
+        if (ctx)
+            bfc_ctx_destroy(ctx);
+    }
+    bfc__unlock(&g_lock);
+}

@@ -1,0 +1,301 @@
+/*
+ * test_host.c -- host pinned-memory arenas: NUMA placement verified through
+ * the pages' real location, per-thread arenas, cross-thread frees, thread
+ * exit with live blocks, record_stream fencing on the SIM backend, bad input,
+ * and node selection on a synthetic two-node topology (white-box).
+ */
+#include <check.h>
+#include <hwloc.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <shardbfc.h>
+#include <shardbfc_sim.h>
+
+#include "host.h"
+
+static void setup(void)
+{
+    setenv("SHARDBFC_CONF", "backend=sim", 1);
+}
+
+static bfc_stats_t host_stats(void)
+{
+    bfc_stats_t s;
+    ck_assert_int_eq(bfc_host_stats(&s), BFC_OK);
+    return s;
+}
+
+static void check_host_ctx(void)
+{
+    for (int n = 0; n < 64; n++) {
+        bfc_ctx_t *ctx = bfc_host_ctx(n);
+        if (!ctx)
+            continue;
+        char buf[512] = "";
+        ck_assert_msg(bfc_ctx_check_report(ctx, buf, sizeof buf) == BFC_OK, "node %d: %s", n, buf);
+    }
+}
+
+START_TEST(test_alloc_on_node0)
+{
+    ck_assert_int_ge(bfc_host_numa_nodes(), 1);
+    char *p = bfc_host_alloc(100000);
+    ck_assert_ptr_nonnull(p);
+    ck_assert_int_eq(bfc_last_error(), BFC_OK);
+    ck_assert_uint_eq((uintptr_t)p % 256, 0);
+    memset(p, 0x5a, 100000);
+    ck_assert_int_eq(p[99999], 0x5a);
+    /* This machine has one node: the pages must really be on node 0. */
+    if (bfc_host_numa_nodes() == 1)
+        ck_assert_int_eq(bfc_host_numa_node(p), 0);
+    else
+        ck_assert_int_ge(bfc_host_numa_node(p), 0);
+    ck_assert_ptr_nonnull(bfc_host_ctx(bfc_host_numa_node(p)));
+    bfc_stats_t s = host_stats();
+    ck_assert_uint_eq(s.num_allocs, 1);
+    ck_assert_uint_eq(s.bytes_requested, 100000);
+    ck_assert_uint_ge(s.bytes_in_use, 100000);
+    ck_assert_uint_eq(s.num_shards, 1);
+    ck_assert_int_eq(bfc_host_free(p), BFC_OK);
+    s = host_stats();
+    ck_assert_uint_eq(s.bytes_in_use, 0);
+    ck_assert_uint_eq(s.num_frees, 1);
+    check_host_ctx();
+    ck_assert_ptr_null(bfc_host_alloc(0));
+    ck_assert_int_eq(bfc_last_error(), BFC_OK);
+    ck_assert_ptr_null(bfc_host_alloc(SIZE_MAX));
+    ck_assert_int_eq(bfc_last_error(), BFC_ENOMEM);
+}
+END_TEST
+
+struct xfer {
+    void *p[64];
+    int n;
+};
+
+static void *alloc_thread(void *arg)
+{
+    struct xfer *x = arg;
+    for (int i = 0; i < x->n; i++) {
+        x->p[i] = bfc_host_alloc(4096 + (size_t)i * 256);
+        if (x->p[i])
+            memset(x->p[i], i, 4096);
+    }
+    return NULL;
+}
+
+START_TEST(test_per_thread_arenas_and_cross_thread_free)
+{
+    void *mine = bfc_host_alloc(4096);
+    ck_assert_ptr_nonnull(mine);
+    struct xfer x = { .n = 32 };
+    pthread_t t;
+    ck_assert_int_eq(pthread_create(&t, NULL, alloc_thread, &x), 0);
+    /* Keep the other thread alive until its blocks are checked: join later. */
+    ck_assert_int_eq(pthread_join(t, NULL), 0);
+    for (int i = 0; i < x.n; i++) {
+        ck_assert_ptr_nonnull(x.p[i]);
+        ck_assert_int_eq(((unsigned char *)x.p[i])[100], (unsigned char)i);
+    }
+    /* The other thread exited with 32 live blocks: they stay valid and this
+     * thread frees them (cross-thread frees into a retired arena). */
+    ck_assert_int_eq(bfc_host_free(x.p[0]), BFC_OK);
+    ck_assert_int_eq(bfc_host_free(x.p[0]), BFC_EDOUBLEFREE); /* the arena still lives */
+    for (int i = 1; i < x.n; i++)
+        ck_assert_int_eq(bfc_host_free(x.p[i]), BFC_OK);
+    /* The last free reclaimed the retired arena and its regions: the memory
+     * is no longer the allocator's, and a second free is refused either way. */
+    for (int i = 0; i < x.n; i++) {
+        int rc = bfc_host_free(x.p[i]);
+        ck_assert_msg(rc == BFC_EDOUBLEFREE || rc == BFC_ENOTOWNED, "second free: %s", bfc_err_name(rc));
+    }
+    bfc_stats_t s = host_stats();
+    ck_assert_uint_eq(s.num_allocs, 33);
+    ck_assert_uint_eq(s.num_frees, 32);
+    ck_assert_uint_eq(s.bytes_in_use, bfc_ctx_allocated_size(bfc_host_ctx(bfc_host_numa_node(mine)), mine));
+    /* The exited thread's arena is gone once its last block went. */
+    ck_assert_uint_eq(s.num_shards, 1);
+    ck_assert_int_eq(bfc_host_free(mine), BFC_OK);
+    check_host_ctx();
+}
+END_TEST
+
+struct freer {
+    void **p;
+    int n;
+    int rc_bad;
+};
+
+static void *free_thread(void *arg)
+{
+    struct freer *f = arg;
+    for (int i = 0; i < f->n; i++)
+        if (bfc_host_free(f->p[i]) != BFC_OK)
+            f->rc_bad++;
+    return NULL;
+}
+
+START_TEST(test_remote_free_returns_to_owner)
+{
+    enum { N = 50 };
+    void *p[N];
+    for (int i = 0; i < N; i++)
+        ck_assert_ptr_nonnull(p[i] = bfc_host_alloc(1024));
+    struct freer f = { p, N, 0 };
+    pthread_t t;
+    ck_assert_int_eq(pthread_create(&t, NULL, free_thread, &f), 0);
+    ck_assert_int_eq(pthread_join(t, NULL), 0);
+    ck_assert_int_eq(f.rc_bad, 0);
+    bfc_stats_t s = host_stats(); /* drains the owner's queue */
+    ck_assert_uint_eq(s.num_remote_frees, N);
+    ck_assert_uint_eq(s.bytes_in_use, 0);
+    /* Back in the owner's bins: the owner gets the same memory again. */
+    void *q = bfc_host_alloc(1024);
+    ck_assert_ptr_eq(q, p[0]);
+    ck_assert_int_eq(bfc_host_free(q), BFC_OK);
+    check_host_ctx();
+}
+END_TEST
+
+START_TEST(test_record_stream_fence)
+{
+    bfc_config_t c;
+    bfc_config_init(&c);
+    c.backend = BFC_BACKEND_SIM;
+    c.memory_limit = 64u << 20;
+    bfc_ctx_t *dev;
+    ck_assert_int_eq(bfc_ctx_create(&c, &dev), BFC_OK);
+    bfc_stream_t s = bfc_sim_stream_create(dev);
+    ck_assert_ptr_nonnull(s);
+
+    void *p = bfc_host_alloc(8192);
+    ck_assert_ptr_nonnull(p);
+    bfc_sim_stream_hold(dev, s); /* an async copy from p is in flight on s */
+    ck_assert_int_eq(bfc_host_record_stream(p, s), BFC_OK);
+    ck_assert_int_eq(bfc_host_free(p), BFC_OK);
+    bfc_stats_t st = host_stats();
+    ck_assert_uint_eq(st.num_pending_frees, 1);
+    void *q = bfc_host_alloc(8192);
+    ck_assert_ptr_nonnull(q);
+    ck_assert_ptr_ne(q, p); /* not reused while the copy may still read it */
+    bfc_sim_stream_drain(dev, s);
+    void *r = bfc_host_alloc(8192);
+    ck_assert_ptr_eq(r, p); /* reused once the stream's work completed */
+    st = host_stats();
+    ck_assert_uint_eq(st.num_pending_frees, 0);
+    ck_assert_int_eq(bfc_host_free(q), BFC_OK);
+    ck_assert_int_eq(bfc_host_free(r), BFC_OK);
+    check_host_ctx();
+    bfc_ctx_destroy(dev);
+}
+END_TEST
+
+START_TEST(test_bad_input)
+{
+    bfc_config_t c;
+    bfc_config_init(&c);
+    c.backend = BFC_BACKEND_SIM;
+    c.memory_limit = 64u << 20;
+    bfc_ctx_t *dev;
+    ck_assert_int_eq(bfc_ctx_create(&c, &dev), BFC_OK);
+    void *d = bfc_ctx_alloc(dev, NULL, 1000);
+    ck_assert_ptr_nonnull(d);
+    char stack[64];
+    void *heap = malloc(100);
+    void *p = bfc_host_alloc(1000);
+    ck_assert_ptr_nonnull(p);
+    bfc_stats_t before = host_stats();
+
+    ck_assert_int_eq(bfc_host_free(NULL), BFC_OK);
+    ck_assert_int_eq(bfc_host_free(d), BFC_ENOTOWNED);  /* device pointer */
+    ck_assert_int_eq(bfc_host_free(stack), BFC_ENOTOWNED);
+    ck_assert_int_eq(bfc_host_free(heap), BFC_ENOTOWNED);
+    ck_assert_int_eq(bfc_host_free((char *)p + 256), BFC_ENOTOWNED);
+    ck_assert_int_eq(bfc_host_free((char *)p + 1), BFC_ENOTOWNED);
+    ck_assert_int_eq(bfc_host_numa_node(d), BFC_ENOTOWNED);
+    ck_assert_int_eq(bfc_host_numa_node(stack), BFC_ENOTOWNED);
+    ck_assert_int_eq(bfc_host_record_stream(stack, NULL), BFC_ENOTOWNED);
+    /* A host pointer is not the device context's either. */
+    ck_assert_int_eq(bfc_ctx_free(dev, p, NULL), BFC_ENOTOWNED);
+
+    bfc_stats_t after = host_stats();
+    ck_assert(memcmp(&before, &after, sizeof before) == 0);
+    ck_assert_int_eq(bfc_host_free(p), BFC_OK);
+    ck_assert_int_eq(bfc_host_free(p), BFC_EDOUBLEFREE);
+    ck_assert_int_eq(bfc_ctx_free(dev, d, NULL), BFC_OK);
+    check_host_ctx();
+    free(heap);
+    bfc_ctx_destroy(dev);
+}
+END_TEST
+
+START_TEST(test_host_numa_config)
+{
+    setenv("SHARDBFC_CONF", "backend=sim,host_numa=0", 1);
+    void *p = bfc_host_alloc(4096);
+    ck_assert_ptr_nonnull(p);
+    ck_assert_ptr_nonnull(bfc_host_ctx(0));
+    ck_assert_int_eq(bfc_host_numa_node(p), 0);
+    bfc_stats_t s;
+    ck_assert_int_eq(bfc_host_node_stats(0, &s), BFC_OK);
+    ck_assert_uint_eq(s.num_allocs, 1);
+    ck_assert_int_eq(bfc_host_node_stats(63, &s), BFC_EINVAL);
+    ck_assert_int_eq(bfc_host_free(p), BFC_OK);
+}
+END_TEST
+
+/* Node selection logic on a synthetic topology with two NUMA nodes (binding
+ * is a no-op there, so the choice is tested on cpusets directly). */
+START_TEST(test_synthetic_two_nodes)
+{
+    hwloc_topology_t t;
+    ck_assert_int_eq(hwloc_topology_init(&t), 0);
+    ck_assert_int_eq(hwloc_topology_set_synthetic(t, "pack:2 numa:1 core:2 pu:1"), 0);
+    ck_assert_int_eq(hwloc_topology_load(t), 0);
+    ck_assert_int_eq(hwloc_get_nbobjs_by_type(t, HWLOC_OBJ_NUMANODE), 2);
+    hwloc_cpuset_t set = hwloc_bitmap_alloc();
+
+    hwloc_bitmap_set_range(set, 0, 1); /* the cores of package 0 */
+    ck_assert_int_eq(bfc__host_node_of_cpuset(t, set), 0);
+    hwloc_bitmap_zero(set);
+    hwloc_bitmap_set(set, 1); /* one core of package 0 */
+    ck_assert_int_eq(bfc__host_node_of_cpuset(t, set), 0);
+    hwloc_bitmap_zero(set);
+    hwloc_bitmap_set_range(set, 2, 3); /* package 1 */
+    ck_assert_int_eq(bfc__host_node_of_cpuset(t, set), 1);
+    hwloc_bitmap_zero(set);
+    hwloc_bitmap_set(set, 3);
+    ck_assert_int_eq(bfc__host_node_of_cpuset(t, set), 1);
+    hwloc_bitmap_zero(set);
+    hwloc_bitmap_set_range(set, 1, 2); /* spans both: no single node */
+    ck_assert_int_eq(bfc__host_node_of_cpuset(t, set), -1);
+    hwloc_bitmap_zero(set);
+    ck_assert_int_eq(bfc__host_node_of_cpuset(t, set), -1);
+
+    hwloc_bitmap_free(set);
+    hwloc_topology_destroy(t);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("host");
+    TCase *tc = tcase_create("host");
+    tcase_add_checked_fixture(tc, setup, NULL);
+    tcase_set_timeout(tc, 30);
+    tcase_add_test(tc, test_alloc_on_node0);
+    tcase_add_test(tc, test_per_thread_arenas_and_cross_thread_free);
+    tcase_add_test(tc, test_remote_free_returns_to_owner);
+    tcase_add_test(tc, test_record_stream_fence);
+    tcase_add_test(tc, test_bad_input);
+    tcase_add_test(tc, test_host_numa_config);
+    tcase_add_test(tc, test_synthetic_two_nodes);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_ENV);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
