@@ -112,7 +112,7 @@ void *bfc_stream_alloc(bfc_stream_t stream, size_t n)
 /* The context and owner stream of a pointer, or BFC_ENOTOWNED. */
 static int owner_of(const void *p, bfc_ctx_t **ctx, bfc_stream_t *s)
 {
-    rcu_read_lock();
+    bfc__rcu_lock();
     struct bfc__region *r = bfc__regionmap_lookup((uintptr_t)p);
     int st = BFC_ENOTOWNED;
     if (r) {
@@ -120,7 +120,7 @@ static int owner_of(const void *p, bfc_ctx_t **ctx, bfc_stream_t *s)
         *s = r->owner->stream;
         st = BFC_OK;
     }
-    rcu_read_unlock();
+    bfc__rcu_unlock();
     return st;
 }
 

@@ -63,6 +63,7 @@ static void chunk_delete(struct bfc__arena *a, struct bfc__chunk *c)
 static void region_free_cb(struct rcu_head *h)
 {
     struct bfc__region *r = caa_container_of(h, struct bfc__region, rcu);
+    bfc__rcu_reclaim();
     if (r->handles_bytes)
         munmap((void *)r->handles, r->handles_bytes);
     else
@@ -382,6 +383,8 @@ void bfc__arena_drain_locked(struct bfc__arena *a, bool full)
         __cds_wfcq_for_each_blocking_safe(&h, &t, node, next)
         {
             struct bfc__fence *f = caa_container_of(node, struct bfc__fence, qnode);
+            /* acquire: pairs with the release in bfc__remote_free. */
+            (void)atomic_load_explicit(&f->handoff, memory_order_acquire);
             struct bfc__chunk *c = f->chunk;
             account_free(a, c);
             a->st.remote_frees++;

@@ -28,6 +28,23 @@
 struct bfc__arena;
 struct bfc__segment;
 
+/* RCU read side, and the matching edge for reclamation (see internal.h). */
+extern char bfc__rcu_sync;
+static inline void bfc__rcu_lock(void)
+{
+    rcu_read_lock();
+}
+static inline void bfc__rcu_unlock(void)
+{
+    BFC__TSAN_RELEASE(&bfc__rcu_sync);
+    rcu_read_unlock();
+}
+/* First thing in every call_rcu callback and after synchronize_rcu. */
+static inline void bfc__rcu_reclaim(void)
+{
+    BFC__TSAN_ACQUIRE(&bfc__rcu_sync);
+}
+
 /* A handle-table entry: a chunk record at a chunk start, NULL where no chunk
  * ever started, or BFC__HANDLE_GONE where a chunk started once and has since
  * been merged into its predecessor (tells a double free from a foreign
@@ -136,6 +153,10 @@ void bfc__pool_clear_peak(struct bfc_ctx *ctx);
 struct bfc__fence {
     struct cds_wfcq_node qnode;  /* owner's remote queue or pool */
     struct bfc__chunk *chunk;
+    /* Written (release) last before every enqueue and read (acquire) first
+     * after every dequeue: orders the record's plain fields across the
+     * queue, whose own synchronisation lives in liburcu. */
+    _Atomic uint32_t handoff;
     bfc__event_t ev;             /* NULL: no event */
     bool synced;                 /* fenced by a full stream synchronisation instead */
     struct bfc__fence *extra;    /* further fences (recorded streams) */
@@ -188,6 +209,7 @@ struct bfc__arena {
     alignas(BFC__CACHELINE) _Atomic bool retired;
     _Atomic bool reclaim_wanted; /* another arena asked for our free regions */
     _Atomic size_t nfences;      /* fence nodes created (destroyed at reclaim) */
+    _Atomic bool ready;          /* release before publication in the directory */
 
     /* ---- directory, context list, RCU ---- */
     struct cds_lfht_node dir_node;

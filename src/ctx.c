@@ -203,7 +203,7 @@ void *bfc_ctx_alloc(bfc_ctx_t *ctx, bfc_stream_t stream, size_t n)
     }
     void *p = NULL;
     int st = BFC_ENOMEM;
-    rcu_read_lock();
+    bfc__rcu_lock();
     for (;;) {
         struct bfc__arena *a = bfc__shard_get(ctx, stream, &st);
         if (!a)
@@ -219,7 +219,7 @@ void *bfc_ctx_alloc(bfc_ctx_t *ctx, bfc_stream_t stream, size_t n)
         bfc__unlock(&a->lock);
         break;
     }
-    rcu_read_unlock();
+    bfc__rcu_unlock();
     bfc__set_last_error(p ? BFC_OK : st);
     if (BFC__UNLIKELY(ctx->cfg.debug_check))
         debug_check(ctx);
@@ -266,7 +266,7 @@ int bfc_ctx_free(bfc_ctx_t *ctx, void *ptr, bfc_stream_t stream)
     struct bfc__region *r;
     struct bfc__chunk *c;
     int st;
-    rcu_read_lock();
+    bfc__rcu_lock();
     st = resolve(ctx, p, &r, &c);
     if (st != BFC_OK)
         goto out;
@@ -300,7 +300,7 @@ int bfc_ctx_free(bfc_ctx_t *ctx, void *ptr, bfc_stream_t stream)
     }
     st = bfc__remote_free(a, c, stream);
 out:
-    rcu_read_unlock();
+    bfc__rcu_unlock();
     if (BFC__UNLIKELY(ctx->cfg.debug_check))
         debug_check(ctx);
     return st;
@@ -315,7 +315,7 @@ static int with_live_chunk(struct bfc_ctx *ctx, const void *ptr,
     uintptr_t p = (uintptr_t)ptr;
     struct bfc__region *r;
     struct bfc__chunk *c;
-    rcu_read_lock();
+    bfc__rcu_lock();
     int st = resolve(ctx, p, &r, &c);
     if (st == BFC_OK) {
         struct bfc__arena *a = r->owner;
@@ -325,7 +325,7 @@ static int with_live_chunk(struct bfc_ctx *ctx, const void *ptr,
             st = fn(a, c, arg);
         bfc__unlock(&a->lock);
     }
-    rcu_read_unlock();
+    bfc__rcu_unlock();
     return st;
 }
 

@@ -258,14 +258,14 @@ static int host_owner(const void *p, bfc_ctx_t **ctx, bfc_stream_t *owner)
     if (init() != BFC_OK)
         return BFC_ENOTOWNED;
     int st = BFC_ENOTOWNED;
-    rcu_read_lock();
+    bfc__rcu_lock();
     struct bfc__region *r = bfc__regionmap_lookup((uintptr_t)p);
     if (r && r->ctx->is_host) {
         *ctx = r->ctx;
         *owner = r->owner->stream;
         st = BFC_OK;
     }
-    rcu_read_unlock();
+    bfc__rcu_unlock();
     return st;
 }
 

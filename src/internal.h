@@ -46,6 +46,29 @@ static const bool bfc__config_cuda = BFC_HAVE_CUDA;
 static const bool bfc__config_debug = BFC_DEBUG;
 static const bool bfc__config_meta_jemalloc = BFC_META_JEMALLOC;
 
+/*
+ * ThreadSanitizer cannot see synchronisation done inside uninstrumented
+ * libraries (liburcu's grace periods).  In TSan builds the RCU read-side
+ * unlock releases, and every reclamation callback acquires, one sync object:
+ * exactly the happens-before edge a grace period provides.  No-ops otherwise.
+ */
+#if defined(__SANITIZE_THREAD__)
+#define BFC__TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define BFC__TSAN 1
+#endif
+#endif
+#ifdef BFC__TSAN
+void __tsan_acquire(void *addr);
+void __tsan_release(void *addr);
+#define BFC__TSAN_ACQUIRE(a) __tsan_acquire((void *)(a))
+#define BFC__TSAN_RELEASE(a) __tsan_release((void *)(a))
+#else
+#define BFC__TSAN_ACQUIRE(a) ((void)0)
+#define BFC__TSAN_RELEASE(a) ((void)0)
+#endif
+
 /* Rounds n up to a multiple of 256; returns 0 when that would overflow. */
 static inline size_t bfc__round256(size_t n)
 {

@@ -6,7 +6,7 @@
  * readers (every free, every introspection call) binary-search the current
  * array under rcu_read_lock; a writer (a region added or given back, a rare
  * event: regions double in size) copies the array with the change under
- * `wlock`, publishes the copy with rcu_assign_pointer and frees the old one
+ * `wlock`, publishes the copy with a release store and frees the old one
  * after a grace period (call_rcu).  Lookups cost O(log regions).
  *
  * Invariant: entries are sorted by base and never overlap (regions are
@@ -30,12 +30,16 @@ struct rmap {
     struct rmap_entry e[];
 };
 
-static struct rmap *rmap_cur;                 /* rcu_assign_pointer / rcu_dereference */
+/* Published with a release store and read with an acquire load (C11 rather
+ * than rcu_assign_pointer, so race detectors see the edge too). */
+static struct rmap *_Atomic rmap_cur;
+char bfc__rcu_sync;
 static pthread_mutex_t wlock = PTHREAD_MUTEX_INITIALIZER;
 
 static void rmap_free_cb(struct rcu_head *h)
 {
     struct rmap *m = caa_container_of(h, struct rmap, rcu);
+    bfc__rcu_reclaim();
     bfc__meta_free(m, 0);
 }
 
@@ -63,7 +67,7 @@ static size_t upper_bound(const struct rmap *m, uintptr_t p)
 
 struct bfc__region *bfc__regionmap_lookup(uintptr_t p)
 {
-    struct rmap *m = rcu_dereference(rmap_cur);
+    struct rmap *m = atomic_load_explicit(&rmap_cur, memory_order_acquire);
     if (!m || m->n == 0)
         return NULL;
     size_t i = upper_bound(m, p);
@@ -75,7 +79,7 @@ struct bfc__region *bfc__regionmap_lookup(uintptr_t p)
 
 static void publish(struct rmap *next, struct rmap *old)
 {
-    rcu_assign_pointer(rmap_cur, next);
+    atomic_store_explicit(&rmap_cur, next, memory_order_release);
     if (old)
         call_rcu(&old->rcu, rmap_free_cb);
 }
@@ -83,7 +87,7 @@ static void publish(struct rmap *next, struct rmap *old)
 int bfc__regionmap_insert(struct bfc__region *r)
 {
     bfc__lock(&wlock);
-    struct rmap *old = rmap_cur;
+    struct rmap *old = atomic_load_explicit(&rmap_cur, memory_order_relaxed);
     size_t n = old ? old->n : 0;
     struct rmap *next = rmap_new(n + 1);
     if (!next) {
@@ -109,7 +113,7 @@ void bfc__regionmap_remove(struct bfc__region *r)
      * fallback publishes a fresh, smaller array or, failing that, leaves the
      * entry pointing at a region whose memory stays valid until call_rcu. */
     bfc__lock(&wlock);
-    struct rmap *old = rmap_cur;
+    struct rmap *old = atomic_load_explicit(&rmap_cur, memory_order_relaxed);
     if (!old) {
         bfc__unlock(&wlock);
         return;
@@ -136,11 +140,11 @@ void bfc__regionmap_remove(struct bfc__region *r)
 size_t bfc__regionmap_count(struct bfc_ctx *ctx)
 {
     size_t n = 0;
-    rcu_read_lock();
-    struct rmap *m = rcu_dereference(rmap_cur);
+    bfc__rcu_lock();
+    struct rmap *m = atomic_load_explicit(&rmap_cur, memory_order_acquire);
     for (size_t i = 0; m && i < m->n; i++)
         if (m->e[i].r->ctx == ctx && m->e[i].end > m->e[i].base)
             n++;
-    rcu_read_unlock();
+    bfc__rcu_unlock();
     return n;
 }

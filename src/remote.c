@@ -30,6 +30,8 @@ struct bfc__fence *bfc__fence_get(struct bfc__arena *a)
     struct bfc__fence *f;
     if (node) {
         f = caa_container_of(node, struct bfc__fence, qnode);
+        /* acquire: pairs with the release in bfc__fence_put. */
+        (void)atomic_load_explicit(&f->handoff, memory_order_acquire);
     } else {
         f = bfc__meta_zalloc(sizeof(*f));
         if (!f)
@@ -52,6 +54,7 @@ void bfc__fence_put(struct bfc__arena *a, struct bfc__fence *f)
     while (f) {
         struct bfc__fence *next = f->extra;
         cds_wfcq_node_init(&f->qnode);
+        atomic_store_explicit(&f->handoff, 0, memory_order_release);
         cds_wfcq_enqueue(&a->fpool_head, &a->fpool_tail, &f->qnode);
         f = next;
     }
@@ -104,6 +107,7 @@ int bfc__remote_free(struct bfc__arena *a, struct bfc__chunk *c, bfc_stream_t s)
         f->synced = true;
     }
     cds_wfcq_node_init(&f->qnode);
+    atomic_store_explicit(&f->handoff, 1, memory_order_release);
     cds_wfcq_enqueue(&a->rq_head, &a->rq_tail, &f->qnode);
     /* A retired owner has no thread of its own to drain its queue: whoever
      * enqueues after retirement drains it.  seq_cst fence: pairs with the

@@ -44,8 +44,9 @@ static unsigned long hash_id(uint64_t x)
 
 static int match_id(struct cds_lfht_node *node, const void *key)
 {
-    const struct bfc__arena *a = caa_container_of(node, struct bfc__arena, dir_node);
-    return a->stream_id == *(const uint64_t *)key;
+    struct bfc__arena *a = caa_container_of(node, struct bfc__arena, dir_node);
+    /* acquire: pairs with the release before cds_lfht_add_unique. */
+    return atomic_load_explicit(&a->ready, memory_order_acquire) && a->stream_id == *(const uint64_t *)key;
 }
 
 int bfc__shard_dir_init(struct bfc_ctx *ctx)
@@ -133,6 +134,7 @@ struct bfc__arena *bfc__shard_get(struct bfc_ctx *ctx, bfc_stream_t s, int *stat
             ctx->arenas->all_prev = mine;
         ctx->arenas = mine;
         bfc__unlock(&ctx->arenas_lock);
+        atomic_store_explicit(&mine->ready, true, memory_order_release);
         struct cds_lfht_node *got =
             cds_lfht_add_unique(ctx->dir, hash_id(id), match_id, &id, &mine->dir_node);
         if (got != &mine->dir_node) {
@@ -160,6 +162,7 @@ struct bfc__arena *bfc__shard_get(struct bfc_ctx *ctx, bfc_stream_t s, int *stat
 
 static void arena_free_cb(struct rcu_head *h)
 {
+    bfc__rcu_reclaim();
     bfc__arena_free(caa_container_of(h, struct bfc__arena, rcu));
 }
 
@@ -200,12 +203,12 @@ void bfc__shard_reclaim(struct bfc__arena *a)
 
 int bfc__shard_retire(struct bfc_ctx *ctx, bfc_stream_t s)
 {
-    rcu_read_lock();
+    bfc__rcu_lock();
     uint64_t id;
     int st = ctx->be->ops->stream_id(ctx->be, s, &id);
     struct bfc__arena *a = st == BFC_OK ? lookup(ctx, id) : NULL;
     if (!a || cds_lfht_del(ctx->dir, &a->dir_node) != 0) {
-        rcu_read_unlock();
+        bfc__rcu_unlock();
         return BFC_EINVAL;
     }
     /* seq_cst: pairs with the seq_cst fence in bfc__remote_free (an enqueue
@@ -219,7 +222,7 @@ int bfc__shard_retire(struct bfc_ctx *ctx, bfc_stream_t s)
     bfc__arena_release_free_regions_locked(a);
     bool dead = bfc__arena_maybe_dead_locked(a);
     bfc__unlock(&a->lock);
-    rcu_read_unlock();
+    bfc__rcu_unlock();
     if (dead)
         bfc__shard_reclaim(a);
     return BFC_OK;
@@ -257,15 +260,16 @@ void bfc__shard_dir_fini(struct bfc_ctx *ctx)
     /* No concurrent users (bfc_ctx_destroy's contract); readers that might
      * still hold a stale thread-local entry are fenced off by the epoch. */
     atomic_fetch_add_explicit(&bfc__dir_epoch, 1, memory_order_release);
-    rcu_read_lock();
+    bfc__rcu_lock();
     struct cds_lfht_iter it;
     struct cds_lfht_node *node;
     cds_lfht_for_each(ctx->dir, &it, node) (void)cds_lfht_del(ctx->dir, node);
-    rcu_read_unlock();
+    bfc__rcu_unlock();
     /* Wait for readers, then for every call_rcu callback queued so far
      * (retired arenas, regions) before freeing the rest by hand. */
     synchronize_rcu();
     rcu_barrier();
+    bfc__rcu_reclaim();
     while (ctx->arenas) {
         struct bfc__arena *a = ctx->arenas;
         ctx->arenas = a->all_next;

@@ -80,7 +80,7 @@ int bfc_ctx_stream_stats(bfc_ctx_t *ctx, bfc_stream_t s, bfc_stats_t *out)
     if (!ctx || !out)
         return BFC_EINVAL;
     memset(out, 0, sizeof(*out));
-    rcu_read_lock();
+    bfc__rcu_lock();
     struct bfc__arena *a = bfc__shard_find(ctx, s);
     int st = BFC_EINVAL;
     if (a) {
@@ -96,7 +96,7 @@ int bfc_ctx_stream_stats(bfc_ctx_t *ctx, bfc_stream_t s, bfc_stats_t *out)
         }
         bfc__unlock(&a->lock);
     }
-    rcu_read_unlock();
+    bfc__rcu_unlock();
     return st;
 }
 
