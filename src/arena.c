@@ -69,6 +69,7 @@ static void region_free_cb(struct rcu_head *h)
     else
         bfc__meta_free((void *)r->handles, r->nhandles * sizeof(r->handles[0]));
     bfc__meta_free(r, sizeof(*r));
+    bfc__rcu_reclaim_done();
 }
 
 /* Creates a region of exactly `size` bytes from the pool, one free chunk
@@ -160,7 +161,7 @@ static void region_release(struct bfc__arena *a, struct bfc__region *r)
     a->st.bytes_reserved -= r->size;
     bfc__regionmap_remove(r);
     bfc__pool_put(a->ctx, r->base, r->size, r->seg);
-    call_rcu(&r->rcu, region_free_cb);
+    bfc__call_rcu(&r->rcu, region_free_cb);
 }
 
 static bool region_fully_free(struct bfc__region *r)
@@ -428,6 +429,15 @@ static void wait_pending(struct bfc__arena *a)
 
 /* ----------------------------------------------------------- extension */
 
+/* Doubles the next region size.  Once it covers the limit it stays: every
+ * region is min(curr, available) <= limit anyway, and a context whose regions
+ * are trimmed and re-taken forever must not double its way to overflow. */
+static void grow_schedule(struct bfc__arena *a)
+{
+    if (a->curr_region_bytes < a->ctx->limit && a->curr_region_bytes <= SIZE_MAX / 2)
+        a->curr_region_bytes *= 2;
+}
+
 /* TensorFlow's Extend, per arena. */
 static int extend(struct bfc__arena *a, size_t rounded)
 {
@@ -438,7 +448,7 @@ static int extend(struct bfc__arena *a, size_t rounded)
         return BFC_ENOMEM;
     bool grew = false;
     while (rounded > a->curr_region_bytes) {
-        a->curr_region_bytes *= 2;
+        grow_schedule(a);
         grew = true;
     }
     size_t size = a->curr_region_bytes < available ? a->curr_region_bytes : available;
@@ -460,7 +470,7 @@ static int extend(struct bfc__arena *a, size_t rounded)
         size = next;
     }
     if (!grew)
-        a->curr_region_bytes *= 2;
+        grow_schedule(a);
     return BFC_OK;
 }
 

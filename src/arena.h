@@ -39,10 +39,24 @@ static inline void bfc__rcu_unlock(void)
     BFC__TSAN_RELEASE(&bfc__rcu_sync);
     rcu_read_unlock();
 }
-/* First thing in every call_rcu callback and after synchronize_rcu. */
+/* Every call_rcu goes through here: the caller's accesses happen before
+ * the callback's (which starts with bfc__rcu_reclaim). */
+static inline void bfc__call_rcu(struct rcu_head *h, void (*fn)(struct rcu_head *))
+{
+    BFC__TSAN_RELEASE(&bfc__rcu_sync);
+    call_rcu(h, fn);
+}
+/* First thing in every call_rcu callback and after synchronize_rcu /
+ * rcu_barrier. */
 static inline void bfc__rcu_reclaim(void)
 {
     BFC__TSAN_ACQUIRE(&bfc__rcu_sync);
+}
+/* Last thing in every call_rcu callback: what it did happens before the
+ * return of a later rcu_barrier. */
+static inline void bfc__rcu_reclaim_done(void)
+{
+    BFC__TSAN_RELEASE(&bfc__rcu_sync);
 }
 
 /* A handle-table entry: a chunk record at a chunk start, NULL where no chunk

@@ -247,6 +247,14 @@ static int free_locked_path(struct bfc__arena *a, struct bfc__region *r, uintptr
     int st = bfc__arena_classify_locked(a, r, p, &c);
     bool dead = false;
     if (st == BFC_OK) {
+        /* Claim it as a cross-stream free does (which takes no lock):
+         * exactly one of two racing frees wins.  acq_rel/acquire as there. */
+        uint32_t expect = BFC__CHUNK_INUSE;
+        if (!atomic_compare_exchange_strong_explicit(&c->state, &expect, BFC__CHUNK_FREEING, memory_order_acq_rel,
+                                                     memory_order_acquire))
+            st = BFC_EDOUBLEFREE;
+    }
+    if (st == BFC_OK) {
         bfc__arena_free_chunk_locked(a, c);
         dead = bfc__arena_maybe_dead_locked(a);
     }

@@ -41,6 +41,7 @@ static void rmap_free_cb(struct rcu_head *h)
     struct rmap *m = caa_container_of(h, struct rmap, rcu);
     bfc__rcu_reclaim();
     bfc__meta_free(m, 0);
+    bfc__rcu_reclaim_done();
 }
 
 static struct rmap *rmap_new(size_t n)
@@ -81,7 +82,7 @@ static void publish(struct rmap *next, struct rmap *old)
 {
     atomic_store_explicit(&rmap_cur, next, memory_order_release);
     if (old)
-        call_rcu(&old->rcu, rmap_free_cb);
+        bfc__call_rcu(&old->rcu, rmap_free_cb);
 }
 
 int bfc__regionmap_insert(struct bfc__region *r)

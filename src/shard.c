@@ -164,6 +164,7 @@ static void arena_free_cb(struct rcu_head *h)
 {
     bfc__rcu_reclaim();
     bfc__arena_free(caa_container_of(h, struct bfc__arena, rcu));
+    bfc__rcu_reclaim_done();
 }
 
 /* Unlinks from the context list; ctx->arenas_lock held.  The arena is dead
@@ -198,7 +199,7 @@ void bfc__shard_reclaim(struct bfc__arena *a)
     unlink_locked(ctx, a);
     bfc__unlock(&ctx->arenas_lock);
     if (first)
-        call_rcu(&a->rcu, arena_free_cb);
+        bfc__call_rcu(&a->rcu, arena_free_cb);
 }
 
 int bfc__shard_retire(struct bfc_ctx *ctx, bfc_stream_t s)
@@ -246,7 +247,7 @@ size_t bfc__ctx_reclaim_others(struct bfc_ctx *ctx, struct bfc__arena *self)
             bfc__unlock(&a->lock);
             if (dead) {
                 unlink_locked(ctx, a);
-                call_rcu(&a->rcu, arena_free_cb);
+                bfc__call_rcu(&a->rcu, arena_free_cb);
             }
         }
         a = next;
@@ -276,6 +277,7 @@ void bfc__shard_dir_fini(struct bfc_ctx *ctx)
         bfc__arena_free(a);
     }
     rcu_barrier();
+    bfc__rcu_reclaim();
     cds_lfht_destroy(ctx->dir, NULL);
     pthread_mutex_destroy(&ctx->arenas_lock);
 }
