@@ -103,7 +103,8 @@ typedef struct bfc_config {
     size_t initial_region;        /* first region size when growing (default 2 MiB) */
     double fragmentation_fraction;/* split threshold as a fraction of the limit; 0 = 128 MiB rule */
     bool garbage_collection;      /* under pressure, release fully free regions and retry */
-    size_t large_alloc;           /* requests >= this get a region of their own (default 32 MiB; 0 = off) */
+    size_t large_alloc;           /* requests whose 256-rounded size is >= this get a region of their own,
+                                     sized to the request rounded to 2 MiB (default 32 MiB; 0 = off) */
     unsigned retry_ms;            /* on OOM, wait up to this long for memory other threads free
                                      before failing (TensorFlow's allow_retry_on_failure; default 0) */
     /* ---- fields beyond API.md's minimum ---- */

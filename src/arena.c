@@ -374,7 +374,7 @@ void bfc__arena_free_chunk_locked(struct bfc__arena *a, struct bfc__chunk *c)
 
 void bfc__arena_drain_locked(struct bfc__arena *a, bool full)
 {
-    if (!cds_wfcq_empty(&a->rq_head, &a->rq_tail)) {
+    if (!bfc__rq_empty(a)) {
         struct __cds_wfcq_head h;
         struct cds_wfcq_tail t;
         struct cds_wfcq_node *node, *next;
@@ -585,7 +585,7 @@ fail:
 void *bfc__arena_alloc_locked(struct bfc__arena *a, size_t n, size_t rounded, int *status)
 {
     struct bfc_ctx *ctx = a->ctx;
-    if (!cds_wfcq_empty(&a->rq_head, &a->rq_tail) || a->pending_head)
+    if (!bfc__rq_empty(a) || a->pending_head)
         bfc__arena_drain_locked(a, false);
     if (!(ctx->cfg.large_alloc && rounded >= ctx->cfg.large_alloc)) {
         struct bfc__chunk *c = bfc__bins_best_fit(&a->bins, rounded);
@@ -603,10 +603,7 @@ struct bfc__arena *bfc__arena_new(struct bfc_ctx *ctx, bfc_stream_t s, uint64_t 
     if (!a)
         return NULL;
     memset(a, 0, sizeof(*a));
-    if (pthread_mutex_init(&a->lock, NULL)) {
-        bfc__meta_free(a, sizeof(*a));
-        return NULL;
-    }
+    atomic_init(&a->lock.v, 0);
     a->ctx = ctx;
     a->stream = s;
     a->stream_id = sid;
@@ -664,13 +661,12 @@ void bfc__arena_free(struct bfc__arena *a)
     bfc__slab_destroy(&a->chunk_slab);
     cds_wfcq_destroy(&a->rq_head, &a->rq_tail);
     cds_wfcq_destroy(&a->fpool_head, &a->fpool_tail);
-    pthread_mutex_destroy(&a->lock);
     bfc__meta_free(a, sizeof(*a));
 }
 
-bool bfc__arena_maybe_dead_locked(struct bfc__arena *a)
+bool bfc__arena_maybe_dead_slow(struct bfc__arena *a)
 {
-    if (a->dead || !atomic_load_explicit(&a->retired, memory_order_acquire))
+    if (a->dead)
         return false;
     bfc__arena_drain_locked(a, true);
     if (a->live != 0 || a->pending_head)

@@ -200,7 +200,7 @@ struct bfc__astats {
 
 struct bfc__arena {
     /* ---- owner side: written under `lock` ---- */
-    pthread_mutex_t lock;        /* normally taken by the one thread driving the stream */
+    bfc__mutex_t lock;           /* normally taken by the one thread driving the stream */
     struct bfc_ctx *ctx;
     bfc_stream_t stream;
     uint64_t stream_id;
@@ -232,6 +232,13 @@ struct bfc__arena {
     uint64_t seq;                /* creation order, for alloc ids and dumps */
 };
 
+/* Is the remote-free queue empty?  The test of liburcu's _cds_wfcq_empty,
+ * inline (the exported cds_wfcq_empty is a call on every allocation). */
+static inline bool bfc__rq_empty(struct bfc__arena *a)
+{
+    return CMM_LOAD_SHARED(a->rq_head.node.next) == NULL && CMM_LOAD_SHARED(a->rq_tail.p) == &a->rq_head.node;
+}
+
 struct bfc__arena *bfc__arena_new(struct bfc_ctx *ctx, bfc_stream_t s, uint64_t sid);
 /* Frees an arena that was never published, or one reclaimed after its
  * grace period (regions must all be gone). */
@@ -249,7 +256,12 @@ size_t bfc__arena_release_free_regions_locked(struct bfc__arena *a);
 /* Retired and empty: give everything back, mark dead.  Returns true when the
  * caller must unlink and reclaim the arena (bfc__shard_reclaim) after
  * unlocking. */
-bool bfc__arena_maybe_dead_locked(struct bfc__arena *a);
+bool bfc__arena_maybe_dead_slow(struct bfc__arena *a);
+static inline bool bfc__arena_maybe_dead_locked(struct bfc__arena *a)
+{
+    /* acquire: pairs with the seq_cst store in bfc__shard_retire. */
+    return BFC__UNLIKELY(atomic_load_explicit(&a->retired, memory_order_acquire)) && bfc__arena_maybe_dead_slow(a);
+}
 /* Under a->lock: validate p against chunk c of region r for a free or an
  * introspection call; BFC_OK, BFC_ENOTOWNED or BFC_EDOUBLEFREE. */
 int bfc__arena_classify_locked(struct bfc__arena *a, struct bfc__region *r, uintptr_t p,

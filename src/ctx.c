@@ -15,9 +15,13 @@
  *   record_stream, introspection   owner arena's lock.
  *   release, trim, stats, check    arenas_lock / each arena lock / pool lock.
  */
+#include <errno.h>
+#include <linux/futex.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "ctx.h"
 #include <shardbfc_sim.h>
@@ -26,6 +30,53 @@ void bfc__fatal(const char *what, int err)
 {
     fprintf(stderr, "libshardbfc: fatal: %s failed: %s\n", what, strerror(err));
     abort();
+}
+
+/* ------------------------------------------------------- arena mutex */
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+static long futex(_Atomic uint32_t *uaddr, int op, uint32_t val)
+{
+    return syscall(SYS_futex, (uint32_t *)uaddr, op, val, NULL, NULL, 0);
+}
+
+void bfc__mutex_lock_slow(bfc__mutex_t *m, uint32_t c)
+{
+    /* Short critical sections: a brief spin usually finds the lock free. */
+    for (int i = 0; i < 100 && c != 0; i++) {
+        cpu_relax();
+        c = atomic_load_explicit(&m->v, memory_order_relaxed);
+        if (c == 0) {
+            uint32_t z = 0;
+            if (atomic_compare_exchange_strong_explicit(&m->v, &z, 1, memory_order_acquire, memory_order_relaxed))
+                return;
+            c = z;
+        }
+    }
+    /* Mark contended (2) and sleep until an unlock finds the mark.
+     * acquire: pairs with the release exchange in bfc__munlock. */
+    if (c != 2)
+        c = atomic_exchange_explicit(&m->v, 2, memory_order_acquire);
+    while (c != 0) {
+        long r = futex(&m->v, FUTEX_WAIT_PRIVATE, 2);
+        if (r != 0 && errno != EAGAIN && errno != EINTR)
+            bfc__fatal("futex wait", errno);
+        c = atomic_exchange_explicit(&m->v, 2, memory_order_acquire);
+    }
+}
+
+void bfc__mutex_wake(bfc__mutex_t *m)
+{
+    if (futex(&m->v, FUTEX_WAKE_PRIVATE, 1) < 0)
+        bfc__fatal("futex wake", errno);
 }
 
 /* ------------------------------------------------------------ process */
