@@ -142,6 +142,13 @@ nomem:
     return BFC_ENOMEM;
 }
 
+static size_t initial_region_bytes(struct bfc_ctx *ctx)
+{
+    size_t init = ctx->cfg.initial_region < ctx->limit ? ctx->cfg.initial_region : ctx->limit;
+    size_t r = bfc__round256(init);
+    return r ? r : BFC__MIN_ALLOC;
+}
+
 /* Gives a fully free region back to the pool. */
 static void region_release(struct bfc__arena *a, struct bfc__region *r)
 {
@@ -159,6 +166,13 @@ static void region_release(struct bfc__arena *a, struct bfc__region *r)
     r->gone = true;
     a->st.num_regions--;
     a->st.bytes_reserved -= r->size;
+    /* An arena that holds nothing any more starts its schedule afresh:
+     * TensorFlow never gives regions back (bar GC), but a shard trimmed
+     * and re-grown many times would otherwise take ever larger regions --
+     * eventually the whole limit for one small block, starving the other
+     * shards. */
+    if (!a->regions)
+        a->curr_region_bytes = initial_region_bytes(a->ctx);
     bfc__regionmap_remove(r);
     bfc__pool_put(a->ctx, r->base, r->size, r->seg);
     bfc__call_rcu(&r->rcu, region_free_cb);
@@ -609,10 +623,7 @@ struct bfc__arena *bfc__arena_new(struct bfc_ctx *ctx, bfc_stream_t s, uint64_t 
     a->stream_id = sid;
     bfc__bins_init(&a->bins);
     bfc__slab_init(&a->chunk_slab, sizeof(struct bfc__chunk));
-    size_t init = ctx->cfg.initial_region < ctx->limit ? ctx->cfg.initial_region : ctx->limit;
-    a->curr_region_bytes = bfc__round256(init);
-    if (a->curr_region_bytes == 0)
-        a->curr_region_bytes = BFC__MIN_ALLOC;
+    a->curr_region_bytes = initial_region_bytes(ctx);
     a->next_id = 1;
     cds_wfcq_init(&a->rq_head, &a->rq_tail);
     cds_wfcq_init(&a->fpool_head, &a->fpool_tail);
