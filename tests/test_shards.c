@@ -1,0 +1,1262 @@
+/*
+ * test_shards.c -- black-box tests of the sharded service: one arena per
+ * stream, fenced cross-stream frees, record_stream, shard release, the
+ * device-wide region pool and limit, and the races the lock-free paths must
+ * survive (shard creation, double frees).  Public API only, SIM backend.
+ *
+ * Event completion is made deterministic with the SIM controls: an event
+ * recorded on a stream that is held stays incomplete until the stream is
+ * drained; recorded on an idle stream it is complete at once.  So "the block
+ * is not reused while the freeing stream is held" is observable as: no
+ * allocation on the owner stream returns its address, and the owner shard's
+ * num_pending_frees counts it.
+ *
+ * Addresses are predictable because the arena is best fit (lowest address
+ * among equal sizes): a freed block of size N between live blocks is the
+ * unique exact fit for the next request of N, so "the next alloc of N returns
+ * p" is the reuse test and "no alloc of N returns p" the fence test.
+ *
+ * Every scenario ends with bfc_ctx_check (all six invariants of DESIGN.md).
+ * The fork test relies on Check's default CK_FORK mode only in that the test
+ * body may fork again; the grandchild always leaves with _exit.
+ */
+#include <shardbfc.h>
+#include <shardbfc_sim.h>
+
+#include <check.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define KiB ((size_t)1 << 10)
+#define MiB ((size_t)1 << 20)
+
+/* ThreadSanitizer builds: busy-wait loops are ~100x slower and fork is
+ * unsupported in a multithreaded process (see the fork test). */
+#if defined(__SANITIZE_THREAD__)
+#define BFC_TEST_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define BFC_TEST_TSAN 1
+#endif
+#endif
+#ifdef BFC_TEST_TSAN
+#define SPIN_ITERS 300
+#else
+#define SPIN_ITERS 3000
+#endif
+
+/* ------------------------------------------------------------- helpers */
+
+/* Growth from 2 MiB regions, no large-region path, no GC: every block of
+ * these tests lives in a binned region of its shard. */
+static bfc_config_t cfg_grow(size_t limit)
+{
+    bfc_config_t c;
+    bfc_config_init(&c);
+    c.backend = BFC_BACKEND_SIM;
+    c.memory_limit = limit;
+    c.allow_growth = true;
+    c.initial_region = 2 * MiB;
+    c.large_alloc = 0;
+    c.garbage_collection = false;
+    return c;
+}
+
+static bfc_ctx_t *ctx_new(const bfc_config_t *cfg)
+{
+    bfc_ctx_t *ctx = NULL;
+    int rc = bfc_ctx_create(cfg, &ctx);
+    ck_assert_msg(rc == BFC_OK, "bfc_ctx_create: %s", bfc_err_name(rc));
+    ck_assert_ptr_nonnull(ctx);
+    return ctx;
+}
+
+static bfc_ctx_t *ctx_default(void)
+{
+    bfc_config_t c = cfg_grow(256 * MiB);
+    return ctx_new(&c);
+}
+
+static bfc_stream_t new_stream(bfc_ctx_t *ctx)
+{
+    bfc_stream_t s = bfc_sim_stream_create(ctx);
+    ck_assert_ptr_nonnull(s);
+    return s;
+}
+
+static bfc_stats_t st(bfc_ctx_t *ctx)
+{
+    bfc_stats_t s;
+    memset(&s, 0xA5, sizeof s);
+    int rc = bfc_ctx_stats(ctx, &s);
+    ck_assert_msg(rc == BFC_OK, "bfc_ctx_stats: %s", bfc_err_name(rc));
+    return s;
+}
+
+static bfc_stats_t sst(bfc_ctx_t *ctx, bfc_stream_t s)
+{
+    bfc_stats_t o;
+    memset(&o, 0xA5, sizeof o);
+    int rc = bfc_ctx_stream_stats(ctx, s, &o);
+    ck_assert_msg(rc == BFC_OK, "bfc_ctx_stream_stats(%p): %s", (void *)s, bfc_err_name(rc));
+    return o;
+}
+
+static void xcheck(bfc_ctx_t *ctx)
+{
+    char buf[1024];
+    buf[0] = '\0';
+    int rc = bfc_ctx_check_report(ctx, buf, sizeof buf);
+    ck_assert_msg(rc == BFC_OK, "bfc_ctx_check_report: %s: %s", bfc_err_name(rc), buf);
+}
+
+static void *xalloc(bfc_ctx_t *ctx, bfc_stream_t s, size_t n)
+{
+    void *p = bfc_ctx_alloc(ctx, s, n);
+    ck_assert_msg(p != NULL, "alloc(%p, %zu) failed: %s", (void *)s, n, bfc_err_name(bfc_last_error()));
+    ck_assert_msg(((uintptr_t)p & 255) == 0, "alloc(%zu) = %p not 256-byte aligned", n, p);
+    return p;
+}
+
+static void xfree(bfc_ctx_t *ctx, void *p, bfc_stream_t s)
+{
+    int rc = bfc_ctx_free(ctx, p, s);
+    ck_assert_msg(rc == BFC_OK, "free(%p, %p): %s", p, (void *)s, bfc_err_name(rc));
+}
+
+/* A rejected free: the status, and no statistic moves. */
+static void expect_bad_free(bfc_ctx_t *ctx, void *p, bfc_stream_t s, int want)
+{
+    bfc_stats_t a = st(ctx);
+    int rc = bfc_ctx_free(ctx, p, s);
+    ck_assert_msg(rc == want, "free(%p, %p) = %s, expected %s", p, (void *)s, bfc_err_name(rc),
+                  bfc_err_name(want));
+    bfc_stats_t b = st(ctx);
+    ck_assert_msg(memcmp(&a, &b, sizeof a) == 0, "rejected free(%p) changed the stats", p);
+}
+
+/* Allocates `k` blocks of n on s; none may be `avoid`.  They stay live
+ * (kept in out[]), so the next exact fit for n can only be a freed block. */
+static void alloc_avoiding(bfc_ctx_t *ctx, bfc_stream_t s, size_t n, void *avoid, void **out, int k)
+{
+    for (int i = 0; i < k; i++) {
+        out[i] = xalloc(ctx, s, n);
+        ck_assert_msg(out[i] != avoid, "alloc %d on the owner returned the fenced block %p", i, avoid);
+    }
+}
+
+static void free_all(bfc_ctx_t *ctx, void **v, int k, bfc_stream_t s)
+{
+    for (int i = 0; i < k; i++)
+        xfree(ctx, v[i], s);
+}
+
+/* ------------------------------------------------------ one shard each */
+
+START_TEST(test_shard_per_stream)
+{
+    bfc_ctx_t *ctx = ctx_default();
+    ck_assert_uint_eq(st(ctx).num_shards, 0);
+    bfc_stream_t s[4];
+    void *p[4];
+    for (int i = 0; i < 4; i++)
+        s[i] = new_stream(ctx);
+    bfc_stats_t dummy;
+    /* No shard before the first allocation on a stream. */
+    ck_assert_int_eq(bfc_ctx_stream_stats(ctx, s[0], &dummy), BFC_EINVAL);
+    for (int i = 0; i < 4; i++) {
+        p[i] = xalloc(ctx, s[i], (size_t)(i + 1) * KiB);
+        ck_assert_uint_eq(st(ctx).num_shards, (uint64_t)i + 1);
+    }
+    /* The default stream is a stream like the others. */
+    void *q = xalloc(ctx, NULL, 3 * KiB);
+    bfc_stats_t c = st(ctx);
+    ck_assert_uint_eq(c.num_shards, 5);
+    ck_assert_uint_eq(c.num_allocs, 5);
+    ck_assert_uint_eq(c.bytes_in_use, (1 + 2 + 3 + 4 + 3) * KiB);
+    /* Each shard has its own region (2 MiB) and only its own block. */
+    uint64_t sum_reserved = 0;
+    for (int i = 0; i < 4; i++) {
+        bfc_stats_t o = sst(ctx, s[i]);
+        ck_assert_uint_eq(o.num_shards, 1);
+        ck_assert_uint_eq(o.num_allocs, 1);
+        ck_assert_uint_eq(o.bytes_in_use, (size_t)(i + 1) * KiB);
+        ck_assert_uint_eq(o.num_regions, 1);
+        ck_assert_uint_eq(o.bytes_reserved, 2 * MiB);
+        sum_reserved += o.bytes_reserved;
+    }
+    sum_reserved += sst(ctx, NULL).bytes_reserved;
+    ck_assert_uint_eq(c.bytes_reserved, sum_reserved);
+    ck_assert_uint_eq(c.num_regions, 5);
+    /* Blocks of different streams are in different regions: far apart. */
+    for (int i = 0; i < 4; i++)
+        for (int j = i + 1; j < 4; j++) {
+            uintptr_t a = (uintptr_t)p[i], b = (uintptr_t)p[j];
+            ck_assert_uint_ge(a > b ? a - b : b - a, 2 * MiB);
+        }
+    /* Allocation ids are unique across shards. */
+    int64_t ids[5];
+    for (int i = 0; i < 4; i++)
+        ids[i] = bfc_ctx_allocation_id(ctx, p[i]);
+    ids[4] = bfc_ctx_allocation_id(ctx, q);
+    for (int i = 0; i < 5; i++) {
+        ck_assert_int_ge(ids[i], 0);
+        for (int j = i + 1; j < 5; j++)
+            ck_assert_int_ne(ids[i], ids[j]);
+    }
+    xcheck(ctx);
+    for (int i = 0; i < 4; i++)
+        xfree(ctx, p[i], s[i]);
+    xfree(ctx, q, NULL);
+    c = st(ctx);
+    ck_assert_uint_eq(c.bytes_in_use, 0);
+    ck_assert_uint_eq(c.num_remote_frees, 0);
+    ck_assert_uint_eq(c.num_shards, 5);
+    xcheck(ctx);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
+/* ------------------------------------------------------ same stream */
+
+START_TEST(test_same_stream_reuse_while_held)
+{
+    bfc_ctx_t *ctx = ctx_default();
+    bfc_stream_t s = new_stream(ctx);
+    void *before = xalloc(ctx, s, 4 * KiB);
+    bfc_sim_stream_hold(ctx, s);
+    void *p = xalloc(ctx, s, 4 * KiB);
+    void *after = xalloc(ctx, s, 4 * KiB);
+    xfree(ctx, p, s);
+    /* Stream order makes the block safe for s at once, held or not. */
+    void *q = xalloc(ctx, s, 4 * KiB);
+    ck_assert_ptr_eq(q, p);
+    bfc_stats_t o = sst(ctx, s);
+    ck_assert_uint_eq(o.num_pending_frees, 0);
+    ck_assert_uint_eq(o.num_remote_frees, 0);
+    ck_assert_uint_eq(o.num_frees, 1);
+    ck_assert_uint_eq(o.bytes_in_use, 12 * KiB);
+    xfree(ctx, q, s);
+    xfree(ctx, before, s);
+    xfree(ctx, after, s);
+    bfc_sim_stream_drain(ctx, s);
+    ck_assert_uint_eq(st(ctx).bytes_in_use, 0);
+    xcheck(ctx);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
+/* ------------------------------------------------------ cross stream */
+
+START_TEST(test_cross_free_fenced_until_drain)
+{
+    bfc_ctx_t *ctx = ctx_default();
+    bfc_stream_t s = new_stream(ctx), t = new_stream(ctx);
+    void *guard = xalloc(ctx, s, 8 * KiB);
+    void *p = xalloc(ctx, s, 8 * KiB);
+    void *guard2 = xalloc(ctx, s, 8 * KiB);
+    (void)xalloc(ctx, t, 256); /* t has a shard too: it must not matter */
+    bfc_sim_stream_hold(ctx, t);
+    xfree(ctx, p, t);
+
+    bfc_stats_t o = sst(ctx, s);
+    ck_assert_uint_eq(o.num_pending_frees, 1);
+    ck_assert_uint_eq(o.num_remote_frees, 1);
+    ck_assert_uint_eq(o.bytes_pending, 8 * KiB);
+    ck_assert_uint_eq(o.bytes_in_use, 16 * KiB); /* a fenced free counts when issued */
+    ck_assert_uint_eq(o.num_frees, 1);
+    /* The freeing stream's shard is not charged with anything. */
+    bfc_stats_t ot = sst(ctx, t);
+    ck_assert_uint_eq(ot.num_pending_frees, 0);
+    ck_assert_uint_eq(ot.num_remote_frees, 0);
+    ck_assert_uint_eq(st(ctx).num_pending_frees, 1);
+    xcheck(ctx);
+
+    /* Not reused by the owner, however hard it asks. */
+    void *v[16];
+    alloc_avoiding(ctx, s, 8 * KiB, p, v, 16);
+    /* A second free of the fenced block is a double free. */
+    expect_bad_free(ctx, p, t, BFC_EDOUBLEFREE);
+    expect_bad_free(ctx, p, s, BFC_EDOUBLEFREE);
+    ck_assert_uint_eq(sst(ctx, s).num_pending_frees, 1);
+
+    bfc_sim_stream_drain(ctx, t);
+    /* The fence has completed: the exact-fit hole at p is the best fit. */
+    void *q = xalloc(ctx, s, 8 * KiB);
+    ck_assert_ptr_eq(q, p);
+    o = sst(ctx, s);
+    ck_assert_uint_eq(o.num_pending_frees, 0);
+    ck_assert_uint_eq(o.bytes_pending, 0);
+    ck_assert_uint_eq(o.num_remote_frees, 1);
+    xcheck(ctx);
+    free_all(ctx, v, 16, s);
+    xfree(ctx, q, s);
+    xfree(ctx, guard, s);
+    xfree(ctx, guard2, s);
+    ck_assert_uint_eq(sst(ctx, s).bytes_in_use, 0);
+    xcheck(ctx);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
+/* The pending block is not merged with its free neighbours either: a
+ * request for the coalesced size must not be served from it. */
+START_TEST(test_cross_free_not_coalesced_early)
+{
+    bfc_config_t c = cfg_grow(256 * MiB);
+    bfc_ctx_t *ctx = ctx_new(&c);
+    bfc_stream_t s = new_stream(ctx), t = new_stream(ctx);
+    void *a = xalloc(ctx, s, 64 * KiB);
+    void *b = xalloc(ctx, s, 64 * KiB);
+    void *d = xalloc(ctx, s, 64 * KiB);
+    void *e = xalloc(ctx, s, 64 * KiB); /* keeps d from merging with the region's tail */
+    bfc_sim_stream_hold(ctx, t);
+    xfree(ctx, b, t);
+    xfree(ctx, a, s);
+    xfree(ctx, d, s);
+    /* a + b + d would make 192 KiB at a; with b fenced nothing there fits. */
+    void *x = xalloc(ctx, s, 192 * KiB);
+    ck_assert_msg((uintptr_t)x >= (uintptr_t)e + 64 * KiB, "192 KiB served at %p over the fenced block", x);
+    xcheck(ctx);
+    bfc_sim_stream_drain(ctx, t);
+    void *y = xalloc(ctx, s, 192 * KiB);
+    ck_assert_ptr_eq(y, a);
+    xcheck(ctx);
+    xfree(ctx, x, s);
+    xfree(ctx, y, s);
+    xfree(ctx, e, s);
+    ck_assert_uint_eq(st(ctx).bytes_in_use, 0);
+    xcheck(ctx);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
+START_TEST(test_cross_free_idle_stream_reusable_at_once)
+{
+    bfc_ctx_t *ctx = ctx_default();
+    bfc_stream_t s = new_stream(ctx), t = new_stream(ctx);
+    void *g = xalloc(ctx, s, 4 * KiB);
+    void *p = xalloc(ctx, s, 4 * KiB);
+    void *g2 = xalloc(ctx, s, 4 * KiB);
+    xfree(ctx, p, t); /* t idle: its event is complete at once */
+    void *q = xalloc(ctx, s, 4 * KiB);
+    ck_assert_ptr_eq(q, p);
+    bfc_stats_t o = sst(ctx, s);
+    ck_assert_uint_eq(o.num_remote_frees, 1);
+    ck_assert_uint_eq(o.num_pending_frees, 0);
+    /* Also from the default stream and from a stream with no shard. */
+    xfree(ctx, q, NULL);
+    ck_assert_ptr_eq(xalloc(ctx, s, 4 * KiB), p);
+    bfc_stream_t u = new_stream(ctx);
+    xfree(ctx, p, u);
+    ck_assert_ptr_eq(xalloc(ctx, s, 4 * KiB), p);
+    o = sst(ctx, s);
+    ck_assert_uint_eq(o.num_remote_frees, 3);
+    ck_assert_uint_eq(o.num_pending_frees, 0);
+    bfc_stats_t dummy;
+    ck_assert_int_eq(bfc_ctx_stream_stats(ctx, u, &dummy), BFC_EINVAL); /* a free makes no shard */
+    xfree(ctx, p, s);
+    xfree(ctx, g, s);
+    xfree(ctx, g2, s);
+    ck_assert_uint_eq(st(ctx).bytes_in_use, 0);
+    xcheck(ctx);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
+/* A remote free completed but still sitting in the owner's queue is seen by
+ * the stats (which drain) and reused by the owner's next allocation. */
+START_TEST(test_cross_free_queue_drained_by_alloc)
+{
+    bfc_ctx_t *ctx = ctx_default();
+    bfc_stream_t s = new_stream(ctx), t = new_stream(ctx);
+    enum { K = 32 };
+    void *v[K];
+    for (int i = 0; i < K; i++)
+        v[i] = xalloc(ctx, s, 1 * KiB);
+    for (int i = 0; i < K; i += 2)
+        xfree(ctx, v[i], t);
+    /* Same sizes come back from the holes, lowest address first. */
+    for (int i = 0; i < K; i += 2) {
+        void *q = xalloc(ctx, s, 1 * KiB);
+        ck_assert_ptr_eq(q, v[i]);
+    }
+    bfc_stats_t o = sst(ctx, s);
+    ck_assert_uint_eq(o.num_remote_frees, K / 2);
+    ck_assert_uint_eq(o.num_allocs, K + K / 2);
+    for (int i = 0; i < K; i++)
+        xfree(ctx, v[i], i % 3 ? t : s);
+    o = sst(ctx, s);
+    ck_assert_uint_eq(o.bytes_in_use, 0);
+    ck_assert_uint_eq(o.num_pending_frees, 0);
+    xcheck(ctx);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
+/* ------------------------------------------------------ record_stream */
+
+START_TEST(test_record_stream_two_streams)
+{
+    bfc_ctx_t *ctx = ctx_default();
+    bfc_stream_t s = new_stream(ctx), t1 = new_stream(ctx), t2 = new_stream(ctx);
+    void *g = xalloc(ctx, s, 16 * KiB);
+    void *p = xalloc(ctx, s, 16 * KiB);
+    void *g2 = xalloc(ctx, s, 16 * KiB);
+    ck_assert_int_eq(bfc_ctx_record_stream(ctx, p, t1), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_record_stream(ctx, p, t2), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_record_stream(ctx, p, t2), BFC_OK); /* twice: one fence */
+    bfc_sim_stream_hold(ctx, t1);
+    bfc_sim_stream_hold(ctx, t2);
+    xfree(ctx, p, s); /* a same-stream free, fenced by the recorded streams */
+    bfc_stats_t o = sst(ctx, s);
+    ck_assert_uint_eq(o.num_pending_frees, 1);
+    ck_assert_uint_eq(o.bytes_in_use, 32 * KiB);
+    void *v1[4], *v2[4];
+    alloc_avoiding(ctx, s, 16 * KiB, p, v1, 4);
+
+    bfc_sim_stream_drain(ctx, t1);
+    ck_assert_uint_eq(sst(ctx, s).num_pending_frees, 1);
+    alloc_avoiding(ctx, s, 16 * KiB, p, v2, 4);
+    xcheck(ctx);
+
+    bfc_sim_stream_drain(ctx, t2);
+    ck_assert_uint_eq(sst(ctx, s).num_pending_frees, 0);
+    ck_assert_ptr_eq(xalloc(ctx, s, 16 * KiB), p);
+    xcheck(ctx);
+
+    /* The same with the other drain order. */
+    ck_assert_int_eq(bfc_ctx_record_stream(ctx, p, t1), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_record_stream(ctx, p, t2), BFC_OK);
+    bfc_sim_stream_hold(ctx, t1);
+    bfc_sim_stream_hold(ctx, t2);
+    xfree(ctx, p, s);
+    bfc_sim_stream_drain(ctx, t2);
+    ck_assert_uint_eq(sst(ctx, s).num_pending_frees, 1);
+    bfc_sim_stream_drain(ctx, t1);
+    ck_assert_uint_eq(sst(ctx, s).num_pending_frees, 0);
+    ck_assert_ptr_eq(xalloc(ctx, s, 16 * KiB), p);
+
+    xfree(ctx, p, s);
+    free_all(ctx, v1, 4, s);
+    free_all(ctx, v2, 4, s);
+    xfree(ctx, g, s);
+    xfree(ctx, g2, s);
+    ck_assert_uint_eq(st(ctx).bytes_in_use, 0);
+    xcheck(ctx);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
+/* record_stream combined with a cross-stream free: both fences must finish. */
+START_TEST(test_record_stream_with_cross_free)
+{
+    bfc_ctx_t *ctx = ctx_default();
+    bfc_stream_t s = new_stream(ctx), rec = new_stream(ctx), t = new_stream(ctx);
+    void *g = xalloc(ctx, s, 4 * KiB);
+    void *p = xalloc(ctx, s, 4 * KiB);
+    void *g2 = xalloc(ctx, s, 4 * KiB);
+    ck_assert_int_eq(bfc_ctx_record_stream(ctx, p, rec), BFC_OK);
+    bfc_sim_stream_hold(ctx, rec);
+    bfc_sim_stream_hold(ctx, t);
+    xfree(ctx, p, t);
+    bfc_stats_t o = sst(ctx, s);
+    ck_assert_uint_eq(o.num_pending_frees, 1);
+    ck_assert_uint_eq(o.num_remote_frees, 1);
+    bfc_sim_stream_drain(ctx, t);
+    ck_assert_uint_eq(sst(ctx, s).num_pending_frees, 1);
+    void *v[4];
+    alloc_avoiding(ctx, s, 4 * KiB, p, v, 4);
+    bfc_sim_stream_drain(ctx, rec);
+    ck_assert_uint_eq(sst(ctx, s).num_pending_frees, 0);
+    ck_assert_ptr_eq(xalloc(ctx, s, 4 * KiB), p);
+    xcheck(ctx);
+    xfree(ctx, p, s);
+    free_all(ctx, v, 4, s);
+    xfree(ctx, g, s);
+    xfree(ctx, g2, s);
+    ck_assert_uint_eq(st(ctx).bytes_in_use, 0);
+    xcheck(ctx);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
+START_TEST(test_record_stream_owner_noop)
+{
+    bfc_ctx_t *ctx = ctx_default();
+    bfc_stream_t s = new_stream(ctx);
+    void *g = xalloc(ctx, s, 4 * KiB);
+    void *p = xalloc(ctx, s, 4 * KiB);
+    void *g2 = xalloc(ctx, s, 4 * KiB);
+    ck_assert_int_eq(bfc_ctx_record_stream(ctx, p, s), BFC_OK);
+    bfc_sim_stream_hold(ctx, s);
+    xfree(ctx, p, s);
+    ck_assert_uint_eq(sst(ctx, s).num_pending_frees, 0);
+    ck_assert_ptr_eq(xalloc(ctx, s, 4 * KiB), p);
+    /* Errors: a freed block, a foreign pointer, NULL. */
+    xfree(ctx, p, s);
+    ck_assert_int_eq(bfc_ctx_record_stream(ctx, p, s), BFC_EDOUBLEFREE);
+    int local;
+    ck_assert_int_eq(bfc_ctx_record_stream(ctx, &local, s), BFC_ENOTOWNED);
+    ck_assert_int_ne(bfc_ctx_record_stream(ctx, NULL, s), BFC_OK);
+    bfc_sim_stream_drain(ctx, s);
+    xfree(ctx, g, s);
+    xfree(ctx, g2, s);
+    xcheck(ctx);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
+/* ------------------------------------------------------ release */
+
+START_TEST(test_release_with_live_blocks)
+{
+    bfc_ctx_t *ctx = ctx_default();
+    bfc_stream_t s = new_stream(ctx), t = new_stream(ctx), keep = new_stream(ctx);
+    void *k = xalloc(ctx, keep, 1 * KiB);
+    void *p = xalloc(ctx, s, 100 * KiB);
+    void *q = xalloc(ctx, s, 200 * KiB);
+    void *r = xalloc(ctx, s, 300 * KiB);
+    memset(p, 0x11, 100 * KiB);
+    ck_assert_uint_eq(st(ctx).num_shards, 2);
+    bfc_stats_t before = st(ctx);
+
+    ck_assert_int_eq(bfc_ctx_stream_release(ctx, s), BFC_OK);
+    bfc_stats_t o;
+    ck_assert_int_eq(bfc_ctx_stream_stats(ctx, s, &o), BFC_EINVAL);
+    ck_assert_int_eq(bfc_ctx_stream_release(ctx, s), BFC_EINVAL); /* already gone */
+    bfc_stats_t c = st(ctx);
+    ck_assert_uint_eq(c.num_shards, 1);
+    /* The blocks are still counted and still valid. */
+    ck_assert_uint_eq(c.bytes_in_use, before.bytes_in_use);
+    ck_assert_uint_eq(bfc_ctx_allocated_size(ctx, q), 200 * KiB);
+    memset(q, 0x22, 200 * KiB);
+    memset(r, 0x33, 300 * KiB);
+    for (size_t i = 0; i < 100 * KiB; i += 4096)
+        ck_assert_uint_eq(((unsigned char *)p)[i], 0x11);
+    xcheck(ctx);
+
+    /* A later allocation on s makes a fresh shard. */
+    void *n = xalloc(ctx, s, 4 * KiB);
+    c = st(ctx);
+    ck_assert_uint_eq(c.num_shards, 2);
+    o = sst(ctx, s);
+    ck_assert_uint_eq(o.num_allocs, 1);
+    ck_assert_uint_eq(o.bytes_in_use, 4 * KiB);
+    ck_assert_uint_eq(c.bytes_in_use, before.bytes_in_use + 4 * KiB);
+    xcheck(ctx);
+
+    /* The old blocks free normally: on s (now another shard's stream), on
+     * another stream (cross-stream, held then drained), on the freeing
+     * side's default stream. */
+    xfree(ctx, p, s);
+    ck_assert_uint_eq(sst(ctx, s).num_frees, 0); /* not charged to the new shard */
+    bfc_sim_stream_hold(ctx, t);
+    xfree(ctx, q, t);
+    expect_bad_free(ctx, q, t, BFC_EDOUBLEFREE);
+    xcheck(ctx);
+    bfc_sim_stream_drain(ctx, t);
+    xfree(ctx, r, NULL);
+    c = st(ctx);
+    ck_assert_uint_eq(c.bytes_in_use, 5 * KiB);
+    ck_assert_uint_eq(c.num_pending_frees, 0);
+    ck_assert_uint_eq(c.num_shards, 2);
+    xcheck(ctx);
+    ck_assert_int_ne(bfc_ctx_free(ctx, p, s), BFC_OK);
+    xfree(ctx, n, s);
+    xfree(ctx, k, keep);
+    c = st(ctx);
+    ck_assert_uint_eq(c.bytes_in_use, 0);
+    xcheck(ctx);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
+START_TEST(test_release_empty_and_unknown)
+{
+    bfc_ctx_t *ctx = ctx_default();
+    bfc_stream_t s = new_stream(ctx), never = new_stream(ctx);
+    ck_assert_int_eq(bfc_ctx_stream_release(ctx, never), BFC_EINVAL);
+    ck_assert_int_eq(bfc_ctx_stream_release(NULL, s), BFC_EINVAL);
+    void *p = xalloc(ctx, s, 1 * MiB);
+    xfree(ctx, p, s);
+    bfc_stats_t b = st(ctx);
+    ck_assert_uint_eq(b.num_regions, 1);
+    ck_assert_int_eq(bfc_ctx_stream_release(ctx, s), BFC_OK);
+    /* An empty shard keeps nothing: its regions go back to the pool. */
+    bfc_stats_t c = st(ctx);
+    ck_assert_uint_eq(c.num_shards, 0);
+    ck_assert_uint_eq(c.num_regions, 0);
+    xcheck(ctx);
+    /* Many release cycles of the same stream. */
+    for (int i = 0; i < 50; i++) {
+        void *x = xalloc(ctx, s, (size_t)(i + 1) * KiB);
+        if (i % 2)
+            ck_assert_int_eq(bfc_ctx_stream_release(ctx, s), BFC_OK);
+        xfree(ctx, x, s);
+        if (i % 2 == 0)
+            ck_assert_int_eq(bfc_ctx_stream_release(ctx, s), BFC_OK);
+    }
+    c = st(ctx);
+    ck_assert_uint_eq(c.num_shards, 0);
+    ck_assert_uint_eq(c.bytes_in_use, 0);
+    ck_assert_uint_eq(c.num_regions, 0);
+    xcheck(ctx);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
+/* ------------------------------------------------- limit and pool */
+
+/* Several streams churn and free everything; a new stream then needs a
+ * region bigger than what is left under the limit: it must get the memory
+ * the others freed (their fully free regions go back to the pool). */
+static void other_streams_memory(bool growth, bool remote_tail)
+{
+    const size_t limit = 32 * MiB;
+    bfc_config_t c = cfg_grow(limit);
+    c.allow_growth = growth;
+    c.initial_region = 2 * MiB;
+    bfc_ctx_t *ctx = ctx_new(&c);
+    enum { NS = 4, K = 24 };
+    bfc_stream_t s[NS];
+    bfc_stream_t freer = new_stream(ctx);
+    void *v[K];
+    for (int i = 0; i < NS; i++) {
+        s[i] = new_stream(ctx);
+        /* Churn: sizes grow so the shard extends a few times. */
+        for (int round = 0; round < 3; round++) {
+            for (int j = 0; j < K; j++)
+                v[j] = xalloc(ctx, s[i], (size_t)(j % 6 + 1) * 48 * KiB);
+            for (int j = 0; j < K; j++)
+                xfree(ctx, v[j], (remote_tail && round == 2) ? freer : s[i]);
+        }
+    }
+    /* The stats drain the shards' queues: in the remote_tail variant the
+     * last frees must still be queued when the big request comes. */
+    uint64_t sum = 0;
+    if (!remote_tail) {
+        ck_assert_uint_eq(st(ctx).bytes_in_use, 0);
+        for (int i = 0; i < NS; i++)
+            sum += sst(ctx, s[i]).bytes_reserved;
+        ck_assert_uint_le(sum, limit);
+        /* Each shard grew to 2 + 4 MiB: far more than limit - want. */
+        ck_assert_msg(sum >= 20 * MiB, "scenario too easy: shards hold %lu bytes", (unsigned long)sum);
+    }
+    /* Leaves half the limit to the other streams afterwards. */
+    size_t want = limit / 2;
+    bfc_stream_t big = new_stream(ctx);
+    void *p = bfc_ctx_alloc(ctx, big, want);
+    ck_assert_msg(p != NULL, "alloc(%zu) on a new stream failed (%s) though %lu bytes are free in other shards",
+                  want, bfc_err_name(bfc_last_error()), (unsigned long)sum);
+    memset(p, 0x5A, want);
+    bfc_stats_t a = st(ctx);
+    ck_assert_uint_le(a.bytes_reserved, limit);
+    ck_assert_uint_eq(a.bytes_in_use, want);
+    xcheck(ctx);
+    /* And the old streams can still allocate what is left. */
+    for (int i = 0; i < NS; i++) {
+        void *x = xalloc(ctx, s[i], 256 * KiB);
+        xfree(ctx, x, s[i]);
+    }
+    xfree(ctx, p, big);
+    ck_assert_uint_eq(st(ctx).bytes_in_use, 0);
+    xcheck(ctx);
+    bfc_ctx_destroy(ctx);
+}
+
+START_TEST(test_memory_moves_between_streams_growth)
+{
+    other_streams_memory(true, false);
+}
+END_TEST
+
+START_TEST(test_memory_moves_between_streams_reserved)
+{
+    other_streams_memory(false, false);
+}
+END_TEST
+
+START_TEST(test_memory_moves_remote_frees_in_queue)
+{
+    other_streams_memory(true, true);
+}
+END_TEST
+
+/* Pending (fenced) memory of another shard is not taken; once its fence
+ * completes it is. */
+START_TEST(test_memory_moves_after_fence)
+{
+    const size_t limit = 16 * MiB;
+    bfc_config_t c = cfg_grow(limit);
+    c.initial_region = limit;
+    bfc_ctx_t *ctx = ctx_new(&c);
+    bfc_stream_t a = new_stream(ctx), b = new_stream(ctx), t = new_stream(ctx);
+    void *p = xalloc(ctx, a, limit - 256 * KiB);
+    bfc_sim_stream_hold(ctx, t);
+    xfree(ctx, p, t);
+    void *q = bfc_ctx_alloc(ctx, b, 8 * MiB);
+    ck_assert_msg(q == NULL, "a fenced block's memory was handed to another stream");
+    ck_assert_int_eq(bfc_last_error(), BFC_ENOMEM);
+    xcheck(ctx);
+    bfc_sim_stream_drain(ctx, t);
+    q = xalloc(ctx, b, 8 * MiB);
+    memset(q, 1, 8 * MiB);
+    xcheck(ctx);
+    xfree(ctx, q, b);
+    ck_assert_uint_eq(st(ctx).bytes_in_use, 0);
+    xcheck(ctx);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
+START_TEST(test_limit_across_shards)
+{
+    const size_t limit = 24 * MiB;
+    bfc_config_t c = cfg_grow(limit);
+    bfc_ctx_t *ctx = ctx_new(&c);
+    enum { NS = 5, MAXB = 64 };
+    bfc_stream_t s[NS];
+    void *v[NS][MAXB];
+    int nv[NS] = { 0 };
+    for (int i = 0; i < NS; i++)
+        s[i] = new_stream(ctx);
+    bool any = true;
+    size_t got = 0;
+    while (any) {
+        any = false;
+        for (int i = 0; i < NS; i++) {
+            if (nv[i] == MAXB)
+                continue;
+            void *p = bfc_ctx_alloc(ctx, s[i], 512 * KiB);
+            if (!p) {
+                ck_assert_int_eq(bfc_last_error(), BFC_ENOMEM);
+                continue;
+            }
+            v[i][nv[i]++] = p;
+            got += 512 * KiB;
+            any = true;
+        }
+    }
+    bfc_stats_t ct = st(ctx);
+    ck_assert_uint_le(ct.bytes_reserved, limit);
+    ck_assert_uint_le(ct.bytes_in_use, limit);
+    ck_assert_uint_eq(ct.bytes_in_use, got);
+    ck_assert_uint_ge(ct.num_ooms, 1);
+    uint64_t sum = 0;
+    for (int i = 0; i < NS; i++)
+        sum += sst(ctx, s[i]).bytes_reserved;
+    ck_assert_uint_le(sum, limit);
+    /* The limit is not wasted: most of it was handed out. */
+    ck_assert_msg(got >= limit * 3 / 4, "only %zu of %zu bytes served", got, limit);
+    xcheck(ctx);
+    /* Free one stream's blocks on another stream; the others get them. */
+    for (int j = 0; j < nv[0]; j++)
+        xfree(ctx, v[0][j], s[1]);
+    size_t freed = (size_t)nv[0] * 512 * KiB;
+    nv[0] = 0;
+    size_t regained = 0;
+    for (int i = 1; i < NS && regained < freed; i++) {
+        while (nv[i] < MAXB) {
+            void *p = bfc_ctx_alloc(ctx, s[i], 512 * KiB);
+            if (!p)
+                break;
+            v[i][nv[i]++] = p;
+            regained += 512 * KiB;
+        }
+    }
+    ck_assert_msg(regained >= freed / 2, "freed %zu, regained %zu", freed, regained);
+    ct = st(ctx);
+    ck_assert_uint_le(ct.bytes_reserved, limit);
+    xcheck(ctx);
+    for (int i = 0; i < NS; i++)
+        for (int j = 0; j < nv[i]; j++)
+            xfree(ctx, v[i][j], s[(i + j) % NS]);
+    ct = st(ctx);
+    ck_assert_uint_eq(ct.bytes_in_use, 0);
+    ck_assert_uint_eq(ct.num_pending_frees, 0);
+    xcheck(ctx);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
+/* A shard whose regions are trimmed and re-taken over and over: each
+ * re-extension follows the growth schedule, which must stop doubling at the
+ * limit (it once overflowed to 0 after 64 cycles and extend() spun forever). */
+START_TEST(test_trim_regrow_cycles)
+{
+    bfc_config_t c = cfg_grow(64 * MiB);
+    bfc_ctx_t *ctx = ctx_new(&c);
+    bfc_stream_t s = new_stream(ctx), t = new_stream(ctx);
+    for (int i = 0; i < 200; i++) {
+        void *p = xalloc(ctx, i % 2 ? s : t, 1 * KiB);
+        xfree(ctx, p, s);
+        ck_assert_int_eq(bfc_ctx_trim(ctx), BFC_OK);
+        bfc_stats_t o = st(ctx);
+        ck_assert_uint_eq(o.num_regions, 0);
+        ck_assert_uint_eq(o.bytes_reserved, 0);
+    }
+    /* Still serves requests of any size within the limit. */
+    void *p = xalloc(ctx, s, 48 * MiB);
+    ck_assert_uint_le(st(ctx).bytes_reserved, 64 * MiB);
+    xfree(ctx, p, s);
+    xcheck(ctx);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
+/* ------------------------------------------------------- races */
+
+struct race {
+    bfc_ctx_t *ctx;
+    pthread_barrier_t *bar;
+    bfc_stream_t alloc_on;
+    void *p;
+    bfc_stream_t free_on;
+    int rc;
+};
+
+static void *race_alloc(void *arg)
+{
+    struct race *r = arg;
+    int e = pthread_barrier_wait(r->bar);
+    if (e != 0 && e != PTHREAD_BARRIER_SERIAL_THREAD)
+        return NULL;
+    r->p = bfc_ctx_alloc(r->ctx, r->alloc_on, 1 * KiB);
+    return NULL;
+}
+
+static void *race_free(void *arg)
+{
+    struct race *r = arg;
+    int e = pthread_barrier_wait(r->bar);
+    if (e != 0 && e != PTHREAD_BARRIER_SERIAL_THREAD)
+        return NULL;
+    r->rc = bfc_ctx_free(r->ctx, r->p, r->free_on);
+    return NULL;
+}
+
+static void run_pair(void *(*fn)(void *), struct race *r)
+{
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++)
+        ck_assert_int_eq(pthread_create(&th[i], NULL, fn, &r[i]), 0);
+    for (int i = 0; i < 2; i++)
+        ck_assert_int_eq(pthread_join(th[i], NULL), 0);
+}
+
+START_TEST(test_race_shard_creation)
+{
+    bfc_ctx_t *ctx = ctx_default();
+    pthread_barrier_t bar;
+    ck_assert_int_eq(pthread_barrier_init(&bar, NULL, 2), 0);
+    for (int it = 0; it < 64; it++) {
+        bfc_stream_t s = new_stream(ctx);
+        struct race r[2] = { { ctx, &bar, s, NULL, NULL, 0 }, { ctx, &bar, s, NULL, NULL, 0 } };
+        run_pair(race_alloc, r);
+        ck_assert_ptr_nonnull(r[0].p);
+        ck_assert_ptr_nonnull(r[1].p);
+        ck_assert_ptr_ne(r[0].p, r[1].p);
+        bfc_stats_t c = st(ctx);
+        ck_assert_uint_eq(c.num_shards, (uint64_t)it + 1);
+        bfc_stats_t o = sst(ctx, s);
+        ck_assert_uint_eq(o.num_allocs, 2);
+        ck_assert_uint_eq(o.num_regions, 1);
+        /* One shard: the two blocks share its region. */
+        uintptr_t a = (uintptr_t)r[0].p, b = (uintptr_t)r[1].p;
+        ck_assert_uint_lt(a > b ? a - b : b - a, 2 * MiB);
+        /* Same-stream frees of either block work on that one shard. */
+        xfree(ctx, r[0].p, s);
+        xfree(ctx, r[1].p, s);
+        ck_assert_uint_eq(sst(ctx, s).bytes_in_use, 0);
+    }
+    ck_assert_int_eq(pthread_barrier_destroy(&bar), 0);
+    xcheck(ctx);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
+/* Two threads free the same block: exactly one wins.  Variants: both on the
+ * owner stream, both cross-stream (held and idle), one of each. */
+START_TEST(test_race_double_free)
+{
+    bfc_ctx_t *ctx = ctx_default();
+    bfc_stream_t s = new_stream(ctx), t1 = new_stream(ctx), t2 = new_stream(ctx);
+    pthread_barrier_t bar;
+    ck_assert_int_eq(pthread_barrier_init(&bar, NULL, 2), 0);
+    void *g = xalloc(ctx, s, 1 * KiB);
+    const int N = 400;
+    for (int it = 0; it < N; it++) {
+        int variant = it % 4;
+        bool held = (it / 4) % 2;
+        void *p = xalloc(ctx, s, (size_t)(it % 7 + 1) * 512);
+        bfc_stream_t f0 = variant == 0 || variant == 3 ? s : t1;
+        bfc_stream_t f1 = variant == 0 ? s : variant == 1 ? t1 : t2;
+        if (held) {
+            bfc_sim_stream_hold(ctx, t1);
+            bfc_sim_stream_hold(ctx, t2);
+        }
+        struct race r[2] = { { ctx, &bar, NULL, p, f0, 99 }, { ctx, &bar, NULL, p, f1, 99 } };
+        run_pair(race_free, r);
+        int ok = (r[0].rc == BFC_OK) + (r[1].rc == BFC_OK);
+        int dbl = (r[0].rc == BFC_EDOUBLEFREE) + (r[1].rc == BFC_EDOUBLEFREE);
+        ck_assert_msg(ok == 1 && dbl == 1, "iteration %d (variant %d, held %d): rc %s / %s", it, variant, held,
+                      bfc_err_name(r[0].rc), bfc_err_name(r[1].rc));
+        bfc_sim_stream_drain(ctx, t1);
+        bfc_sim_stream_drain(ctx, t2);
+        if (it % 16 == 0) {
+            bfc_stats_t o = sst(ctx, s);
+            ck_assert_uint_eq(o.bytes_in_use, 1 * KiB);
+            ck_assert_uint_eq(o.num_pending_frees, 0);
+            xcheck(ctx);
+        }
+    }
+    bfc_stats_t o = sst(ctx, s);
+    ck_assert_uint_eq(o.num_allocs, (uint64_t)N + 1);
+    ck_assert_uint_eq(o.num_frees, (uint64_t)N);
+    ck_assert_uint_eq(o.bytes_in_use, 1 * KiB);
+    xfree(ctx, g, s);
+    ck_assert_int_eq(pthread_barrier_destroy(&bar), 0);
+    xcheck(ctx);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
+/* The same race with tighter timing: two persistent threads spin on a
+ * generation counter and free the moment it moves, one on the owner stream
+ * and one on another stream (a same-stream free and a cross-stream claim of
+ * one block must not both succeed). */
+struct spin_race {
+    bfc_ctx_t *ctx;
+    _Atomic int gen;
+    _Atomic int done;
+    void *_Atomic p;
+    bfc_stream_t on[2];
+    int rc[2];
+};
+
+struct spin_arg {
+    struct spin_race *r;
+    int me;
+};
+
+static void *spin_free(void *arg)
+{
+    struct spin_arg *a = arg;
+    struct spin_race *r = a->r;
+    int seen = 0;
+    for (;;) {
+        int g;
+        /* Spin briefly, then yield: three spinners share two cores here. */
+        for (unsigned k = 0; (g = atomic_load(&r->gen)) == seen; k++)
+            if (k > 20000)
+                sched_yield();
+        if (g < 0)
+            return NULL;
+        seen = g;
+        r->rc[a->me] = bfc_ctx_free(r->ctx, atomic_load(&r->p), r->on[a->me]);
+        atomic_fetch_add(&r->done, 1);
+    }
+}
+
+START_TEST(test_race_double_free_spin)
+{
+    bfc_ctx_t *ctx = ctx_default();
+    bfc_stream_t s = new_stream(ctx), t = new_stream(ctx);
+    static struct spin_race r;
+    memset(&r, 0, sizeof r);
+    r.ctx = ctx;
+    r.on[0] = s;
+    r.on[1] = t;
+    struct spin_arg args[2] = { { &r, 0 }, { &r, 1 } };
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++)
+        ck_assert_int_eq(pthread_create(&th[i], NULL, spin_free, &args[i]), 0);
+    void *g = xalloc(ctx, s, 1 * KiB);
+    const int N = SPIN_ITERS;
+    int bad = 0;
+    for (int it = 1; it <= N && !bad; it++) {
+        atomic_store(&r.p, xalloc(ctx, s, 1 * KiB));
+        atomic_store(&r.done, 0);
+        atomic_store(&r.gen, it);
+        for (unsigned k = 0; atomic_load(&r.done) != 2; k++)
+            if (k > 20000)
+                sched_yield();
+        int ok = (r.rc[0] == BFC_OK) + (r.rc[1] == BFC_OK);
+        int dbl = (r.rc[0] == BFC_EDOUBLEFREE) + (r.rc[1] == BFC_EDOUBLEFREE);
+        if (ok != 1 || dbl != 1)
+            bad = it;
+    }
+    atomic_store(&r.gen, -1);
+    for (int i = 0; i < 2; i++)
+        ck_assert_int_eq(pthread_join(th[i], NULL), 0);
+    ck_assert_msg(!bad, "iteration %d: same-stream free %s, cross-stream free %s", bad, bfc_err_name(r.rc[0]),
+                  bfc_err_name(r.rc[1]));
+    xfree(ctx, g, s);
+    bfc_stats_t o = sst(ctx, s);
+    ck_assert_uint_eq(o.bytes_in_use, 0);
+    ck_assert_uint_eq(o.num_allocs, o.num_frees);
+    xcheck(ctx);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
+/* ------------------------------------------------------- errors */
+
+START_TEST(test_cross_stream_double_free)
+{
+    bfc_ctx_t *ctx = ctx_default();
+    bfc_stream_t s = new_stream(ctx), t = new_stream(ctx), u = new_stream(ctx);
+    void *g = xalloc(ctx, s, 1 * KiB);
+    /* (a) fence pending */
+    void *p = xalloc(ctx, s, 1 * KiB);
+    bfc_sim_stream_hold(ctx, t);
+    xfree(ctx, p, t);
+    expect_bad_free(ctx, p, t, BFC_EDOUBLEFREE);
+    expect_bad_free(ctx, p, u, BFC_EDOUBLEFREE);
+    expect_bad_free(ctx, p, s, BFC_EDOUBLEFREE);
+    bfc_sim_stream_drain(ctx, t);
+    /* (b) fence complete, still queued (the owner has not drained) */
+    void *q = xalloc(ctx, s, 2 * KiB);
+    void *g2 = xalloc(ctx, s, 1 * KiB);
+    ck_assert_int_eq(bfc_ctx_free(ctx, q, t), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_free(ctx, q, u), BFC_EDOUBLEFREE);
+    ck_assert_int_eq(bfc_ctx_free(ctx, q, s), BFC_EDOUBLEFREE);
+    /* (c) drained and coalesced */
+    expect_bad_free(ctx, q, t, BFC_EDOUBLEFREE);
+    expect_bad_free(ctx, p, u, BFC_EDOUBLEFREE);
+    /* (d) same-stream free, then a cross-stream second free */
+    void *r = xalloc(ctx, s, 3 * KiB);
+    void *g3 = xalloc(ctx, s, 1 * KiB);
+    xfree(ctx, r, s);
+    expect_bad_free(ctx, r, t, BFC_EDOUBLEFREE);
+    /* record_stream of a freed block */
+    ck_assert_int_eq(bfc_ctx_record_stream(ctx, r, t), BFC_EDOUBLEFREE);
+    xfree(ctx, g, s);
+    xfree(ctx, g2, s);
+    xfree(ctx, g3, s);
+    ck_assert_uint_eq(st(ctx).bytes_in_use, 0);
+    xcheck(ctx);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
+START_TEST(test_foreign_pointers)
+{
+    bfc_ctx_t *ctx = ctx_default();
+    bfc_ctx_t *other = ctx_default();
+    bfc_stream_t s = new_stream(ctx);
+    bfc_stream_t so = new_stream(other);
+    void *mine = xalloc(ctx, s, 4 * KiB);
+    void *theirs = xalloc(other, so, 4 * KiB);
+    /* Another context's block, freed on either context's stream. */
+    expect_bad_free(ctx, theirs, s, BFC_ENOTOWNED);
+    expect_bad_free(ctx, theirs, so, BFC_ENOTOWNED);
+    expect_bad_free(ctx, theirs, NULL, BFC_ENOTOWNED);
+    ck_assert_int_eq(bfc_ctx_record_stream(ctx, theirs, s), BFC_ENOTOWNED);
+    ck_assert_uint_eq(bfc_ctx_allocated_size(ctx, theirs), 0);
+    /* Host memory, interior pointers (aligned and not). */
+    int local;
+    void *heap = malloc(64);
+    ck_assert_ptr_nonnull(heap);
+    expect_bad_free(ctx, &local, s, BFC_ENOTOWNED);
+    expect_bad_free(ctx, heap, s, BFC_ENOTOWNED);
+    expect_bad_free(ctx, (char *)mine + 256, s, BFC_ENOTOWNED);
+    expect_bad_free(ctx, (char *)mine + 256, so, BFC_ENOTOWNED);
+    expect_bad_free(ctx, (char *)mine + 1, s, BFC_ENOTOWNED);
+    free(heap);
+    /* Both blocks are intact in their own contexts. */
+    ck_assert_uint_eq(bfc_ctx_allocated_size(other, theirs), 4 * KiB);
+    xfree(other, theirs, so);
+    xfree(ctx, mine, s);
+    ck_assert_uint_eq(st(ctx).bytes_in_use, 0);
+    ck_assert_uint_eq(st(other).bytes_in_use, 0);
+    xcheck(ctx);
+    xcheck(other);
+    ck_assert_int_eq(bfc_ctx_free(ctx, NULL, s), BFC_OK);
+    bfc_ctx_destroy(other);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
+/* ------------------------------------------------------- fork */
+
+/* ThreadSanitizer does not support a child of a multithreaded process that
+ * starts threads (liburcu's call_rcu worker is restarted in the child): it
+ * kills the child ("starting new threads after multi-threaded fork"), and
+ * with die_after_fork=0 trips over the reused thread id.  The fork test is
+ * therefore left out of TSAN builds (see main; BFC_TEST_TSAN at the top). */
+#ifndef BFC_TEST_TSAN
+static int child_work(bfc_ctx_t *ctx, void *parent_block)
+{
+    bfc_stream_t s = bfc_sim_stream_create(ctx);
+    bfc_stream_t t = bfc_sim_stream_create(ctx);
+    if (!s || !t)
+        return 2;
+    /* The parent's block is a copy in the child: usable and freeable. */
+    if (((unsigned char *)parent_block)[0] != 0x77)
+        return 3;
+    void *v[64];
+    for (int round = 0; round < 4; round++) {
+        for (int i = 0; i < 64; i++) {
+            v[i] = bfc_ctx_alloc(ctx, i % 2 ? s : NULL, (size_t)(i + 1) * KiB);
+            if (!v[i])
+                return 4;
+            memset(v[i], i, (size_t)(i + 1) * KiB);
+        }
+        for (int i = 0; i < 64; i++)
+            if (bfc_ctx_free(ctx, v[i], i % 3 ? t : s) != BFC_OK)
+                return 5;
+    }
+    if (bfc_ctx_stream_release(ctx, s) != BFC_OK)
+        return 6;
+    if (bfc_ctx_free(ctx, parent_block, t) != BFC_OK)
+        return 7;
+    bfc_stats_t o;
+    if (bfc_ctx_stats(ctx, &o) != BFC_OK || o.bytes_in_use != 0 || o.num_pending_frees != 0)
+        return 8;
+    if (bfc_ctx_check(ctx) != BFC_OK)
+        return 9;
+    bfc_ctx_destroy(ctx);
+    return 0;
+}
+
+START_TEST(test_fork_child_allocates)
+{
+    bfc_ctx_t *ctx = ctx_default();
+    bfc_stream_t s = new_stream(ctx);
+    void *p = xalloc(ctx, s, 64 * KiB);
+    memset(p, 0x77, 64 * KiB);
+    /* Leave RCU work behind (a released shard, region frees): the call_rcu
+     * machinery is running when we fork. */
+    bfc_stream_t r = new_stream(ctx);
+    for (int i = 0; i < 8; i++) {
+        void *x = xalloc(ctx, r, 3 * MiB);
+        xfree(ctx, x, r);
+        ck_assert_int_eq(bfc_ctx_stream_release(ctx, r), BFC_OK);
+    }
+    pid_t pid = fork();
+    ck_assert_int_ne(pid, -1);
+    if (pid == 0)
+        _exit(child_work(ctx, p));
+    int status = 0;
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    ck_assert_msg(WIFEXITED(status), "child died (status %#x)", status);
+    ck_assert_msg(WEXITSTATUS(status) == 0, "child failed at step %d", WEXITSTATUS(status));
+    /* The parent is unaffected and keeps working. */
+    ck_assert_uint_eq(((unsigned char *)p)[100], 0x77);
+    ck_assert_uint_eq(st(ctx).bytes_in_use, 64 * KiB);
+    void *q = xalloc(ctx, s, 1 * MiB);
+    xfree(ctx, q, r);
+    xfree(ctx, p, s);
+    ck_assert_int_eq(bfc_ctx_stream_release(ctx, r), BFC_EINVAL); /* r has had no shard since */
+    bfc_stats_t c = st(ctx);
+    ck_assert_uint_eq(c.bytes_in_use, 0);
+    ck_assert_uint_eq(c.num_pending_frees, 0);
+    xcheck(ctx);
+    /* A second fork after more RCU activity. */
+    pid = fork();
+    ck_assert_int_ne(pid, -1);
+    if (pid == 0) {
+        void *z = bfc_ctx_alloc(ctx, s, 512);
+        _exit(z && bfc_ctx_free(ctx, z, s) == BFC_OK && bfc_ctx_check(ctx) == BFC_OK ? 0 : 1);
+    }
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    ck_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    bfc_ctx_destroy(ctx);
+}
+
+/* A shard trimmed and re-grown many times must not take ever larger regions:
+ * its schedule restarts once it holds no region, so one small block never
+ * claims the whole limit and starves the other streams. */
+START_TEST(test_trim_does_not_inflate_regions)
+{
+    bfc_config_t c;
+    bfc_config_init(&c);
+    c.backend = BFC_BACKEND_SIM;
+    c.memory_limit = 64 * MiB;
+    c.initial_region = 2 * MiB;
+    c.large_alloc = 0;
+    bfc_ctx_t *ctx;
+    ck_assert_int_eq(bfc_ctx_create(&c, &ctx), BFC_OK);
+    bfc_stream_t a = new_stream(ctx), b = new_stream(ctx);
+    for (int i = 0; i < 8; i++) {
+        void *p = xalloc(ctx, a, 1024);
+        xfree(ctx, p, a);
+        ck_assert_int_eq(bfc_ctx_trim(ctx), BFC_OK);
+    }
+    void *keep = xalloc(ctx, a, 1024);
+    bfc_stats_t sa = sst(ctx, a);
+    ck_assert_uint_eq(sa.bytes_reserved, 2 * MiB);
+    void *q = xalloc(ctx, b, 1 * MiB);
+    xfree(ctx, q, b);
+    xfree(ctx, keep, a);
+    xcheck(ctx);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+END_TEST
+#endif /* BFC_TEST_TSAN */
+
+/* ------------------------------------------------------- suite */
+
+static Suite *shards_suite(void)
+{
+    Suite *s = suite_create("shards");
+    TCase *tc = tcase_create("streams");
+    tcase_add_test(tc, test_shard_per_stream);
+    tcase_add_test(tc, test_same_stream_reuse_while_held);
+    tcase_add_test(tc, test_cross_free_fenced_until_drain);
+    tcase_add_test(tc, test_cross_free_not_coalesced_early);
+    tcase_add_test(tc, test_cross_free_idle_stream_reusable_at_once);
+    tcase_add_test(tc, test_cross_free_queue_drained_by_alloc);
+    tcase_add_test(tc, test_record_stream_two_streams);
+    tcase_add_test(tc, test_record_stream_with_cross_free);
+    tcase_add_test(tc, test_record_stream_owner_noop);
+    tcase_add_test(tc, test_release_with_live_blocks);
+    tcase_add_test(tc, test_release_empty_and_unknown);
+    tcase_add_test(tc, test_cross_stream_double_free);
+    tcase_add_test(tc, test_foreign_pointers);
+    suite_add_tcase(s, tc);
+
+    TCase *lim = tcase_create("limit");
+    tcase_add_test(lim, test_memory_moves_between_streams_growth);
+    tcase_add_test(lim, test_memory_moves_between_streams_reserved);
+    tcase_add_test(lim, test_memory_moves_remote_frees_in_queue);
+    tcase_add_test(lim, test_memory_moves_after_fence);
+    tcase_add_test(lim, test_limit_across_shards);
+    tcase_add_test(lim, test_trim_regrow_cycles);
+    tcase_add_test(lim, test_trim_does_not_inflate_regions);
+    suite_add_tcase(s, lim);
+
+    TCase *race = tcase_create("races");
+    tcase_set_timeout(race, 60);
+    tcase_add_test(race, test_race_shard_creation);
+    tcase_add_test(race, test_race_double_free);
+    tcase_add_test(race, test_race_double_free_spin);
+#ifndef BFC_TEST_TSAN
+    tcase_add_test(race, test_fork_child_allocates);
+#else
+    fprintf(stderr, "test_shards: ThreadSanitizer build: fork test left out\n");
+#endif
+    suite_add_tcase(s, race);
+    return s;
+}
+
+
+int main(void)
+{
+    SRunner *sr = srunner_create(shards_suite());
+    srunner_run_all(sr, CK_ENV);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
