@@ -296,7 +296,7 @@ typedef struct bfc_stats {
     uint64_t bytes_in_use;       /* sum of live chunk sizes (bfc_ctx_allocated_size) */
     uint64_t peak_bytes_in_use;
     uint64_t bytes_requested;    /* sum of requested sizes live */
-    uint64_t largest_alloc_size; /* largest single request served */
+    uint64_t largest_alloc_size; /* largest chunk handed out (TensorFlow counts the chunk size) */
     uint64_t bytes_limit;
     uint64_t bytes_reserved;     /* held from the device: context = all backend memory, shard = its regions */
     uint64_t peak_bytes_reserved;
