@@ -113,6 +113,10 @@ typedef struct bfc_config {
     int host_numa;                /* bfc_host_numa_t or a node number (host arenas) */
     unsigned sim_fail_alloc_every;/* SIM fault injection: every Nth device allocation fails (0 = off) */
     unsigned sim_fail_event_every;/* SIM fault injection: every Nth event record/query fails (0 = off) */
+    char oom_dump[256];           /* "": off; else on OOM the snapshot JSON is written to this path
+                                     (see bfc_ctx_set_oom_callback) */
+    char trace[256];              /* "": off; else every context traces to this path from its
+                                     creation (see bfc_ctx_trace_start) */
 } bfc_config_t;
 
 /*
@@ -120,7 +124,7 @@ typedef struct bfc_config {
  * memory_limit 0 (backend default: SIM 16 GiB, CUDA the device's free memory),
  * allow_growth true, initial_region 2 MiB, fragmentation_fraction 0,
  * garbage_collection false, large_alloc 32 MiB, retry_ms 0, debug off,
- * host_numa thread, no fault injection.
+ * host_numa thread, no fault injection, no oom_dump, no trace.
  * Context: thread-safe (touches only *cfg), never blocks.
  */
 BFC_API void bfc_config_init(bfc_config_t *cfg);
@@ -129,7 +133,9 @@ BFC_API void bfc_config_init(bfc_config_t *cfg);
  * Applies a "key=value,key=value" spec to *cfg (fields not named keep their
  * value).  Keys are the field names above plus "backend" (auto|cuda|sim) and
  * "host_numa" (thread|gpu|N).  Sizes take an optional K/M/G suffix (KiB, MiB,
- * GiB); booleans are true/false/1/0 (also yes/no/on/off).  An unknown key, a
+ * GiB); booleans are true/false/1/0 (also yes/no/on/off).  Paths (oom_dump,
+ * trace) are taken verbatim (no commas, no control characters, at most 255
+ * bytes).  An unknown key, a
  * malformed, negative or out-of-range value returns BFC_EINVAL and leaves *cfg
  * exactly as it was.  An empty or NULL spec is BFC_OK.
  * Context: thread-safe (touches only *cfg), never blocks.
@@ -183,8 +189,9 @@ BFC_API void *bfc_ctx_alloc(bfc_ctx_t *ctx, bfc_stream_t stream, size_t n);
  * all those events have completed.  free(NULL) is BFC_OK.  A pointer this
  * context did not return (foreign, interior, from another context) gives
  * BFC_ENOTOWNED; a second free gives BFC_EDOUBLEFREE; in both cases nothing
- * changes.  BFC_EBACKEND if the event could not be recorded (the block is then
- * fenced by a full synchronisation of `stream` instead, so it is still freed).
+ * changes.  If the event cannot be recorded, the block is fenced by a full
+ * synchronisation of `stream` instead (BFC_OK); if that fails too, BFC_EBACKEND
+ * and the block stays allocated (free it again later).
  * Context: thread-safe; lock-free lookup; a same-stream free takes the owner
  * arena's lock; a cross-stream free takes the freeing stream's own arena lock
  * (for a pooled event) and enqueues wait-free to the owner.  Does not block.
@@ -310,6 +317,7 @@ typedef struct bfc_stats {
     uint64_t largest_free_chunk;
     uint64_t bytes_pending;      /* bytes of blocks waiting for fences */
     uint64_t num_chunks;         /* chunk records in use (free + in use + pending) */
+    uint64_t num_poison_errors;  /* poison=true: blocks found written after free when reused */
 } bfc_stats_t;
 
 /*
@@ -321,6 +329,17 @@ typedef struct bfc_stats {
  */
 BFC_API int bfc_ctx_stats(bfc_ctx_t *ctx, bfc_stats_t *out);
 BFC_API int bfc_ctx_stream_stats(bfc_ctx_t *ctx, bfc_stream_t s, bfc_stats_t *out);
+
+/*
+ * External fragmentation of the free memory in *s (context or shard figures):
+ * 1 - largest_free_chunk / bytes_free, in [0, 1).  0 when nothing is free or
+ * all free bytes are one chunk; near 1 when the free bytes are scattered over
+ * many small chunks, so a request much smaller than bytes_free can fail.  A
+ * context's value uses the largest chunk of any shard over the free bytes of
+ * all shards (a block never spans shards).  0 for s == NULL.
+ * Context: pure function of *s; thread-safe, never blocks.
+ */
+BFC_API double bfc_stats_fragmentation(const bfc_stats_t *s);
 
 /*
  * Host statistics: all NUMA nodes summed, or one node's (os index), in the
@@ -356,6 +375,53 @@ BFC_API int bfc_ctx_check_report(bfc_ctx_t *ctx, char *buf, size_t len);
  */
 BFC_API int bfc_ctx_dump(bfc_ctx_t *ctx, FILE *f);
 BFC_API int bfc_ctx_snapshot_json(bfc_ctx_t *ctx, FILE *f);
+
+/* ------------------------------------------------------- observability */
+
+/*
+ * Out-of-memory callback (RMM's failure callback): called when an allocation
+ * of `size` bytes on `stream` fails for lack of memory (BFC_ENOMEM), with the
+ * context's statistics at that moment in *summary, and the arg given to the
+ * setter.  No allocator lock is held during the call, so the callback may
+ * free memory (bfc_ctx_free, bfc_ctx_trim) or log; it must not destroy ctx.
+ * A non-zero return asks for the allocation to be retried, once: the retry's
+ * outcome is final (a second failure calls the callback no more).  Zero:
+ * the allocation fails (NULL, BFC_ENOMEM) at once.
+ */
+typedef int (*bfc_oom_fn)(bfc_ctx_t *ctx, size_t size, bfc_stream_t stream,
+                          const bfc_stats_t *summary, void *arg);
+
+/*
+ * Sets (fn != NULL) or removes (fn == NULL) the context's OOM callback.
+ * Independently, with config oom_dump=PATH the snapshot JSON
+ * (bfc_ctx_snapshot_json) is written to PATH when an allocation finally
+ * fails: at most once a second per context, each dump replacing the file
+ * (written to PATH.tmp, then renamed).  BFC_OK or BFC_EINVAL (ctx NULL).
+ * Context: thread-safe; a call racing an OOM may or may not see the new
+ * callback.
+ */
+BFC_API int bfc_ctx_set_oom_callback(bfc_ctx_t *ctx, bfc_oom_fn fn, void *arg);
+
+/*
+ * Allocation trace: from bfc_ctx_trace_start until bfc_ctx_trace_stop (or
+ * the context's destruction) every allocation, allocation failure, free call,
+ * completion of a fenced free, region taken by a shard ("grow") and region
+ * given back ("release") is written to `path` (created or truncated) as CSV
+ * in RMM's logging format: header "Thread,Time,Action,Pointer,Size,Stream",
+ * one row per event (doc/trace.md).  Events go to per-thread buffers and
+ * reach the file in batches; everything recorded is in the file when
+ * bfc_ctx_trace_stop returns.  Config trace=PATH starts a trace at
+ * bfc_ctx_create.  With no trace running the allocation paths test one flag.
+ * bfc_ctx_trace_start: BFC_OK, BFC_EBUSY (a trace is already running),
+ * BFC_EINVAL (path cannot be created), BFC_ENOMEM.
+ * bfc_ctx_trace_stop: BFC_OK, BFC_ESTATE (no trace running), BFC_EBACKEND
+ * (a write to the file failed: the trace is incomplete).
+ * Context: thread-safe; start/stop serialise on a per-context lock; stop
+ * blocks for an RCU grace period (the moment every thread has left the
+ * allocator's lock-free sections) and for the file writes.
+ */
+BFC_API int bfc_ctx_trace_start(bfc_ctx_t *ctx, const char *path);
+BFC_API int bfc_ctx_trace_stop(bfc_ctx_t *ctx);
 
 #ifdef __cplusplus
 }

@@ -61,6 +61,13 @@ BFC_API void bfc_sim_set_alloc_ceiling(bfc_ctx_t *ctx, size_t bytes);
 BFC_API uint64_t bfc_sim_backend_allocs(bfc_ctx_t *ctx);
 BFC_API uint64_t bfc_sim_backend_failures(bfc_ctx_t *ctx);
 
+/* Bytes of device memory ctx's SIM backend holds right now (allocated and not
+ * yet returned): 0 after every block is freed and bfc_ctx_trim ran (growth
+ * mode), which is how leak tests see that nothing stayed behind.  0 for a
+ * context that is not SIM.
+ * Context: thread-safe, lock-free. */
+BFC_API uint64_t bfc_sim_backend_bytes_held(bfc_ctx_t *ctx);
+
 #ifdef __cplusplus
 }
 #endif

@@ -47,6 +47,7 @@ packages=(
     libjemalloc-dev
     libhwloc-dev
     check
+    jq
 )
 
 missing=()
@@ -103,7 +104,11 @@ make -C "$builddir" -j"$jobs"
 
 if [ "$mode" = demo ]; then
     say "running tools/shardbfc-demo"
-    exec "$builddir/tools/shardbfc-demo"
+    "$builddir/tools/shardbfc-demo"
+    # The perf harness's default suite (~2 minutes; make perf runs the same).
+    say "running perf/shardbfc-perf (default suite, about two minutes)"
+    (cd "$builddir" && exec ./perf/shardbfc-perf --json perf-results.json --svg perf-results.svg)
+    exit $?
 fi
 
 say "running the test suite (make check)"

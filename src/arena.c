@@ -126,6 +126,8 @@ static int region_new(struct bfc__arena *a, size_t size, bool large, struct bfc_
         memset((void *)base, 0xDB, size);
     if (!large)
         bfc__bins_insert(&a->bins, c);
+    if (bfc__tracing(&ctx->obs))
+        bfc__trace_event(ctx, BFC__TR_GROW, base, size, a->stream);
     *out = r;
     return BFC_OK;
 nomem:
@@ -166,6 +168,8 @@ static void region_release(struct bfc__arena *a, struct bfc__region *r)
     r->gone = true;
     a->st.num_regions--;
     a->st.bytes_reserved -= r->size;
+    if (bfc__tracing(&a->ctx->obs))
+        bfc__trace_event(a->ctx, BFC__TR_RELEASE, r->base, r->size, a->stream);
     /* An arena that holds nothing any more starts its schedule afresh:
      * TensorFlow never gives regions back (bar GC), but a shard trimmed
      * and re-grown many times would otherwise take ever larger regions --
@@ -241,12 +245,38 @@ static bool split(struct bfc__arena *a, struct bfc__chunk *c, size_t rounded)
     return true;
 }
 
+/*
+ * poison=true (host-accessible memory only): every byte of a free chunk is
+ * 0xDB -- regions are filled when created, blocks when released, and merges
+ * join filled chunks -- so a byte that differs when the chunk is handed out
+ * again was written after its free.  Counted per context (stats
+ * num_poison_errors) and reported on stderr once per context; the block is
+ * still handed out (a debugging aid, not a fence).
+ */
+static __attribute__((noinline, cold)) void poison_verify(struct bfc__arena *a, struct bfc__chunk *c)
+{
+    const unsigned char *m = (const unsigned char *)c->ptr;
+    size_t i = 0;
+    while (i < c->size && m[i] == 0xDB)
+        i++;
+    if (i == c->size)
+        return;
+    /* relaxed: a statistic; the first increment also elects the reporter. */
+    if (atomic_fetch_add_explicit(&a->ctx->poison_errors, 1, memory_order_relaxed) == 0)
+        fprintf(stderr,
+                "libshardbfc: poison: block %#lx (size %zu) was written after free "
+                "(byte %zu is %#x, expected 0xdb); further reports counted in stats only\n",
+                (unsigned long)c->ptr, c->size, i, (unsigned)m[i]);
+}
+
 static void *take_chunk(struct bfc__arena *a, struct bfc__chunk *c, size_t rounded, size_t n)
 {
     if (c->link.bin != BFC__NO_BIN)
         bfc__bins_remove(&a->bins, c);
     if (!c->region->large && (c->size >= 2 * rounded || c->size - rounded >= a->ctx->max_frag))
         (void)split(a, c, rounded); /* without a record the whole chunk is used */
+    if (BFC__UNLIKELY(a->ctx->cfg.poison) && a->ctx->be->host_accessible)
+        poison_verify(a, c);
     c->requested = n;
     c->alloc_id = (int64_t)((a->seq << 40) | (uint64_t)a->next_id++);
     c->flags |= BFC__CF_RETURNED;
@@ -305,6 +335,13 @@ static void release_chunk(struct bfc__arena *a, struct bfc__chunk *c)
 
 /* ------------------------------------------------------------- fences */
 
+/* A fenced free's block is reusable now (trace.c).  Before release_chunk,
+ * which clears requested and may merge c away. */
+static __attribute__((noinline, cold)) void trace_free_complete(struct bfc__arena *a, struct bfc__chunk *c)
+{
+    bfc__trace_event(a->ctx, BFC__TR_FREE_COMPLETE, c->ptr, c->requested, a->stream);
+}
+
 static void pending_append(struct bfc__arena *a, struct bfc__fence *f)
 {
     f->pnext = NULL;
@@ -356,10 +393,13 @@ static void fence_recorded(struct bfc__arena *a, struct bfc__chunk *c, struct bf
             }
             if (f) {
                 f->chunk = c;
+                /* An unfenced entry stays pending until its event can be
+                 * recorded (bfc__fence_query): its stale event says nothing. */
+                f->unfenced = !fenced;
+                f->unfenced_stream = rs->stream;
                 f->extra = *chain;
                 *chain = f;
             }
-            (void)fenced; /* an unfenced entry stays pending until it can be queried */
         }
         bfc__meta_free(rs, sizeof(*rs));
         rs = next;
@@ -376,6 +416,8 @@ void bfc__arena_free_chunk_locked(struct bfc__arena *a, struct bfc__chunk *c)
         if (chain) {
             if (bfc__fence_query(a, chain) == BFC_OK) {
                 bfc__fence_put(a, chain);
+                if (bfc__tracing(&a->ctx->obs))
+                    trace_free_complete(a, c);
             } else {
                 chain->chunk = c;
                 pending_append(a, chain);
@@ -406,6 +448,8 @@ void bfc__arena_drain_locked(struct bfc__arena *a, bool full)
             fence_recorded(a, c, &f->extra);
             if (bfc__fence_query(a, f) == BFC_OK) {
                 bfc__fence_put(a, f);
+                if (bfc__tracing(&a->ctx->obs))
+                    trace_free_complete(a, c);
                 release_chunk(a, c);
             } else {
                 pending_append(a, f);
@@ -419,6 +463,8 @@ void bfc__arena_drain_locked(struct bfc__arena *a, bool full)
             struct bfc__chunk *c = f->chunk;
             pending_unlink(a, f);
             bfc__fence_put(a, f);
+            if (bfc__tracing(&a->ctx->obs))
+                trace_free_complete(a, c);
             release_chunk(a, c);
         } else if (!full) {
             /* Fences complete roughly in the order they were queued: the
@@ -537,6 +583,22 @@ static uint64_t now_ms(void)
     return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
+/* Could our fully free regions plus what the limit leaves serve a large
+ * request of `rounded` bytes? */
+static bool large_room(struct bfc__arena *a, size_t rounded)
+{
+    struct bfc_ctx *ctx = a->ctx;
+    size_t committed = atomic_load_explicit(&ctx->pool.committed, memory_order_relaxed);
+    size_t room = committed < ctx->limit ? ctx->limit - committed : 0;
+    bool any = false;
+    for (struct bfc__region *r = a->regions; r; r = r->anext)
+        if (region_fully_free(r)) {
+            room += r->size;
+            any = true;
+        }
+    return any && room >= rounded;
+}
+
 /* Everything after the bins came up empty.  May drop and retake a->lock
  * (to reclaim from other arenas, or to sleep for retry_ms). */
 static void *alloc_slow(struct bfc__arena *a, size_t n, size_t rounded, int *status)
@@ -570,15 +632,24 @@ static void *alloc_slow(struct bfc__arena *a, size_t n, size_t rounded, int *sta
         bfc__arena_drain_locked(a, true);
         if (!large && (p = try_fit(a, n, rounded)))
             return p;
-        if (ctx->cfg.garbage_collection) {
+        /* A large request needs a region of its own: our fully free
+         * regions go back to the pool for it even without GC (else one
+         * stream holding the limit in free regions could never serve it),
+         * but only when that can make room -- a hopeless request leaves
+         * the state as it was. */
+        if (ctx->cfg.garbage_collection || (large && large_room(a, rounded)))
             bfc__arena_release_free_regions_locked(a);
+        if (ctx->cfg.garbage_collection)
             bfc__pool_release_free(ctx);
-        }
         st = BFC_ENOMEM;
         if ((p = try_extend(a, n, rounded, large, &st)))
             return p;
         if (st != BFC_ENOMEM)
             goto fail;
+        /* Last resort for a large request: a big enough free chunk of an
+         * ordinary region (TensorFlow's allocator would use it too). */
+        if (large && (p = try_fit(a, n, rounded)))
+            return p;
         /* 5. retry_ms: wait for other threads to free memory. */
         if (ctx->cfg.retry_ms == 0)
             break;

@@ -173,6 +173,10 @@ struct bfc__fence {
     _Atomic uint32_t handoff;
     bfc__event_t ev;             /* NULL: no event */
     bool synced;                 /* fenced by a full stream synchronisation instead */
+    /* Neither recorded nor synchronised (both failed): bfc__fence_query
+     * records the event on unfenced_stream before it may report complete. */
+    bool unfenced;
+    bfc_stream_t unfenced_stream;
     struct bfc__fence *extra;    /* further fences (recorded streams) */
     struct bfc__fence *pnext, *pprev; /* owner's pending list */
 };

@@ -20,6 +20,9 @@
  * key overrides an earlier one.  An item longer than MAX_ITEM bytes is
  * rejected, which bounds the work per item and lets the limit be stated.
  *
+ * Paths (oom_dump, trace) are the one open grammar: any bytes but control
+ * characters (and ',', the item separator), shorter than their char array.
+ *
  * Range checks that concern a single field (initial_region != 0, a memory
  * limit of 0 or >= 256 bytes, fraction in [0, 1], retry_ms <= 1 hour) are
  * made by the parser too, so a spec applied to a valid config yields a valid
@@ -49,6 +52,7 @@ enum kind {
     K_FRACTION,
     K_UINT,
     K_HOST_NUMA,
+    K_PATH,
 };
 
 static const struct key {
@@ -56,7 +60,8 @@ static const struct key {
     enum kind kind;
     size_t off;
     /* K_SIZE: smallest accepted non-zero value, and whether 0 is allowed.
-     * K_UINT: hi is the largest accepted value. */
+     * K_UINT: hi is the largest accepted value.  K_PATH: hi is the size of
+     * the char array (the path must leave room for its NUL). */
     size_t lo;
     bool zero_ok;
     uint64_t hi;
@@ -78,6 +83,9 @@ static const struct key {
      UINT_MAX},
     {"sim_fail_event_every", K_UINT, offsetof(bfc_config_t, sim_fail_event_every), 0, false,
      UINT_MAX},
+    {"oom_dump", K_PATH, offsetof(bfc_config_t, oom_dump), 0, false,
+     sizeof(((bfc_config_t *)0)->oom_dump)},
+    {"trace", K_PATH, offsetof(bfc_config_t, trace), 0, false, sizeof(((bfc_config_t *)0)->trace)},
 };
 
 /* A piece of the spec string, not NUL-terminated. */
@@ -339,6 +347,17 @@ static bool apply(bfc_config_t *cfg, const struct key *k, struct span v)
         *(int *)(void *)field = node;
         return true;
     }
+    case K_PATH:
+        /* Taken verbatim (UTF-8 allowed), but no control character can be
+         * part of a path a user meant; ',' never reaches here. */
+        if (v.n >= k->hi)
+            return false;
+        for (size_t i = 0; i < v.n; i++)
+            if ((unsigned char)v.p[i] < 0x20 || v.p[i] == 0x7f)
+                return false;
+        memset(field, 0, k->hi);
+        memcpy(field, v.p, v.n);
+        return true;
     }
     return false;
 }
@@ -427,6 +446,9 @@ int bfc_config_validate(const bfc_config_t *cfg)
     if (cfg->memory_limit != 0 && cfg->memory_limit < MIN_LIMIT)
         return BFC_EINVAL;
     if (cfg->host_numa < BFC_HOST_NUMA_GPU)
+        return BFC_EINVAL;
+    /* Filled in by hand, a path must still be a C string. */
+    if (!memchr(cfg->oom_dump, '\0', sizeof cfg->oom_dump) || !memchr(cfg->trace, '\0', sizeof cfg->trace))
         return BFC_EINVAL;
     return BFC_OK;
 }

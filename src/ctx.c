@@ -156,6 +156,11 @@ static int ctx_create(bfc_config_t cfg, bfc__backend_t *be, bool host, bfc_ctx_t
     st = bfc__shard_dir_init(ctx);
     if (st != BFC_OK)
         goto fail_pool;
+    st = bfc__obs_init(ctx); /* last: it may start a trace */
+    if (st != BFC_OK) {
+        bfc__shard_dir_fini(ctx);
+        goto fail_pool;
+    }
     *out = ctx;
     return BFC_OK;
 fail_pool:
@@ -208,6 +213,7 @@ void bfc_ctx_destroy(bfc_ctx_t *ctx)
     if (!ctx)
         return;
     ctx->destroying = true;
+    bfc__obs_fini(ctx); /* first: the trace gets every event up to here */
     bfc__shard_dir_fini(ctx);
     bfc__pool_fini(ctx);
     ctx->be->ops->close(ctx->be);
@@ -235,21 +241,15 @@ static void debug_check(struct bfc_ctx *ctx)
 
 /* ------------------------------------------------------------- alloc */
 
-void *bfc_ctx_alloc(bfc_ctx_t *ctx, bfc_stream_t stream, size_t n)
+/* One attempt: NULL with *status on failure. */
+static inline __attribute__((always_inline)) void *alloc_once(struct bfc_ctx *ctx, bfc_stream_t stream,
+                                                               size_t n, int *status)
 {
-    if (BFC__UNLIKELY(!ctx)) {
-        bfc__set_last_error(BFC_EINVAL);
-        return NULL;
-    }
-    if (BFC__UNLIKELY(n == 0)) {
-        bfc__set_last_error(BFC_OK);
-        return NULL;
-    }
     size_t rounded = bfc__round256(n);
     if (BFC__UNLIKELY(rounded == 0 || rounded > ctx->limit)) {
         /* relaxed: a statistic. */
         atomic_fetch_add_explicit(&ctx->ooms, 1, memory_order_relaxed);
-        bfc__set_last_error(BFC_ENOMEM);
+        *status = BFC_ENOMEM;
         return NULL;
     }
     void *p = NULL;
@@ -271,7 +271,46 @@ void *bfc_ctx_alloc(bfc_ctx_t *ctx, bfc_stream_t stream, size_t n)
         break;
     }
     bfc__rcu_unlock();
+    *status = st;
+    return p;
+}
+
+/* A failed allocation, or any allocation while a trace runs: the OOM
+ * report (callback, one retry, oom_dump) and the trace event.  No allocator
+ * lock is held here. */
+static __attribute__((noinline, cold)) void *alloc_observed(struct bfc_ctx *ctx, bfc_stream_t stream, size_t n,
+                                                            void *p, int st)
+{
+    if (!p && st == BFC_ENOMEM) {
+        if (bfc__oom_callback(ctx, n, stream))
+            p = alloc_once(ctx, stream, n, &st);
+        if (!p && st == BFC_ENOMEM)
+            bfc__oom_dump(ctx);
+    }
+    if (bfc__tracing(&ctx->obs))
+        bfc__trace_event(ctx, p ? BFC__TR_ALLOC : BFC__TR_ALLOC_FAIL, (uintptr_t)p, n, stream);
     bfc__set_last_error(p ? BFC_OK : st);
+    if (BFC__UNLIKELY(ctx->cfg.debug_check))
+        debug_check(ctx);
+    return p;
+}
+
+void *bfc_ctx_alloc(bfc_ctx_t *ctx, bfc_stream_t stream, size_t n)
+{
+    if (BFC__UNLIKELY(!ctx)) {
+        bfc__set_last_error(BFC_EINVAL);
+        return NULL;
+    }
+    if (BFC__UNLIKELY(n == 0)) {
+        bfc__set_last_error(BFC_OK);
+        return NULL;
+    }
+    int st;
+    void *p = alloc_once(ctx, stream, n, &st);
+    /* The one test observability adds: failure or a running trace. */
+    if (BFC__UNLIKELY((p == NULL) | bfc__tracing(&ctx->obs)))
+        return alloc_observed(ctx, stream, n, p, st);
+    bfc__set_last_error(BFC_OK);
     if (BFC__UNLIKELY(ctx->cfg.debug_check))
         debug_check(ctx);
     return p;
@@ -291,7 +330,7 @@ static int resolve(struct bfc_ctx *ctx, uintptr_t p, struct bfc__region **rp, st
 }
 
 /* Same-stream (or error) path under the owner's lock. */
-static int free_locked_path(struct bfc__arena *a, struct bfc__region *r, uintptr_t p)
+static int free_locked_path(struct bfc__arena *a, struct bfc__region *r, uintptr_t p, bfc_stream_t stream)
 {
     struct bfc__chunk *c;
     bfc__lock(&a->lock);
@@ -306,6 +345,8 @@ static int free_locked_path(struct bfc__arena *a, struct bfc__region *r, uintptr
             st = BFC_EDOUBLEFREE;
     }
     if (st == BFC_OK) {
+        if (bfc__tracing(&a->ctx->obs))
+            bfc__trace_event(a->ctx, BFC__TR_FREE, p, c->requested, stream);
         bfc__arena_free_chunk_locked(a, c);
         dead = bfc__arena_maybe_dead_locked(a);
     }
@@ -339,7 +380,7 @@ int bfc_ctx_free(bfc_ctx_t *ctx, void *ptr, bfc_stream_t stream)
         local = id == a->stream_id;
     }
     if (local || !c || c == BFC__HANDLE_GONE) {
-        st = free_locked_path(a, r, p);
+        st = free_locked_path(a, r, p, stream);
         goto out;
     }
     /* Cross-stream: claim the block without the owner's lock.  acq_rel:
@@ -348,15 +389,19 @@ int bfc_ctx_free(bfc_ctx_t *ctx, void *ptr, bfc_stream_t stream)
     uint32_t expect = BFC__CHUNK_INUSE;
     if (!atomic_compare_exchange_strong_explicit(&c->state, &expect, BFC__CHUNK_FREEING, memory_order_acq_rel,
                                                  memory_order_acquire)) {
-        st = free_locked_path(a, r, p); /* classifies: double free or foreign */
+        st = free_locked_path(a, r, p, stream); /* classifies: double free or foreign */
         goto out;
     }
     if (BFC__UNLIKELY(c->ptr != p || c->region != r)) {
         /* The record was recycled for another block: undo the claim. */
         atomic_store_explicit(&c->state, BFC__CHUNK_INUSE, memory_order_release);
-        st = free_locked_path(a, r, p);
+        st = free_locked_path(a, r, p, stream);
         goto out;
     }
+    /* Recorded before the hand-off, so that it precedes the owner's
+     * free_complete; c->requested is stable while we hold the claim. */
+    if (bfc__tracing(&ctx->obs))
+        bfc__trace_event(ctx, BFC__TR_FREE, p, c->requested, stream);
     st = bfc__remote_free(a, c, stream);
 out:
     bfc__rcu_unlock();
@@ -536,4 +581,10 @@ uint64_t bfc_sim_backend_failures(bfc_ctx_t *ctx)
 {
     bfc__backend_t *be = sim_be(ctx);
     return be ? bfc__sim_failures(be) : 0;
+}
+
+uint64_t bfc_sim_backend_bytes_held(bfc_ctx_t *ctx)
+{
+    bfc__backend_t *be = sim_be(ctx);
+    return be ? (uint64_t)bfc__sim_bytes_held(be) : 0;
 }

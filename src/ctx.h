@@ -9,6 +9,7 @@
 #define BFC_CTX_H
 
 #include "arena.h"
+#include "obs.h"
 
 struct bfc_ctx {
     bfc_config_t cfg;            /* resolved: backend, limit filled in */
@@ -23,8 +24,10 @@ struct bfc_ctx {
     _Atomic uint64_t ooms;       /* rejected before any shard was involved */
     struct bfc__astats retired;  /* cumulative counters of reclaimed shards (arenas_lock) */
     _Atomic uint64_t shards_live;
+    _Atomic uint64_t poison_errors; /* poison=true: reused blocks found written after free */
     bool destroying;
     bool is_host;                /* a host pinned-memory context (host.c) */
+    struct bfc__obs obs;         /* trace and OOM report (obs.h) */
 };
 
 /* A context over an already opened backend (host arenas); takes ownership of

@@ -21,6 +21,10 @@
  * If recording the event fails, the free falls back to synchronising the
  * freeing stream; if that fails too, the block is not freed (its claim is
  * undone) and BFC_EBACKEND is returned, so no memory is reused unsafely.
+ * A record_stream fence is made when the block is freed (arena.c), after
+ * the free has been accepted: if neither its event nor a synchronisation
+ * works then, it is marked unfenced and stays pending; each later query
+ * first tries to record its event again.
  */
 #include "ctx.h"
 
@@ -45,6 +49,7 @@ struct bfc__fence *bfc__fence_get(struct bfc__arena *a)
     f->extra = NULL;
     f->chunk = NULL;
     f->synced = false;
+    f->unfenced = false;
     f->pnext = f->pprev = NULL;
     return f;
 }
@@ -66,6 +71,18 @@ int bfc__fence_query(struct bfc__arena *a, struct bfc__fence *f)
     for (; f; f = f->extra) {
         if (f->synced)
             continue;
+        if (BFC__UNLIKELY(f->unfenced)) {
+            /* Recording failed at the free (and the stream could not be
+             * synchronised): record now -- later fences more work, never
+             * less -- and only then ask. */
+            if (!f->ev && be->ops->event_create(be, &f->ev) != BFC_OK) {
+                f->ev = NULL;
+                return BFC_EBUSY;
+            }
+            if (be->ops->event_record(be, f->ev, f->unfenced_stream) != BFC_OK)
+                return BFC_EBUSY;
+            f->unfenced = false;
+        }
         if (!f->ev)
             return BFC_EBUSY; /* neither event nor sync: keep it pending (see fence_recorded) */
         int st = be->ops->event_query(be, f->ev);

@@ -11,13 +11,27 @@
  * allocation).  bytes_reserved / peak_bytes_reserved of the context are the
  * pool's figures: memory held from the backend.
  *
+ * The snapshot (schema: doc/snapshot.md) walks the same structures under
+ * the same locks as the dump.  The OOM report runs with no allocator lock
+ * held (ctx.c calls it after releasing the arena): it reads the callback
+ * under obs.lock, calls it unlocked, and writes the oom_dump file under
+ * obs.lock (rate-limited there).
+ *
  * Locking: ctx->arenas_lock, then each arena lock in turn (never two), then
- * the pool lock.  These are rare, observational paths.
+ * the pool lock.  These are rare, observational paths.  obs.lock, when
+ * taken, is outermost.
  */
 #include <inttypes.h>
+#include <stdio.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "ctx.h"
+
+/* doc/snapshot.md: bump on any change a reader could notice other than an
+ * added field. */
+#define BFC__SNAPSHOT_VERSION 1
 
 static void add_arena(bfc_stats_t *o, const struct bfc__arena *a)
 {
@@ -72,6 +86,7 @@ int bfc_ctx_stats(bfc_ctx_t *ctx, bfc_stats_t *out)
     out->bytes_limit = ctx->limit;
     out->num_shards = atomic_load_explicit(&ctx->shards_live, memory_order_relaxed);
     out->num_ooms += atomic_load_explicit(&ctx->ooms, memory_order_relaxed);
+    out->num_poison_errors = atomic_load_explicit(&ctx->poison_errors, memory_order_relaxed);
     return BFC_OK;
 }
 
@@ -230,6 +245,21 @@ int bfc_ctx_dump(bfc_ctx_t *ctx, FILE *f)
     return ferror(f) ? BFC_EBACKEND : BFC_OK;
 }
 
+double bfc_stats_fragmentation(const bfc_stats_t *s)
+{
+    if (!s || s->bytes_free == 0 || s->largest_free_chunk >= s->bytes_free)
+        return 0.0;
+    return 1.0 - (double)s->largest_free_chunk / (double)s->bytes_free;
+}
+
+/* A JSON number for a double in [0, 1]: fixed notation, never nan/inf. */
+static void json_fraction(FILE *f, double v)
+{
+    if (!(v >= 0.0 && v <= 1.0))
+        v = 0.0;
+    fprintf(f, "%.6f", v);
+}
+
 static void json_stats(FILE *f, const bfc_stats_t *s)
 {
     fprintf(f,
@@ -238,11 +268,14 @@ static void json_stats(FILE *f, const bfc_stats_t *s)
             ",\"bytes_limit\":%" PRIu64 ",\"bytes_reserved\":%" PRIu64 ",\"peak_bytes_reserved\":%" PRIu64
             ",\"num_regions\":%" PRIu64 ",\"num_shards\":%" PRIu64 ",\"num_remote_frees\":%" PRIu64
             ",\"num_pending_frees\":%" PRIu64 ",\"num_ooms\":%" PRIu64 ",\"bytes_free\":%" PRIu64
-            ",\"largest_free_chunk\":%" PRIu64 ",\"bytes_pending\":%" PRIu64 "}",
+            ",\"largest_free_chunk\":%" PRIu64 ",\"bytes_pending\":%" PRIu64 ",\"num_chunks\":%" PRIu64
+            ",\"num_poison_errors\":%" PRIu64 ",\"fragmentation\":",
             s->num_allocs, s->num_frees, s->bytes_in_use, s->peak_bytes_in_use, s->bytes_requested,
             s->largest_alloc_size, s->bytes_limit, s->bytes_reserved, s->peak_bytes_reserved, s->num_regions,
             s->num_shards, s->num_remote_frees, s->num_pending_frees, s->num_ooms, s->bytes_free,
-            s->largest_free_chunk, s->bytes_pending);
+            s->largest_free_chunk, s->bytes_pending, s->num_chunks, s->num_poison_errors);
+    json_fraction(f, bfc_stats_fragmentation(s));
+    fputc('}', f);
 }
 
 static void json_arena(struct bfc__arena *a, FILE *f, struct bfc_ctx *ctx)
@@ -254,13 +287,16 @@ static void json_arena(struct bfc__arena *a, FILE *f, struct bfc_ctx *ctx)
     s.peak_bytes_reserved = a->st.peak_reserved;
     s.bytes_limit = ctx->limit;
     s.num_shards = 1;
-    fprintf(f, "{\"stream_id\":%" PRIu64 ",\"retired\":%s,\"stats\":", a->stream_id,
-            atomic_load(&a->retired) ? "true" : "false");
+    fprintf(f, "{\"stream_id\":%" PRIu64 ",\"stream\":\"0x%" PRIxPTR "\",\"seq\":%" PRIu64 ",\"retired\":%s,\"stats\":",
+            a->stream_id, (uintptr_t)a->stream, a->seq, atomic_load(&a->retired) ? "true" : "false");
     json_stats(f, &s);
     fprintf(f, ",\"regions\":[");
     for (struct bfc__region *r = a->regions; r; r = r->anext) {
-        fprintf(f, "%s{\"base\":\"%#lx\",\"size\":%zu,\"large\":%s,\"chunks\":[", r == a->regions ? "" : ",",
-                (unsigned long)r->base, r->size, r->large ? "true" : "false");
+        fprintf(f,
+                "%s{\"base\":\"0x%" PRIxPTR "\",\"size\":%zu,\"owner\":%" PRIu64
+                ",\"large\":%s,\"live\":%zu,\"chunks\":[",
+                r == a->regions ? "" : ",", r->base, r->size, r->owner->stream_id, r->large ? "true" : "false",
+                r->live);
         for (struct bfc__chunk *c = bfc__region_handle(r, r->base); c; c = c->next) {
             uint32_t st = atomic_load_explicit(&c->state, memory_order_relaxed);
             fprintf(f,
@@ -286,9 +322,16 @@ int bfc_ctx_snapshot_json(bfc_ctx_t *ctx, FILE *f)
     bfc_ctx_stats(ctx, &s);
     size_t held, peak, committed, free_spans;
     bfc__pool_stats(ctx, &held, &peak, &committed, &free_spans);
-    fprintf(f, "{\"version\":1,\"backend\":\"%s\",\"device\":%d,\"allow_growth\":%s,\"totals\":",
-            ctx->cfg.backend == BFC_BACKEND_CUDA ? "cuda" : "sim", ctx->cfg.device,
-            ctx->cfg.allow_growth ? "true" : "false");
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    fprintf(f,
+            "{\"version\":%d,\"time_unix_ns\":%" PRIu64 ",\"backend\":\"%s\",\"host\":%s,\"device\":%d,"
+            "\"allow_growth\":%s,\"limit\":%zu,\"initial_region\":%zu,\"large_alloc\":%zu,\"max_internal_frag\":%zu",
+            BFC__SNAPSHOT_VERSION, (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec,
+            ctx->cfg.backend == BFC_BACKEND_CUDA ? "cuda" : "sim", ctx->is_host ? "true" : "false",
+            ctx->cfg.device, ctx->cfg.allow_growth ? "true" : "false", ctx->limit, ctx->cfg.initial_region,
+            ctx->cfg.large_alloc, ctx->max_frag);
+    fprintf(f, ",\"totals\":");
     json_stats(f, &s);
     fprintf(f, ",\"pool\":{\"held\":%zu,\"peak_held\":%zu,\"committed\":%zu,\"free\":%zu},\"shards\":[", held,
             peak, committed, free_spans);
@@ -307,4 +350,59 @@ int bfc_ctx_snapshot_json(bfc_ctx_t *ctx, FILE *f)
     bfc__unlock(&ctx->arenas_lock);
     fprintf(f, "]}\n");
     return ferror(f) ? BFC_EBACKEND : BFC_OK;
+}
+
+/* ----------------------------------------------------------- OOM report */
+
+int bfc_ctx_set_oom_callback(bfc_ctx_t *ctx, bfc_oom_fn fn, void *arg)
+{
+    if (!ctx || !ctx->obs.lock_ready)
+        return BFC_EINVAL;
+    bfc__plock(&ctx->obs.lock);
+    ctx->obs.oom_fn = fn;
+    ctx->obs.oom_arg = fn ? arg : NULL;
+    bfc__punlock(&ctx->obs.lock);
+    return BFC_OK;
+}
+
+bool bfc__oom_callback(struct bfc_ctx *ctx, size_t n, bfc_stream_t stream)
+{
+    if (!ctx->obs.lock_ready)
+        return false;
+    bfc__plock(&ctx->obs.lock);
+    bfc_oom_fn fn = ctx->obs.oom_fn;
+    void *arg = ctx->obs.oom_arg;
+    bfc__punlock(&ctx->obs.lock);
+    if (!fn)
+        return false;
+    bfc_stats_t s;
+    bfc_ctx_stats(ctx, &s);
+    /* No lock held: the callback may free (or allocate) on this context. */
+    return fn(ctx, n, stream, &s, arg) != 0;
+}
+
+void bfc__oom_dump(struct bfc_ctx *ctx)
+{
+    if (!ctx->cfg.oom_dump[0] || ctx->is_host || !ctx->obs.lock_ready)
+        return;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    uint64_t now = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+    bfc__plock(&ctx->obs.lock);
+    /* At most one dump a second: an OOM storm must not turn into a storm
+     * of multi-megabyte writes, and the newest state is what matters. */
+    if (ctx->obs.last_dump_ns == 0 || now - ctx->obs.last_dump_ns >= 1000000000u) {
+        ctx->obs.last_dump_ns = now ? now : 1;
+        char tmp[sizeof(ctx->cfg.oom_dump) + 8];
+        snprintf(tmp, sizeof(tmp), "%s.tmp", ctx->cfg.oom_dump);
+        FILE *f = fopen(tmp, "w");
+        if (f) {
+            int st = bfc_ctx_snapshot_json(ctx, f);
+            if (fclose(f) == 0 && st == BFC_OK)
+                (void)rename(tmp, ctx->cfg.oom_dump);
+            else
+                (void)unlink(tmp);
+        }
+    }
+    bfc__punlock(&ctx->obs.lock);
 }

@@ -1,0 +1,67 @@
+/*
+ * obs.h -- observability state of a context: the allocation trace (trace.c)
+ * and the out-of-memory report (stats.c).
+ *
+ * Embedded in struct bfc_ctx (ctx.h).  The fast paths read one field of it,
+ * `trace`, with a relaxed load: NULL (no trace running) costs one predictable
+ * branch.  Everything else is touched only on slow paths: trace start/stop
+ * and OOM reports serialise on `lock`.
+ */
+#ifndef BFC_OBS_H
+#define BFC_OBS_H
+
+#include "internal.h"
+
+struct bfc_ctx;
+struct bfc__trace; /* trace.c */
+
+struct bfc__obs {
+    /* Non-NULL while a trace runs.  Set (release) by trace_start after the
+     * record is initialised, cleared by trace_stop before a grace period;
+     * dereferenced only inside an RCU read-side section (trace.c). */
+    struct bfc__trace *_Atomic trace;
+    pthread_mutex_t lock;  /* trace start/stop, the OOM callback, oom_dump */
+    bool lock_ready;
+    bfc_oom_fn oom_fn;     /* under lock */
+    void *oom_arg;
+    uint64_t last_dump_ns; /* under lock: oom_dump rate limit (0: never dumped) */
+};
+
+/* Trace actions; the CSV spellings are in trace.c (and tools/trace_csv.c). */
+enum bfc__trace_action {
+    BFC__TR_ALLOC,
+    BFC__TR_ALLOC_FAIL,
+    BFC__TR_FREE,
+    BFC__TR_FREE_COMPLETE,
+    BFC__TR_GROW,
+    BFC__TR_RELEASE
+};
+
+/* Is a trace running?  The one test on the allocation and free paths.
+ * relaxed: a stale answer only drops or adds an event at the edges of a
+ * trace; trace.c re-reads the pointer inside its RCU section. */
+static inline bool bfc__tracing(struct bfc__obs *o)
+{
+    return BFC__UNLIKELY(atomic_load_explicit(&o->trace, memory_order_relaxed) != NULL);
+}
+
+/* Context creation: the lock; a trace when cfg.trace names a path (device
+ * contexts only).  BFC_OK, BFC_EINVAL (trace path cannot be created),
+ * BFC_ENOMEM.  On failure nothing is left to undo. */
+int bfc__obs_init(struct bfc_ctx *ctx);
+/* Context destruction: stops a running trace (flushing it). */
+void bfc__obs_fini(struct bfc_ctx *ctx);
+
+/* Records one event of the calling thread (trace.c).  Call with or without
+ * an arena lock held (the trace's locks nest inside arena locks); never with
+ * the trace registry lock.  A no-op when no trace runs. */
+void bfc__trace_event(struct bfc_ctx *ctx, enum bfc__trace_action action, uintptr_t ptr, size_t size,
+                      bfc_stream_t stream);
+
+/* OOM report (stats.c), called with no allocator lock held.  Calls the
+ * callback: true when it asks for a retry. */
+bool bfc__oom_callback(struct bfc_ctx *ctx, size_t n, bfc_stream_t stream);
+/* Writes the snapshot to cfg.oom_dump if set (rate-limited). */
+void bfc__oom_dump(struct bfc_ctx *ctx);
+
+#endif /* BFC_OBS_H */
