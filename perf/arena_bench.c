@@ -66,6 +66,8 @@
 #include <shardbfc.h>
 #include <shardbfc_sim.h>
 
+#include "perfutil.h"
+
 /* ------------------------------------------------------------ parameters */
 
 #define LIVE_BLOCKS 1000u
@@ -74,7 +76,6 @@
 #define SIZE_MIN_LOG2 8u
 #define THREAD_SEQ_LEN 65536u /* per-thread pair sequence, cycled */
 #define BATCH 256u            /* pairs between two looks at the stop flag */
-#define CROSS_RING 4096u      /* SPSC ring capacity (power of two) */
 #define CROSS_BATCH 64u       /* calls timed as one batch in `cross` */
 #define MAX_THREADS 64
 #define MAX_RUNS 64
@@ -109,69 +110,10 @@ struct params {
 
 /* ---------------------------------------------------------------- utils */
 
-static double now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
-}
-
-/* CPU time of the calling thread: compared with the wall clock it tells how
- * much of a timed window the thread really ran (other load on the machine). */
-/* Voluntary context switches of the calling thread: a thread that sleeps
- * in a lock shows them, a thread pushed off its CPU by other load does not. */
-static uint64_t thread_vcsw(void)
-{
-    struct rusage ru;
-    if (getrusage(RUSAGE_THREAD, &ru) != 0)
-        return 0;
-    return (uint64_t)ru.ru_nvcsw;
-}
-
-static double thread_cpu_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
-}
-
-/* splitmix64: small, fast, good enough for workload generation. */
-static uint64_t rng_next(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static double rng_unit(uint64_t *s)
-{
-    return (double)(rng_next(s) >> 11) * (1.0 / 9007199254740992.0);
-}
-
-/* 2^f for f in [0, 1) by its Taylor series (keeps libm out of the link). */
-static double pow2_frac(double f)
-{
-    double x = f * 0.69314718055994530942, term = 1.0, sum = 1.0;
-    for (int k = 1; k < 20; k++) {
-        term *= x / k;
-        sum += term;
-    }
-    return sum;
-}
-
-/* Log-uniform in [256, 1 MiB]. */
+/* Log-uniform in [256, 1 MiB] (the same sequence as shardbfc-perf's). */
 static uint32_t rng_size(uint64_t *s)
 {
-    double e = rng_unit(s) * (double)(SIZE_MAX_LOG2 - SIZE_MIN_LOG2);
-    unsigned ip = (unsigned)e;
-    double v = (double)(1u << (SIZE_MIN_LOG2 + ip)) * pow2_frac(e - ip);
-    uint32_t n = (uint32_t)v;
-    if (n < SIZE_MIN)
-        n = SIZE_MIN;
-    if (n > (1u << SIZE_MAX_LOG2))
-        n = 1u << SIZE_MAX_LOG2;
-    return n;
+    return (uint32_t)perf_rng_logu(s, SIZE_MIN, 1u << SIZE_MAX_LOG2);
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -206,46 +148,11 @@ static double vmax(const double *v, unsigned n)
     return m;
 }
 
-static void *xmalloc(size_t n)
-{
-    void *p = malloc(n);
-    if (p == NULL) {
-        fprintf(stderr, "arena_bench: out of host memory (%zu bytes)\n", n);
-        exit(1);
-    }
-    return p;
-}
-
 static void die_bfc(const char *what, int st)
 {
     fprintf(stderr, "arena_bench: %s failed: %s (%s)\n", what, bfc_err_name(st),
             bfc_strerror(st));
     exit(1);
-}
-
-static bool progress_tty;
-
-static void progress(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void progress(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    if (progress_tty)
-        fputs("\r\033[K", stderr);
-    fputs("[arena_bench] ", stderr);
-    vfprintf(stderr, fmt, ap);
-    if (!progress_tty)
-        fputc('\n', stderr);
-    fflush(stderr);
-    va_end(ap);
-}
-
-static void progress_done(void)
-{
-    if (progress_tty) {
-        fputs("\r\033[K", stderr);
-        fflush(stderr);
-    }
 }
 
 /* Timings taken while the benchmark did not get its CPUs are not the
@@ -323,44 +230,8 @@ static void add_target(const char *name, double value, double limit, bool upper)
 
 /* ---------------------------------------------------------------- machine */
 
-static char cpu_model[128] = "unknown";
-static long ncpu;
-static char loadavg[64] = "unknown";
+static struct perf_machine mach;
 static char loadavg_end[64] = "unknown";
-
-static void read_load(char *buf, size_t len)
-{
-    FILE *f = fopen("/proc/loadavg", "r");
-    if (f == NULL)
-        return;
-    if (fgets(buf, (int)len, f) != NULL)
-        buf[strcspn(buf, "\n")] = '\0';
-    fclose(f);
-}
-
-static void read_machine(void)
-{
-    FILE *f = fopen("/proc/cpuinfo", "r");
-    char line[512];
-    ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    if (f != NULL) {
-        while (fgets(line, sizeof(line), f) != NULL) {
-            if (strncmp(line, "model name", 10) == 0) {
-                char *c = strchr(line, ':');
-                if (c != NULL) {
-                    c++;
-                    while (*c == ' ' || *c == '\t')
-                        c++;
-                    c[strcspn(c, "\n")] = '\0';
-                    snprintf(cpu_model, sizeof(cpu_model), "%s", c);
-                }
-                break;
-            }
-        }
-        fclose(f);
-    }
-    read_load(loadavg, sizeof(loadavg));
-}
 
 /* ------------------------------------------------------------- workload */
 
@@ -372,10 +243,10 @@ struct pair_op {
 
 static struct pair_op *make_ops(uint64_t seed, unsigned n)
 {
-    struct pair_op *ops = xmalloc((size_t)n * sizeof(*ops));
+    struct pair_op *ops = perf_xmalloc((size_t)n * sizeof(*ops));
     uint64_t s = seed;
     for (unsigned i = 0; i < n; i++) {
-        ops[i].slot = (uint32_t)(rng_next(&s) % LIVE_BLOCKS);
+        ops[i].slot = (uint32_t)(perf_rng_next(&s) % LIVE_BLOCKS);
         ops[i].size = rng_size(&s);
     }
     return ops;
@@ -455,15 +326,15 @@ static double run_bfc_pairs(bfc_ctx_t *ctx, bfc_stream_t s, void **live,
                             const struct pair_op *ops, unsigned n, double *share)
 {
     bool failed = false;
-    double c0 = thread_cpu_ns(), t0 = now_ns(), t1;
+    double c0 = perf_thread_cpu_ns(), t0 = (double)perf_now_ns(), t1;
     for (unsigned i = 0; i < n; i++) {
         uint32_t k = ops[i].slot;
         bfc_ctx_free(ctx, live[k], s);
         live[k] = bfc_ctx_alloc(ctx, s, ops[i].size);
         failed |= live[k] == NULL;
     }
-    t1 = now_ns();
-    *share = (thread_cpu_ns() - c0) / (t1 - t0);
+    t1 = (double)perf_now_ns();
+    *share = (perf_thread_cpu_ns() - c0) / (t1 - t0);
     if (failed) {
         fprintf(stderr, "arena_bench: allocation failed in the arena loop: %s\n",
                 bfc_err_name(bfc_last_error()));
@@ -476,7 +347,7 @@ static double run_je_pairs(void **live, uint32_t *live_size,
                            const struct pair_op *ops, unsigned n, double *share)
 {
     bool failed = false;
-    double c0 = thread_cpu_ns(), t0 = now_ns(), t1;
+    double c0 = perf_thread_cpu_ns(), t0 = (double)perf_now_ns(), t1;
     for (unsigned i = 0; i < n; i++) {
         uint32_t k = ops[i].slot;
         sdallocx(live[k], live_size[k], 0);
@@ -484,8 +355,8 @@ static double run_je_pairs(void **live, uint32_t *live_size,
         live_size[k] = ops[i].size;
         failed |= live[k] == NULL;
     }
-    t1 = now_ns();
-    *share = (thread_cpu_ns() - c0) / (t1 - t0);
+    t1 = (double)perf_now_ns();
+    *share = (perf_thread_cpu_ns() - c0) / (t1 - t0);
     if (failed) {
         fprintf(stderr, "arena_bench: mallocx failed\n");
         exit(1);
@@ -497,11 +368,11 @@ static double run_je_pairs(void **live, uint32_t *live_size,
  * ones are each fenced in by two live neighbours, so they cannot coalesce. */
 static void **make_fragments(const struct params *P, bfc_ctx_t *ctx, bfc_stream_t s)
 {
-    void **blk = xmalloc((size_t)P->frag_blocks * sizeof(*blk));
+    void **blk = perf_xmalloc((size_t)P->frag_blocks * sizeof(*blk));
     uint64_t rs = P->seed ^ 0xf4a9f4a9ull;
     unsigned span = (P->frag_max - P->frag_min) / 256u + 1u;
     for (unsigned i = 0; i < P->frag_blocks; i++) {
-        size_t n = P->frag_min + 256u * (size_t)(rng_next(&rs) % span);
+        size_t n = P->frag_min + 256u * (size_t)(perf_rng_next(&rs) % span);
         blk[i] = must_alloc(ctx, s, n);
     }
     for (unsigned i = 0; i < P->frag_blocks; i += 2) {
@@ -544,7 +415,7 @@ static int section_arena(const struct params *P)
         live_a[i] = must_alloc(ctx_a, s_a, init_sizes[i]);
 
     /* Context with fragments. */
-    progress("arena: creating %u fragments", P->frag_blocks / 2);
+    perf_progress("arena: creating %u fragments", P->frag_blocks / 2);
     ctx_f = make_ctx((size_t)8 << 30);
     s_f = make_stream(ctx_f);
     frag = make_fragments(P, ctx_f, s_f);
@@ -571,18 +442,18 @@ static int section_arena(const struct params *P)
     }
 
     /* Warm-up: one full run of each. */
-    progress("arena: warm-up");
+    perf_progress("arena: warm-up");
     (void)run_bfc_pairs(ctx_a, s_a, live_a, ops, n, &sh);
     (void)run_bfc_pairs(ctx_f, s_f, live_f, ops, n, &sh);
     (void)run_je_pairs(live_j, size_j, ops, n, &sh);
 
     for (unsigned r = 0; r < runs; r++) {
-        progress("arena: run %u/%u", r + 1, runs);
+        perf_progress("arena: run %u/%u", r + 1, runs);
         ns_a[r] = run_bfc_pairs(ctx_a, s_a, live_a, ops, n, &sh_a[r]);
         ns_f[r] = run_bfc_pairs(ctx_f, s_f, live_f, ops, n, &sh_f[r]);
         ns_j[r] = run_je_pairs(live_j, size_j, ops, n, &sh_j[r]);
     }
-    progress_done();
+    perf_progress_done();
 
     must_stats(ctx_f, &st1);
     fc_after = free_chunks(&st1);
@@ -699,20 +570,12 @@ static pthread_mutex_t global_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static void lock_global(void)
 {
-    int rc = pthread_mutex_lock(&global_lock);
-    if (rc != 0) {
-        fprintf(stderr, "arena_bench: pthread_mutex_lock: %s\n", strerror(rc));
-        exit(1);
-    }
+    perf_check(pthread_mutex_lock(&global_lock), "pthread_mutex_lock");
 }
 
 static void unlock_global(void)
 {
-    int rc = pthread_mutex_unlock(&global_lock);
-    if (rc != 0) {
-        fprintf(stderr, "arena_bench: pthread_mutex_unlock: %s\n", strerror(rc));
-        exit(1);
-    }
+    perf_check(pthread_mutex_unlock(&global_lock), "pthread_mutex_unlock");
 }
 
 /* One pair in the thread's mode; false if the allocation failed. */
@@ -766,14 +629,10 @@ static void *thr_main(void *arg)
         pos = (pos + 1) & (THREAD_SEQ_LEN - 1);
     }
 
-    rc = pthread_barrier_wait(t->start);
-    if (rc != 0 && rc != PTHREAD_BARRIER_SERIAL_THREAD) {
-        fprintf(stderr, "arena_bench: pthread_barrier_wait: %s\n", strerror(rc));
-        exit(1);
-    }
-    v0 = thread_vcsw();
-    c0 = thread_cpu_ns();
-    t0 = now_ns();
+    perf_barrier_wait(t->start);
+    v0 = perf_thread_vcsw();
+    c0 = perf_thread_cpu_ns();
+    t0 = (double)perf_now_ns();
     /* relaxed: the flag only bounds the run; nothing is published with it. */
     while (t->error == 0 && !atomic_load_explicit(t->stop, memory_order_relaxed)) {
         bool ok = true;
@@ -785,9 +644,9 @@ static void *thr_main(void *arg)
         if (!ok)
             t->error = bfc_last_error() ? bfc_last_error() : BFC_ENOMEM;
     }
-    t1 = now_ns();
-    t->cpu_ns = thread_cpu_ns() - c0;
-    t->vcsw = thread_vcsw() - v0;
+    t1 = (double)perf_now_ns();
+    t->cpu_ns = perf_thread_cpu_ns() - c0;
+    t->vcsw = perf_thread_vcsw() - v0;
     t->pairs = pairs;
     t->elapsed_ns = t1 - t0;
 
@@ -824,15 +683,9 @@ static double run_threads(const struct params *P, struct thr_seqs *seqs, unsigne
     uint64_t total = 0;
     double longest = 0.0, cpu = 0.0;
     uint64_t vcsw = 0;
-    struct timespec ts;
-    int rc;
 
     atomic_init(&stop, false);
-    rc = pthread_barrier_init(&start, NULL, n + 1);
-    if (rc != 0) {
-        fprintf(stderr, "arena_bench: pthread_barrier_init: %s\n", strerror(rc));
-        exit(1);
-    }
+    perf_check(pthread_barrier_init(&start, NULL, n + 1), "pthread_barrier_init");
     for (unsigned i = 0; i < n; i++)
         streams[i] = (single_lock && i > 0) ? streams[0] : make_stream(ctx);
 
@@ -848,29 +701,14 @@ static double run_threads(const struct params *P, struct thr_seqs *seqs, unsigne
         th[i].warmup_pairs = P->quick ? 20000u : 50000u;
         th[i].start = &start;
         th[i].stop = &stop;
-        rc = pthread_create(&th[i].tid, NULL, thr_main, &th[i]);
-        if (rc != 0) {
-            fprintf(stderr, "arena_bench: pthread_create: %s\n", strerror(rc));
-            exit(1);
-        }
+        perf_check(pthread_create(&th[i].tid, NULL, thr_main, &th[i]), "pthread_create");
     }
-    rc = pthread_barrier_wait(&start);
-    if (rc != 0 && rc != PTHREAD_BARRIER_SERIAL_THREAD) {
-        fprintf(stderr, "arena_bench: pthread_barrier_wait: %s\n", strerror(rc));
-        exit(1);
-    }
-    ts.tv_sec = (time_t)P->thread_seconds;
-    ts.tv_nsec = (long)((P->thread_seconds - (double)ts.tv_sec) * 1e9);
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
-        ;
+    perf_barrier_wait(&start);
+    perf_sleep(P->thread_seconds);
     /* relaxed: see thr_main. */
     atomic_store_explicit(&stop, true, memory_order_relaxed);
     for (unsigned i = 0; i < n; i++) {
-        rc = pthread_join(th[i].tid, NULL);
-        if (rc != 0) {
-            fprintf(stderr, "arena_bench: pthread_join: %s\n", strerror(rc));
-            exit(1);
-        }
+        perf_check(pthread_join(th[i].tid, NULL), "pthread_join");
         if (th[i].error != 0) {
             fprintf(stderr, "arena_bench: thread %u (%s, N=%u) failed: %s\n", i,
                     single_lock ? "single-lock" : "sharded", n, bfc_err_name(th[i].error));
@@ -882,11 +720,7 @@ static double run_threads(const struct params *P, struct thr_seqs *seqs, unsigne
         if (th[i].elapsed_ns > longest)
             longest = th[i].elapsed_ns;
     }
-    rc = pthread_barrier_destroy(&start);
-    if (rc != 0) {
-        fprintf(stderr, "arena_bench: pthread_barrier_destroy: %s\n", strerror(rc));
-        exit(1);
-    }
+    perf_check(pthread_barrier_destroy(&start), "pthread_barrier_destroy");
     must_stats(ctx, &st);
     if (st.bytes_in_use != 0) {
         fprintf(stderr, "arena_bench: threads: bytes_in_use %" PRIu64 " at the end\n",
@@ -900,13 +734,13 @@ static double run_threads(const struct params *P, struct thr_seqs *seqs, unsigne
     /* The share of the CPUs the threads could have used. */
     *vcsw_per_s = (double)vcsw / (longest * 1e-9);
     *per_cpu_s = (double)total / (cpu * 1e-9);
-    *share = cpu / (longest * (double)(n < (unsigned)ncpu ? n : (unsigned)ncpu));
+    *share = cpu / (longest * (double)(n < (unsigned)mach.cores ? n : (unsigned)mach.cores));
     return (double)total / (longest * 1e-9);
 }
 
 static int section_threads(const struct params *P)
 {
-    struct thr_seqs *seqs = xmalloc(sizeof(*seqs));
+    struct thr_seqs *seqs = perf_xmalloc(sizeof(*seqs));
     unsigned maxn = 0, nn = P->n_nthreads, runs = P->thread_runs;
     static double shard[16][MAX_RUNS], lock[16][MAX_RUNS];
     static double shs[16][MAX_RUNS], shl[16][MAX_RUNS];
@@ -925,7 +759,7 @@ static int section_threads(const struct params *P)
     }
 
     printf("\n== threads: N threads, the arena workload each, fixed time ==\n");
-    printf("  machine has %ld online CPUs: N above that oversubscribes\n", ncpu);
+    printf("  machine has %ld online CPUs: N above that oversubscribes\n", mach.cores);
     printf("  per thread: %u live blocks, sizes log-uniform %u B .. %u B, a cycled"
            " sequence of %u pairs (seed %" PRIu64 "+1000+thread; live set seed %"
            PRIu64 "+2000+thread)\n", LIVE_BLOCKS, SIZE_MIN, 1u << SIZE_MAX_LOG2,
@@ -942,13 +776,13 @@ static int section_threads(const struct params *P)
     for (unsigned r = 0; r < runs; r++) {
         for (unsigned j = 0; j < nn; j++) {
             unsigned n = P->nthreads_list[j];
-            progress("threads: run %u/%u, N=%u sharded", r + 1, runs, n);
+            perf_progress("threads: run %u/%u, N=%u sharded", r + 1, runs, n);
             shard[j][r] = run_threads(P, seqs, n, false, &shs[j][r], &vs[j][r], &pcs[j][r]);
-            progress("threads: run %u/%u, N=%u single-lock", r + 1, runs, n);
+            perf_progress("threads: run %u/%u, N=%u single-lock", r + 1, runs, n);
             lock[j][r] = run_threads(P, seqs, n, true, &shl[j][r], &vl[j][r], &pcl[j][r]);
         }
     }
-    progress_done();
+    perf_progress_done();
 
     printf("\n  %3s %16s %16s %14s %9s %12s %6s %6s %9s %9s\n", "N", "sharded pairs/s",
            "single-lock /s", "sharded/lock", "scaling", "per thread", "cpu S", "cpu L",
@@ -1008,7 +842,7 @@ static int section_threads(const struct params *P)
     if (i1 < nn && i2 < nn)
         printf("  estimate for an idle machine (not a measurement): sharded(2)/sharded(1)"
                " = %.2fx = 2 x per-CPU-second(2) / per-CPU-second(1)\n",
-               (ncpu >= 2 ? 2.0 : 1.0) * median(pcs[i2], runs) / median(pcs[i1], runs));
+               (mach.cores >= 2 ? 2.0 : 1.0) * median(pcs[i2], runs) / median(pcs[i1], runs));
     printf("  (cpu S / L = median share of min(N, CPUs) that the sharded / single-lock"
            " threads were on a CPU;\n   single-lock threads also sleep on the mutex,"
            " so a low cpu L is expected;\n   sleeps/s = voluntary context switches of"
@@ -1036,20 +870,12 @@ static int section_threads(const struct params *P)
 
 /* ---------------------------------------------------------- section: cross */
 
-/*
- * Single-producer/single-consumer ring.  head is written only by the
- * consumer, tail only by the producer, each on its own cache line.
- */
-struct ring {
-    _Alignas(64) atomic_uint_fast64_t tail; /* next slot the producer fills */
-    _Alignas(64) atomic_uint_fast64_t head; /* next slot the consumer takes */
-    _Alignas(64) void *slot[CROSS_RING];
-};
+/* The producer/consumer ring is perfutil.h's struct perf_ring. */
 
 struct cross_arg {
     bfc_ctx_t *ctx;
     bfc_stream_t stream;
-    struct ring *ring;
+    struct perf_ring *ring;
     const struct pair_op *ops; /* sizes only, THREAD_SEQ_LEN entries */
     uint64_t count;
     /* out */
@@ -1059,36 +885,24 @@ struct cross_arg {
     int error;
 };
 
-static void spin_pause(unsigned *spins)
-{
-    if (++*spins < 64) {
-#if defined(__x86_64__) || defined(__i386__)
-        __builtin_ia32_pause();
-#endif
-    } else {
-        *spins = 0;
-        sched_yield();
-    }
-}
-
 static void *producer_main(void *arg)
 {
     struct cross_arg *a = arg;
-    struct ring *rg = a->ring;
+    struct perf_ring *rg = a->ring;
     void *batch[CROSS_BATCH];
-    uint64_t done = 0, tail = atomic_load_explicit(&rg->tail, memory_order_relaxed);
+    uint64_t done = 0;
     unsigned pos = 0, spins = 0;
-    double busy = 0.0, w0 = now_ns(), c0 = thread_cpu_ns();
+    double busy = 0.0, w0 = (double)perf_now_ns(), c0 = perf_thread_cpu_ns();
 
     while (done < a->count) {
         unsigned b = a->count - done < CROSS_BATCH ? (unsigned)(a->count - done)
                                                    : CROSS_BATCH;
-        double t0 = now_ns();
+        double t0 = (double)perf_now_ns();
         for (unsigned i = 0; i < b; i++) {
             batch[i] = bfc_ctx_alloc(a->ctx, a->stream, a->ops[pos].size);
             pos = (pos + 1) & (THREAD_SEQ_LEN - 1);
         }
-        busy += now_ns() - t0;
+        busy += (double)perf_now_ns() - t0;
         for (unsigned i = 0; i < b; i++) {
             if (batch[i] == NULL) {
                 a->error = bfc_last_error() ? bfc_last_error() : BFC_ENOMEM;
@@ -1097,42 +911,28 @@ static void *producer_main(void *arg)
                 break;
             }
         }
-        for (unsigned i = 0; i < b; i++) {
-            /* acquire pairs with the consumer's release store of head: the
-             * slot is empty once head has passed it. */
-            while (tail - atomic_load_explicit(&rg->head, memory_order_acquire) >= CROSS_RING)
-                spin_pause(&spins);
-            rg->slot[tail & (CROSS_RING - 1)] = batch[i];
-            tail++;
-            /* release pairs with the consumer's acquire load of tail: the
-             * slot's content is visible before the new tail. */
-            atomic_store_explicit(&rg->tail, tail, memory_order_release);
-        }
+        for (unsigned i = 0; i < b; i++)
+            perf_ring_push(rg, batch[i], &spins);
         done += b;
         if (a->error != 0)
             break;
     }
-    if (a->error != 0) {
-        /* A NULL sentinel tells the consumer to stop. */
-        while (tail - atomic_load_explicit(&rg->head, memory_order_acquire) >= CROSS_RING)
-            spin_pause(&spins);
-        rg->slot[tail & (CROSS_RING - 1)] = NULL;
-        atomic_store_explicit(&rg->tail, tail + 1, memory_order_release);
-    }
+    if (a->error != 0)
+        perf_ring_push(rg, NULL, &spins); /* a NULL sentinel stops the consumer */
     a->busy_ns = busy;
-    a->wall_ns = now_ns() - w0;
-    a->cpu_ns = thread_cpu_ns() - c0;
+    a->wall_ns = (double)perf_now_ns() - w0;
+    a->cpu_ns = perf_thread_cpu_ns() - c0;
     return NULL;
 }
 
 static void *consumer_main(void *arg)
 {
     struct cross_arg *a = arg;
-    struct ring *rg = a->ring;
+    struct perf_ring *rg = a->ring;
     void *batch[CROSS_BATCH];
     uint64_t done = 0, head = atomic_load_explicit(&rg->head, memory_order_relaxed);
     unsigned spins = 0;
-    double busy = 0.0, w0 = now_ns(), c0 = thread_cpu_ns();
+    double busy = 0.0, w0 = (double)perf_now_ns(), c0 = perf_thread_cpu_ns();
     bool stop = false;
 
     while (done < a->count && !stop) {
@@ -1140,9 +940,9 @@ static void *consumer_main(void *arg)
         unsigned b = 0;
         /* acquire pairs with the producer's release store of tail. */
         while ((avail = atomic_load_explicit(&rg->tail, memory_order_acquire) - head) == 0)
-            spin_pause(&spins);
+            perf_spin_pause(&spins);
         while (b < CROSS_BATCH && b < avail) {
-            void *p = rg->slot[(head + b) & (CROSS_RING - 1)];
+            void *p = rg->slot[(head + b) & (PERF_RING_CAP - 1)];
             if (p == NULL) {
                 stop = true;
                 break;
@@ -1154,11 +954,11 @@ static void *consumer_main(void *arg)
          * read the slots before handing them back. */
         atomic_store_explicit(&rg->head, head, memory_order_release);
         {
-            double t0 = now_ns();
+            double t0 = (double)perf_now_ns();
             int bad = 0;
             for (unsigned i = 0; i < b; i++)
                 bad |= bfc_ctx_free(a->ctx, batch[i], a->stream);
-            busy += now_ns() - t0;
+            busy += (double)perf_now_ns() - t0;
             if (bad != 0 && a->error == 0)
                 a->error = BFC_EBACKEND; /* reported after the run */
         }
@@ -1166,8 +966,8 @@ static void *consumer_main(void *arg)
     }
     a->count = done;
     a->busy_ns = busy;
-    a->wall_ns = now_ns() - w0;
-    a->cpu_ns = thread_cpu_ns() - c0;
+    a->wall_ns = (double)perf_now_ns() - w0;
+    a->cpu_ns = perf_thread_cpu_ns() - c0;
     return NULL;
 }
 
@@ -1178,20 +978,14 @@ struct cross_fig {
 static void run_cross_once(struct cross_arg *pa, struct cross_arg *ca, uint64_t count)
 {
     pthread_t tp, tc;
-    int rc;
     atomic_store_explicit(&pa->ring->head, 0, memory_order_relaxed);
     atomic_store_explicit(&pa->ring->tail, 0, memory_order_relaxed);
     pa->count = ca->count = count;
     pa->error = ca->error = 0;
-    if ((rc = pthread_create(&tc, NULL, consumer_main, ca)) != 0 ||
-        (rc = pthread_create(&tp, NULL, producer_main, pa)) != 0) {
-        fprintf(stderr, "arena_bench: pthread_create: %s\n", strerror(rc));
-        exit(1);
-    }
-    if ((rc = pthread_join(tp, NULL)) != 0 || (rc = pthread_join(tc, NULL)) != 0) {
-        fprintf(stderr, "arena_bench: pthread_join: %s\n", strerror(rc));
-        exit(1);
-    }
+    perf_check(pthread_create(&tc, NULL, consumer_main, ca), "pthread_create");
+    perf_check(pthread_create(&tp, NULL, producer_main, pa), "pthread_create");
+    perf_check(pthread_join(tp, NULL), "pthread_join");
+    perf_check(pthread_join(tc, NULL), "pthread_join");
     if (pa->error != 0 || ca->error != 0) {
         fprintf(stderr, "arena_bench: cross: producer %s, consumer %s\n",
                 bfc_err_name(pa->error), ca->error ? "a free failed" : "ok");
@@ -1201,7 +995,7 @@ static void run_cross_once(struct cross_arg *pa, struct cross_arg *ca, uint64_t 
 
 static int section_cross(const struct params *P)
 {
-    static struct ring ring;
+    static struct perf_ring ring;
     struct pair_op *ops = make_ops(P->seed + 3000u, THREAD_SEQ_LEN);
     double cons[MAX_RUNS], prod[MAX_RUNS], wall[MAX_RUNS], shc[MAX_RUNS], shp[MAX_RUNS];
     unsigned runs = P->cross_runs;
@@ -1210,7 +1004,7 @@ static int section_cross(const struct params *P)
     printf("\n== cross: producer allocates on stream A, consumer frees on stream B ==\n");
     printf("  sizes log-uniform %u B .. %u B (cycled sequence of %u, seed %" PRIu64
            "+3000), SPSC ring of %u slots, calls timed in batches of %u\n",
-           SIZE_MIN, 1u << SIZE_MAX_LOG2, THREAD_SEQ_LEN, P->seed, CROSS_RING,
+           SIZE_MIN, 1u << SIZE_MAX_LOG2, THREAD_SEQ_LEN, P->seed, PERF_RING_CAP,
            CROSS_BATCH);
     printf("  %" PRIu64 " blocks per run after a warm-up of %" PRIu64
            ", %u runs (fresh context each), median reported\n",
@@ -1232,10 +1026,10 @@ static int section_cross(const struct params *P)
         pa.stream = make_stream(ctx);
         ca.stream = make_stream(ctx);
 
-        progress("cross: run %u/%u warm-up", r + 1, runs);
+        perf_progress("cross: run %u/%u warm-up", r + 1, runs);
         run_cross_once(&pa, &ca, P->cross_warmup);
         frees = ca.count;
-        progress("cross: run %u/%u", r + 1, runs);
+        perf_progress("cross: run %u/%u", r + 1, runs);
         run_cross_once(&pa, &ca, P->cross_blocks);
         frees += ca.count;
         shp[r] = pa.cpu_ns / pa.wall_ns;
@@ -1256,7 +1050,7 @@ static int section_cross(const struct params *P)
                     st.num_pending_frees);
             fail = 1;
         } else if (r == 0) {
-            progress_done();
+            perf_progress_done();
             printf("  verify (run 1): frees %" PRIu64 " == num_remote_frees %" PRIu64
                    ", bytes_in_use %" PRIu64 ", num_pending_frees %" PRIu64
                    ", num_shards %" PRIu64 ": OK\n", frees, st.num_remote_frees,
@@ -1266,7 +1060,7 @@ static int section_cross(const struct params *P)
         bfc_sim_stream_destroy(ctx, ca.stream);
         bfc_ctx_destroy(ctx);
     }
-    progress_done();
+    perf_progress_done();
 
     {
         double mc = median(cons, runs), mp = median(prod, runs), mw = median(wall, runs);
@@ -1303,20 +1097,6 @@ static int section_cross(const struct params *P)
 
 /* ------------------------------------------------------------------ json */
 
-static void json_str(FILE *f, const char *s)
-{
-    fputc('"', f);
-    for (; *s; s++) {
-        if (*s == '"' || *s == '\\')
-            fprintf(f, "\\%c", *s);
-        else if ((unsigned char)*s < 0x20)
-            fprintf(f, "\\u%04x", (unsigned)(unsigned char)*s);
-        else
-            fputc(*s, f);
-    }
-    fputc('"', f);
-}
-
 static int write_json(const struct params *P, const char *path)
 {
     FILE *f = fopen(path, "w");
@@ -1325,12 +1105,12 @@ static int write_json(const struct params *P, const char *path)
         return 1;
     }
     fprintf(f, "{\n  \"program\": \"arena_bench\",\n  \"machine\": {\"cores\": %ld, \"cpu\": ",
-            ncpu);
-    json_str(f, cpu_model);
+            mach.cores);
+    perf_json_str(f, mach.cpu);
     fprintf(f, ", \"backend\": \"sim\", \"gpu\": null, \"loadavg\": ");
-    json_str(f, loadavg);
+    perf_json_str(f, mach.loadavg);
     fprintf(f, ", \"loadavg_end\": ");
-    json_str(f, loadavg_end);
+    perf_json_str(f, loadavg_end);
     fprintf(f, ", \"disturbed\": %s", disturbed ? "true" : "false");
     fprintf(f, "},\n  \"parameters\": {\"quick\": %s, \"seed\": %" PRIu64
             ", \"live_blocks\": %u, \"size_min\": %u, \"size_max\": %u"
@@ -1364,7 +1144,7 @@ static int write_json(const struct params *P, const char *path)
     for (unsigned i = 0; i < ntargets; i++) {
         const struct target *t = &targets[i];
         fprintf(f, "    {\"name\": ");
-        json_str(f, t->name);
+        perf_json_str(f, t->name);
         fprintf(f, ", \"value\": %.4f, \"limit\": %.4f, \"op\": \"%s\", \"met\": %s}%s\n",
                 t->value, t->limit, t->upper ? "<=" : ">=", t->met ? "true" : "false",
                 i + 1 < ntargets ? "," : "");
@@ -1543,13 +1323,13 @@ int main(int argc, char **argv)
         P.arena_runs = P.thread_runs = P.cross_runs = runs_override;
     }
 
-    progress_tty = isatty(STDERR_FILENO) == 1;
-    read_machine();
-    t_start = now_ns();
+    perf_progress_init("arena_bench");
+    perf_machine_read(&mach);
+    t_start = (double)perf_now_ns();
 
     printf("arena_bench: libshardbfc performance (issues 3 and 4), SIM backend\n");
-    printf("  machine: %ld online CPUs, %s; loadavg at start: %s\n", ncpu, cpu_model,
-           loadavg);
+    printf("  machine: %ld online CPUs, %s; loadavg at start: %s\n", mach.cores, mach.cpu,
+           mach.loadavg);
     printf("  mode: %s; clock CLOCK_MONOTONIC; nothing pinned\n",
            P.quick ? "--quick" : "default");
 
@@ -1565,8 +1345,8 @@ int main(int argc, char **argv)
         printf("  %-56s %14.3f %s %-12.3f %s\n", targets[i].name, targets[i].value,
                targets[i].upper ? "<=" : ">=", targets[i].limit,
                targets[i].met ? "MET" : "NOT MET");
-    read_load(loadavg_end, sizeof(loadavg_end));
-    printf("  total time %.1f s; loadavg at end: %s\n", (now_ns() - t_start) * 1e-9,
+    perf_read_loadavg(loadavg_end, sizeof(loadavg_end));
+    printf("  total time %.1f s; loadavg at end: %s\n", ((double)perf_now_ns() - t_start) * 1e-9,
            loadavg_end);
     if (disturbed)
         printf("  NOTE: some figures were taken while other processes held the CPUs"

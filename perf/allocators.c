@@ -1,0 +1,566 @@
+/*
+ * allocators.c -- what shardbfc-perf compares, each behind struct
+ * perf_alloc_ops (perf.h).
+ *
+ *   shardbfc     libshardbfc as an inference server uses it: one context,
+ *                one stream per thread (SIM streams, or CUDA streams with
+ *                --backend cuda), bfc_ctx_alloc / bfc_ctx_free; host mode:
+ *                bfc_host_alloc / bfc_host_free.
+ *   single-lock  the same library as TensorFlow's BFCAllocator is used: one
+ *                context, ONE stream for every thread, every call inside one
+ *                global pthread mutex (TF locks once in AllocateRaw and once
+ *                in DeallocateRaw).
+ *   jemalloc     mallocx / sdallocx on the same size sequence (host floor).
+ *   malloc       glibc's own allocator through __libc_malloc / __libc_free:
+ *                this program links jemalloc, which replaces malloc() in the
+ *                whole process, so a plain malloc() call would measure
+ *                jemalloc again.
+ *   cuda         cudaMalloc / cudaFree (host mode: cudaHostAlloc / cudaFreeHost).
+ *   cuda-async   cudaMallocAsync / cudaFreeAsync on the device's default
+ *                pool with cudaMemPoolAttrReleaseThreshold = UINT64_MAX, so
+ *                the pool caches instead of returning memory at each sync.
+ * The two CUDA allocators are compiled only when BFC_HAVE_CUDA, and init
+ * refuses (the run is listed as skipped, with the reason) when no device is
+ * usable.
+ *
+ * Memory reporting: libshardbfc's peak_bytes_reserved (bfc_ctx_stats, or
+ * bfc_host_stats) from a fresh context per run; cudaMallocAsync's
+ * cudaMemPoolAttrReservedMemHigh.  jemalloc, glibc and cudaMalloc cannot
+ * report a peak of what they hold without sampling their global statistics
+ * in the timed loop, so they report nothing (null in the JSON).
+ *
+ * Thread-safety: alloc and free are called from the measuring threads at
+ * once; init, stats and fini from the main thread between runs.
+ */
+#include "config.h"
+
+#include "perf.h"
+#include "perfutil.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jemalloc/jemalloc.h>
+#include <shardbfc_sim.h>
+
+#if BFC_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
+
+/* glibc's own entry points, under their internal names. */
+extern void *__libc_malloc(size_t n);
+extern void __libc_free(void *p);
+
+struct bfc_state {
+    bfc_ctx_t *ctx;          /* NULL in host mode */
+    bool cuda_streams;       /* streams are cudaStreams we created */
+    bool locked;             /* single-lock */
+    unsigned ndistinct;      /* distinct streams created */
+    pthread_mutex_t lock;
+};
+
+/* ------------------------------------------------------------ streams */
+
+static const char *make_streams(struct perf_allocator *a, bfc_ctx_t *ctx, bool cuda,
+                                unsigned distinct, unsigned n)
+{
+    a->streams = perf_xcalloc(n ? n : 1, sizeof(*a->streams));
+    a->nstreams = n;
+    for (unsigned i = 0; i < distinct; i++) {
+        if (cuda) {
+#if BFC_HAVE_CUDA
+            cudaStream_t s;
+            if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess)
+                return "cudaStreamCreateWithFlags failed";
+            a->streams[i] = (bfc_stream_t)s;
+#else
+            return "built without CUDA";
+#endif
+        } else if (ctx != NULL) {
+            a->streams[i] = bfc_sim_stream_create(ctx);
+            if (a->streams[i] == NULL)
+                return "bfc_sim_stream_create failed";
+        }
+    }
+    for (unsigned i = distinct; i < n; i++)
+        a->streams[i] = distinct ? a->streams[i % distinct] : NULL;
+    return NULL;
+}
+
+static void drop_streams(struct perf_allocator *a, bfc_ctx_t *ctx, bool cuda,
+                         unsigned distinct)
+{
+    for (unsigned i = 0; i < distinct && a->streams != NULL; i++) {
+        if (a->streams[i] == NULL)
+            continue;
+        if (cuda) {
+#if BFC_HAVE_CUDA
+            (void)cudaStreamDestroy((cudaStream_t)a->streams[i]);
+#endif
+        } else if (ctx != NULL) {
+            bfc_sim_stream_destroy(ctx, a->streams[i]);
+        }
+    }
+    free(a->streams);
+    a->streams = NULL;
+    a->nstreams = 0;
+}
+
+/* ---------------------------------------------------------- libshardbfc */
+
+static const char *bfc_init_common(struct perf_allocator *a, const struct perf_env *env,
+                                   enum perf_mem mem, unsigned nstreams, bool locked)
+{
+    struct bfc_state *st = perf_xcalloc(1, sizeof(*st));
+    const char *why;
+    a->state = st;
+    a->mem = mem;
+    st->locked = locked;
+    perf_check(pthread_mutex_init(&st->lock, NULL), "pthread_mutex_init");
+    if (mem == PERF_MEM_HOST) {
+        /* The process-wide host arenas: start each run from what they hold
+         * now, with fully free regions given back and the peaks reset. */
+        for (int node = 0; node < bfc_host_numa_nodes(); node++) {
+            bfc_ctx_t *hc = bfc_host_ctx(node);
+            if (hc != NULL) {
+                (void)bfc_ctx_trim(hc);
+                (void)bfc_ctx_clear_peaks(hc);
+            }
+        }
+        return make_streams(a, NULL, false, 0, nstreams);
+    }
+    {
+        bfc_config_t cfg;
+        int rc;
+        bfc_config_init(&cfg);
+        cfg.allow_growth = true;
+        if (env->backend_cuda) {
+            if (!BFC_HAVE_CUDA)
+                return "built without CUDA (--backend cuda)";
+            if (!env->gpu)
+                return env->no_gpu_reason;
+            cfg.backend = BFC_BACKEND_CUDA;
+        } else {
+            cfg.backend = BFC_BACKEND_SIM;
+            cfg.memory_limit = (size_t)64 << 30; /* address space only (MAP_NORESERVE) */
+        }
+        rc = bfc_ctx_create(&cfg, &st->ctx);
+        if (rc != BFC_OK) {
+            st->ctx = NULL;
+            return bfc_strerror(rc);
+        }
+    }
+    st->cuda_streams = env->backend_cuda;
+    st->ndistinct = locked ? 1 : nstreams;
+    why = make_streams(a, st->ctx, st->cuda_streams, st->ndistinct, nstreams);
+    return why;
+}
+
+static const char *bfc_init(struct perf_allocator *a, const struct perf_env *env,
+                            enum perf_mem mem, unsigned nstreams)
+{
+    return bfc_init_common(a, env, mem, nstreams, false);
+}
+
+static const char *lock_init(struct perf_allocator *a, const struct perf_env *env,
+                             enum perf_mem mem, unsigned nstreams)
+{
+    return bfc_init_common(a, env, mem, nstreams, true);
+}
+
+static void *bfc_alloc_fn(struct perf_allocator *a, unsigned thread, bfc_stream_t s,
+                          size_t n)
+{
+    struct bfc_state *st = a->state;
+    (void)thread;
+    return st->ctx ? bfc_ctx_alloc(st->ctx, s, n) : bfc_host_alloc(n);
+}
+
+static int bfc_free_fn(struct perf_allocator *a, unsigned thread, void *p, bfc_stream_t s,
+                       size_t n)
+{
+    struct bfc_state *st = a->state;
+    (void)thread;
+    (void)n;
+    return st->ctx ? bfc_ctx_free(st->ctx, p, s) : bfc_host_free(p);
+}
+
+static void *lock_alloc_fn(struct perf_allocator *a, unsigned thread, bfc_stream_t s,
+                           size_t n)
+{
+    struct bfc_state *st = a->state;
+    void *p;
+    perf_check(pthread_mutex_lock(&st->lock), "pthread_mutex_lock");
+    p = bfc_alloc_fn(a, thread, s, n);
+    perf_check(pthread_mutex_unlock(&st->lock), "pthread_mutex_unlock");
+    return p;
+}
+
+static int lock_free_fn(struct perf_allocator *a, unsigned thread, void *p, bfc_stream_t s,
+                        size_t n)
+{
+    struct bfc_state *st = a->state;
+    int rc;
+    perf_check(pthread_mutex_lock(&st->lock), "pthread_mutex_lock");
+    rc = bfc_free_fn(a, thread, p, s, n);
+    perf_check(pthread_mutex_unlock(&st->lock), "pthread_mutex_unlock");
+    return rc;
+}
+
+static bool bfc_read_stats(struct perf_allocator *a, bfc_stats_t *out)
+{
+    struct bfc_state *st = a->state;
+    if (st == NULL)
+        return false;
+    return (st->ctx ? bfc_ctx_stats(st->ctx, out) : bfc_host_stats(out)) == BFC_OK;
+}
+
+static bool bfc_stats_fn(struct perf_allocator *a, uint64_t *peak_reserved)
+{
+    bfc_stats_t s;
+    if (!bfc_read_stats(a, &s))
+        return false;
+    *peak_reserved = s.peak_bytes_reserved;
+    return true;
+}
+
+static bool bfc_in_use_fn(struct perf_allocator *a, uint64_t *bytes)
+{
+    bfc_stats_t s;
+    if (!bfc_read_stats(a, &s))
+        return false;
+    *bytes = s.bytes_in_use;
+    return true;
+}
+
+static void bfc_fini(struct perf_allocator *a)
+{
+    struct bfc_state *st = a->state;
+    if (st == NULL)
+        return;
+    drop_streams(a, st->ctx, st->cuda_streams, st->ndistinct);
+    if (st->ctx != NULL)
+        bfc_ctx_destroy(st->ctx);
+    (void)pthread_mutex_destroy(&st->lock);
+    free(st);
+    a->state = NULL;
+}
+
+static const struct perf_alloc_ops ops_shardbfc = {
+    .name = "shardbfc",
+    .desc = "libshardbfc: one context, one stream (shard) per thread",
+    .init = bfc_init,
+    .alloc = bfc_alloc_fn,
+    .free = bfc_free_fn,
+    .stats = bfc_stats_fn,
+    .in_use = bfc_in_use_fn,
+    .fini = bfc_fini,
+};
+
+static const struct perf_alloc_ops ops_single_lock = {
+    .name = "single-lock",
+    .desc = "the same library, ONE stream, every call under one global mutex "
+            "(TensorFlow's design)",
+    .init = lock_init,
+    .alloc = lock_alloc_fn,
+    .free = lock_free_fn,
+    .stats = bfc_stats_fn,
+    .in_use = bfc_in_use_fn,
+    .fini = bfc_fini,
+};
+
+/* ------------------------------------------------------- host allocators */
+
+static const char *host_init(struct perf_allocator *a, const struct perf_env *env,
+                             enum perf_mem mem, unsigned nstreams)
+{
+    (void)env;
+    a->mem = mem;
+    a->state = NULL;
+    return make_streams(a, NULL, false, 0, nstreams);
+}
+
+static void host_fini(struct perf_allocator *a)
+{
+    drop_streams(a, NULL, false, 0);
+}
+
+static bool no_stats(struct perf_allocator *a, uint64_t *v)
+{
+    (void)a;
+    (void)v;
+    return false;
+}
+
+static void *je_alloc(struct perf_allocator *a, unsigned thread, bfc_stream_t s, size_t n)
+{
+    (void)a;
+    (void)thread;
+    (void)s;
+    return mallocx(n, 0);
+}
+
+static int je_free(struct perf_allocator *a, unsigned thread, void *p, bfc_stream_t s,
+                   size_t n)
+{
+    (void)a;
+    (void)thread;
+    (void)s;
+    sdallocx(p, n, 0);
+    return 0;
+}
+
+static void *libc_alloc(struct perf_allocator *a, unsigned thread, bfc_stream_t s, size_t n)
+{
+    (void)a;
+    (void)thread;
+    (void)s;
+    return __libc_malloc(n);
+}
+
+static int libc_free(struct perf_allocator *a, unsigned thread, void *p, bfc_stream_t s,
+                     size_t n)
+{
+    (void)a;
+    (void)thread;
+    (void)s;
+    (void)n;
+    __libc_free(p);
+    return 0;
+}
+
+static const struct perf_alloc_ops ops_jemalloc = {
+    .name = "jemalloc",
+    .desc = "jemalloc mallocx/sdallocx (host memory: the reference floor)",
+    .init = host_init,
+    .alloc = je_alloc,
+    .free = je_free,
+    .stats = no_stats,
+    .in_use = no_stats,
+    .fini = host_fini,
+};
+
+static const struct perf_alloc_ops ops_malloc = {
+    .name = "malloc",
+    .desc = "glibc malloc via __libc_malloc/__libc_free (plain malloc() is "
+            "jemalloc in this process)",
+    .init = host_init,
+    .alloc = libc_alloc,
+    .free = libc_free,
+    .stats = no_stats,
+    .in_use = no_stats,
+    .fini = host_fini,
+};
+
+/* -------------------------------------------------------------- CUDA */
+
+#if BFC_HAVE_CUDA
+struct cuda_state {
+    bool async;
+    cudaMemPool_t pool;
+};
+
+static const char *cuda_init_common(struct perf_allocator *a, const struct perf_env *env,
+                                    enum perf_mem mem, unsigned nstreams, bool async)
+{
+    struct cuda_state *st;
+    const char *why;
+    a->mem = mem;
+    a->state = NULL;
+    if (!env->gpu)
+        return env->no_gpu_reason;
+    if (async && mem == PERF_MEM_HOST)
+        return "CUDA has no stream-ordered pinned host allocator";
+    st = perf_xcalloc(1, sizeof(*st));
+    st->async = async;
+    a->state = st;
+    if (async) {
+        uint64_t thr = UINT64_MAX;
+        int dev = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess ||
+            cudaDeviceGetDefaultMemPool(&st->pool, dev) != cudaSuccess ||
+            cudaMemPoolSetAttribute(st->pool, cudaMemPoolAttrReleaseThreshold, &thr) !=
+                cudaSuccess)
+            return "cannot configure the default memory pool";
+        /* Start each run from an empty pool with fresh peaks. */
+        (void)cudaDeviceSynchronize();
+        (void)cudaMemPoolTrimTo(st->pool, 0);
+        thr = 0;
+        (void)cudaMemPoolSetAttribute(st->pool, cudaMemPoolAttrReservedMemHigh, &thr);
+        (void)cudaMemPoolSetAttribute(st->pool, cudaMemPoolAttrUsedMemHigh, &thr);
+    }
+    why = make_streams(a, NULL, mem == PERF_MEM_DEVICE, mem == PERF_MEM_DEVICE ? nstreams : 0,
+                       nstreams);
+    return why;
+}
+
+static const char *cuda_init(struct perf_allocator *a, const struct perf_env *env,
+                             enum perf_mem mem, unsigned nstreams)
+{
+    return cuda_init_common(a, env, mem, nstreams, false);
+}
+
+static const char *cuda_async_init(struct perf_allocator *a, const struct perf_env *env,
+                                   enum perf_mem mem, unsigned nstreams)
+{
+    return cuda_init_common(a, env, mem, nstreams, true);
+}
+
+static void *cuda_alloc_fn(struct perf_allocator *a, unsigned thread, bfc_stream_t s,
+                           size_t n)
+{
+    struct cuda_state *st = a->state;
+    void *p = NULL;
+    cudaError_t e;
+    (void)thread;
+    if (a->mem == PERF_MEM_HOST)
+        e = cudaHostAlloc(&p, n, cudaHostAllocDefault);
+    else if (st->async)
+        e = cudaMallocAsync(&p, n, (cudaStream_t)s);
+    else
+        e = cudaMalloc(&p, n);
+    return e == cudaSuccess ? p : NULL;
+}
+
+static int cuda_free_fn(struct perf_allocator *a, unsigned thread, void *p, bfc_stream_t s,
+                        size_t n)
+{
+    struct cuda_state *st = a->state;
+    (void)thread;
+    (void)n;
+    if (a->mem == PERF_MEM_HOST)
+        return cudaFreeHost(p) != cudaSuccess;
+    if (st->async)
+        return cudaFreeAsync(p, (cudaStream_t)s) != cudaSuccess;
+    return cudaFree(p) != cudaSuccess;
+}
+
+static bool cuda_stats_fn(struct perf_allocator *a, uint64_t *peak_reserved)
+{
+    struct cuda_state *st = a->state;
+    uint64_t v = 0;
+    if (st == NULL || !st->async || a->mem != PERF_MEM_DEVICE)
+        return false;
+    if (cudaMemPoolGetAttribute(st->pool, cudaMemPoolAttrReservedMemHigh, &v) != cudaSuccess)
+        return false;
+    *peak_reserved = v;
+    return true;
+}
+
+static bool cuda_in_use_fn(struct perf_allocator *a, uint64_t *bytes)
+{
+    struct cuda_state *st = a->state;
+    uint64_t v = 0;
+    if (st == NULL || !st->async || a->mem != PERF_MEM_DEVICE)
+        return false;
+    (void)cudaDeviceSynchronize();
+    if (cudaMemPoolGetAttribute(st->pool, cudaMemPoolAttrUsedMemCurrent, &v) != cudaSuccess)
+        return false;
+    *bytes = v;
+    return true;
+}
+
+static void cuda_fini(struct perf_allocator *a)
+{
+    struct cuda_state *st = a->state;
+    (void)cudaDeviceSynchronize();
+    drop_streams(a, NULL, a->mem == PERF_MEM_DEVICE && st != NULL, a->nstreams);
+    if (st != NULL && st->async)
+        (void)cudaMemPoolTrimTo(st->pool, 0);
+    free(st);
+    a->state = NULL;
+}
+
+static const struct perf_alloc_ops ops_cuda = {
+    .name = "cuda",
+    .desc = "cudaMalloc/cudaFree (host: cudaHostAlloc/cudaFreeHost)",
+    .init = cuda_init,
+    .alloc = cuda_alloc_fn,
+    .free = cuda_free_fn,
+    .stats = cuda_stats_fn,
+    .in_use = cuda_in_use_fn,
+    .fini = cuda_fini,
+};
+
+static const struct perf_alloc_ops ops_cuda_async = {
+    .name = "cuda-async",
+    .desc = "cudaMallocAsync/cudaFreeAsync, default pool, release threshold UINT64_MAX",
+    .init = cuda_async_init,
+    .alloc = cuda_alloc_fn,
+    .free = cuda_free_fn,
+    .stats = cuda_stats_fn,
+    .in_use = cuda_in_use_fn,
+    .fini = cuda_fini,
+};
+#else
+/* Not built: init says why, nothing else is ever called. */
+static const char *nocuda_init(struct perf_allocator *a, const struct perf_env *env,
+                               enum perf_mem mem, unsigned nstreams)
+{
+    (void)env;
+    (void)nstreams;
+    a->mem = mem;
+    a->state = NULL;
+    a->streams = NULL;
+    a->nstreams = 0;
+    return "built without CUDA (configure --with-cuda)";
+}
+
+static void nocuda_fini(struct perf_allocator *a)
+{
+    (void)a;
+}
+
+static const struct perf_alloc_ops ops_cuda = {
+    .name = "cuda", .desc = "cudaMalloc/cudaFree (not built)", .init = nocuda_init,
+    .stats = no_stats, .in_use = no_stats, .fini = nocuda_fini,
+};
+static const struct perf_alloc_ops ops_cuda_async = {
+    .name = "cuda-async", .desc = "cudaMallocAsync/cudaFreeAsync (not built)",
+    .init = nocuda_init, .stats = no_stats, .in_use = no_stats, .fini = nocuda_fini,
+};
+#endif
+
+/* ---------------------------------------------------------------- table */
+
+const struct perf_alloc_ops *const perf_allocators[] = {
+    &ops_shardbfc, &ops_single_lock, &ops_jemalloc, &ops_malloc, &ops_cuda, &ops_cuda_async,
+};
+const unsigned perf_n_allocators = sizeof(perf_allocators) / sizeof(perf_allocators[0]);
+
+const struct perf_alloc_ops *perf_alloc_find(const char *name)
+{
+    for (unsigned i = 0; i < perf_n_allocators; i++)
+        if (strcmp(perf_allocators[i]->name, name) == 0)
+            return perf_allocators[i];
+    return NULL;
+}
+
+void perf_env_probe(struct perf_env *env, bool backend_cuda)
+{
+    memset(env, 0, sizeof(*env));
+    env->backend_cuda = backend_cuda;
+#if BFC_HAVE_CUDA
+    {
+        int n = 0;
+        cudaError_t e = cudaGetDeviceCount(&n);
+        if (e != cudaSuccess || n == 0) {
+            /* cudaErrorInsufficientDriver (no driver) reads as "no device". */
+            snprintf(env->no_gpu_reason, sizeof(env->no_gpu_reason),
+                     "no usable CUDA device (%s)",
+                     e != cudaSuccess ? cudaGetErrorName(e) : "0 devices");
+            (void)cudaGetLastError();
+        } else {
+            struct cudaDeviceProp prop;
+            env->gpu = true;
+            if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess)
+                snprintf(env->gpu_name, sizeof(env->gpu_name), "%.255s", prop.name);
+            else
+                snprintf(env->gpu_name, sizeof(env->gpu_name), "CUDA device 0");
+        }
+    }
+#else
+    snprintf(env->no_gpu_reason, sizeof(env->no_gpu_reason), "built without CUDA");
+#endif
+}

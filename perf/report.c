@@ -1,0 +1,372 @@
+/*
+ * report.c -- shardbfc-perf's output: the table on stdout (ratios against
+ * libshardbfc), the JSON file other tools read (its `machine` and `results`
+ * members are a stable contract, see perf/README.md), and an SVG chart drawn
+ * here, with no external tool: churn throughput against threads (one line
+ * per allocator) and churn latency percentiles (bars, log scale).
+ *
+ * Pure functions of a struct perf_report; called by the main thread after
+ * all measurements.  Numbers that an allocator cannot report are null in
+ * the JSON and "-" in the table.
+ */
+#include "perf.h"
+#include "perfutil.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <string.h>
+
+struct perf_result *perf_report_find(const struct perf_report *rp, const char *workload,
+                                     const char *allocator, unsigned threads)
+{
+    for (unsigned i = 0; i < rp->nres; i++) {
+        struct perf_result *r = &rp->res[i];
+        if (strcmp(r->workload, workload) == 0 && strcmp(r->allocator, allocator) == 0 &&
+            r->threads == threads)
+            return r;
+    }
+    return NULL;
+}
+
+static void fmt_bytes(char *buf, size_t len, uint64_t v)
+{
+    if (v >= (1ull << 30))
+        snprintf(buf, len, "%.2f GiB", (double)v / (double)(1ull << 30));
+    else
+        snprintf(buf, len, "%.1f MiB", (double)v / (double)(1ull << 20));
+}
+
+static void fmt_rate(char *buf, size_t len, double v)
+{
+    if (v >= 1e6)
+        snprintf(buf, len, "%.2fM", v / 1e6);
+    else if (v >= 1e3)
+        snprintf(buf, len, "%.1fk", v / 1e3);
+    else
+        snprintf(buf, len, "%.0f", v);
+}
+
+void perf_report_table(const struct perf_report *rp, const char *workload, FILE *f)
+{
+    unsigned threads[64], nt = 0;
+    for (unsigned i = 0; i < rp->nres; i++) {
+        const struct perf_result *r = &rp->res[i];
+        bool seen = false;
+        if (strcmp(r->workload, workload) != 0)
+            continue;
+        for (unsigned k = 0; k < nt; k++)
+            seen |= threads[k] == r->threads;
+        if (!seen && nt < 64)
+            threads[nt++] = r->threads;
+    }
+    if (nt == 0)
+        return;
+    fprintf(f, "  %3s %-12s %10s %7s %8s %8s %9s %9s %11s %11s %6s %5s\n", "thr", "allocator",
+            "ops/s", "vs bfc", "p50 ns", "p99 ns", "p99.9 ns", "alloc p99", "peak resv",
+            "peak req", "frag", "cpu");
+    for (unsigned k = 0; k < nt; k++) {
+        const struct perf_result *base = perf_report_find(rp, workload, "shardbfc", threads[k]);
+        for (unsigned i = 0; i < rp->nres; i++) {
+            const struct perf_result *r = &rp->res[i];
+            char rate[32], ratio[16], resv[24], req[24], frag[16];
+            if (strcmp(r->workload, workload) != 0 || r->threads != threads[k])
+                continue;
+            fmt_rate(rate, sizeof(rate), r->ops_per_sec);
+            if (base != NULL && base->ops_per_sec > 0)
+                snprintf(ratio, sizeof(ratio), "%.2fx", r->ops_per_sec / base->ops_per_sec);
+            else
+                snprintf(ratio, sizeof(ratio), "-");
+            fmt_bytes(req, sizeof(req), r->peak_requested);
+            if (r->have_mem) {
+                fmt_bytes(resv, sizeof(resv), r->peak_reserved);
+                snprintf(frag, sizeof(frag), "%.3f", r->fragmentation);
+            } else {
+                snprintf(resv, sizeof(resv), "-");
+                snprintf(frag, sizeof(frag), "-");
+            }
+            fprintf(f, "  %3u %-12s %10s %7s %8" PRIu64 " %8" PRIu64 " %9" PRIu64 " %9" PRIu64
+                    " %11s %11s %6s %4.0f%%\n", r->threads, r->allocator, rate, ratio,
+                    r->p50_ns, r->p99_ns, r->p999_ns, r->alloc_p99_ns, resv, req, frag,
+                    100 * r->cpu_share);
+        }
+    }
+}
+
+/* ----------------------------------------------------------------- JSON */
+
+static void json_num(FILE *f, double v, bool valid)
+{
+    if (valid && isfinite(v))
+        fprintf(f, "%.6g", v);
+    else
+        fputs("null", f);
+}
+
+int perf_report_json(const struct perf_report *rp, FILE *f)
+{
+    fprintf(f, "{\n  \"program\": ");
+    perf_json_str(f, rp->program);
+    fprintf(f, ",\n  \"machine\": {\"cores\": %ld, \"cpu\": ", rp->cores);
+    perf_json_str(f, rp->cpu);
+    fprintf(f, ", \"backend\": ");
+    perf_json_str(f, rp->backend);
+    fprintf(f, ", \"gpu\": ");
+    if (rp->gpu != NULL)
+        perf_json_str(f, rp->gpu);
+    else
+        fputs("null", f);
+    fprintf(f, ", \"loadavg\": ");
+    perf_json_str(f, rp->loadavg);
+    fprintf(f, ", \"loadavg_end\": ");
+    perf_json_str(f, rp->loadavg_end);
+    fprintf(f, ", \"malloc\": ");
+    perf_json_str(f, rp->malloc_note ? rp->malloc_note : "");
+    fprintf(f, "},\n  \"parameters\": {%s},\n  \"results\": [", rp->params_json);
+    for (unsigned i = 0; i < rp->nres; i++) {
+        const struct perf_result *r = &rp->res[i];
+        fprintf(f, "%s\n    {\"workload\": ", i ? "," : "");
+        perf_json_str(f, r->workload);
+        fprintf(f, ", \"allocator\": ");
+        perf_json_str(f, r->allocator);
+        fprintf(f, ", \"threads\": %u, \"ops_per_sec\": ", r->threads);
+        json_num(f, r->ops_per_sec, true);
+        fprintf(f, ", \"p50_ns\": %" PRIu64 ", \"p99_ns\": %" PRIu64 ", \"p999_ns\": %" PRIu64,
+                r->p50_ns, r->p99_ns, r->p999_ns);
+        fprintf(f, ", \"peak_reserved\": ");
+        if (r->have_mem)
+            fprintf(f, "%" PRIu64, r->peak_reserved);
+        else
+            fputs("null", f);
+        fprintf(f, ", \"peak_requested\": %" PRIu64 ", \"fragmentation\": ", r->peak_requested);
+        json_num(f, r->fragmentation, r->have_mem);
+        fprintf(f, ", \"alloc_p99_ns\": %" PRIu64 ", \"free_p99_ns\": %" PRIu64
+                ", \"ops\": %" PRIu64 ", \"seconds\": ", r->alloc_p99_ns, r->free_p99_ns,
+                r->ops);
+        json_num(f, r->seconds, true);
+        fprintf(f, ", \"cpu_share\": ");
+        json_num(f, r->cpu_share, true);
+        if (strcmp(r->workload, "cross") == 0) {
+            fprintf(f, ", \"consumers\": %u, \"frees_per_sec_per_consumer\": ", r->consumers);
+            json_num(f, r->frees_per_sec_per_consumer, true);
+        }
+        fputc('}', f);
+    }
+    fprintf(f, "\n  ],\n  \"skipped\": [");
+    for (unsigned i = 0; i < rp->nskip; i++) {
+        fprintf(f, "%s\n    {\"workload\": ", i ? "," : "");
+        perf_json_str(f, rp->skip[i].workload);
+        fprintf(f, ", \"allocator\": ");
+        perf_json_str(f, rp->skip[i].allocator);
+        fprintf(f, ", \"reason\": ");
+        perf_json_str(f, rp->skip[i].reason);
+        fputc('}', f);
+    }
+    fprintf(f, "\n  ],\n  \"targets\": [");
+    for (unsigned i = 0; i < rp->ntgt; i++) {
+        const struct perf_target *t = &rp->tgt[i];
+        fprintf(f, "%s\n    {\"name\": ", i ? "," : "");
+        perf_json_str(f, t->name);
+        fprintf(f, ", \"value\": ");
+        json_num(f, t->value, t->measured);
+        fprintf(f, ", \"limit\": ");
+        json_num(f, t->limit, true);
+        fprintf(f, ", \"op\": \"%s\", \"met\": %s}", t->upper ? "<=" : ">=",
+                !t->measured ? "null" : t->met ? "true" : "false");
+    }
+    fprintf(f, "\n  ]\n}\n");
+    return ferror(f) ? -1 : 0;
+}
+
+/* ------------------------------------------------------------------ SVG */
+
+static const char *const colours[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e",
+                                      "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"};
+
+static void svg_text(FILE *f, double x, double y, const char *anchor, int size,
+                     const char *text)
+{
+    fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"%s\" font-size=\"%d\">", x, y,
+            anchor, size);
+    for (; *text; text++) {
+        if (*text == '<')
+            fputs("&lt;", f);
+        else if (*text == '>')
+            fputs("&gt;", f);
+        else if (*text == '&')
+            fputs("&amp;", f);
+        else
+            fputc(*text, f);
+    }
+    fputs("</text>\n", f);
+}
+
+/* A "nice" axis maximum >= v: 1, 2 or 5 times a power of ten. */
+static double nice_max(double v)
+{
+    double p;
+    if (v <= 0)
+        return 1;
+    p = pow(10, floor(log10(v)));
+    if (v <= p)
+        return p;
+    if (v <= 2 * p)
+        return 2 * p;
+    if (v <= 5 * p)
+        return 5 * p;
+    return 10 * p;
+}
+
+int perf_report_svg(const struct perf_report *rp, FILE *f)
+{
+    const double W = 960, H = 820, L = 90, R = 200, T1 = 70, B1 = 380, T2 = 470, B2 = 760;
+    const char *wl = "churn";
+    const char *allocs[16];
+    unsigned na = 0, threads[64], nt = 0, lat_threads = 0;
+    double ymax = 0;
+    char buf[256];
+
+    for (unsigned i = 0; i < rp->nres; i++) {
+        const struct perf_result *r = &rp->res[i];
+        bool seen = false;
+        if (strcmp(r->workload, wl) != 0)
+            continue;
+        for (unsigned k = 0; k < na; k++)
+            seen |= strcmp(allocs[k], r->allocator) == 0;
+        if (!seen && na < 16)
+            allocs[na++] = r->allocator;
+        seen = false;
+        for (unsigned k = 0; k < nt; k++)
+            seen |= threads[k] == r->threads;
+        if (!seen && nt < 64)
+            threads[nt++] = r->threads;
+        if (r->ops_per_sec > ymax)
+            ymax = r->ops_per_sec;
+    }
+    /* Thread counts ascending. */
+    for (unsigned i = 1; i < nt; i++)
+        for (unsigned k = i; k > 0 && threads[k - 1] > threads[k]; k--) {
+            unsigned t = threads[k];
+            threads[k] = threads[k - 1];
+            threads[k - 1] = t;
+        }
+    for (unsigned k = 0; k < nt; k++)
+        if (lat_threads == 0 || threads[k] == 2)
+            lat_threads = threads[k];
+
+    fprintf(f, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
+               "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
+               "viewBox=\"0 0 %.0f %.0f\" font-family=\"sans-serif\">\n"
+               "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n", W, H, W, H);
+    snprintf(buf, sizeof(buf), "%s: %ld cores, %s, backend %s%s%s, load %s", rp->program,
+             rp->cores, rp->cpu, rp->backend, rp->gpu ? ", GPU " : "", rp->gpu ? rp->gpu : "",
+             rp->loadavg);
+    svg_text(f, W / 2, 24, "middle", 13, buf);
+    if (na == 0) {
+        svg_text(f, W / 2, H / 2, "middle", 16, "no churn results in this run");
+        fputs("</svg>\n", f);
+        return ferror(f) ? -1 : 0;
+    }
+
+    /* Panel 1: throughput against threads. */
+    ymax = nice_max(ymax * 1.05);
+    svg_text(f, (L + W - R) / 2, T1 - 16, "middle", 15,
+             "churn: calls per second (alloc + free) vs threads");
+    fprintf(f, "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"black\"/>\n", L,
+            B1, W - R, B1);
+    fprintf(f, "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"black\"/>\n", L,
+            T1, L, B1);
+    for (int g = 0; g <= 5; g++) {
+        double y = B1 - (B1 - T1) * g / 5.0;
+        char lab[32];
+        fmt_rate(lab, sizeof(lab), ymax * g / 5.0);
+        fprintf(f, "<line x1=\"%.0f\" y1=\"%.1f\" x2=\"%.0f\" y2=\"%.1f\" stroke=\"#ddd\"/>\n",
+                L, y, W - R, y);
+        svg_text(f, L - 6, y + 4, "end", 11, lab);
+    }
+    for (unsigned k = 0; k < nt; k++) {
+        double x = L + (W - R - L) * (nt == 1 ? 0.5 : (double)k / (nt - 1));
+        char lab[16];
+        snprintf(lab, sizeof(lab), "%u", threads[k]);
+        svg_text(f, x, B1 + 18, "middle", 12, lab);
+    }
+    svg_text(f, (L + W - R) / 2, B1 + 38, "middle", 12, "threads");
+    for (unsigned a = 0; a < na; a++) {
+        const char *col = colours[a % 8];
+        fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2\" points=\"", col);
+        for (unsigned k = 0; k < nt; k++) {
+            const struct perf_result *r = perf_report_find(rp, wl, allocs[a], threads[k]);
+            double x = L + (W - R - L) * (nt == 1 ? 0.5 : (double)k / (nt - 1));
+            if (r != NULL)
+                fprintf(f, "%.1f,%.1f ", x, B1 - (B1 - T1) * r->ops_per_sec / ymax);
+        }
+        fputs("\"/>\n", f);
+        for (unsigned k = 0; k < nt; k++) {
+            const struct perf_result *r = perf_report_find(rp, wl, allocs[a], threads[k]);
+            double x = L + (W - R - L) * (nt == 1 ? 0.5 : (double)k / (nt - 1));
+            if (r != NULL)
+                fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"4\" fill=\"%s\"/>\n", x,
+                        B1 - (B1 - T1) * r->ops_per_sec / ymax, col);
+        }
+        fprintf(f, "<rect x=\"%.0f\" y=\"%.0f\" width=\"14\" height=\"4\" fill=\"%s\"/>\n",
+                W - R + 20, T1 + 20 * a + 6, col);
+        svg_text(f, W - R + 40, T1 + 20 * a + 12, "start", 12, allocs[a]);
+    }
+
+    /* Panel 2: latency percentiles at one thread count, log scale. */
+    {
+        const char *pname[3] = {"p50", "p99", "p99.9"};
+        const double shade[3] = {1.0, 0.65, 0.35};
+        double lmin = 1, lmax = 10;
+        double gw = (W - R - L) / na, bw = gw / 4.5;
+        for (unsigned a = 0; a < na; a++) {
+            const struct perf_result *r = perf_report_find(rp, wl, allocs[a], lat_threads);
+            if (r != NULL && (double)r->p999_ns > lmax)
+                lmax = (double)r->p999_ns;
+        }
+        lmax = pow(10, ceil(log10(lmax)));
+        snprintf(buf, sizeof(buf), "churn, %u thread%s: latency per call (ns, log scale)",
+                 lat_threads, lat_threads == 1 ? "" : "s");
+        svg_text(f, (L + W - R) / 2, T2 - 16, "middle", 15, buf);
+        fprintf(f, "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"black\"/>\n",
+                L, B2, W - R, B2);
+        fprintf(f, "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"black\"/>\n",
+                L, T2, L, B2);
+        for (double v = lmin; v <= lmax * 1.0001; v *= 10) {
+            double y = B2 - (B2 - T2) * log10(v / lmin) / log10(lmax / lmin);
+            char lab[32];
+            snprintf(lab, sizeof(lab), "%.0f", v);
+            fprintf(f, "<line x1=\"%.0f\" y1=\"%.1f\" x2=\"%.0f\" y2=\"%.1f\" stroke=\"#ddd\"/>\n",
+                    L, y, W - R, y);
+            svg_text(f, L - 6, y + 4, "end", 11, lab);
+        }
+        for (unsigned a = 0; a < na; a++) {
+            const struct perf_result *r = perf_report_find(rp, wl, allocs[a], lat_threads);
+            uint64_t v[3];
+            if (r == NULL)
+                continue;
+            v[0] = r->p50_ns;
+            v[1] = r->p99_ns;
+            v[2] = r->p999_ns;
+            for (int q = 0; q < 3; q++) {
+                double val = v[q] < 1 ? 1 : (double)v[q];
+                double y = B2 - (B2 - T2) * log10(val / lmin) / log10(lmax / lmin);
+                double x = L + gw * a + bw * (0.75 + q);
+                char lab[32];
+                fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" "
+                           "fill=\"%s\" fill-opacity=\"%.2f\"><title>%s %s %" PRIu64
+                           " ns</title></rect>\n", x, y, bw * 0.9, B2 - y, colours[a % 8],
+                        shade[q], allocs[a], pname[q], v[q]);
+                snprintf(lab, sizeof(lab), "%" PRIu64, v[q]);
+                svg_text(f, x + bw * 0.45, y - 3, "middle", 9, lab);
+            }
+            svg_text(f, L + gw * (a + 0.5), B2 + 18, "middle", 12, allocs[a]);
+        }
+        for (int q = 0; q < 3; q++) {
+            fprintf(f, "<rect x=\"%.0f\" y=\"%.0f\" width=\"14\" height=\"10\" fill=\"#444\" "
+                       "fill-opacity=\"%.2f\"/>\n", W - R + 20, T2 + 20 * q, shade[q]);
+            svg_text(f, W - R + 40, T2 + 20 * q + 9, "start", 12, pname[q]);
+        }
+    }
+    fputs("</svg>\n", f);
+    return ferror(f) ? -1 : 0;
+}

@@ -1,0 +1,74 @@
+#!/bin/sh
+# perf_smoke.sh -- `make check` smoke test of the perf harness (issue 6):
+# runs `perf/shardbfc-perf --quick --json FILE --svg FILE` and validates
+# the JSON with a real parser (jq, which scripts/bootstrap.sh installs;
+# python3 -m json.tool when jq is missing): the `machine` and `results`
+# contract other tools read, one result per measured (workload, allocator,
+# threads), null fragmentation where an allocator cannot report it.
+# Timings are not checked (the machine may be busy running other tests);
+# missed targets never fail it.  Exit 77 (skip) only when neither parser is
+# installed.
+set -u
+
+bin=./perf/shardbfc-perf
+[ -x "$bin" ] || { echo "perf_smoke: $bin not built" >&2; exit 1; }
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/perf_smoke.XXXXXX") || exit 1
+trap 'rm -rf "$tmp"' EXIT
+
+# Under a sanitizer (make sanitize) compare libshardbfc with itself only:
+# jemalloc and glibc's __libc_malloc next to the sanitizer's own malloc
+# interposition give reports about them, not about this code.
+set --
+if nm "$bin" 2>/dev/null | grep -q -E '__(tsan|asan)_init'; then
+    set -- --allocators shardbfc,single-lock
+    echo "perf_smoke: sanitizer build: $*"
+fi
+if ! "$bin" --quick "$@" --json "$tmp/perf.json" --svg "$tmp/perf.svg" >"$tmp/out.txt" 2>"$tmp/err.txt"; then
+    echo "perf_smoke: shardbfc-perf --quick failed:" >&2
+    cat "$tmp/out.txt" "$tmp/err.txt" >&2
+    exit 1
+fi
+tail -n 12 "$tmp/out.txt"
+
+grep -q '^<svg ' "$tmp/perf.svg" && grep -q '</svg>' "$tmp/perf.svg" ||
+    { echo "perf_smoke: the SVG is incomplete" >&2; exit 1; }
+
+if command -v jq >/dev/null 2>&1; then
+    # Every key of the contract, the right types, nulls only where allowed,
+    # and the libshardbfc rows that must be there on any machine.
+    jq -e '
+      (.machine | (.cores | type == "number" and . >= 1)
+                  and (.cpu | type == "string") and (.backend == "sim")
+                  and has("gpu"))
+      and (.results | type == "array" and length > 0)
+      and all(.results[];
+              (.workload | IN("churn", "cross", "inference", "host", "replay"))
+              and (.allocator | type == "string")
+              and (.threads | type == "number" and . >= 1)
+              and (.ops_per_sec | type == "number" and . > 0)
+              and (.p50_ns | type == "number") and (.p99_ns >= .p50_ns)
+              and (.p999_ns >= .p99_ns)
+              and (.peak_requested | type == "number" and . > 0)
+              and has("peak_reserved") and has("fragmentation")
+              and ((.fragmentation == null) == (.peak_reserved == null)))
+      and ([.results[] | select(.allocator == "shardbfc")] | length) == 8
+      and all(.results[] | select(.allocator == "shardbfc"); .fragmentation >= 1)
+      and all(.results[] | select(.allocator == "jemalloc" or .allocator == "malloc");
+              .fragmentation == null)
+      and (.skipped | type == "array")
+      and (.targets | type == "array" and length > 0)
+    ' "$tmp/perf.json" >/dev/null || {
+        echo "perf_smoke: the JSON does not follow the contract:" >&2
+        cat "$tmp/perf.json" >&2
+        exit 1
+    }
+    echo "perf_smoke: JSON valid (jq), $(jq '.results | length' "$tmp/perf.json") results"
+elif command -v python3 >/dev/null 2>&1; then
+    python3 -m json.tool "$tmp/perf.json" >/dev/null ||
+        { echo "perf_smoke: the JSON does not parse" >&2; exit 1; }
+    echo "perf_smoke: JSON parses (python3 -m json.tool)"
+else
+    echo "perf_smoke: neither jq nor python3 is installed: cannot validate" >&2
+    exit 77
+fi
+exit 0

@@ -1,0 +1,465 @@
+/*
+ * test_perf.c -- the perf harness's own logic (perf/): the latency
+ * histogram's percentiles on known inputs, the generators' size
+ * distributions, the inference trace's invariants (sizes from the model's
+ * shape, KV-cache blocks freed when their request ends, a balanced
+ * program), the replay reader's slot mapping, and that the JSON writer's
+ * output parses (tools/json_mini.c) with nulls where a figure is unknown.
+ * No timing is asserted anywhere.
+ */
+#include <check.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "json_mini.h"
+#include "perf.h"
+#include "perfutil.h"
+
+/* Check's ck_assert writes a mark point to its pipe on every call, which
+ * costs a system call; the loops over hundreds of thousands of samples
+ * below test with this instead (it reports only when it fails). */
+#define FAST_ASSERT(c)                                                         \
+    do {                                                                       \
+        if (!(c))                                                              \
+            ck_abort_msg("%s:%d: assertion failed: %s", __FILE__, __LINE__, #c); \
+    } while (0)
+
+/* ------------------------------------------------------------ histogram */
+
+START_TEST(hist_small_values_exact)
+{
+    struct perf_hist h;
+    perf_hist_reset(&h);
+    for (uint64_t v = 0; v < 10; v++)
+        perf_hist_add(&h, v); /* below 16: one bucket per value */
+    ck_assert_uint_eq(h.count, 10);
+    ck_assert_uint_eq(perf_hist_quantile(&h, 0.5), 4);  /* 5th smallest */
+    ck_assert_uint_eq(perf_hist_quantile(&h, 0.99), 9);
+    ck_assert_uint_eq(perf_hist_quantile(&h, 0.1), 0);
+    ck_assert_uint_eq(h.min, 0);
+    ck_assert_uint_eq(h.max, 9);
+}
+END_TEST
+
+START_TEST(hist_percentiles_uniform)
+{
+    struct perf_hist h;
+    perf_hist_reset(&h);
+    for (uint64_t v = 1; v <= 100000; v++)
+        perf_hist_add(&h, v);
+    /* Log-linear buckets of 1/16 of their power of two: within 1/32 of the
+     * true value when the middle of the bucket is returned. */
+    ck_assert_double_eq_tol((double)perf_hist_quantile(&h, 0.50), 50000, 50000 / 32.0);
+    ck_assert_double_eq_tol((double)perf_hist_quantile(&h, 0.99), 99000, 99000 / 32.0);
+    ck_assert_double_eq_tol((double)perf_hist_quantile(&h, 0.999), 99900, 99900 / 32.0);
+    ck_assert_double_eq_tol(perf_hist_mean(&h), 50000.5, 1e-6);
+}
+END_TEST
+
+START_TEST(hist_tail_and_merge)
+{
+    struct perf_hist a, b;
+    perf_hist_reset(&a);
+    perf_hist_reset(&b);
+    /* 990 fast calls on one thread, 10 slow ones on another: p99 sits at
+     * the edge, p99.9 in the slow group once merged. */
+    for (int i = 0; i < 990; i++)
+        perf_hist_add(&a, 100);
+    for (int i = 0; i < 10; i++)
+        perf_hist_add(&b, 1000000);
+    /* One value only: the bucket's middle is clamped to [min, max]. */
+    ck_assert_uint_eq(perf_hist_quantile(&b, 0.5), 1000000);
+    perf_hist_merge(&a, &b);
+    ck_assert_uint_eq(a.count, 1000);
+    ck_assert_uint_eq(a.max, 1000000);
+    ck_assert_uint_eq(a.min, 100);
+    /* 100 lies in the bucket [100, 104): its middle is read back. */
+    ck_assert_uint_eq(perf_hist_quantile(&a, 0.5), 102);
+    ck_assert_uint_eq(perf_hist_quantile(&a, 0.99), 102);   /* the 990th value */
+    ck_assert_double_eq_tol((double)perf_hist_quantile(&a, 0.999), 1e6, 1e6 / 32);
+}
+END_TEST
+
+START_TEST(hist_buckets_cover_values)
+{
+    /* Every value falls into the bucket whose range holds it. */
+    uint64_t s = 7;
+    for (int i = 0; i < 100000; i++) {
+        uint64_t v = perf_rng_next(&s) >> (perf_rng_next(&s) % 64), lo, w;
+        unsigned idx = perf_hist_index(v);
+        FAST_ASSERT((idx) < (PERF_HIST_BUCKETS));
+        if (v >= (1ull << PERF_HIST_MAX_LOG2))
+            continue;
+        perf_hist_bucket_range(idx, &lo, &w);
+        if (!(v >= lo && v < lo + w))
+            ck_abort_msg("v=%llu bucket [%llu,+%llu)", (unsigned long long)v,
+                         (unsigned long long)lo, (unsigned long long)w);
+        if (!(w == 1 || w * 16 <= lo))
+            ck_abort_msg("bucket too wide");
+    }
+}
+END_TEST
+
+/* ----------------------------------------------------------- generators */
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+static void check_logu(uint64_t lo, uint64_t hi)
+{
+    enum { N = 200001 };
+    uint64_t *v = malloc(N * sizeof(*v)), s = 1234, below_gm = 0;
+    double gm = sqrt((double)lo * (double)hi), lmean = 0;
+    ck_assert_ptr_nonnull(v);
+    for (int i = 0; i < N; i++) {
+        v[i] = perf_rng_logu(&s, lo, hi);
+        FAST_ASSERT((v[i]) >= (lo));
+        FAST_ASSERT((v[i]) <= (hi));
+        lmean += log2((double)v[i]);
+        below_gm += (double)v[i] < gm;
+    }
+    ck_assert_double_eq_tol((double)below_gm / N, 0.5, 0.01);
+    qsort(v, N, sizeof(*v), cmp_u64);
+    /* Median of a log-uniform law: the geometric mean of the bounds. */
+    ck_assert_double_eq_tol((double)v[N / 2], gm, gm * 0.03);
+    ck_assert_double_eq_tol(lmean / N, 0.5 * (log2((double)lo) + log2((double)hi)), 0.02);
+    /* Each octave gets its share: the lowest quarter of the log range. */
+    {
+        double q1 = pow(2, log2((double)lo) + 0.25 * (log2((double)hi) - log2((double)lo)));
+        ck_assert_double_eq_tol((double)v[N / 4], q1, q1 * 0.03);
+    }
+    free(v);
+}
+
+START_TEST(logu_powers_of_two)
+{
+    check_logu(256, 4u << 20); /* churn */
+}
+END_TEST
+
+START_TEST(logu_other_bounds)
+{
+    check_logu(16, 512);       /* inference prompts */
+    check_logu(1000, 3000000);
+}
+END_TEST
+
+START_TEST(churn_program_shape)
+{
+    struct perf_prog p;
+    uint64_t *cur;
+    perf_gen_churn(99, 64, 5000, 256, 4u << 20, &p);
+    ck_assert_uint_eq(p.npro, 64);
+    ck_assert_uint_eq(p.nev, 10000);
+    ck_assert_uint_eq(p.nslots, 64);
+    cur = calloc(64, sizeof(*cur));
+    for (size_t i = 0; i < p.npro; i++) {
+        ck_assert_int_eq(p.pro[i].op, PERF_OP_ALLOC);
+        cur[p.pro[i].slot] = p.pro[i].size;
+    }
+    /* Pairs: free a live slot (its current size), then allocate into it. */
+    for (size_t i = 0; i < p.nev; i += 2) {
+        FAST_ASSERT((p.ev[i].op) == (PERF_OP_FREE));
+        FAST_ASSERT((p.ev[i + 1].op) == (PERF_OP_ALLOC));
+        FAST_ASSERT((p.ev[i].slot) == (p.ev[i + 1].slot));
+        FAST_ASSERT((p.ev[i].size) == (cur[p.ev[i].slot]));
+        FAST_ASSERT((p.ev[i + 1].size) >= (256));
+        FAST_ASSERT((p.ev[i + 1].size) <= (4u << 20));
+        cur[p.ev[i].slot] = p.ev[i + 1].size;
+    }
+    free(cur);
+    perf_prog_free(&p);
+}
+END_TEST
+
+/* Is n = T * unit for some T in [1, max_tokens]? */
+static bool multiple_of(uint64_t n, uint64_t unit, uint64_t max_tokens)
+{
+    return n % unit == 0 && n / unit >= 1 && n / unit <= max_tokens;
+}
+
+START_TEST(inference_invariants)
+{
+    const struct perf_model *m = &perf_llama2_7b;
+    const uint64_t kvb = perf_model_kv_block(m);
+    const uint64_t maxT = (uint64_t)m->max_batch * m->prompt_max;
+    struct perf_prog p;
+    struct perf_req_info *req;
+    unsigned nreq;
+    uint8_t *live;
+    uint32_t *kv_allocs, *kv_frees, *last_kv_alloc, *first_kv_free, *last_kv_free;
+    size_t *slot_req;
+
+    ck_assert_uint_eq(kvb, 16u * 2 * 4096 * 2); /* 16 tokens of K and V, fp16 */
+    perf_gen_inference(m, 3042, 200, &p, &req, &nreq);
+    ck_assert_uint_gt(nreq, 5);
+    ck_assert_uint_gt(p.nev, 10000);
+    live = calloc(p.nslots, 1);
+    slot_req = calloc(p.nslots, sizeof(*slot_req));
+    kv_allocs = calloc(nreq, sizeof(uint32_t));
+    kv_frees = calloc(nreq, sizeof(uint32_t));
+    last_kv_alloc = calloc(nreq, sizeof(uint32_t));
+    first_kv_free = calloc(nreq, sizeof(uint32_t));
+    last_kv_free = calloc(nreq, sizeof(uint32_t));
+    for (unsigned r = 0; r < nreq; r++) {
+        ck_assert_uint_ge(req[r].prompt, m->prompt_min);
+        ck_assert_uint_le(req[r].prompt, m->prompt_max);
+        ck_assert_uint_ge(req[r].output, m->output_min);
+        ck_assert_uint_le(req[r].output, m->output_max);
+        first_kv_free[r] = UINT32_MAX;
+    }
+    for (size_t i = 0; i < p.nev; i++) {
+        const struct perf_ev *e = &p.ev[i];
+        FAST_ASSERT((e->slot) < (p.nslots));
+        if (e->op == PERF_OP_ALLOC) {
+            if (live[e->slot])
+                ck_abort_msg("slot %u allocated twice", e->slot);
+            live[e->slot] = 1;
+            slot_req[e->slot] = e->req;
+            if (e->kind == PERF_KIND_KV) {
+                FAST_ASSERT((e->size) == (kvb));
+                FAST_ASSERT((e->req) < (nreq));
+                kv_allocs[e->req]++;
+                last_kv_alloc[e->req] = (uint32_t)i;
+            } else if (e->kind == PERF_KIND_ACT) {
+                /* hidden, fused QKV (3 x hidden, 32 KV heads), intermediate,
+                 * or the fp32 softmax statistics (heads x tokens). */
+                if (!(multiple_of(e->size, 2ull * m->hidden, maxT) ||
+                      multiple_of(e->size, 2ull * 3 * m->hidden, maxT) ||
+                      multiple_of(e->size, 2ull * m->intermediate, maxT) ||
+                      multiple_of(e->size, 4ull * m->heads, maxT)))
+                    ck_abort_msg("activation of %llu B is not from the model's shape",
+                                 (unsigned long long)e->size);
+            } else {
+                FAST_ASSERT((e->kind) == (PERF_KIND_LOGITS));
+                FAST_ASSERT(multiple_of(e->size, 2ull * m->hidden, maxT) ||
+                            multiple_of(e->size, 2ull * m->vocab, m->max_batch));
+            }
+        } else {
+            if (!live[e->slot])
+                ck_abort_msg("slot %u freed while free", e->slot);
+            live[e->slot] = 0;
+            if (e->kind == PERF_KIND_KV) {
+                FAST_ASSERT((e->req) == (slot_req[e->slot]));
+                kv_frees[e->req]++;
+                if (first_kv_free[e->req] == UINT32_MAX)
+                    first_kv_free[e->req] = (uint32_t)i;
+                last_kv_free[e->req] = (uint32_t)i;
+            }
+        }
+    }
+    /* Balanced: nothing is live when the program ends, so it can cycle. */
+    for (unsigned s = 0; s < p.nslots; s++)
+        if (live[s])
+            ck_abort_msg("slot %u still live at the end", s);
+    for (unsigned r = 0; r < nreq; r++) {
+        /* KV stored for prompt + output - 1 tokens (the last token
+         * generated is never fed back), one block per 16 per layer. */
+        uint32_t tokens = req[r].prompt + req[r].output - 1;
+        uint32_t blocks = (tokens + m->kv_block_tokens - 1) / m->kv_block_tokens;
+        ck_assert_uint_eq(kv_allocs[r], blocks * m->layers);
+        ck_assert_uint_eq(kv_frees[r], kv_allocs[r]);
+        /* All freed together at the request's end, after its last block. */
+        ck_assert_uint_gt(first_kv_free[r], last_kv_alloc[r]);
+        ck_assert_uint_eq(last_kv_free[r] - first_kv_free[r] + 1, kv_frees[r]);
+    }
+    free(live);
+    free(slot_req);
+    free(kv_allocs);
+    free(kv_frees);
+    free(last_kv_alloc);
+    free(first_kv_free);
+    free(last_kv_free);
+    free(req);
+    perf_prog_free(&p);
+}
+END_TEST
+
+static bool same_events(const struct perf_prog *a, const struct perf_prog *b)
+{
+    if (a->nev != b->nev || a->nslots != b->nslots)
+        return false;
+    for (size_t i = 0; i < a->nev; i++) {
+        const struct perf_ev *x = &a->ev[i], *y = &b->ev[i];
+        if (x->size != y->size || x->slot != y->slot || x->req != y->req || x->op != y->op ||
+            x->stream != y->stream || x->kind != y->kind)
+            return false;
+    }
+    return true;
+}
+
+START_TEST(inference_seeded)
+{
+    struct perf_prog a, b, c;
+    perf_gen_inference(&perf_llama2_7b, 5, 64, &a, NULL, NULL);
+    perf_gen_inference(&perf_llama2_7b, 5, 64, &b, NULL, NULL);
+    perf_gen_inference(&perf_llama2_7b, 6, 64, &c, NULL, NULL);
+    ck_assert(same_events(&a, &b));   /* a seed fixes the trace */
+    ck_assert(!same_events(&a, &c));
+    perf_prog_free(&a);
+    perf_prog_free(&b);
+    perf_prog_free(&c);
+}
+END_TEST
+
+START_TEST(replay_maps_pointers)
+{
+    char path[] = "/tmp/test_perf_trace.XXXXXX", err[256];
+    int fd = mkstemp(path);
+    FILE *f;
+    struct perf_prog p;
+    ck_assert_int_ge(fd, 0);
+    f = fdopen(fd, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs("Thread,Time,Action,Pointer,Size,Stream\n"
+          "1,10,allocate,0x1000,512,0x0\n"
+          "1,11,allocate,0x2000,1024,0x7\n"
+          "1,12,free,0x1000,512,0x7\n"
+          "1,13,free,0x9999,64,0x0\n"          /* allocated before the trace */
+          "1,14,allocate,0x1000,256,0x0\n"     /* address reused */
+          "1,15,allocate failure,0x0,99,0x0\n",
+          f);
+    fclose(f);
+    ck_assert_int_eq(perf_gen_replay(path, &p, err, sizeof(err)), 0);
+    unlink(path);
+    ck_assert_uint_eq(p.nstreams, 2);
+    /* 3 allocs, 1 free from the trace, then 2 frees closing the program. */
+    ck_assert_uint_eq(p.nev, 6);
+    ck_assert_int_eq(p.ev[0].op, PERF_OP_ALLOC);
+    ck_assert_uint_eq(p.ev[0].size, 512);
+    ck_assert_uint_eq(p.ev[1].stream, 1);
+    ck_assert_int_eq(p.ev[2].op, PERF_OP_FREE);
+    ck_assert_uint_eq(p.ev[2].slot, p.ev[0].slot);
+    ck_assert_uint_eq(p.ev[2].stream, 1); /* freed on the other stream */
+    ck_assert_uint_eq(p.ev[3].size, 256);
+    ck_assert_int_eq(p.ev[4].op, PERF_OP_FREE);
+    ck_assert_int_eq(p.ev[5].op, PERF_OP_FREE);
+    ck_assert_uint_eq(p.nslots, 2);
+    perf_prog_free(&p);
+    ck_assert_int_ne(perf_gen_replay("/nonexistent/trace.csv", &p, err, sizeof(err)), 0);
+}
+END_TEST
+
+/* ----------------------------------------------------------------- JSON */
+
+START_TEST(json_parses_with_nulls)
+{
+    struct perf_result res[2];
+    struct perf_skip skip = {"churn", "cuda", "no usable CUDA device (\"x\")"};
+    struct perf_target tgt = {.name = "churn 2 threads: a \\ b", .value = 2.5, .limit = 2,
+                              .measured = true, .met = true};
+    struct perf_report rp;
+    char *buf = NULL, err[128];
+    size_t len = 0;
+    FILE *f;
+    bfc_json_t *j;
+    const bfc_json_t *r0, *r1;
+
+    memset(res, 0, sizeof(res));
+    memset(&rp, 0, sizeof(rp));
+    snprintf(res[0].workload, sizeof(res[0].workload), "churn");
+    snprintf(res[0].allocator, sizeof(res[0].allocator), "shardbfc");
+    res[0].threads = 2;
+    res[0].ops_per_sec = 1.5e7;
+    res[0].p50_ns = 90;
+    res[0].p99_ns = 400;
+    res[0].p999_ns = 700;
+    res[0].have_mem = true;
+    res[0].peak_reserved = 3ull << 31; /* beyond 32 bits */
+    res[0].peak_requested = 1ull << 31;
+    res[0].fragmentation = 3.0;
+    res[1] = res[0];
+    snprintf(res[1].allocator, sizeof(res[1].allocator), "jemalloc");
+    res[1].have_mem = false;
+    rp.program = "shardbfc-perf";
+    rp.cores = 2;
+    snprintf(rp.cpu, sizeof(rp.cpu), "CPU \"quoted\"\tand tab");
+    rp.backend = "sim";
+    rp.gpu = NULL;
+    snprintf(rp.loadavg, sizeof(rp.loadavg), "0.1 0.2 0.3");
+    snprintf(rp.params_json, sizeof(rp.params_json), "\"seed\": 42");
+    rp.res = res;
+    rp.nres = 2;
+    rp.skip = &skip;
+    rp.nskip = 1;
+    rp.tgt = &tgt;
+    rp.ntgt = 1;
+
+    f = open_memstream(&buf, &len);
+    ck_assert_ptr_nonnull(f);
+    ck_assert_int_eq(perf_report_json(&rp, f), 0);
+    fclose(f);
+    j = bfc_json_parse(buf, len, err, sizeof(err));
+    ck_assert_msg(j != NULL, "JSON does not parse: %s\n%s", err, buf);
+    ck_assert_str_eq(bfc_json_str(bfc_json_get(j, "machine"), "cpu", ""),
+                     "CPU \"quoted\"\tand tab");
+    ck_assert_int_eq(bfc_json_get(bfc_json_get(j, "machine"), "gpu")->type, BFC_JSON_NULL);
+    ck_assert_uint_eq(bfc_json_u64(bfc_json_get(j, "machine"), "cores", 0), 2);
+    ck_assert_uint_eq(bfc_json_u64(bfc_json_get(j, "parameters"), "seed", 0), 42);
+    ck_assert_uint_eq(bfc_json_get(j, "results")->n, 2);
+    r0 = bfc_json_at(bfc_json_get(j, "results"), 0);
+    r1 = bfc_json_at(bfc_json_get(j, "results"), 1);
+    ck_assert_str_eq(bfc_json_str(r0, "workload", ""), "churn");
+    ck_assert_uint_eq(bfc_json_u64(r0, "threads", 0), 2);
+    ck_assert_double_eq_tol(bfc_json_num(r0, "ops_per_sec", 0), 1.5e7, 1);
+    ck_assert_uint_eq(bfc_json_u64(r0, "p99_ns", 0), 400);
+    ck_assert_uint_eq(bfc_json_u64(r0, "peak_reserved", 0), 3ull << 31);
+    ck_assert_double_eq_tol(bfc_json_num(r0, "fragmentation", 0), 3.0, 1e-9);
+    ck_assert_int_eq(bfc_json_get(r1, "fragmentation")->type, BFC_JSON_NULL);
+    ck_assert_int_eq(bfc_json_get(r1, "peak_reserved")->type, BFC_JSON_NULL);
+    ck_assert_uint_eq(bfc_json_u64(r1, "peak_requested", 0), 1ull << 31);
+    ck_assert_str_eq(bfc_json_str(bfc_json_at(bfc_json_get(j, "skipped"), 0), "reason", ""),
+                     "no usable CUDA device (\"x\")");
+    ck_assert_str_eq(bfc_json_str(bfc_json_at(bfc_json_get(j, "targets"), 0), "name", ""),
+                     "churn 2 threads: a \\ b");
+    ck_assert_int_eq(bfc_json_get(bfc_json_at(bfc_json_get(j, "targets"), 0), "met")->type,
+                     BFC_JSON_BOOL);
+    bfc_json_free(j);
+    free(buf);
+
+    /* The SVG is one document: it starts and ends as one. */
+    buf = NULL;
+    f = open_memstream(&buf, &len);
+    ck_assert_int_eq(perf_report_svg(&rp, f), 0);
+    fclose(f);
+    ck_assert_ptr_nonnull(strstr(buf, "<svg "));
+    ck_assert_ptr_nonnull(strstr(buf, "<polyline"));
+    ck_assert_ptr_nonnull(strstr(buf, "</svg>\n"));
+    free(buf);
+}
+END_TEST
+
+static Suite *perf_suite(void)
+{
+    Suite *s = suite_create("perf");
+    TCase *tc = tcase_create("harness");
+    tcase_set_timeout(tc, 30);
+    tcase_add_test(tc, hist_small_values_exact);
+    tcase_add_test(tc, hist_percentiles_uniform);
+    tcase_add_test(tc, hist_tail_and_merge);
+    tcase_add_test(tc, hist_buckets_cover_values);
+    tcase_add_test(tc, logu_powers_of_two);
+    tcase_add_test(tc, logu_other_bounds);
+    tcase_add_test(tc, churn_program_shape);
+    tcase_add_test(tc, inference_invariants);
+    tcase_add_test(tc, inference_seeded);
+    tcase_add_test(tc, replay_maps_pointers);
+    tcase_add_test(tc, json_parses_with_nulls);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(perf_suite());
+    int failed;
+    srunner_run_all(sr, CK_ENV);
+    failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
