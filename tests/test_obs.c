@@ -1,0 +1,1191 @@
+/*
+ * test_obs.c -- observability (issue 7): the JSON snapshot against the
+ * statistics, the fragmentation metric, the OOM callback (size, stream,
+ * summary, one retry) and oom_dump, the config paths, the allocation trace
+ * (round trip through tools/trace_csv.c, fenced frees, threads, RMM edge
+ * cases), replay (same peaks, same addresses), and the HTML viewer.
+ *
+ * Everything runs on the SIM backend, with files in a private temporary
+ * directory removed at the end of each test.  Snapshots are parsed with
+ * tools/json_mini.c (a strict parser) and, when jq is installed, also with
+ * jq.
+ */
+#include <check.h>
+#include <dirent.h>
+#include <inttypes.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <shardbfc.h>
+#include <shardbfc_sim.h>
+
+#include "json_mini.h"
+#include "replay.h"
+#include "trace_csv.h"
+#include "view.h"
+
+#define KiB ((size_t)1 << 10)
+#define MiB ((size_t)1 << 20)
+
+/* ------------------------------------------------------------ helpers */
+
+static char tmpdir[256];
+
+static void tmp_setup(void)
+{
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/test_obs_XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(tmpdir));
+}
+
+static void tmp_teardown(void)
+{
+    DIR *d = opendir(tmpdir);
+    if (!d)
+        return;
+    struct dirent *e;
+    char p[600];
+    while ((e = readdir(d)) != NULL) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+            continue;
+        snprintf(p, sizeof p, "%s/%s", tmpdir, e->d_name);
+        unlink(p);
+    }
+    closedir(d);
+    rmdir(tmpdir);
+}
+
+static void tmp_path(char *buf, size_t len, const char *name)
+{
+    snprintf(buf, len, "%s/%s", tmpdir, name);
+}
+
+static bfc_ctx_t *mkctx(const char *spec)
+{
+    bfc_config_t c;
+    bfc_config_init(&c);
+    ck_assert_int_eq(bfc_config_parse(&c, "backend=sim"), BFC_OK);
+    ck_assert_int_eq(bfc_config_parse(&c, spec), BFC_OK);
+    bfc_ctx_t *ctx = NULL;
+    ck_assert_int_eq(bfc_ctx_create(&c, &ctx), BFC_OK);
+    return ctx;
+}
+
+static void *xalloc(bfc_ctx_t *ctx, bfc_stream_t s, size_t n)
+{
+    void *p = bfc_ctx_alloc(ctx, s, n);
+    ck_assert_msg(p != NULL, "alloc %zu: %s", n, bfc_strerror(bfc_last_error()));
+    return p;
+}
+
+static void xfree(bfc_ctx_t *ctx, void *p, bfc_stream_t s)
+{
+    ck_assert_int_eq(bfc_ctx_free(ctx, p, s), BFC_OK);
+}
+
+static bfc_stats_t stats(bfc_ctx_t *ctx)
+{
+    bfc_stats_t s;
+    ck_assert_int_eq(bfc_ctx_stats(ctx, &s), BFC_OK);
+    return s;
+}
+
+static char *read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)n + 1);
+    ck_assert_ptr_nonnull(buf);
+    ck_assert_uint_eq(fread(buf, 1, (size_t)n, f), (size_t)n);
+    buf[n] = '\0';
+    fclose(f);
+    *len = (size_t)n;
+    return buf;
+}
+
+/* The snapshot of ctx, parsed (and checked by jq when available). */
+static bfc_json_t *snapshot(bfc_ctx_t *ctx)
+{
+    char path[400];
+    tmp_path(path, sizeof path, "snap.json");
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_int_eq(bfc_ctx_snapshot_json(ctx, f), BFC_OK);
+    ck_assert_int_eq(fclose(f), 0);
+    size_t len;
+    char *text = read_file(path, &len);
+    ck_assert_ptr_nonnull(text);
+    char err[256];
+    bfc_json_t *v = bfc_json_parse(text, len, err, sizeof err);
+    ck_assert_msg(v != NULL, "snapshot is not JSON: %s\n%.400s", err, text);
+    free(text);
+    if (system("command -v jq >/dev/null 2>&1") == 0) {
+        char cmd[600];
+        snprintf(cmd, sizeof cmd, "jq -e '.shards | length' '%s'", path);
+        FILE *p = popen(cmd, "r");
+        ck_assert_ptr_nonnull(p);
+        unsigned long nsh = 0;
+        ck_assert_int_eq(fscanf(p, "%lu", &nsh), 1);
+        ck_assert_int_eq(pclose(p), 0);
+        ck_assert_uint_eq(nsh, bfc_json_get(v, "shards")->n);
+    }
+    unlink(path);
+    return v;
+}
+
+/* Every bfc_stats_t field of a JSON stats object equals *s. */
+static void assert_stats_equal(const bfc_json_t *j, const bfc_stats_t *s)
+{
+    ck_assert_ptr_nonnull(j);
+#define F(name) ck_assert_msg(bfc_json_u64(j, #name, UINT64_MAX) == s->name, "%s: json %" PRIu64 " stats %" PRIu64, \
+                              #name, bfc_json_u64(j, #name, UINT64_MAX), (uint64_t)s->name)
+    F(num_allocs);
+    F(num_frees);
+    F(bytes_in_use);
+    F(peak_bytes_in_use);
+    F(bytes_requested);
+    F(largest_alloc_size);
+    F(bytes_limit);
+    F(bytes_reserved);
+    F(peak_bytes_reserved);
+    F(num_regions);
+    F(num_shards);
+    F(num_remote_frees);
+    F(num_pending_frees);
+    F(num_ooms);
+    F(bytes_free);
+    F(largest_free_chunk);
+    F(bytes_pending);
+    F(num_chunks);
+    F(num_poison_errors);
+#undef F
+    double fj = bfc_json_num(j, "fragmentation", -1);
+    ck_assert_msg(fabs(fj - bfc_stats_fragmentation(s)) < 1e-6, "fragmentation %f vs %f", fj,
+                  bfc_stats_fragmentation(s));
+}
+
+static const bfc_json_t *shard_of(const bfc_json_t *snap, bfc_stream_t s)
+{
+    char want[32];
+    snprintf(want, sizeof want, "0x%" PRIxPTR, (uintptr_t)s);
+    const bfc_json_t *shards = bfc_json_get(snap, "shards");
+    for (size_t i = 0; i < shards->n; i++)
+        if (strcmp(bfc_json_str(bfc_json_at(shards, i), "stream", ""), want) == 0)
+            return bfc_json_at(shards, i);
+    return NULL;
+}
+
+/* ------------------------------------------------------ fragmentation */
+
+START_TEST(test_fragmentation_formula)
+{
+    bfc_stats_t s;
+    memset(&s, 0, sizeof s);
+    ck_assert(bfc_stats_fragmentation(NULL) == 0.0);
+    ck_assert(bfc_stats_fragmentation(&s) == 0.0); /* nothing free */
+    s.bytes_free = 1024;
+    s.largest_free_chunk = 1024;
+    ck_assert(bfc_stats_fragmentation(&s) == 0.0); /* one chunk */
+    s.largest_free_chunk = 256;
+    ck_assert(fabs(bfc_stats_fragmentation(&s) - 0.75) < 1e-12);
+    s.bytes_free = 3 * MiB;
+    s.largest_free_chunk = 1 * MiB;
+    ck_assert(fabs(bfc_stats_fragmentation(&s) - 2.0 / 3.0) < 1e-12);
+}
+END_TEST
+
+/* Eight 1 MiB blocks fill an 8 MiB region exactly; freeing every other one
+ * leaves four separate 1 MiB holes: 1 - 1/4.  Freeing block 1 merges 0-2:
+ * 5 MiB free, largest 3 MiB: 1 - 3/5. */
+START_TEST(test_fragmentation_live)
+{
+    bfc_ctx_t *ctx = mkctx("memory_limit=64M,initial_region=8M");
+    bfc_stream_t s = bfc_sim_stream_create(ctx), t = bfc_sim_stream_create(ctx);
+    void *p[8];
+    for (int i = 0; i < 8; i++)
+        p[i] = xalloc(ctx, s, MiB);
+    bfc_stats_t st = stats(ctx);
+    ck_assert_uint_eq(st.bytes_free, 0);
+    ck_assert(bfc_stats_fragmentation(&st) == 0.0);
+    for (int i = 0; i < 8; i += 2)
+        xfree(ctx, p[i], s);
+    st = stats(ctx);
+    ck_assert_uint_eq(st.bytes_free, 4 * MiB);
+    ck_assert_uint_eq(st.largest_free_chunk, MiB);
+    ck_assert(fabs(bfc_stats_fragmentation(&st) - 0.75) < 1e-12);
+    xfree(ctx, p[1], s);
+    bfc_stats_t ss;
+    ck_assert_int_eq(bfc_ctx_stream_stats(ctx, s, &ss), BFC_OK);
+    ck_assert_uint_eq(ss.bytes_free, 5 * MiB);
+    ck_assert_uint_eq(ss.largest_free_chunk, 3 * MiB);
+    ck_assert(fabs(bfc_stats_fragmentation(&ss) - 0.4) < 1e-12);
+
+    /* A second shard with one free 8 MiB tail: the context figure is the
+     * largest chunk of any shard over all free bytes. */
+    void *q = xalloc(ctx, t, 4 * MiB); /* region of 8 MiB: 4 MiB free after it */
+    bfc_stats_t ts;
+    ck_assert_int_eq(bfc_ctx_stream_stats(ctx, t, &ts), BFC_OK);
+    ck_assert_uint_eq(ts.bytes_free, 4 * MiB);
+    ck_assert(bfc_stats_fragmentation(&ts) == 0.0);
+    st = stats(ctx);
+    ck_assert_uint_eq(st.bytes_free, 9 * MiB);
+    ck_assert_uint_eq(st.largest_free_chunk, 4 * MiB);
+    ck_assert(fabs(bfc_stats_fragmentation(&st) - (1.0 - 4.0 / 9.0)) < 1e-12);
+    xfree(ctx, q, t);
+    for (int i = 3; i < 8; i += 2)
+        xfree(ctx, p[i], s);
+    ck_assert_int_eq(bfc_ctx_check(ctx), BFC_OK);
+    bfc_sim_stream_destroy(ctx, s);
+    bfc_sim_stream_destroy(ctx, t);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
+/* ----------------------------------------------------------- snapshot */
+
+START_TEST(test_snapshot_matches_stats)
+{
+    tmp_setup();
+    bfc_ctx_t *ctx = mkctx("memory_limit=256M,initial_region=4M,large_alloc=16M");
+    bfc_stream_t a = bfc_sim_stream_create(ctx), b = bfc_sim_stream_create(ctx);
+    void *pa[6], *pb[3];
+    for (int i = 0; i < 6; i++)
+        pa[i] = xalloc(ctx, a, (size_t)1000 << i);
+    for (int i = 0; i < 3; i++)
+        pb[i] = xalloc(ctx, b, (size_t)5000 * (size_t)(i + 1));
+    void *big = xalloc(ctx, a, 20 * MiB); /* a large region of its own */
+    xfree(ctx, pa[1], a);
+    xfree(ctx, pa[3], a);
+    /* A fenced free that stays pending: b is busy. */
+    bfc_sim_stream_hold(ctx, b);
+    xfree(ctx, pa[4], b);
+    (void)bfc_ctx_alloc(ctx, a, 256); /* drains a's queue: pa[4] becomes pending */
+
+    bfc_json_t *v = snapshot(ctx);
+    bfc_stats_t tot = stats(ctx);
+    ck_assert_uint_eq(bfc_json_u64(v, "version", 0), 1);
+    ck_assert_str_eq(bfc_json_str(v, "backend", ""), "sim");
+    ck_assert_uint_eq(bfc_json_u64(v, "limit", 0), 256 * MiB);
+    assert_stats_equal(bfc_json_get(v, "totals"), &tot);
+    ck_assert_uint_eq(tot.num_pending_frees, 1);
+    const bfc_json_t *pool = bfc_json_get(v, "pool");
+    ck_assert_uint_eq(bfc_json_u64(pool, "held", 0), tot.bytes_reserved);
+
+    const bfc_json_t *shards = bfc_json_get(v, "shards");
+    ck_assert_uint_eq(shards->n, 2);
+    uint64_t region_total = 0;
+    bool seen_pending = false, seen_large = false, seen_big = false;
+    bfc_stream_t ss[2] = {a, b};
+    for (int k = 0; k < 2; k++) {
+        const bfc_json_t *sh = shard_of(v, ss[k]);
+        ck_assert_msg(sh != NULL, "no shard for stream %d", k);
+        bfc_stats_t st;
+        ck_assert_int_eq(bfc_ctx_stream_stats(ctx, ss[k], &st), BFC_OK);
+        assert_stats_equal(bfc_json_get(sh, "stats"), &st);
+        uint64_t sid = bfc_json_u64(sh, "stream_id", UINT64_MAX);
+        uint64_t in_use = 0, requested = 0, pending = 0, freeb = 0, chunks = 0, reserved = 0;
+        const bfc_json_t *regions = bfc_json_get(sh, "regions");
+        for (size_t i = 0; i < regions->n; i++) {
+            const bfc_json_t *r = bfc_json_at(regions, i);
+            ck_assert_uint_eq(bfc_json_u64(r, "owner", UINT64_MAX), sid);
+            uint64_t size = bfc_json_u64(r, "size", 0), off = 0;
+            uintptr_t base = (uintptr_t)strtoull(bfc_json_str(r, "base", "0"), NULL, 16);
+            ck_assert_uint_ne(base, 0);
+            reserved += size;
+            const bfc_json_t *large = bfc_json_get(r, "large");
+            if (large && large->b)
+                seen_large = true;
+            const bfc_json_t *cs = bfc_json_get(r, "chunks");
+            for (size_t j = 0; j < cs->n; j++) {
+                const bfc_json_t *c = bfc_json_at(cs, j);
+                ck_assert_uint_eq(bfc_json_u64(c, "offset", UINT64_MAX), off); /* chunks tile the region */
+                uint64_t csz = bfc_json_u64(c, "size", 0);
+                const char *state = bfc_json_str(c, "state", "?");
+                off += csz;
+                chunks++;
+                void *ptr = (void *)(base + (uintptr_t)bfc_json_u64(c, "offset", 0));
+                if (strcmp(state, "in_use") == 0) {
+                    in_use += csz;
+                    requested += bfc_json_u64(c, "requested", 0);
+                    /* Allocation id and sizes are those of the live block. */
+                    ck_assert_int_eq((int64_t)bfc_json_num(c, "allocation_id", -2), bfc_ctx_allocation_id(ctx, ptr));
+                    ck_assert_uint_eq(bfc_json_u64(c, "requested", 0), bfc_ctx_requested_size(ctx, ptr));
+                    ck_assert_uint_eq(csz, bfc_ctx_allocated_size(ctx, ptr));
+                    if (ptr == big)
+                        seen_big = true;
+                } else if (strcmp(state, "pending") == 0) {
+                    pending += csz;
+                    ck_assert_ptr_eq(ptr, pa[4]);
+                    seen_pending = true;
+                } else if (strcmp(state, "free") == 0) {
+                    freeb += csz;
+                    ck_assert_int_eq((int64_t)bfc_json_num(c, "allocation_id", 0), -1);
+                } else {
+                    ck_abort_msg("unexpected state %s", state);
+                }
+            }
+            ck_assert_uint_eq(off, size);
+        }
+        ck_assert_uint_eq(in_use, st.bytes_in_use);
+        ck_assert_uint_eq(requested, st.bytes_requested);
+        ck_assert_uint_eq(pending, st.bytes_pending);
+        ck_assert_uint_eq(freeb, st.bytes_free);
+        ck_assert_uint_eq(chunks, st.num_chunks);
+        ck_assert_uint_eq(reserved, st.bytes_reserved);
+        ck_assert_uint_eq(regions->n, st.num_regions);
+        /* Bins account for every free byte. */
+        const bfc_json_t *bins = bfc_json_get(sh, "bins");
+        uint64_t bin_bytes = 0;
+        for (size_t i = 0; i < bins->n; i++)
+            bin_bytes += bfc_json_u64(bfc_json_at(bins, i), "bytes", 0);
+        ck_assert_uint_eq(bin_bytes, st.bytes_free);
+        region_total += reserved;
+    }
+    ck_assert(seen_pending && seen_large && seen_big);
+    ck_assert_uint_eq(region_total, bfc_json_u64(pool, "committed", 0));
+    bfc_json_free(v);
+
+    bfc_sim_stream_drain(ctx, b);
+    for (int i = 0; i < 6; i++)
+        if (i != 1 && i != 3 && i != 4)
+            xfree(ctx, pa[i], a);
+    for (int i = 0; i < 3; i++)
+        xfree(ctx, pb[i], b);
+    xfree(ctx, big, a);
+    ck_assert_int_eq(bfc_ctx_check(ctx), BFC_OK);
+    bfc_sim_stream_destroy(ctx, a);
+    bfc_sim_stream_destroy(ctx, b);
+    bfc_ctx_destroy(ctx);
+    tmp_teardown();
+}
+END_TEST
+
+/* ---------------------------------------------------------------- OOM */
+
+struct oom_rec {
+    int calls;
+    size_t size;
+    bfc_stream_t stream;
+    bfc_stats_t summary;
+    int ret;
+    void *to_free;             /* freed by the callback (on free_stream) */
+    bfc_stream_t free_stream;
+};
+
+static int oom_cb(bfc_ctx_t *ctx, size_t size, bfc_stream_t stream, const bfc_stats_t *summary, void *arg)
+{
+    struct oom_rec *r = arg;
+    r->calls++;
+    r->size = size;
+    r->stream = stream;
+    r->summary = *summary;
+    if (r->to_free) {
+        /* No lock is held: freeing from here must work. */
+        ck_assert_int_eq(bfc_ctx_free(ctx, r->to_free, r->free_stream), BFC_OK);
+        r->to_free = NULL;
+    }
+    return r->ret;
+}
+
+START_TEST(test_oom_callback_args_and_no_retry)
+{
+    bfc_ctx_t *ctx = mkctx("memory_limit=8M,allow_growth=false");
+    bfc_stream_t s = bfc_sim_stream_create(ctx);
+    struct oom_rec r = {0};
+    ck_assert_int_eq(bfc_ctx_set_oom_callback(ctx, oom_cb, &r), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_set_oom_callback(NULL, oom_cb, &r), BFC_EINVAL);
+
+    /* Successful allocations never call it. */
+    void *a = xalloc(ctx, s, 5 * MiB);
+    ck_assert_int_eq(r.calls, 0);
+
+    ck_assert_ptr_null(bfc_ctx_alloc(ctx, s, 4 * MiB + 1));
+    ck_assert_int_eq(bfc_last_error(), BFC_ENOMEM);
+    ck_assert_int_eq(r.calls, 1);
+    ck_assert_uint_eq(r.size, 4 * MiB + 1);
+    ck_assert_ptr_eq(r.stream, s);
+    /* 5 MiB of an 8 MiB region is not split (the leftover is < 5 MiB and
+     * < 128 MiB): the chunk is the whole region, as in TensorFlow. */
+    ck_assert_uint_eq(r.summary.bytes_in_use, bfc_ctx_allocated_size(ctx, a));
+    ck_assert_uint_eq(r.summary.bytes_requested, 5 * MiB);
+    ck_assert_uint_eq(r.summary.bytes_limit, 8 * MiB);
+    ck_assert_uint_ge(r.summary.num_ooms, 1);
+
+    /* Asking for a retry without freeing anything: one retry, no second
+     * call. */
+    r.ret = 1;
+    ck_assert_ptr_null(bfc_ctx_alloc(ctx, s, 4 * MiB));
+    ck_assert_int_eq(bfc_last_error(), BFC_ENOMEM);
+    ck_assert_int_eq(r.calls, 2);
+
+    /* Larger than the limit: reported too (size as asked). */
+    ck_assert_ptr_null(bfc_ctx_alloc(ctx, NULL, 64 * MiB));
+    ck_assert_int_eq(r.calls, 3);
+    ck_assert_uint_eq(r.size, 64 * MiB);
+    ck_assert_ptr_null(r.stream);
+
+    /* Removed: not called. */
+    ck_assert_int_eq(bfc_ctx_set_oom_callback(ctx, NULL, NULL), BFC_OK);
+    ck_assert_ptr_null(bfc_ctx_alloc(ctx, s, 4 * MiB));
+    ck_assert_int_eq(r.calls, 3);
+
+    xfree(ctx, a, s);
+    bfc_sim_stream_destroy(ctx, s);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
+START_TEST(test_oom_callback_frees_and_retry_succeeds)
+{
+    bfc_ctx_t *ctx = mkctx("memory_limit=8M,allow_growth=false");
+    bfc_stream_t s = bfc_sim_stream_create(ctx), t = bfc_sim_stream_create(ctx);
+    struct oom_rec r = {0};
+    ck_assert_int_eq(bfc_ctx_set_oom_callback(ctx, oom_cb, &r), BFC_OK);
+    void *a = xalloc(ctx, s, 6 * MiB);
+    r.ret = 1;
+    r.to_free = a;
+    r.free_stream = s;
+    void *b = bfc_ctx_alloc(ctx, s, 4 * MiB);
+    ck_assert_msg(b != NULL, "retry after the callback freed memory failed: %s", bfc_strerror(bfc_last_error()));
+    ck_assert_int_eq(bfc_last_error(), BFC_OK);
+    ck_assert_int_eq(r.calls, 1);
+    ck_assert_uint_eq(r.size, 4 * MiB);
+    ck_assert_uint_eq(r.summary.bytes_requested, 6 * MiB); /* the state that failed */
+
+    /* The same from a failing stream t whose shard holds nothing: the
+     * callback frees s's block; the retry takes memory from s's shard. */
+    r.calls = 0;
+    r.to_free = b;
+    r.free_stream = s;
+    void *c = bfc_ctx_alloc(ctx, t, 7 * MiB);
+    ck_assert_msg(c != NULL, "cross-shard retry failed: %s", bfc_strerror(bfc_last_error()));
+    ck_assert_int_eq(r.calls, 1);
+    ck_assert_ptr_eq(r.stream, t);
+    xfree(ctx, c, t);
+    ck_assert_int_eq(bfc_ctx_check(ctx), BFC_OK);
+    bfc_sim_stream_destroy(ctx, s);
+    bfc_sim_stream_destroy(ctx, t);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
+START_TEST(test_oom_dump)
+{
+    tmp_setup();
+    char path[400], spec[600];
+    tmp_path(path, sizeof path, "oom.json");
+    snprintf(spec, sizeof spec, "memory_limit=4M,oom_dump=%s", path);
+    bfc_ctx_t *ctx = mkctx(spec);
+    bfc_config_t got;
+    ck_assert_int_eq(bfc_ctx_config(ctx, &got), BFC_OK);
+    ck_assert_str_eq(got.oom_dump, path);
+    bfc_stream_t s = bfc_sim_stream_create(ctx);
+    void *a = xalloc(ctx, s, 3 * MiB);
+    struct stat sb;
+    ck_assert_int_ne(stat(path, &sb), 0); /* no OOM, no file */
+    ck_assert_ptr_null(bfc_ctx_alloc(ctx, s, 2 * MiB));
+    ck_assert_int_eq(bfc_last_error(), BFC_ENOMEM);
+    size_t len;
+    char *text = read_file(path, &len);
+    ck_assert_msg(text != NULL, "oom_dump file %s not written", path);
+    char err[256];
+    bfc_json_t *v = bfc_json_parse(text, len, err, sizeof err);
+    ck_assert_msg(v != NULL, "oom_dump is not JSON: %s", err);
+    const bfc_json_t *tot = bfc_json_get(v, "totals");
+    ck_assert_uint_ge(bfc_json_u64(tot, "num_ooms", 0), 1);
+    ck_assert_uint_eq(bfc_json_u64(tot, "bytes_requested", 0), 3 * MiB);
+    ck_assert_uint_eq(bfc_json_u64(tot, "bytes_in_use", 0), bfc_ctx_allocated_size(ctx, a));
+    bfc_json_free(v);
+    free(text);
+    char tmp[420];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    ck_assert_int_ne(stat(tmp, &sb), 0); /* renamed into place */
+
+    /* Rate limit: a second OOM within the second writes nothing. */
+    unlink(path);
+    ck_assert_ptr_null(bfc_ctx_alloc(ctx, s, 2 * MiB));
+    ck_assert_int_ne(stat(path, &sb), 0);
+
+    xfree(ctx, a, s);
+    bfc_sim_stream_destroy(ctx, s);
+    bfc_ctx_destroy(ctx);
+    tmp_teardown();
+}
+END_TEST
+
+/* ------------------------------------------------------------- config */
+
+START_TEST(test_config_paths)
+{
+    bfc_config_t c, before;
+    bfc_config_init(&c);
+    ck_assert_str_eq(c.oom_dump, "");
+    ck_assert_str_eq(c.trace, "");
+    ck_assert_int_eq(bfc_config_parse(&c, "oom_dump=/tmp/a b/oom.json, trace = /tmp/t.csv "), BFC_OK);
+    ck_assert_str_eq(c.oom_dump, "/tmp/a b/oom.json");
+    ck_assert_str_eq(c.trace, "/tmp/t.csv");
+    ck_assert_int_eq(bfc_config_validate(&c), BFC_OK);
+
+    char spec[600], path[300];
+    memset(path, 'x', 255);
+    path[0] = '/';
+    path[255] = '\0';
+    snprintf(spec, sizeof spec, "trace=%s", path); /* 255 bytes: fits */
+    ck_assert_int_eq(bfc_config_parse(&c, spec), BFC_OK);
+    ck_assert_uint_eq(strlen(c.trace), 255);
+    /* A shorter path after a longer one leaves no tail behind. */
+    ck_assert_int_eq(bfc_config_parse(&c, "trace=/t"), BFC_OK);
+    ck_assert_str_eq(c.trace, "/t");
+    ck_assert(c.trace[3] == '\0' && c.trace[254] == '\0');
+
+    memcpy(&before, &c, sizeof c);
+    path[255] = 'y';
+    path[256] = '\0';
+    snprintf(spec, sizeof spec, "memory_limit=1G,trace=%s", path); /* 256 bytes: too long */
+    ck_assert_int_eq(bfc_config_parse(&c, spec), BFC_EINVAL);
+    ck_assert(memcmp(&c, &before, sizeof c) == 0);
+    ck_assert_int_eq(bfc_config_parse(&c, "memory_limit=1G,oom_dump=/tmp/a\tb"), BFC_EINVAL);
+    ck_assert_int_eq(bfc_config_parse(&c, "oom_dump="), BFC_EINVAL);
+    ck_assert_int_eq(bfc_config_parse(&c, "oom_dump=/tmp/\x7f"), BFC_EINVAL);
+    ck_assert(memcmp(&c, &before, sizeof c) == 0);
+
+    /* Filled by hand without a terminator: invalid. */
+    memset(c.oom_dump, 'z', sizeof c.oom_dump);
+    ck_assert_int_eq(bfc_config_validate(&c), BFC_EINVAL);
+    bfc_ctx_t *ctx = NULL;
+    c.backend = BFC_BACKEND_SIM;
+    ck_assert_int_eq(bfc_ctx_create(&c, &ctx), BFC_EINVAL);
+    ck_assert_ptr_null(ctx);
+}
+END_TEST
+
+/* -------------------------------------------------------------- trace */
+
+static size_t count_action(const bfc_trace_event_t *ev, size_t n, int action)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        k += ev[i].action == action;
+    return k;
+}
+
+static const bfc_trace_event_t *find_event(const bfc_trace_event_t *ev, size_t n, int action, const void *p)
+{
+    for (size_t i = 0; i < n; i++)
+        if (ev[i].action == action && ev[i].ptr == (uint64_t)(uintptr_t)p)
+            return &ev[i];
+    return NULL;
+}
+
+static void read_trace(const char *path, bfc_trace_event_t **ev, size_t *n)
+{
+    char err[300];
+    ck_assert_msg(bfc_trace_csv_read(path, ev, n, err, sizeof err) == 0, "read %s: %s", path, err);
+}
+
+START_TEST(test_trace_round_trip)
+{
+    tmp_setup();
+    char path[400];
+    tmp_path(path, sizeof path, "trace.csv");
+    bfc_ctx_t *ctx = mkctx("memory_limit=64M,initial_region=2M");
+    bfc_stream_t a = bfc_sim_stream_create(ctx), b = bfc_sim_stream_create(ctx);
+    ck_assert_int_eq(bfc_ctx_trace_stop(ctx), BFC_ESTATE);
+    ck_assert_int_eq(bfc_ctx_trace_start(ctx, "/nonexistent-dir/x.csv"), BFC_EINVAL);
+    ck_assert_int_eq(bfc_ctx_trace_start(ctx, path), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_trace_start(ctx, path), BFC_EBUSY);
+
+    void *p1 = xalloc(ctx, a, 1000);
+    void *p2 = xalloc(ctx, a, 5000);
+    void *p3 = xalloc(ctx, b, 3 * MiB); /* b grows a 4 MiB region */
+    xfree(ctx, p1, a);                  /* same stream: free only */
+    bfc_sim_stream_hold(ctx, b);
+    xfree(ctx, p2, b);                  /* cross-stream, fenced: free now ... */
+    void *p4 = xalloc(ctx, a, 256);     /* (drain: still pending) */
+    bfc_sim_stream_drain(ctx, b);
+    void *p5 = xalloc(ctx, a, 512);     /* ... free_complete here */
+    ck_assert_ptr_null(bfc_ctx_alloc(ctx, a, 1u << 30)); /* allocate failure */
+    xfree(ctx, p3, b);
+    xfree(ctx, p4, a);
+    xfree(ctx, p5, a);
+    ck_assert_int_eq(bfc_ctx_trim(ctx), BFC_OK); /* releases every region */
+    ck_assert_int_eq(bfc_ctx_trace_stop(ctx), BFC_OK);
+    /* Not traced any more. */
+    void *after = xalloc(ctx, a, 777);
+    xfree(ctx, after, a);
+
+    bfc_trace_event_t *ev;
+    size_t n;
+    read_trace(path, &ev, &n);
+    ck_assert_uint_eq(count_action(ev, n, BFC_TRACE_ALLOC), 5);
+    ck_assert_uint_eq(count_action(ev, n, BFC_TRACE_ALLOC_FAIL), 1);
+    ck_assert_uint_eq(count_action(ev, n, BFC_TRACE_FREE), 5);
+    ck_assert_uint_eq(count_action(ev, n, BFC_TRACE_FREE_COMPLETE), 1);
+    size_t grows = count_action(ev, n, BFC_TRACE_GROW);
+    ck_assert_uint_eq(grows, 2); /* one region per shard */
+    ck_assert_uint_eq(count_action(ev, n, BFC_TRACE_RELEASE), grows);
+    ck_assert_uint_eq(n, 5 + 1 + 5 + 1 + 2 * grows);
+
+    uint64_t tid = (uint64_t)syscall(SYS_gettid);
+    for (size_t i = 0; i < n; i++) {
+        ck_assert_uint_eq(ev[i].thread, tid);
+        if (i)
+            ck_assert_uint_ge(ev[i].time_ns, ev[i - 1].time_ns);
+    }
+    struct {
+        void *p;
+        size_t n;
+        bfc_stream_t s;
+    } al[] = {{p1, 1000, a}, {p2, 5000, a}, {p3, 3 * MiB, b}, {p4, 256, a}, {p5, 512, a}};
+    /* One thread: the allocate rows are the allocations, in order (p4 may
+     * reuse p1's address). */
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (ev[i].action != BFC_TRACE_ALLOC)
+            continue;
+        ck_assert_uint_eq(ev[i].ptr, (uintptr_t)al[k].p);
+        ck_assert_uint_eq(ev[i].size, al[k].n);
+        ck_assert_uint_eq(ev[i].stream, (uintptr_t)al[k].s);
+        k++;
+    }
+    ck_assert_uint_eq(k, 5);
+    const bfc_trace_event_t *f1 = find_event(ev, n, BFC_TRACE_FREE, p1);
+    ck_assert_ptr_nonnull(f1);
+    ck_assert_uint_eq(f1->stream, (uintptr_t)a);
+    ck_assert_uint_eq(f1->size, 1000);
+    ck_assert_ptr_null(find_event(ev, n, BFC_TRACE_FREE_COMPLETE, p1));
+    /* The fenced free: free on b, completion on the owner a, after the
+     * allocation that found it still pending and before p5's. */
+    const bfc_trace_event_t *f2 = find_event(ev, n, BFC_TRACE_FREE, p2);
+    const bfc_trace_event_t *c2 = find_event(ev, n, BFC_TRACE_FREE_COMPLETE, p2);
+    ck_assert_ptr_nonnull(f2);
+    ck_assert_ptr_nonnull(c2);
+    ck_assert_uint_eq(f2->stream, (uintptr_t)b);
+    ck_assert_uint_eq(c2->stream, (uintptr_t)a);
+    ck_assert_uint_eq(c2->size, 5000);
+    const bfc_trace_event_t *a4 = NULL, *a5 = NULL;
+    for (size_t i = 0; i < n; i++)
+        if (ev[i].action == BFC_TRACE_ALLOC && ev[i].size == 256)
+            a4 = &ev[i];
+        else if (ev[i].action == BFC_TRACE_ALLOC && ev[i].size == 512)
+            a5 = &ev[i];
+    ck_assert(f2 < a4 && a4 < c2 && c2 < a5);
+    /* The failure row: nil pointer, the size asked. */
+    for (size_t i = 0; i < n; i++)
+        if (ev[i].action == BFC_TRACE_ALLOC_FAIL) {
+            ck_assert_uint_eq(ev[i].ptr, 0);
+            ck_assert_uint_eq(ev[i].size, 1u << 30);
+        }
+    /* Grow rows name regions that hold the blocks. */
+    const bfc_trace_event_t *g3 = NULL;
+    for (size_t i = 0; i < n; i++)
+        if (ev[i].action == BFC_TRACE_GROW && ev[i].stream == (uintptr_t)b)
+            g3 = &ev[i];
+    ck_assert_ptr_nonnull(g3);
+    ck_assert_uint_eq(g3->ptr, (uintptr_t)p3);
+    ck_assert_uint_ge(g3->size, 3 * MiB);
+    free(ev);
+
+    /* The header is RMM's. */
+    size_t len;
+    char *text = read_file(path, &len);
+    ck_assert(strncmp(text, "Thread,Time,Action,Pointer,Size,Stream\n", 39) == 0);
+    free(text);
+    bfc_sim_stream_destroy(ctx, a);
+    bfc_sim_stream_destroy(ctx, b);
+    bfc_ctx_destroy(ctx);
+    tmp_teardown();
+}
+END_TEST
+
+#define TT_THREADS 4
+#define TT_OPS 3000
+
+struct tt_arg {
+    bfc_ctx_t *ctx;
+    uint64_t tid;
+};
+
+static void *trace_thread(void *p)
+{
+    struct tt_arg *arg = p;
+    arg->tid = (uint64_t)syscall(SYS_gettid);
+    bfc_stream_t s = bfc_sim_stream_create(arg->ctx);
+    void *live[16] = {0};
+    unsigned x = (unsigned)arg->tid * 2654435761u;
+    for (int i = 0; i < TT_OPS; i++) {
+        x = x * 1103515245u + 12345u;
+        int k = (int)((x >> 8) % 16);
+        if (live[k]) {
+            if (bfc_ctx_free(arg->ctx, live[k], s) != BFC_OK)
+                return (void *)1;
+            live[k] = NULL;
+        } else {
+            live[k] = bfc_ctx_alloc(arg->ctx, s, 256 + (x >> 16) % 8192);
+            if (!live[k])
+                return (void *)1;
+        }
+    }
+    for (int k = 0; k < 16; k++)
+        if (live[k] && bfc_ctx_free(arg->ctx, live[k], s) != BFC_OK)
+            return (void *)1;
+    bfc_sim_stream_destroy(arg->ctx, s);
+    return NULL;
+}
+
+/* Threads that exit while the trace runs: their buffers are flushed at
+ * exit, and nothing is lost or duplicated. */
+START_TEST(test_trace_threads)
+{
+    tmp_setup();
+    char path[400];
+    tmp_path(path, sizeof path, "threads.csv");
+    bfc_ctx_t *ctx = mkctx("memory_limit=256M");
+    ck_assert_int_eq(bfc_ctx_trace_start(ctx, path), BFC_OK);
+    pthread_t th[TT_THREADS];
+    struct tt_arg args[TT_THREADS];
+    for (int i = 0; i < TT_THREADS; i++) {
+        args[i].ctx = ctx;
+        ck_assert_int_eq(pthread_create(&th[i], NULL, trace_thread, &args[i]), 0);
+    }
+    for (int i = 0; i < TT_THREADS; i++) {
+        void *r;
+        ck_assert_int_eq(pthread_join(th[i], &r), 0);
+        ck_assert_ptr_null(r);
+    }
+    ck_assert_int_eq(bfc_ctx_trace_stop(ctx), BFC_OK);
+    bfc_stats_t st = stats(ctx);
+    bfc_trace_event_t *ev;
+    size_t n;
+    read_trace(path, &ev, &n);
+    ck_assert_uint_eq(count_action(ev, n, BFC_TRACE_ALLOC), st.num_allocs);
+    ck_assert_uint_eq(count_action(ev, n, BFC_TRACE_FREE), st.num_frees);
+    ck_assert_uint_eq(st.num_allocs, st.num_frees);
+    /* Per thread: times never go back, allocs and frees balance. */
+    for (int t = 0; t < TT_THREADS; t++) {
+        uint64_t last = 0;
+        long bal = 0;
+        size_t k = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (ev[i].thread != args[t].tid)
+                continue;
+            ck_assert_uint_ge(ev[i].time_ns, last);
+            last = ev[i].time_ns;
+            bal += ev[i].action == BFC_TRACE_ALLOC ? 1 : ev[i].action == BFC_TRACE_FREE ? -1 : 0;
+            k++;
+        }
+        ck_assert_uint_ge(k, TT_OPS / 2);
+        ck_assert_int_eq(bal, 0);
+    }
+    free(ev);
+    bfc_ctx_destroy(ctx);
+    tmp_teardown();
+}
+END_TEST
+
+/* trace=PATH in the configuration traces from creation to destruction. */
+START_TEST(test_trace_from_config)
+{
+    tmp_setup();
+    char path[400], spec[600];
+    tmp_path(path, sizeof path, "cfg.csv");
+    snprintf(spec, sizeof spec, "memory_limit=16M,trace=%s", path);
+    bfc_ctx_t *ctx = mkctx(spec);
+    ck_assert_int_eq(bfc_ctx_trace_start(ctx, path), BFC_EBUSY);
+    void *p = xalloc(ctx, NULL, 4096);
+    xfree(ctx, p, NULL);
+    bfc_ctx_destroy(ctx); /* flushes */
+    bfc_trace_event_t *ev;
+    size_t n;
+    read_trace(path, &ev, &n);
+    ck_assert_uint_eq(count_action(ev, n, BFC_TRACE_ALLOC), 1);
+    ck_assert_uint_eq(count_action(ev, n, BFC_TRACE_FREE), 1);
+    ck_assert_uint_eq(count_action(ev, n, BFC_TRACE_GROW), 1);
+    ck_assert_ptr_nonnull(find_event(ev, n, BFC_TRACE_ALLOC, p));
+    free(ev);
+
+    /* An unwritable trace path fails creation. */
+    bfc_config_t c;
+    bfc_config_init(&c);
+    ck_assert_int_eq(bfc_config_parse(&c, "backend=sim,trace=/nonexistent-dir/t.csv"), BFC_OK);
+    ctx = NULL;
+    ck_assert_int_eq(bfc_ctx_create(&c, &ctx), BFC_EINVAL);
+    ck_assert_ptr_null(ctx);
+    tmp_teardown();
+}
+END_TEST
+
+START_TEST(test_rmm_csv_edge_cases)
+{
+    tmp_setup();
+    char path[400];
+    tmp_path(path, sizeof path, "rmm.csv");
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    /* Columns reordered, CR LF, blank line, RMM times, nil pointers. */
+    fputs("Thread,Time,Action,Pointer,Size,Stream\r\n"
+          "140230,09:15:02.123456,allocate,0x7f1200000000,1024,0x0\r\n"
+          "140230,09:15:02.123460,allocate failure,0x0,68719476736,0x0\r\n"
+          "\r\n"
+          "140231,09:15:02.200000,allocate,7f1200000400,2048,0x5562a0\r\n"
+          "140231,09:15:02.200001,allocate failure,(nil),4096,0x5562a0\r\n"
+          "140230,09:15:03.000001,free,0x7f1200000000,1024,0x0\r\n"
+          "140231,09:15:03.5,free,0x7f1200000400,2048,0x5562a0\r\n",
+          f);
+    fclose(f);
+    bfc_trace_event_t *ev;
+    size_t n;
+    read_trace(path, &ev, &n);
+    ck_assert_uint_eq(n, 6);
+    ck_assert_int_eq(ev[0].action, BFC_TRACE_ALLOC);
+    ck_assert_uint_eq(ev[0].ptr, 0x7f1200000000ull);
+    ck_assert_uint_eq(ev[0].time_ns, ((9 * 3600 + 15 * 60 + 2) * 1000000000ull) + 123456000ull);
+    ck_assert_int_eq(ev[1].action, BFC_TRACE_ALLOC_FAIL);
+    ck_assert_uint_eq(ev[1].ptr, 0);
+    ck_assert_uint_eq(ev[1].size, 68719476736ull);
+    ck_assert_uint_eq(ev[2].ptr, 0x7f1200000400ull); /* hex without 0x, as RMM parses it */
+    ck_assert_uint_eq(ev[2].stream, 0x5562a0);
+    ck_assert_uint_eq(ev[2].thread, 140231);
+    ck_assert_uint_eq(ev[3].ptr, 0);
+    ck_assert_uint_eq(ev[5].time_ns, ((9 * 3600 + 15 * 60 + 3) * 1000000000ull) + 500000000ull);
+
+    /* Replayed: two allocations, two frees, the failure rows skipped. */
+    bfc_replay_result_t r;
+    char err[300];
+    ck_assert_msg(bfc_replay_run(ev, n, "memory_limit=64M", NULL, &r, err, sizeof err) == 0, "%s", err);
+    ck_assert_uint_eq(r.allocs, 2);
+    ck_assert_uint_eq(r.frees, 2);
+    ck_assert_uint_eq(r.skipped, 2);
+    ck_assert_uint_eq(r.ooms, 0);
+    ck_assert_uint_eq(r.streams, 1);
+    ck_assert_uint_eq(r.peak_live, 1024 + 2048);
+    free(ev);
+
+    /* Errors name the line. */
+    const char *bad[] = {"Thread,Time,Action,Pointer,Size,Stream\n1,2,allocate,0x10,12x,0x0\n",
+                         "Thread,Time,Action,Pointer,Size,Stream\n1,2,realloc,0x10,12,0x0\n",
+                         "Thread,Time,Pointer,Size\n1,2,0x10,12\n",
+                         "Thread,Time,Action,Pointer,Size,Stream\n1,2,free,0x10\n",
+                         ""};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        f = fopen(path, "w");
+        fputs(bad[i], f);
+        fclose(f);
+        ck_assert_int_eq(bfc_trace_csv_read(path, &ev, &n, err, sizeof err), -1);
+        ck_assert_ptr_null(ev);
+        ck_assert_msg(strstr(err, path) != NULL, "message '%s' does not name the file", err);
+        if (i < 2)
+            ck_assert_msg(strstr(err, ":2:") != NULL, "message '%s' does not name line 2", err);
+    }
+    ck_assert_int_eq(bfc_trace_csv_read("/nonexistent-dir/x.csv", &ev, &n, err, sizeof err), -1);
+    tmp_teardown();
+}
+END_TEST
+
+/* ------------------------------------------------------------- replay */
+
+/* (index of the grow event whose region holds p, offset in it) */
+struct addr {
+    size_t region;
+    uint64_t off;
+};
+
+static size_t addresses(const bfc_trace_event_t *ev, size_t n, struct addr *out, size_t max)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (ev[i].action != BFC_TRACE_ALLOC)
+            continue;
+        /* The most recent grow (before it) that contains the pointer. */
+        size_t g = SIZE_MAX, gi = 0;
+        for (size_t j = 0; j < i; j++) {
+            if (ev[j].action == BFC_TRACE_GROW) {
+                if (ev[i].ptr >= ev[j].ptr && ev[i].ptr < ev[j].ptr + ev[j].size)
+                    g = gi;
+                gi++;
+            }
+        }
+        ck_assert_msg(g != SIZE_MAX, "allocation %zu lies in no traced region", i);
+        ck_assert_uint_lt(k, max);
+        size_t gj = 0;
+        uint64_t base = 0;
+        for (size_t j = 0; j < i; j++)
+            if (ev[j].action == BFC_TRACE_GROW && gj++ == g)
+                base = ev[j].ptr;
+        out[k++] = (struct addr){g, ev[i].ptr - base};
+    }
+    return k;
+}
+
+START_TEST(test_replay_reproduces_peaks_and_addresses)
+{
+    tmp_setup();
+    char path[400], path2[400];
+    tmp_path(path, sizeof path, "orig.csv");
+    tmp_path(path2, sizeof path2, "replayed.csv");
+    const char *spec = "memory_limit=64M,initial_region=1M";
+    bfc_ctx_t *ctx = mkctx(spec);
+    bfc_stream_t s[2] = {bfc_sim_stream_create(ctx), bfc_sim_stream_create(ctx)};
+    ck_assert_int_eq(bfc_ctx_trace_start(ctx, path), BFC_OK);
+    void *live[64] = {0};
+    int owner[64];
+    unsigned x = 12345;
+    for (int i = 0; i < 3000; i++) {
+        x = x * 1103515245u + 12345u;
+        int k = (int)((x >> 10) % 64);
+        if (live[k]) {
+            /* One free in eight on the other stream (fenced). */
+            int fs = ((x >> 20) & 7) == 0 ? 1 - owner[k] : owner[k];
+            xfree(ctx, live[k], s[fs]);
+            live[k] = NULL;
+        } else {
+            owner[k] = (int)((x >> 24) & 1);
+            live[k] = xalloc(ctx, s[owner[k]], 256 + (x >> 12) % (256 * KiB));
+        }
+    }
+    for (int k = 0; k < 64; k++)
+        if (live[k])
+            xfree(ctx, live[k], s[owner[k]]);
+    ck_assert_int_eq(bfc_ctx_trace_stop(ctx), BFC_OK);
+    bfc_stats_t orig = stats(ctx);
+    bfc_sim_stream_destroy(ctx, s[0]);
+    bfc_sim_stream_destroy(ctx, s[1]);
+    bfc_ctx_destroy(ctx);
+
+    bfc_trace_event_t *ev, *ev2;
+    size_t n, n2;
+    read_trace(path, &ev, &n);
+    bfc_replay_result_t r;
+    char err[300];
+    ck_assert_msg(bfc_replay_run(ev, n, spec, path2, &r, err, sizeof err) == 0, "%s", err);
+    ck_assert_uint_eq(r.allocs, orig.num_allocs);
+    ck_assert_uint_eq(r.frees, orig.num_frees);
+    ck_assert_uint_eq(r.ooms, 0);
+    ck_assert_uint_eq(r.streams, 2);
+    ck_assert_uint_eq(r.peak_in_use, orig.peak_bytes_in_use);
+    ck_assert_uint_eq(r.peak_reserved, orig.peak_bytes_reserved);
+    ck_assert(r.fragmentation >= 0.0 && r.fragmentation < 1.0);
+
+    /* The same addresses, relative to the regions. */
+    read_trace(path2, &ev2, &n2);
+    static struct addr A[4000], B[4000];
+    size_t na = addresses(ev, n, A, 4000), nb = addresses(ev2, n2, B, 4000);
+    ck_assert_uint_eq(na, nb);
+    for (size_t i = 0; i < na; i++)
+        ck_assert_msg(A[i].region == B[i].region && A[i].off == B[i].off,
+                      "allocation %zu: region %zu +%" PRIu64 " vs region %zu +%" PRIu64, i, A[i].region, A[i].off,
+                      B[i].region, B[i].off);
+
+    /* A tighter limit changes the outcome: the replay reports OOMs. */
+    ck_assert_msg(bfc_replay_run(ev, n, "memory_limit=1M,initial_region=1M", NULL, &r, err, sizeof err) == 0, "%s",
+                  err);
+    ck_assert_uint_gt(r.ooms, 0);
+    ck_assert_uint_le(r.peak_reserved, 1 * MiB);
+    ck_assert_int_eq(bfc_replay_run(ev, n, "no_such_key=1", NULL, &r, err, sizeof err), -1);
+    free(ev);
+    free(ev2);
+    tmp_teardown();
+}
+END_TEST
+
+/* --------------------------------------------------------------- view */
+
+START_TEST(test_view_html)
+{
+    tmp_setup();
+    bfc_ctx_t *ctx = mkctx("memory_limit=64M,initial_region=2M");
+    bfc_stream_t a = bfc_sim_stream_create(ctx), b = bfc_sim_stream_create(ctx);
+    void *p = xalloc(ctx, a, 100000), *q = xalloc(ctx, b, 3 * MiB);
+    char *json = NULL;
+    size_t jlen = 0;
+    FILE *f = open_memstream(&json, &jlen);
+    ck_assert_int_eq(bfc_ctx_snapshot_json(ctx, f), BFC_OK);
+    fclose(f);
+    char *html = NULL;
+    size_t hlen = 0;
+    char err[300];
+    f = open_memstream(&html, &hlen);
+    ck_assert_int_eq(bfc_view_write_html(json, jlen, "t<>&", f, err, sizeof err), 0);
+    fclose(f);
+    ck_assert(strncmp(html, "<!DOCTYPE html>", 15) == 0);
+    ck_assert_ptr_nonnull(strstr(html, "<title>t&lt;&gt;&amp;</title>"));
+    ck_assert_ptr_nonnull(strstr(html, "</html>"));
+    /* Every region of the snapshot is in the page. */
+    char *cp = NULL;
+    bfc_json_t *v = bfc_json_parse(json, jlen, err, sizeof err);
+    ck_assert_ptr_nonnull(v);
+    const bfc_json_t *shards = bfc_json_get(v, "shards");
+    size_t nreg = 0;
+    for (size_t i = 0; i < shards->n; i++) {
+        const bfc_json_t *regions = bfc_json_get(bfc_json_at(shards, i), "regions");
+        for (size_t j = 0; j < regions->n; j++, nreg++) {
+            char needle[64];
+            snprintf(needle, sizeof needle, "\"base\":\"%s\"", bfc_json_str(bfc_json_at(regions, j), "base", "?"));
+            ck_assert_msg(strstr(html, needle) != NULL, "page lacks region %s", needle);
+        }
+    }
+    ck_assert_uint_eq(nreg, 2);
+    bfc_json_free(v);
+    /* Self-contained: no external resource. */
+    ck_assert_ptr_null(strstr(html, "http://"));
+    ck_assert_ptr_null(strstr(html, "https://"));
+    ck_assert_ptr_null(strstr(html, "src="));
+    ck_assert_ptr_null(strstr(html, "<link"));
+    free(html);
+    (void)cp;
+
+    /* A string that would close the script element is escaped. */
+    const char *evil = "{\"shards\":[],\"backend\":\"</script><script>alert(1)</script>\"}";
+    html = NULL;
+    f = open_memstream(&html, &hlen);
+    ck_assert_int_eq(bfc_view_write_html(evil, strlen(evil), NULL, f, err, sizeof err), 0);
+    fclose(f);
+    ck_assert_ptr_null(strstr(html, "alert(1)</script>"));
+    ck_assert_ptr_nonnull(strstr(html, "<\\/script><script>alert(1)<\\/script>"));
+    free(html);
+
+    /* Not JSON / not a snapshot: refused with a message. */
+    html = NULL;
+    f = open_memstream(&html, &hlen);
+    ck_assert_int_eq(bfc_view_write_html("{\"shards\":[", 11, NULL, f, err, sizeof err), -1);
+    ck_assert_ptr_nonnull(strstr(err, "JSON"));
+    ck_assert_int_eq(bfc_view_write_html("{\"x\":1}", 7, NULL, f, err, sizeof err), -1);
+    ck_assert_ptr_nonnull(strstr(err, "snapshot"));
+    fclose(f);
+    free(html);
+    free(json);
+    xfree(ctx, p, a);
+    xfree(ctx, q, b);
+    bfc_sim_stream_destroy(ctx, a);
+    bfc_sim_stream_destroy(ctx, b);
+    bfc_ctx_destroy(ctx);
+    tmp_teardown();
+}
+END_TEST
+
+/* The page in a real browser, when Debian's chromium is installed (it is not
+ * a build dependency; without it this test says so and checks nothing): no
+ * script error, every region drawn, a screenshot that is not blank. */
+START_TEST(test_view_in_chromium)
+{
+    if (system("command -v chromium >/dev/null 2>&1") != 0) {
+        fprintf(stderr, "test_obs: chromium not installed, page not rendered in a browser\n");
+        return;
+    }
+    tmp_setup();
+    bfc_ctx_t *ctx = mkctx("memory_limit=64M,initial_region=2M");
+    bfc_stream_t a = bfc_sim_stream_create(ctx), b = bfc_sim_stream_create(ctx);
+    void *p[40];
+    for (int i = 0; i < 40; i++)
+        p[i] = xalloc(ctx, i % 2 ? a : b, (size_t)(i + 1) * 20000);
+    for (int i = 0; i < 40; i += 3)
+        xfree(ctx, p[i], i % 2 ? a : b);
+    char snap[400], page[400], shot[400], dom[400], prof[400], cmd[2000];
+    tmp_path(snap, sizeof snap, "s.json");
+    tmp_path(page, sizeof page, "page.html");
+    tmp_path(shot, sizeof shot, "shot.png");
+    tmp_path(dom, sizeof dom, "dom.html");
+    tmp_path(prof, sizeof prof, "profile");
+    FILE *f = fopen(snap, "w");
+    ck_assert_int_eq(bfc_ctx_snapshot_json(ctx, f), BFC_OK);
+    fclose(f);
+    bfc_stats_t st = stats(ctx);
+    size_t len;
+    char *json = read_file(snap, &len), err[300];
+    f = fopen(page, "w");
+    ck_assert_int_eq(bfc_view_write_html(json, len, NULL, f, err, sizeof err), 0);
+    fclose(f);
+    free(json);
+    const char *flags = "--headless=new --no-sandbox --disable-gpu --no-first-run --window-size=1200,800";
+    snprintf(cmd, sizeof cmd, "timeout 60 chromium %s --user-data-dir='%s' --dump-dom 'file://%s' > '%s' 2>/dev/null",
+             flags, prof, page, dom);
+    ck_assert_int_eq(system(cmd), 0);
+    char *d = read_file(dom, &len), want[128];
+    ck_assert_ptr_nonnull(d);
+    ck_assert_msg(strstr(d, "data-state=\"ok\"") != NULL, "page did not render: %.300s", d);
+    snprintf(want, sizeof want, "%" PRIu64 " regions", st.num_regions);
+    ck_assert_msg(strstr(d, want) != NULL, "page does not report %s", want);
+    free(d);
+    snprintf(cmd, sizeof cmd, "timeout 60 chromium %s --user-data-dir='%s' --screenshot='%s' 'file://%s' >/dev/null 2>&1",
+             flags, prof, shot, page);
+    ck_assert_int_eq(system(cmd), 0);
+    struct stat sb;
+    ck_assert_int_eq(stat(shot, &sb), 0);
+    /* A blank 1200x800 PNG compresses to a few KiB; tables and bars do not. */
+    ck_assert_int_gt(sb.st_size, 20000);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", prof);
+    ck_assert_int_eq(system(cmd), 0);
+    for (int i = 0; i < 40; i++)
+        if (i % 3)
+            xfree(ctx, p[i], i % 2 ? a : b);
+    bfc_sim_stream_destroy(ctx, a);
+    bfc_sim_stream_destroy(ctx, b);
+    bfc_ctx_destroy(ctx);
+    tmp_teardown();
+}
+END_TEST
+
+START_TEST(test_json_mini_strict)
+{
+    char err[200];
+    const char *bad[] = {"", "{", "[1,]", "{\"a\":1,}", "01", "1.", "-", "\"\\x\"", "\"a\nb\"", "nul",
+                         "[1] 2", "{\"a\" 1}", "\"\\ud800\"", "NaN", "\"\\u0000\""};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        bfc_json_t *v = bfc_json_parse(bad[i], strlen(bad[i]), err, sizeof err);
+        ck_assert_msg(v == NULL, "accepted bad JSON '%s'", bad[i]);
+    }
+    const char *good = " {\"a\":[1,2.5e1,-3,true,false,null,\"\\u00e9\\ud83d\\ude00\\/\"],\"b\":{},"
+                       "\"n\":18446744073709551615} ";
+    bfc_json_t *v = bfc_json_parse(good, strlen(good), err, sizeof err);
+    ck_assert_msg(v != NULL, "%s", err);
+    const bfc_json_t *a = bfc_json_get(v, "a");
+    ck_assert_uint_eq(a->n, 7);
+    ck_assert(bfc_json_at(a, 1)->num == 25.0);
+    ck_assert(!bfc_json_at(a, 2)->is_u64);
+    ck_assert_str_eq(bfc_json_at(a, 6)->str, "\xc3\xa9\xf0\x9f\x98\x80/");
+    ck_assert_uint_eq(bfc_json_u64(v, "n", 0), UINT64_MAX);
+    bfc_json_free(v);
+}
+END_TEST
+
+static Suite *obs_suite(void)
+{
+    Suite *s = suite_create("obs");
+    TCase *tc = tcase_create("obs");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, test_fragmentation_formula);
+    tcase_add_test(tc, test_fragmentation_live);
+    tcase_add_test(tc, test_snapshot_matches_stats);
+    tcase_add_test(tc, test_oom_callback_args_and_no_retry);
+    tcase_add_test(tc, test_oom_callback_frees_and_retry_succeeds);
+    tcase_add_test(tc, test_oom_dump);
+    tcase_add_test(tc, test_config_paths);
+    tcase_add_test(tc, test_trace_round_trip);
+    tcase_add_test(tc, test_trace_threads);
+    tcase_add_test(tc, test_trace_from_config);
+    tcase_add_test(tc, test_rmm_csv_edge_cases);
+    tcase_add_test(tc, test_replay_reproduces_peaks_and_addresses);
+    tcase_add_test(tc, test_view_html);
+    tcase_add_test(tc, test_view_in_chromium);
+    tcase_add_test(tc, test_json_mini_strict);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(obs_suite());
+    srunner_run_all(sr, CK_ENV);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}

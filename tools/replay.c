@@ -1,0 +1,335 @@
+/*
+ * replay.c -- replays a trace against a SIM context (see replay.h).
+ *
+ * Single-threaded and deterministic: the same trace on the same
+ * configuration gives the same sequence of operations, hence the same
+ * addresses relative to the regions, the same peaks and the same OOMs.
+ * Threads of the trace are not re-created: what shards memory is the stream,
+ * and the order within each thread is kept because the replay order is
+ * either the file order or a stable sort by time of per-thread monotone
+ * sequences.
+ *
+ * Two open-addressing hash tables (linear probing, power-of-two sizes, no
+ * deletion tombstones needed for streams; pointers use backward-shift
+ * deletion) map trace streams to SIM streams and trace pointers to live
+ * replay pointers.
+ */
+#include "replay.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <shardbfc.h>
+#include <shardbfc_sim.h>
+
+static void set_err(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void set_err(char *err, size_t errlen, const char *fmt, ...)
+{
+    if (!err || errlen == 0)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+}
+
+static uint64_t mix(uint64_t x)
+{
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ull;
+    x ^= x >> 33;
+    return x;
+}
+
+/* ------------------------------------------------- pointer map */
+
+struct pslot {
+    uint64_t key; /* trace pointer; 0 = empty (a trace never allocates 0) */
+    void *val;
+    size_t size;  /* allocated (chunk) size */
+};
+
+struct pmap {
+    struct pslot *s;
+    size_t cap, n;
+};
+
+static bool pmap_grow(struct pmap *m)
+{
+    size_t ncap = m->cap ? m->cap * 2 : 1024;
+    struct pslot *ns = calloc(ncap, sizeof(*ns));
+    if (!ns)
+        return false;
+    for (size_t i = 0; i < m->cap; i++) {
+        if (!m->s[i].key)
+            continue;
+        size_t j = mix(m->s[i].key) & (ncap - 1);
+        while (ns[j].key)
+            j = (j + 1) & (ncap - 1);
+        ns[j] = m->s[i];
+    }
+    free(m->s);
+    m->s = ns;
+    m->cap = ncap;
+    return true;
+}
+
+static struct pslot *pmap_find(struct pmap *m, uint64_t key)
+{
+    if (!m->cap)
+        return NULL;
+    for (size_t j = mix(key) & (m->cap - 1);; j = (j + 1) & (m->cap - 1)) {
+        if (m->s[j].key == key)
+            return &m->s[j];
+        if (!m->s[j].key)
+            return NULL;
+    }
+}
+
+/* Inserts or overwrites (a trace may re-use an address after a free we
+ * skipped). */
+static bool pmap_put(struct pmap *m, uint64_t key, void *val, size_t size)
+{
+    if ((m->n + 1) * 2 > m->cap && !pmap_grow(m))
+        return false;
+    size_t j = mix(key) & (m->cap - 1);
+    while (m->s[j].key && m->s[j].key != key)
+        j = (j + 1) & (m->cap - 1);
+    if (!m->s[j].key)
+        m->n++;
+    m->s[j] = (struct pslot){key, val, size};
+    return true;
+}
+
+/* Backward-shift deletion keeps probe chains intact without tombstones. */
+static void pmap_del(struct pmap *m, struct pslot *slot)
+{
+    size_t i = (size_t)(slot - m->s), mask = m->cap - 1;
+    m->s[i].key = 0;
+    m->n--;
+    for (size_t j = (i + 1) & mask; m->s[j].key; j = (j + 1) & mask) {
+        size_t home = mix(m->s[j].key) & mask;
+        /* Move j into the hole at i if its home is not in (i, j]. */
+        bool between = i <= j ? (home > i && home <= j) : (home > i || home <= j);
+        if (!between) {
+            m->s[i] = m->s[j];
+            m->s[j].key = 0;
+            i = j;
+        }
+    }
+}
+
+/* -------------------------------------------------- stream map */
+
+struct smap {
+    uint64_t key[4096];
+    bfc_stream_t val[4096];
+    bool used[4096];
+    size_t n;
+};
+
+static bfc_stream_t stream_for(bfc_ctx_t *ctx, struct smap *m, uint64_t key, bool *ok)
+{
+    *ok = true;
+    if (key == 0)
+        return NULL;
+    size_t cap = sizeof(m->key) / sizeof(m->key[0]);
+    for (size_t j = mix(key) & (cap - 1);; j = (j + 1) & (cap - 1)) {
+        if (m->used[j] && m->key[j] == key)
+            return m->val[j];
+        if (!m->used[j]) {
+            if (m->n + 1 >= cap / 2) {
+                *ok = false;
+                return NULL;
+            }
+            bfc_stream_t s = bfc_sim_stream_create(ctx);
+            if (!s) {
+                *ok = false;
+                return NULL;
+            }
+            m->used[j] = true;
+            m->key[j] = key;
+            m->val[j] = s;
+            m->n++;
+            return s;
+        }
+    }
+}
+
+/* ---------------------------------------------------------- order */
+
+struct ord {
+    uint64_t time;
+    size_t idx;
+};
+
+static int ord_cmp(const void *a, const void *b)
+{
+    const struct ord *x = a, *y = b;
+    if (x->time != y->time)
+        return x->time < y->time ? -1 : 1;
+    return x->idx < y->idx ? -1 : x->idx > y->idx;
+}
+
+/* Is every thread's sequence non-decreasing in time?  (Threads are few;
+ * a small table of last times per thread.) */
+static bool per_thread_monotone(const bfc_trace_event_t *ev, size_t n)
+{
+    enum { CAP = 1 << 12 };
+    uint64_t *tid = calloc(CAP, sizeof(*tid));
+    uint64_t *last = calloc(CAP, sizeof(*last));
+    bool *used = calloc(CAP, sizeof(*used));
+    bool ok = tid && last && used;
+    size_t distinct = 0;
+    for (size_t i = 0; ok && i < n; i++) {
+        size_t j = mix(ev[i].thread) & (CAP - 1);
+        while (used[j] && tid[j] != ev[i].thread)
+            j = (j + 1) & (CAP - 1);
+        if (!used[j]) {
+            if (++distinct >= CAP / 2) {
+                ok = false;
+                break;
+            }
+            used[j] = true;
+            tid[j] = ev[i].thread;
+        } else if (ev[i].time_ns < last[j]) {
+            ok = false;
+            break;
+        }
+        last[j] = ev[i].time_ns;
+    }
+    free(tid);
+    free(last);
+    free(used);
+    return ok;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+int bfc_replay_run(const bfc_trace_event_t *ev, size_t n, const char *spec, const char *trace_out,
+                   bfc_replay_result_t *out, char *err, size_t errlen)
+{
+    bfc_config_t cfg;
+    bfc_ctx_t *ctx = NULL;
+    struct pmap pm = {0};
+    struct smap *sm = NULL;
+    struct ord *order = NULL;
+    int rc = -1;
+
+    memset(out, 0, sizeof(*out));
+    bfc_config_init(&cfg);
+    if (spec && bfc_config_parse(&cfg, spec) != BFC_OK) {
+        set_err(err, errlen, "bad configuration '%s'", spec);
+        return -1;
+    }
+    cfg.backend = BFC_BACKEND_SIM;
+    cfg.trace[0] = '\0'; /* the replay traces only where asked to */
+    int st = bfc_ctx_create(&cfg, &ctx);
+    if (st != BFC_OK) {
+        set_err(err, errlen, "bfc_ctx_create: %s", bfc_strerror(st));
+        return -1;
+    }
+    if (trace_out && (st = bfc_ctx_trace_start(ctx, trace_out)) != BFC_OK) {
+        set_err(err, errlen, "bfc_ctx_trace_start(%s): %s", trace_out, bfc_strerror(st));
+        goto done;
+    }
+    sm = calloc(1, sizeof(*sm));
+    order = malloc((n ? n : 1) * sizeof(*order));
+    if (!sm || !order) {
+        set_err(err, errlen, "out of memory");
+        goto done;
+    }
+    for (size_t i = 0; i < n; i++)
+        order[i] = (struct ord){ev[i].time_ns, i};
+    if (per_thread_monotone(ev, n))
+        qsort(order, n, sizeof(*order), ord_cmp);
+
+    uint64_t live = 0;
+    double t0 = now_s();
+    for (size_t k = 0; k < n; k++) {
+        const bfc_trace_event_t *e = &ev[order[k].idx];
+        bool ok;
+        if (e->action == BFC_TRACE_ALLOC) {
+            bfc_stream_t s = stream_for(ctx, sm, e->stream, &ok);
+            if (!ok) {
+                set_err(err, errlen, "too many streams in the trace");
+                goto done;
+            }
+            void *p = bfc_ctx_alloc(ctx, s, (size_t)e->size);
+            if (!p) {
+                if (e->size)
+                    out->ooms++;
+                continue;
+            }
+            out->allocs++;
+            size_t sz = bfc_ctx_allocated_size(ctx, p);
+            if (!pmap_put(&pm, e->ptr, p, sz)) {
+                set_err(err, errlen, "out of memory");
+                goto done;
+            }
+            live += sz;
+            if (live > out->peak_live) {
+                bfc_stats_t stt;
+                out->peak_live = live;
+                if (bfc_ctx_stats(ctx, &stt) == BFC_OK) {
+                    out->fragmentation = bfc_stats_fragmentation(&stt);
+                    if (out->fragmentation > out->fragmentation_max)
+                        out->fragmentation_max = out->fragmentation;
+                }
+            }
+        } else if (e->action == BFC_TRACE_FREE) {
+            struct pslot *sl = e->ptr ? pmap_find(&pm, e->ptr) : NULL;
+            if (!sl) {
+                out->skipped++;
+                continue;
+            }
+            bfc_stream_t s = stream_for(ctx, sm, e->stream, &ok);
+            if (!ok) {
+                set_err(err, errlen, "too many streams in the trace");
+                goto done;
+            }
+            st = bfc_ctx_free(ctx, sl->val, s);
+            if (st != BFC_OK && st != BFC_EBACKEND) {
+                set_err(err, errlen, "bfc_ctx_free: %s", bfc_strerror(st));
+                goto done;
+            }
+            live -= sl->size;
+            out->frees++;
+            pmap_del(&pm, sl);
+        } else if (e->action == BFC_TRACE_ALLOC_FAIL) {
+            out->skipped++;
+        }
+    }
+    out->seconds = now_s() - t0;
+    bfc_stats_t stt;
+    if (bfc_ctx_stats(ctx, &stt) == BFC_OK) {
+        out->peak_reserved = stt.peak_bytes_reserved;
+        out->peak_in_use = stt.peak_bytes_in_use;
+    }
+    out->streams = sm->n;
+    rc = 0;
+done:
+    if (ctx && trace_out && bfc_ctx_trace_stop(ctx) != BFC_OK && rc == 0) {
+        set_err(err, errlen, "trace of the replay incomplete");
+        rc = -1;
+    }
+    if (sm)
+        for (size_t j = 0; j < sizeof(sm->key) / sizeof(sm->key[0]); j++)
+            if (sm->used[j])
+                bfc_sim_stream_destroy(ctx, sm->val[j]);
+    bfc_ctx_destroy(ctx);
+    free(pm.s);
+    free(sm);
+    free(order);
+    return rc;
+}

@@ -1,0 +1,147 @@
+/*
+ * shardbfc-replay.c -- replays an allocation trace against configurations
+ * of libshardbfc on the simulated device and compares them.
+ *
+ *   shardbfc-replay [--config SPEC]... [--json] [--trace-out PATH] TRACE
+ *   shardbfc-replay [--json] --compare SPEC... TRACE
+ *
+ * TRACE is a libshardbfc trace (SHARDBFC_CONF=trace=PATH) or an RMM
+ * logging_resource_adaptor CSV log.  Each SPEC (SHARDBFC_CONF syntax, e.g.
+ * "memory_limit=4G,allow_growth=false") is one run on a fresh SIM context;
+ * no SPEC means one run on the defaults.  The table (or, with --json, a list
+ * of objects with config, peak_reserved, peak_in_use, peak_live,
+ * fragmentation, fragmentation_max, ooms, allocs, frees, skipped, seconds)
+ * goes to stdout.  --trace-out traces the (single) replay itself.
+ * Exit status: 0, 1 when a run failed, 2 on a usage error.
+ */
+#include <inttypes.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "replay.h"
+#include "trace_csv.h"
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: shardbfc-replay [--config SPEC]... [--json] [--trace-out PATH] TRACE\n"
+               "       shardbfc-replay [--json] --compare SPEC... TRACE\n");
+}
+
+static void json_string(const char *s)
+{
+    putchar('"');
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\')
+            printf("\\%c", c);
+        else if (c < 0x20)
+            printf("\\u%04x", c);
+        else
+            putchar(c);
+    }
+    putchar('"');
+}
+
+int main(int argc, char **argv)
+{
+    const char **specs = calloc((size_t)argc, sizeof(*specs));
+    const char *positional[2] = {NULL, NULL};
+    size_t nspecs = 0, npos = 0;
+    bool json = false, compare = false;
+    const char *trace_out = NULL;
+
+    if (!specs)
+        return 1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--config") == 0 && i + 1 < argc) {
+            specs[nspecs++] = argv[++i];
+        } else if (strncmp(a, "--config=", 9) == 0) {
+            specs[nspecs++] = a + 9;
+        } else if (strcmp(a, "--json") == 0) {
+            json = true;
+        } else if (strcmp(a, "--trace-out") == 0 && i + 1 < argc) {
+            trace_out = argv[++i];
+        } else if (strcmp(a, "--compare") == 0) {
+            compare = true;
+        } else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+            usage(stdout);
+            free(specs);
+            return 0;
+        } else if (a[0] == '-' && a[1] == '-') {
+            usage(stderr);
+            free(specs);
+            return 2;
+        } else if (compare) {
+            specs[nspecs++] = a; /* the last one is TRACE, moved below */
+        } else if (npos < 2) {
+            positional[npos++] = a;
+        } else {
+            usage(stderr);
+            free(specs);
+            return 2;
+        }
+    }
+    const char *trace;
+    if (compare && npos == 0 && nspecs > 0) {
+        trace = specs[--nspecs];
+    } else if (npos == 1) {
+        trace = positional[0];
+    } else {
+        usage(stderr);
+        free(specs);
+        return 2;
+    }
+    if (nspecs == 0)
+        specs[nspecs++] = "";
+    if (trace_out && nspecs > 1) {
+        fprintf(stderr, "shardbfc-replay: --trace-out takes one configuration\n");
+        free(specs);
+        return 2;
+    }
+
+    bfc_trace_event_t *ev;
+    size_t n;
+    char err[512];
+    if (bfc_trace_csv_read(trace, &ev, &n, err, sizeof(err)) != 0) {
+        fprintf(stderr, "shardbfc-replay: %s\n", err);
+        free(specs);
+        return 1;
+    }
+    int status = 0;
+    if (json)
+        printf("[");
+    else
+        printf("%-40s %14s %14s %14s %8s %8s %9s\n", "config", "peak_reserved", "peak_in_use", "peak_live",
+               "frag", "ooms", "seconds");
+    for (size_t i = 0; i < nspecs; i++) {
+        bfc_replay_result_t r;
+        if (bfc_replay_run(ev, n, specs[i], trace_out, &r, err, sizeof(err)) != 0) {
+            fprintf(stderr, "shardbfc-replay: %s: %s\n", specs[i][0] ? specs[i] : "(defaults)", err);
+            status = 1;
+            continue;
+        }
+        if (json) {
+            printf("%s{\"config\":", i ? "," : "");
+            json_string(specs[i]);
+            printf(",\"peak_reserved\":%" PRIu64 ",\"peak_in_use\":%" PRIu64 ",\"peak_live\":%" PRIu64
+                   ",\"fragmentation\":%.6f,\"fragmentation_max\":%.6f,\"ooms\":%" PRIu64 ",\"allocs\":%" PRIu64
+                   ",\"frees\":%" PRIu64 ",\"skipped\":%" PRIu64 ",\"seconds\":%.6f}",
+                   r.peak_reserved, r.peak_in_use, r.peak_live, r.fragmentation, r.fragmentation_max, r.ooms,
+                   r.allocs, r.frees, r.skipped, r.seconds);
+        } else {
+            printf("%-40s %14" PRIu64 " %14" PRIu64 " %14" PRIu64 " %8.4f %8" PRIu64 " %9.4f\n",
+                   specs[i][0] ? specs[i] : "(defaults)", r.peak_reserved, r.peak_in_use, r.peak_live,
+                   r.fragmentation, r.ooms, r.seconds);
+        }
+    }
+    if (json)
+        printf("]\n");
+    else
+        printf("%zu events; frag = 1 - largest free chunk / free bytes at the peak of live bytes\n", n);
+    free(ev);
+    free(specs);
+    return status;
+}

@@ -1,0 +1,138 @@
+/*
+ * shardbfc-stat.c -- prints a libshardbfc snapshot (bfc_ctx_snapshot_json,
+ * or an oom_dump file) as text: the context totals, then per shard its
+ * statistics, fragmentation, regions with their chunks in address order
+ * (the layout of bfc_ctx_dump) and non-empty bins.
+ *
+ *   shardbfc-stat [--summary] SNAPSHOT.json      ("-" reads stdin)
+ *
+ * --summary leaves out regions, chunks and bins.  Exit status: 0, 1 on a
+ * bad input, 2 on a usage error.
+ */
+#include <inttypes.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "json_mini.h"
+
+static void print_stats(const char *indent, const bfc_json_t *s)
+{
+    printf("%sin use %" PRIu64 " (peak %" PRIu64 "), requested %" PRIu64 ", reserved %" PRIu64 " (peak %" PRIu64
+           "), limit %" PRIu64 "\n",
+           indent, bfc_json_u64(s, "bytes_in_use", 0), bfc_json_u64(s, "peak_bytes_in_use", 0),
+           bfc_json_u64(s, "bytes_requested", 0), bfc_json_u64(s, "bytes_reserved", 0),
+           bfc_json_u64(s, "peak_bytes_reserved", 0), bfc_json_u64(s, "bytes_limit", 0));
+    printf("%sfree %" PRIu64 ", largest free chunk %" PRIu64 ", fragmentation %.4f, pending %" PRIu64
+           " blocks / %" PRIu64 " bytes\n",
+           indent, bfc_json_u64(s, "bytes_free", 0), bfc_json_u64(s, "largest_free_chunk", 0),
+           bfc_json_num(s, "fragmentation", 0), bfc_json_u64(s, "num_pending_frees", 0),
+           bfc_json_u64(s, "bytes_pending", 0));
+    printf("%sallocs %" PRIu64 ", frees %" PRIu64 " (remote %" PRIu64 "), OOMs %" PRIu64 ", regions %" PRIu64
+           ", chunks %" PRIu64 ", largest alloc %" PRIu64 "\n",
+           indent, bfc_json_u64(s, "num_allocs", 0), bfc_json_u64(s, "num_frees", 0),
+           bfc_json_u64(s, "num_remote_frees", 0), bfc_json_u64(s, "num_ooms", 0),
+           bfc_json_u64(s, "num_regions", 0), bfc_json_u64(s, "num_chunks", 0),
+           bfc_json_u64(s, "largest_alloc_size", 0));
+}
+
+int main(int argc, char **argv)
+{
+    bool summary = false;
+    const char *in = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--summary") == 0)
+            summary = true;
+        else if (!in)
+            in = argv[i];
+        else
+            in = NULL, i = argc;
+    }
+    if (!in) {
+        fprintf(stderr, "usage: shardbfc-stat [--summary] SNAPSHOT.json\n");
+        return 2;
+    }
+    FILE *f = strcmp(in, "-") == 0 ? stdin : fopen(in, "rb");
+    if (!f) {
+        perror(in);
+        return 1;
+    }
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        if (n == cap) {
+            char *nb = realloc(buf, cap *= 2);
+            if (!nb) {
+                free(buf);
+                buf = NULL;
+                break;
+            }
+            buf = nb;
+        }
+        size_t r = fread(buf + n, 1, cap - n, f);
+        n += r;
+        if (r == 0)
+            break;
+    }
+    if (f != stdin)
+        fclose(f);
+    char err[256];
+    bfc_json_t *v = buf ? bfc_json_parse(buf, n, err, sizeof(err)) : NULL;
+    free(buf);
+    const bfc_json_t *shards = bfc_json_get(v, "shards");
+    if (!v || !shards || shards->type != BFC_JSON_ARR) {
+        fprintf(stderr, "shardbfc-stat: %s: %s\n", in, v ? "not a libshardbfc snapshot" : err);
+        bfc_json_free(v);
+        return 1;
+    }
+    printf("libshardbfc snapshot v%" PRIu64 ": backend %s%s, device %" PRIu64 ", limit %" PRIu64 ", %zu shards\n",
+           bfc_json_u64(v, "version", 0), bfc_json_str(v, "backend", "?"),
+           bfc_json_get(v, "host") && bfc_json_get(v, "host")->b ? " (host)" : "", bfc_json_u64(v, "device", 0),
+           bfc_json_u64(v, "limit", 0), shards->n);
+    printf("Totals:\n");
+    print_stats("  ", bfc_json_get(v, "totals"));
+    const bfc_json_t *pool = bfc_json_get(v, "pool");
+    printf("Pool: held %" PRIu64 " (peak %" PRIu64 "), lent to shards %" PRIu64 ", free %" PRIu64 "\n",
+           bfc_json_u64(pool, "held", 0), bfc_json_u64(pool, "peak_held", 0), bfc_json_u64(pool, "committed", 0),
+           bfc_json_u64(pool, "free", 0));
+    for (size_t i = 0; i < shards->n; i++) {
+        const bfc_json_t *s = bfc_json_at(shards, i);
+        const bfc_json_t *ret = bfc_json_get(s, "retired");
+        printf("Shard stream_id=%" PRIu64 " stream=%s%s\n", bfc_json_u64(s, "stream_id", 0),
+               bfc_json_str(s, "stream", "?"), ret && ret->b ? " (retired)" : "");
+        print_stats("  ", bfc_json_get(s, "stats"));
+        if (summary)
+            continue;
+        const bfc_json_t *regions = bfc_json_get(s, "regions");
+        for (size_t j = 0; regions && j < regions->n; j++) {
+            const bfc_json_t *r = bfc_json_at(regions, j);
+            const bfc_json_t *large = bfc_json_get(r, "large");
+            printf("  Region %s size %" PRIu64 "%s\n", bfc_json_str(r, "base", "?"), bfc_json_u64(r, "size", 0),
+                   large && large->b ? " (large)" : "");
+            const bfc_json_t *chunks = bfc_json_get(r, "chunks");
+            for (size_t k = 0; chunks && k < chunks->n; k++) {
+                const bfc_json_t *c = bfc_json_at(chunks, k);
+                const char *state = bfc_json_str(c, "state", "?");
+                printf("    Chunk +%" PRIu64 " size %" PRIu64 " %s", bfc_json_u64(c, "offset", 0),
+                       bfc_json_u64(c, "size", 0), state);
+                if (strcmp(state, "free") != 0)
+                    printf(" requested %" PRIu64 " id %.0f", bfc_json_u64(c, "requested", 0),
+                           bfc_json_num(c, "allocation_id", -1));
+                putchar('\n');
+            }
+        }
+        const bfc_json_t *bins = bfc_json_get(s, "bins");
+        printf("  Bins:");
+        for (size_t j = 0; bins && j < bins->n; j++) {
+            const bfc_json_t *b = bfc_json_at(bins, j);
+            if (bfc_json_u64(b, "count", 0))
+                printf(" [%" PRIu64 ": %" PRIu64 " chunks, %" PRIu64 " bytes, >= %" PRIu64 "]",
+                       bfc_json_u64(b, "bin", 0), bfc_json_u64(b, "count", 0), bfc_json_u64(b, "bytes", 0),
+                       bfc_json_u64(b, "min_size", 0));
+        }
+        putchar('\n');
+    }
+    bfc_json_free(v);
+    return 0;
+}

@@ -1,0 +1,290 @@
+/*
+ * trace_csv.c -- reads allocation traces in RMM's CSV format (see trace_csv.h
+ * and doc/trace.md).
+ *
+ * The file is read line by line; the header row maps column names to
+ * positions, so files with the columns in another order (or an RMM log
+ * without a Stream column) still read.  Fields are split on commas; RMM never
+ * quotes, but surrounding spaces and double quotes are stripped anyway.
+ *
+ * Number formats follow what the writers produce, and what RMM's own parser
+ * (benchmarks/utilities/log_parser.hpp) accepts:
+ *   Pointer  hex with or without 0x (RMM parses it base 16); "(nil)",
+ *            "nullptr", "nil" and empty mean 0 (allocate-failure rows).
+ *   Size     decimal.
+ *   Thread   decimal, or hex with 0x.
+ *   Stream   hex with 0x (fmt::ptr, as RMM writes it), else decimal.
+ *   Time     an integer: ns (libshardbfc); HH:MM:SS.fraction (RMM): ns since
+ *            midnight.
+ * No state is kept between calls; everything is malloc'ed and freed here
+ * except the returned array.
+ */
+#include "trace_csv.h"
+
+#include <ctype.h>
+#include <stdbool.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const action_names[] = {
+    [BFC_TRACE_ALLOC] = "allocate",
+    [BFC_TRACE_ALLOC_FAIL] = "allocate failure",
+    [BFC_TRACE_FREE] = "free",
+    [BFC_TRACE_FREE_COMPLETE] = "free_complete",
+    [BFC_TRACE_GROW] = "grow",
+    [BFC_TRACE_RELEASE] = "release",
+};
+#define N_ACTIONS (sizeof(action_names) / sizeof(action_names[0]))
+
+const char *bfc_trace_action_name(int action)
+{
+    if (action < 0 || (size_t)action >= N_ACTIONS)
+        return "?";
+    return action_names[action];
+}
+
+int bfc_trace_action_parse(const char *s)
+{
+    for (size_t i = 0; i < N_ACTIONS; i++)
+        if (strcmp(s, action_names[i]) == 0)
+            return (int)i;
+    return -1;
+}
+
+enum { COL_THREAD, COL_TIME, COL_ACTION, COL_POINTER, COL_SIZE, COL_STREAM, NCOLS };
+static const char *const col_names[NCOLS] = {"Thread", "Time", "Action",
+                                             "Pointer", "Size", "Stream"};
+
+static void set_err(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void set_err(char *err, size_t errlen, const char *fmt, ...)
+{
+    if (!err || errlen == 0)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+}
+
+/* Trims spaces, CR and double quotes in place; returns the start. */
+static char *trim(char *s)
+{
+    while (*s == ' ' || *s == '\t' || *s == '"')
+        s++;
+    size_t len = strlen(s);
+    while (len > 0 && (s[len - 1] == ' ' || s[len - 1] == '\t' || s[len - 1] == '"' ||
+                       s[len - 1] == '\r' || s[len - 1] == '\n'))
+        s[--len] = '\0';
+    return s;
+}
+
+/* Splits line on commas into at most max fields; returns the count. */
+static size_t split(char *line, char **fields, size_t max)
+{
+    size_t n = 0;
+    char *p = line;
+    for (;;) {
+        char *c = strchr(p, ',');
+        if (c)
+            *c = '\0';
+        if (n < max)
+            fields[n] = trim(p);
+        n++;
+        if (!c)
+            break;
+        p = c + 1;
+    }
+    return n;
+}
+
+/* Parses a whole string as an unsigned number in base; false on junk. */
+static bool parse_u64(const char *s, int base, uint64_t *v)
+{
+    if (*s == '\0' || *s == '-' || *s == '+')
+        return false;
+    char *end;
+    errno = 0;
+    unsigned long long x = strtoull(s, &end, base);
+    if (errno != 0 || *end != '\0')
+        return false;
+    *v = x;
+    return true;
+}
+
+static bool is_hex_prefixed(const char *s)
+{
+    return s[0] == '0' && (s[1] == 'x' || s[1] == 'X');
+}
+
+static bool parse_ptr(const char *s, uint64_t *v)
+{
+    if (*s == '\0' || strcmp(s, "(nil)") == 0 || strcmp(s, "nullptr") == 0 ||
+        strcmp(s, "nil") == 0 || strcmp(s, "NULL") == 0) {
+        *v = 0;
+        return true;
+    }
+    return parse_u64(s, 16, v);
+}
+
+static bool parse_num(const char *s, uint64_t *v)
+{
+    if (is_hex_prefixed(s))
+        return parse_u64(s, 16, v);
+    return parse_u64(s, 10, v);
+}
+
+/* ns integer, or H:M:S[.fraction] (ns since midnight). */
+static bool parse_time(const char *s, uint64_t *v)
+{
+    if (*s == '\0') {
+        *v = 0;
+        return true;
+    }
+    if (!strchr(s, ':'))
+        return parse_u64(s, 10, v);
+    unsigned h, m, sec;
+    int off = 0;
+    if (sscanf(s, "%u:%u:%u%n", &h, &m, &sec, &off) != 3)
+        return false;
+    uint64_t ns = ((uint64_t)h * 3600u + (uint64_t)m * 60u + sec) * 1000000000u;
+    const char *f = s + off;
+    if (*f == '.' || *f == ':') {
+        /* RMM's documentation calls the separator ':'; its logger writes '.'. */
+        f++;
+        uint64_t scale = 100000000u;
+        for (; isdigit((unsigned char)*f); f++) {
+            ns += (uint64_t)(*f - '0') * scale;
+            scale /= 10u;
+        }
+    }
+    if (*f != '\0')
+        return false;
+    *v = ns;
+    return true;
+}
+
+int bfc_trace_csv_read_stream(FILE *f, const char *name, bfc_trace_event_t **out,
+                              size_t *n, char *err, size_t errlen)
+{
+    int col[NCOLS];
+    char *line = NULL;
+    size_t cap = 0, count = 0, lineno = 0;
+    bfc_trace_event_t *ev = NULL;
+    bool header = false;
+    ssize_t len;
+
+    if (!out || !n || !f) {
+        set_err(err, errlen, "bad arguments");
+        return -1;
+    }
+    *out = NULL;
+    *n = 0;
+    if (!name)
+        name = "trace";
+    for (int i = 0; i < NCOLS; i++)
+        col[i] = -1;
+
+    size_t linecap = 0;
+    while ((len = getline(&line, &linecap, f)) >= 0) {
+        lineno++;
+        char *fields[16];
+        char *l = trim(line);
+        if (*l == '\0')
+            continue;
+        size_t nf = split(l, fields, 16);
+        if (nf > 16)
+            nf = 16;
+        if (!header) {
+            for (size_t i = 0; i < nf; i++)
+                for (int c = 0; c < NCOLS; c++)
+                    if (strcmp(fields[i], col_names[c]) == 0)
+                        col[c] = (int)i;
+            if (col[COL_ACTION] < 0 || col[COL_POINTER] < 0 || col[COL_SIZE] < 0) {
+                set_err(err, errlen,
+                        "%s:%zu: header lacks Action, Pointer or Size column", name,
+                        lineno);
+                goto fail;
+            }
+            header = true;
+            continue;
+        }
+        int maxcol = 0;
+        for (int c = 0; c < NCOLS; c++)
+            if (col[c] > maxcol)
+                maxcol = col[c];
+        if (nf <= (size_t)maxcol) {
+            set_err(err, errlen, "%s:%zu: %zu fields, expected %d", name, lineno, nf,
+                    maxcol + 1);
+            goto fail;
+        }
+        bfc_trace_event_t e = {0};
+        const char *bad = NULL;
+        e.action = bfc_trace_action_parse(fields[col[COL_ACTION]]);
+        if (e.action < 0) {
+            set_err(err, errlen, "%s:%zu: unknown action '%s'", name, lineno,
+                    fields[col[COL_ACTION]]);
+            goto fail;
+        }
+        if (!parse_ptr(fields[col[COL_POINTER]], &e.ptr))
+            bad = "Pointer";
+        else if (!parse_u64(fields[col[COL_SIZE]], 10, &e.size))
+            bad = "Size";
+        else if (col[COL_THREAD] >= 0 && !parse_num(fields[col[COL_THREAD]], &e.thread))
+            bad = "Thread";
+        else if (col[COL_TIME] >= 0 && !parse_time(fields[col[COL_TIME]], &e.time_ns))
+            bad = "Time";
+        else if (col[COL_STREAM] >= 0 && !parse_num(fields[col[COL_STREAM]], &e.stream))
+            bad = "Stream";
+        if (bad) {
+            set_err(err, errlen, "%s:%zu: malformed %s", name, lineno, bad);
+            goto fail;
+        }
+        if (count == cap) {
+            size_t ncap = cap ? cap * 2 : 1024;
+            bfc_trace_event_t *nev = realloc(ev, ncap * sizeof(*ev));
+            if (!nev) {
+                set_err(err, errlen, "%s: out of memory", name);
+                goto fail;
+            }
+            ev = nev;
+            cap = ncap;
+        }
+        ev[count++] = e;
+    }
+    if (ferror(f)) {
+        set_err(err, errlen, "%s: read error", name);
+        goto fail;
+    }
+    if (!header) {
+        set_err(err, errlen, "%s: empty file (no header)", name);
+        goto fail;
+    }
+    free(line);
+    *out = ev;
+    *n = count;
+    return 0;
+fail:
+    free(line);
+    free(ev);
+    return -1;
+}
+
+int bfc_trace_csv_read(const char *path, bfc_trace_event_t **out, size_t *n, char *err,
+                       size_t errlen)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        set_err(err, errlen, "%s: %s", path, strerror(errno));
+        if (out)
+            *out = NULL;
+        if (n)
+            *n = 0;
+        return -1;
+    }
+    int rc = bfc_trace_csv_read_stream(f, path, out, n, err, errlen);
+    fclose(f);
+    return rc;
+}

@@ -1,0 +1,71 @@
+/*
+ * trace_csv.h -- reader of allocation traces in RMM's CSV format.
+ *
+ * A trace is the file libshardbfc writes with SHARDBFC_CONF=trace=PATH (or
+ * bfc_ctx_trace_start), or a log of RMM's logging_resource_adaptor.  Both
+ * have the header "Thread,Time,Action,Pointer,Size,Stream" and one event a
+ * row.  RMM writes the actions "allocate", "allocate failure" and "free";
+ * libshardbfc adds "free_complete" (a fenced block became reusable), "grow"
+ * (a region was taken from the device) and "release" (a region went back).
+ * doc/trace.md describes the columns.
+ *
+ * The reader is not part of the library: tools (shardbfc-replay, the perf
+ * harness) and tests compile tools/trace_csv.c in.  It is plain C11 with no
+ * dependency, allocates with malloc and keeps no state between calls, so it
+ * is safe to call from any thread on different files.
+ */
+#ifndef SHARDBFC_TRACE_CSV_H
+#define SHARDBFC_TRACE_CSV_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+    BFC_TRACE_ALLOC = 0,        /* "allocate": ptr of size bytes returned */
+    BFC_TRACE_ALLOC_FAIL = 1,   /* "allocate failure": size bytes could not be served (ptr 0) */
+    BFC_TRACE_FREE = 2,         /* "free": ptr freed on stream (requested) */
+    BFC_TRACE_FREE_COMPLETE = 3,/* "free_complete": fenced ptr became reusable */
+    BFC_TRACE_GROW = 4,         /* "grow": region [ptr, ptr+size) taken from the device */
+    BFC_TRACE_RELEASE = 5       /* "release": region [ptr, ptr+size) given back */
+} bfc_trace_action_t;
+
+typedef struct bfc_trace_event {
+    uint64_t thread;    /* thread id as written (decimal) */
+    uint64_t time_ns;   /* ns: as written by libshardbfc; RMM's HH:MM:SS.ffffff as ns since midnight */
+    int action;         /* bfc_trace_action_t */
+    uint64_t ptr;       /* 0 for a nil pointer ("0x0", "(nil)", "0", empty) */
+    uint64_t size;      /* bytes */
+    uint64_t stream;    /* stream handle value; 0 = default stream */
+} bfc_trace_event_t;
+
+/*
+ * Reads the trace at path into a malloc'ed array (*out, *n events, in file
+ * order; free it with free()).  The header row names the columns, in any
+ * order; Action, Pointer and Size are required, Thread, Time and Stream
+ * default to 0 when absent.  Blank lines and CR LF line ends are accepted.
+ * Returns 0, or -1 with a message ("trace.csv:12: unknown action 'foo'") in
+ * err (when errlen > 0) and *out == NULL.
+ */
+int bfc_trace_csv_read(const char *path, bfc_trace_event_t **out, size_t *n,
+                       char *err, size_t errlen);
+
+/* The same, from an open stream (name is used in messages only). */
+int bfc_trace_csv_read_stream(FILE *f, const char *name,
+                              bfc_trace_event_t **out, size_t *n,
+                              char *err, size_t errlen);
+
+/* The CSV spelling of an action ("allocate", ...), or "?" when unknown. */
+const char *bfc_trace_action_name(int action);
+
+/* The action of a CSV spelling, or -1 when unknown. */
+int bfc_trace_action_parse(const char *s);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* SHARDBFC_TRACE_CSV_H */
