@@ -1181,6 +1181,8 @@ START_TEST(test_fork_child_allocates)
     ck_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
     bfc_ctx_destroy(ctx);
 }
+END_TEST
+#endif /* BFC_TEST_TSAN */
 
 /* A shard trimmed and re-grown many times must not take ever larger regions:
  * its schedule restarts once it holds no region, so one small block never
@@ -1211,8 +1213,6 @@ START_TEST(test_trim_does_not_inflate_regions)
     bfc_ctx_destroy(ctx);
 }
 END_TEST
-END_TEST
-#endif /* BFC_TEST_TSAN */
 
 /* ------------------------------------------------------- suite */
 

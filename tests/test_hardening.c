@@ -1,0 +1,1139 @@
+/*
+ * test_hardening.c -- the bad-input table of the hardening issue in one
+ * place, each case checked for its documented status AND for leaving the
+ * allocator exactly as it was.
+ *
+ * Every table case runs against a populated context: live blocks of several
+ * sizes on three streams (filled with known bytes), a block freed on its
+ * own stream between live neighbours, a cross-stream free still pending on a
+ * held stream, and a second context with a live block.  After the call the
+ * test requires: the status of include/shardbfc.h, identical statistics of
+ * both contexts (num_ooms may move by exactly what the case says),
+ * bfc_ctx_check passing on both, and every live block unchanged (contents,
+ * requested and allocated size, allocation id).
+ *
+ * Cases that change state by design get their own tests: frees around a
+ * released stream, a double free racing from two threads, NULL arguments to
+ * every public function that takes a pointer, the process-wide API after
+ * bfc_shutdown / bfc_ctx_destroy, malformed configuration strings.
+ *
+ * Debug mode: main() sets SHARDBFC_CONF with debug_check=true and
+ * poison=true, so the process-wide context runs bfc_ctx_check after every
+ * operation; a test corrupts a statistic (white-box) and sees the next
+ * operation abort in a child process.  poison=true is tested on a private
+ * context: a write after free is counted (stats num_poison_errors) and
+ * reported on stderr once.
+ *
+ * Fork: a child forked while other threads allocate allocates, frees and
+ * exits cleanly (not under ThreadSanitizer, which does not support a child
+ * that starts threads -- liburcu restarts its call_rcu thread there).  It
+ * currently deadlocks (a device-wide lock held by a parent thread at the
+ * fork), so it runs only with SHARDBFC_KNOWN_BUGS=1.
+ */
+#include <shardbfc.h>
+#include <shardbfc_sim.h>
+
+#include <check.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "ctx.h" /* white-box: the debug_check test corrupts a statistic */
+
+#define KiB ((size_t)1 << 10)
+#define MiB ((size_t)1 << 20)
+#define LIMIT (64 * MiB)
+
+#if defined(__SANITIZE_THREAD__)
+#define HARD_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define HARD_TSAN 1
+#endif
+#endif
+
+#define ENV_CONF "backend=sim,memory_limit=256M,debug_check=true,poison=true"
+
+/* ------------------------------------------------------------ helpers */
+
+static bfc_config_t cfg_sim(size_t limit)
+{
+    bfc_config_t c;
+    bfc_config_init(&c);
+    c.backend = BFC_BACKEND_SIM;
+    c.memory_limit = limit;
+    c.initial_region = 2 * MiB;
+    c.large_alloc = 0;
+    return c;
+}
+
+static bfc_ctx_t *ctx_new(const bfc_config_t *c)
+{
+    bfc_ctx_t *ctx = NULL;
+    int rc = bfc_ctx_create(c, &ctx);
+    ck_assert_msg(rc == BFC_OK, "bfc_ctx_create: %s", bfc_err_name(rc));
+    return ctx;
+}
+
+static bfc_stats_t st(bfc_ctx_t *ctx)
+{
+    bfc_stats_t s;
+    memset(&s, 0xA5, sizeof s);
+    ck_assert_int_eq(bfc_ctx_stats(ctx, &s), BFC_OK);
+    return s;
+}
+
+static void xcheck(bfc_ctx_t *ctx)
+{
+    char buf[1024] = "";
+    int rc = bfc_ctx_check_report(ctx, buf, sizeof buf);
+    ck_assert_msg(rc == BFC_OK, "bfc_ctx_check: %s: %s", bfc_err_name(rc), buf);
+}
+
+/* Index of the first byte of m[0..n) that is not b, or n.  (One assertion
+ * per block, not per byte: Check reports every assertion to its parent.) */
+static size_t diff_at(const void *m, unsigned char b, size_t n)
+{
+    const unsigned char *c = m;
+    size_t i = 0;
+    while (i < n && c[i] == b)
+        i++;
+    return i;
+}
+
+static void *xalloc(bfc_ctx_t *ctx, bfc_stream_t s, size_t n)
+{
+    void *p = bfc_ctx_alloc(ctx, s, n);
+    ck_assert_msg(p != NULL, "alloc(%zu): %s", n, bfc_err_name(bfc_last_error()));
+    return p;
+}
+
+static void xfree(bfc_ctx_t *ctx, void *p, bfc_stream_t s)
+{
+    int rc = bfc_ctx_free(ctx, p, s);
+    ck_assert_msg(rc == BFC_OK, "free(%p): %s", p, bfc_err_name(rc));
+}
+
+/* -------------------------------------------------- the populated world */
+
+#define NLIVE 12
+
+struct world {
+    bfc_ctx_t *ctx, *other;
+    bfc_stream_t s[3];
+    bfc_stream_t fresh;      /* a stream with no shard */
+    void *live[NLIVE];
+    size_t n[NLIVE];
+    int on[NLIVE];
+    void *freed;             /* freed on its own stream, between live blocks */
+    void *pending;           /* freed on s[2] while s[2] is held */
+    void *theirs;            /* live in `other` */
+    /* what must not change */
+    bfc_stats_t st, st_other;
+    size_t req[NLIVE], asz[NLIVE];
+    int64_t id[NLIVE];
+};
+
+static struct world W;
+
+static unsigned char pat(int i)
+{
+    return (unsigned char)(0x11 * (i + 1));
+}
+
+static void world_snapshot(struct world *w)
+{
+    w->st = st(w->ctx);
+    w->st_other = st(w->other);
+    for (int i = 0; i < NLIVE; i++) {
+        w->req[i] = bfc_ctx_requested_size(w->ctx, w->live[i]);
+        w->asz[i] = bfc_ctx_allocated_size(w->ctx, w->live[i]);
+        w->id[i] = bfc_ctx_allocation_id(w->ctx, w->live[i]);
+    }
+}
+
+static void world_setup(void)
+{
+    struct world *w = &W;
+    memset(w, 0, sizeof *w);
+    bfc_config_t c = cfg_sim(LIMIT);
+    w->ctx = ctx_new(&c);
+    w->other = ctx_new(&c);
+    for (int i = 0; i < 3; i++) {
+        w->s[i] = bfc_sim_stream_create(w->ctx);
+        ck_assert_ptr_nonnull(w->s[i]);
+    }
+    w->fresh = bfc_sim_stream_create(w->ctx);
+    ck_assert_ptr_nonnull(w->fresh);
+    static const size_t sizes[NLIVE] = { 256, 1000, 4096, 65536, 300000, 1 * MiB,
+                                         512, 2048, 777, 3 * MiB, 256, 100 };
+    for (int i = 0; i < NLIVE; i++) {
+        w->on[i] = i % 3;
+        w->n[i] = sizes[i];
+        w->live[i] = xalloc(w->ctx, w->s[w->on[i]], sizes[i]);
+        memset(w->live[i], pat(i), sizes[i]);
+        if (i == 4) {
+            /* A block freed on its own stream between live neighbours. */
+            w->freed = xalloc(w->ctx, w->s[1], 1024);
+        }
+        if (i == 6)
+            w->pending = xalloc(w->ctx, w->s[0], 2048);
+    }
+    xfree(w->ctx, w->freed, w->s[1]);
+    bfc_sim_stream_hold(w->ctx, w->s[2]);
+    xfree(w->ctx, w->pending, w->s[2]);
+    w->theirs = xalloc(w->other, NULL, 4096);
+    memset(w->theirs, 0x5C, 4096);
+    world_snapshot(w);
+    ck_assert_uint_eq(w->st.num_pending_frees, 1);
+    xcheck(w->ctx);
+}
+
+/* Everything as it was; the context's num_ooms moved by `ooms`. */
+static void world_intact(struct world *w, uint64_t ooms, const char *what)
+{
+    bfc_stats_t a = st(w->ctx), b = st(w->other);
+    ck_assert_msg(a.num_ooms == w->st.num_ooms + ooms, "%s: num_ooms %llu, expected %llu", what,
+                  (unsigned long long)a.num_ooms, (unsigned long long)(w->st.num_ooms + ooms));
+    a.num_ooms = w->st.num_ooms;
+    ck_assert_msg(memcmp(&a, &w->st, sizeof a) == 0, "%s: the context's statistics changed", what);
+    ck_assert_msg(memcmp(&b, &w->st_other, sizeof b) == 0, "%s: the other context's statistics changed", what);
+    xcheck(w->ctx);
+    xcheck(w->other);
+    for (int i = 0; i < NLIVE; i++) {
+        size_t k = diff_at(w->live[i], pat(i), w->n[i]);
+        ck_assert_msg(k == w->n[i], "%s: block %d byte %zu changed", what, i, k);
+        ck_assert_uint_eq(bfc_ctx_requested_size(w->ctx, w->live[i]), w->req[i]);
+        ck_assert_uint_eq(bfc_ctx_allocated_size(w->ctx, w->live[i]), w->asz[i]);
+        ck_assert_int_eq(bfc_ctx_allocation_id(w->ctx, w->live[i]), w->id[i]);
+    }
+    ck_assert_msg(diff_at(w->theirs, 0x5C, 4096) == 4096, "%s: the other context's block changed", what);
+}
+
+static void world_teardown(void)
+{
+    struct world *w = &W;
+    if (!w->ctx)
+        return;
+    bfc_sim_stream_drain(w->ctx, w->s[2]);
+    for (int i = 0; i < NLIVE; i++)
+        xfree(w->ctx, w->live[i], w->s[(w->on[i] + 1) % 3]);
+    xfree(w->other, w->theirs, NULL);
+    bfc_stats_t a = st(w->ctx);
+    ck_assert_uint_eq(a.bytes_in_use, 0);
+    ck_assert_uint_eq(a.num_pending_frees, 0);
+    ck_assert_uint_eq(a.num_poison_errors, 0);
+    xcheck(w->ctx);
+    ck_assert_int_eq(bfc_ctx_trim(w->ctx), BFC_OK);
+    ck_assert_uint_eq(bfc_sim_backend_bytes_held(w->ctx), 0);
+    bfc_ctx_destroy(w->ctx);
+    bfc_ctx_destroy(w->other);
+    memset(w, 0, sizeof *w);
+}
+
+/* ---------------------------------------------------------- the table */
+
+static int c_free_null(struct world *w) { return bfc_ctx_free(w->ctx, NULL, w->s[0]); }
+static int c_free_null_default(struct world *w) { return bfc_ctx_free(w->ctx, NULL, NULL); }
+static int c_free_low(struct world *w) { return bfc_ctx_free(w->ctx, (void *)(uintptr_t)0x1000, w->s[0]); }
+static int c_free_high(struct world *w)
+{
+    return bfc_ctx_free(w->ctx, (void *)(UINTPTR_MAX & ~(uintptr_t)255), w->s[1]);
+}
+static int c_free_stack(struct world *w)
+{
+    char buf[512];
+    void *volatile p = buf;
+    return bfc_ctx_free(w->ctx, p, w->s[0]);
+}
+static int c_free_heap(struct world *w)
+{
+    void *h = malloc(100);
+    ck_assert_ptr_nonnull(h);
+    int rc = bfc_ctx_free(w->ctx, h, w->s[0]);
+    free(h);
+    return rc;
+}
+static int c_free_heap_aligned_cross(struct world *w)
+{
+    void *h = aligned_alloc(256, 4096);
+    ck_assert_ptr_nonnull(h);
+    int rc = bfc_ctx_free(w->ctx, h, w->s[1]);
+    free(h);
+    return rc;
+}
+static int c_free_interior1(struct world *w) { return bfc_ctx_free(w->ctx, (char *)w->live[2] + 1, w->s[2]); }
+static int c_free_interior256(struct world *w)
+{
+    return bfc_ctx_free(w->ctx, (char *)w->live[3] + 256, w->s[w->on[3]]);
+}
+static int c_free_interior_cross(struct world *w)
+{
+    return bfc_ctx_free(w->ctx, (char *)w->live[3] + 256, w->s[(w->on[3] + 1) % 3]);
+}
+static int c_free_interior_last(struct world *w)
+{
+    return bfc_ctx_free(w->ctx, (char *)w->live[9] + w->n[9] - 256, w->s[w->on[9]]);
+}
+static int c_free_interior_held(struct world *w)
+{
+    return bfc_ctx_free(w->ctx, (char *)w->live[5] + 4096, w->s[2]);
+}
+static int c_free_other_ctx(struct world *w) { return bfc_ctx_free(w->ctx, w->theirs, w->s[0]); }
+static int c_free_other_ctx_default(struct world *w) { return bfc_ctx_free(w->ctx, w->theirs, NULL); }
+static int c_free_mine_in_other(struct world *w) { return bfc_ctx_free(w->other, w->live[0], NULL); }
+static int c_double_free_same(struct world *w) { return bfc_ctx_free(w->ctx, w->freed, w->s[1]); }
+static int c_double_free_cross(struct world *w) { return bfc_ctx_free(w->ctx, w->freed, w->s[0]); }
+static int c_double_free_held(struct world *w) { return bfc_ctx_free(w->ctx, w->freed, w->s[2]); }
+static int c_double_free_pending_owner(struct world *w) { return bfc_ctx_free(w->ctx, w->pending, w->s[0]); }
+static int c_double_free_pending_same(struct world *w) { return bfc_ctx_free(w->ctx, w->pending, w->s[2]); }
+static int c_double_free_pending_third(struct world *w) { return bfc_ctx_free(w->ctx, w->pending, w->s[1]); }
+static int c_record_foreign(struct world *w) { return bfc_ctx_record_stream(w->ctx, w->theirs, w->s[1]); }
+static int c_record_interior(struct world *w)
+{
+    return bfc_ctx_record_stream(w->ctx, (char *)w->live[1] + 256, w->s[1]);
+}
+static int c_record_freed(struct world *w) { return bfc_ctx_record_stream(w->ctx, w->freed, w->s[0]); }
+static int c_record_pending(struct world *w) { return bfc_ctx_record_stream(w->ctx, w->pending, w->s[1]); }
+static int c_record_null(struct world *w) { return bfc_ctx_record_stream(w->ctx, NULL, w->s[1]); }
+static int c_size_foreign(struct world *w)
+{
+    return (int)bfc_ctx_requested_size(w->ctx, w->theirs) + (int)bfc_ctx_allocated_size(w->ctx, w->theirs);
+}
+static int c_id_freed(struct world *w) { return (int)bfc_ctx_allocation_id(w->ctx, w->freed); }
+static int c_id_interior(struct world *w) { return (int)bfc_ctx_allocation_id(w->ctx, (char *)w->live[3] + 256); }
+static int c_release_unknown(struct world *w) { return bfc_ctx_stream_release(w->ctx, w->fresh); }
+static int c_stream_stats_unknown(struct world *w)
+{
+    bfc_stats_t s;
+    return bfc_ctx_stream_stats(w->ctx, w->fresh, &s);
+}
+
+/* Allocations the API rejects return NULL; the case returns last_error. */
+static int alloc_status(struct world *w, bfc_stream_t s, size_t n)
+{
+    void *p = bfc_ctx_alloc(w->ctx, s, n);
+    ck_assert_msg(p == NULL, "alloc(%zu) = %p, expected NULL", n, p);
+    return bfc_last_error();
+}
+static int c_alloc_0(struct world *w) { return alloc_status(w, w->s[0], 0); }
+static int c_alloc_0_fresh(struct world *w) { return alloc_status(w, w->fresh, 0); }
+static int c_alloc_max(struct world *w) { return alloc_status(w, w->s[0], SIZE_MAX); }
+static int c_alloc_max_255(struct world *w) { return alloc_status(w, w->s[1], SIZE_MAX - 255); }
+static int c_alloc_max_256(struct world *w) { return alloc_status(w, w->s[1], SIZE_MAX - 256); }
+static int c_alloc_limit_1(struct world *w) { return alloc_status(w, w->s[2], LIMIT + 1); }
+static int c_alloc_limit_1_fresh(struct world *w) { return alloc_status(w, w->fresh, LIMIT + 1); }
+static int c_alloc_half_max(struct world *w) { return alloc_status(w, w->s[0], SIZE_MAX / 2 + 1); }
+
+struct hcase {
+    const char *name;
+    int (*fn)(struct world *w);
+    int want;
+    uint64_t ooms;
+};
+
+static const struct hcase cases[] = {
+    { "free NULL", c_free_null, BFC_OK, 0 },
+    { "free NULL, default stream", c_free_null_default, BFC_OK, 0 },
+    { "free foreign low address", c_free_low, BFC_ENOTOWNED, 0 },
+    { "free foreign high address", c_free_high, BFC_ENOTOWNED, 0 },
+    { "free stack address", c_free_stack, BFC_ENOTOWNED, 0 },
+    { "free heap address", c_free_heap, BFC_ENOTOWNED, 0 },
+    { "free aligned heap address, other stream", c_free_heap_aligned_cross, BFC_ENOTOWNED, 0 },
+    { "free interior +1", c_free_interior1, BFC_ENOTOWNED, 0 },
+    { "free interior +256, owner stream", c_free_interior256, BFC_ENOTOWNED, 0 },
+    { "free interior +256, other stream", c_free_interior_cross, BFC_ENOTOWNED, 0 },
+    { "free interior, last granule", c_free_interior_last, BFC_ENOTOWNED, 0 },
+    { "free interior, held stream", c_free_interior_held, BFC_ENOTOWNED, 0 },
+    { "free of another context's block", c_free_other_ctx, BFC_ENOTOWNED, 0 },
+    { "free of another context's block, default stream", c_free_other_ctx_default, BFC_ENOTOWNED, 0 },
+    { "free into the wrong context", c_free_mine_in_other, BFC_ENOTOWNED, 0 },
+    { "double free, same stream", c_double_free_same, BFC_EDOUBLEFREE, 0 },
+    { "double free, other stream", c_double_free_cross, BFC_EDOUBLEFREE, 0 },
+    { "double free, held stream", c_double_free_held, BFC_EDOUBLEFREE, 0 },
+    { "double free of a pending block, owner stream", c_double_free_pending_owner, BFC_EDOUBLEFREE, 0 },
+    { "double free of a pending block, its fence stream", c_double_free_pending_same, BFC_EDOUBLEFREE, 0 },
+    { "double free of a pending block, third stream", c_double_free_pending_third, BFC_EDOUBLEFREE, 0 },
+    { "record_stream of another context's block", c_record_foreign, BFC_ENOTOWNED, 0 },
+    { "record_stream of an interior pointer", c_record_interior, BFC_ENOTOWNED, 0 },
+    { "record_stream of a freed block", c_record_freed, BFC_EDOUBLEFREE, 0 },
+    { "record_stream of a pending block", c_record_pending, BFC_EDOUBLEFREE, 0 },
+    { "record_stream of NULL", c_record_null, BFC_EINVAL, 0 },
+    { "sizes of another context's block", c_size_foreign, 0, 0 },
+    { "allocation id of a freed block", c_id_freed, BFC_EDOUBLEFREE, 0 },
+    { "allocation id of an interior pointer", c_id_interior, BFC_ENOTOWNED, 0 },
+    { "release of a stream without a shard", c_release_unknown, BFC_EINVAL, 0 },
+    { "stream stats of a stream without a shard", c_stream_stats_unknown, BFC_EINVAL, 0 },
+    { "alloc 0", c_alloc_0, BFC_OK, 0 },
+    { "alloc 0 on a stream without a shard", c_alloc_0_fresh, BFC_OK, 0 },
+    { "alloc SIZE_MAX", c_alloc_max, BFC_ENOMEM, 1 },
+    { "alloc SIZE_MAX-255", c_alloc_max_255, BFC_ENOMEM, 1 },
+    { "alloc SIZE_MAX-256", c_alloc_max_256, BFC_ENOMEM, 1 },
+    { "alloc SIZE_MAX/2+1", c_alloc_half_max, BFC_ENOMEM, 1 },
+    { "alloc limit+1", c_alloc_limit_1, BFC_ENOMEM, 1 },
+    { "alloc limit+1 on a stream without a shard", c_alloc_limit_1_fresh, BFC_ENOMEM, 1 },
+};
+
+#define NCASES ((int)(sizeof cases / sizeof cases[0]))
+
+START_TEST(test_bad_input_table)
+{
+    const struct hcase *c = &cases[_i];
+    world_setup();
+    /* Twice: a rejected call must not change what the next one sees. */
+    for (int round = 0; round < 2; round++) {
+        int rc = c->fn(&W);
+        ck_assert_msg(rc == c->want, "%s: %s (%d), expected %s", c->name, bfc_err_name(rc), rc,
+                      bfc_err_name(c->want));
+        world_intact(&W, c->ooms * (uint64_t)(round + 1), c->name);
+    }
+    /* The world still works: the pending block comes back after the drain,
+     * the freed one at once. */
+    bfc_sim_stream_drain(W.ctx, W.s[2]);
+    void *q = xalloc(W.ctx, W.s[1], 1024);
+    ck_assert_ptr_eq(q, W.freed);
+    xfree(W.ctx, q, W.s[1]);
+    world_teardown();
+}
+END_TEST
+
+/* ------------------------------------------------- released streams */
+
+START_TEST(test_free_on_released_stream)
+{
+    bfc_config_t c = cfg_sim(LIMIT);
+    bfc_ctx_t *ctx = ctx_new(&c);
+    bfc_stream_t s = bfc_sim_stream_create(ctx), t = bfc_sim_stream_create(ctx);
+    bfc_stream_t r = bfc_sim_stream_create(ctx);
+    void *keep = xalloc(ctx, t, 8 * KiB);
+    memset(keep, 0x3C, 8 * KiB);
+    void *a = xalloc(ctx, s, 4 * KiB), *b = xalloc(ctx, s, 8 * KiB), *d = xalloc(ctx, s, 16 * KiB);
+    void *x = xalloc(ctx, r, 4 * KiB);
+    xfree(ctx, x, r);
+    /* r: released, no shard; s: released with three live blocks. */
+    ck_assert_int_eq(bfc_ctx_stream_release(ctx, r), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_stream_release(ctx, s), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_stream_release(ctx, s), BFC_EINVAL);
+    ck_assert_uint_eq(st(ctx).num_shards, 1);
+    ck_assert_uint_eq(st(ctx).bytes_in_use, 36 * KiB);
+    xcheck(ctx);
+    /* A live block of a released stream, freed on that stream. */
+    xfree(ctx, a, s);
+    ck_assert_uint_eq(st(ctx).bytes_in_use, 32 * KiB);
+    /* ... on another stream that is itself released (a cross-stream free
+     * fenced on it), and on a held stream (pending until drained). */
+    xfree(ctx, b, r);
+    bfc_sim_stream_hold(ctx, t);
+    xfree(ctx, d, t);
+    bfc_stats_t o = st(ctx);
+    ck_assert_uint_eq(o.bytes_in_use, 8 * KiB);
+    ck_assert_uint_eq(o.num_pending_frees, 1);
+    xcheck(ctx);
+    /* Second frees: the block is gone (EDOUBLEFREE while its region is
+     * there, ENOTOWNED once the dead shard gave the region back); either
+     * way nothing changes. */
+    bfc_stats_t before = st(ctx);
+    for (int k = 0; k < 3; k++) {
+        void *v = k == 0 ? a : k == 1 ? b : d;
+        int rc = bfc_ctx_free(ctx, v, k == 2 ? r : s);
+        ck_assert_msg(rc == BFC_EDOUBLEFREE || rc == BFC_ENOTOWNED, "second free %d: %s", k, bfc_err_name(rc));
+        bfc_stats_t after = st(ctx);
+        ck_assert(memcmp(&before, &after, sizeof before) == 0);
+    }
+    bfc_sim_stream_drain(ctx, t);
+    o = st(ctx);
+    ck_assert_uint_eq(o.num_pending_frees, 0);
+    ck_assert_uint_eq(o.bytes_in_use, 8 * KiB);
+    ck_assert_uint_eq(diff_at(keep, 0x3C, 8 * KiB), 8 * KiB);
+    /* The released streams get fresh shards on their next use. */
+    void *y = xalloc(ctx, s, 4 * KiB);
+    xfree(ctx, y, s);
+    ck_assert_uint_eq(st(ctx).num_shards, 2);
+    xfree(ctx, keep, t);
+    xcheck(ctx);
+    ck_assert_int_eq(bfc_ctx_trim(ctx), BFC_OK);
+    ck_assert_uint_eq(st(ctx).bytes_in_use, 0);
+    ck_assert_uint_eq(bfc_sim_backend_bytes_held(ctx), 0);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
+/* ------------------------------------------------- racing double free */
+
+struct racer {
+    bfc_ctx_t *ctx;
+    pthread_barrier_t *bar;
+    void *_Atomic p;
+    bfc_stream_t on;
+    int rc;
+    int rounds;
+};
+
+static void *racer_main(void *arg)
+{
+    struct racer *r = arg;
+    for (int i = 0; i < r->rounds; i++) {
+        int e = pthread_barrier_wait(r->bar); /* p published */
+        if (e != 0 && e != PTHREAD_BARRIER_SERIAL_THREAD)
+            return (void *)1;
+        r->rc = bfc_ctx_free(r->ctx, atomic_load(&r->p), r->on);
+        e = pthread_barrier_wait(r->bar); /* rc published */
+        if (e != 0 && e != PTHREAD_BARRIER_SERIAL_THREAD)
+            return (void *)1;
+    }
+    return NULL;
+}
+
+START_TEST(test_double_free_race)
+{
+    world_setup();
+    struct world *w = &W;
+    enum { ROUNDS = 300 };
+    pthread_barrier_t bar;
+    ck_assert_int_eq(pthread_barrier_init(&bar, NULL, 3), 0);
+    /* Pairs of freeing streams: owner + other, two others, owner + owner. */
+    struct racer r[2] = { { w->ctx, &bar, NULL, w->s[0], 0, ROUNDS }, { w->ctx, &bar, NULL, w->s[1], 0, ROUNDS } };
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++)
+        ck_assert_int_eq(pthread_create(&th[i], NULL, racer_main, &r[i]), 0);
+    uint64_t frees0 = st(w->ctx).num_frees;
+    int variant_ok[3] = { 0, 0, 0 };
+    for (int it = 0; it < ROUNDS; it++) {
+        int v = it % 3;
+        bfc_stream_t owner = v == 1 ? w->s[2] : w->s[0];
+        r[0].on = w->s[0];
+        r[1].on = v == 2 ? w->s[0] : w->s[1];
+        void *p = xalloc(w->ctx, owner, (size_t)(it % 5 + 1) * 256);
+        atomic_store(&r[0].p, p);
+        atomic_store(&r[1].p, p);
+        int e = pthread_barrier_wait(&bar);
+        ck_assert(e == 0 || e == PTHREAD_BARRIER_SERIAL_THREAD);
+        e = pthread_barrier_wait(&bar);
+        ck_assert(e == 0 || e == PTHREAD_BARRIER_SERIAL_THREAD);
+        int ok = (r[0].rc == BFC_OK) + (r[1].rc == BFC_OK);
+        int dbl = (r[0].rc == BFC_EDOUBLEFREE) + (r[1].rc == BFC_EDOUBLEFREE);
+        ck_assert_msg(ok == 1 && dbl == 1, "round %d: %s / %s", it, bfc_err_name(r[0].rc), bfc_err_name(r[1].rc));
+        variant_ok[v]++;
+    }
+    for (int i = 0; i < 2; i++) {
+        void *ret;
+        ck_assert_int_eq(pthread_join(th[i], &ret), 0);
+        ck_assert_ptr_null(ret);
+    }
+    ck_assert_int_eq(pthread_barrier_destroy(&bar), 0);
+    ck_assert_int_eq(variant_ok[0] + variant_ok[1] + variant_ok[2], ROUNDS);
+    /* Exactly one free per round counted; everything else as it was. */
+    bfc_sim_stream_drain(w->ctx, w->s[2]);
+    bfc_stats_t a = st(w->ctx);
+    ck_assert_uint_eq(a.num_frees, frees0 + ROUNDS);
+    ck_assert_uint_eq(a.num_allocs, w->st.num_allocs + ROUNDS);
+    ck_assert_uint_eq(a.bytes_in_use, w->st.bytes_in_use);
+    ck_assert_uint_eq(a.bytes_requested, w->st.bytes_requested);
+    xcheck(w->ctx);
+    for (int i = 0; i < NLIVE; i++)
+        ck_assert_uint_eq(diff_at(w->live[i], pat(i), w->n[i]), w->n[i]);
+    world_teardown();
+}
+END_TEST
+
+/* ------------------------------------------------------ NULL pointers */
+
+START_TEST(test_null_arguments)
+{
+    bfc_config_t c = cfg_sim(LIMIT);
+    bfc_ctx_t *ctx = ctx_new(&c);
+    bfc_stream_t s = bfc_sim_stream_create(ctx);
+    void *p = xalloc(ctx, s, 4096);
+    memset(p, 0x42, 4096);
+    bfc_stats_t before = st(ctx), so;
+    bfc_config_t co;
+    char buf[64];
+
+    bfc_config_init(NULL); /* no crash */
+    ck_assert_int_eq(bfc_config_parse(NULL, "memory_limit=1G"), BFC_EINVAL);
+    ck_assert_int_eq(bfc_config_parse(NULL, NULL), BFC_EINVAL);
+    ck_assert_int_eq(bfc_config_parse(&co, NULL), BFC_OK);
+    ck_assert_int_eq(bfc_config_validate(NULL), BFC_EINVAL);
+    ck_assert_int_eq(bfc_ctx_create(&c, NULL), BFC_EINVAL);
+    ck_assert_int_eq(bfc_ctx_create(NULL, NULL), BFC_EINVAL);
+    bfc_ctx_destroy(NULL);
+    ck_assert_ptr_null(bfc_ctx_alloc(NULL, s, 16));
+    ck_assert_int_eq(bfc_last_error(), BFC_EINVAL);
+    ck_assert_int_eq(bfc_ctx_free(NULL, p, s), BFC_EINVAL);
+    ck_assert_int_eq(bfc_ctx_free(NULL, NULL, s), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_record_stream(NULL, p, s), BFC_EINVAL);
+    ck_assert_int_eq(bfc_ctx_record_stream(ctx, NULL, s), BFC_EINVAL);
+    ck_assert_int_eq(bfc_ctx_stream_release(NULL, s), BFC_EINVAL);
+    ck_assert_int_eq(bfc_ctx_trim(NULL), BFC_EINVAL);
+    ck_assert_uint_eq(bfc_ctx_requested_size(NULL, p), 0);
+    ck_assert_uint_eq(bfc_ctx_requested_size(ctx, NULL), 0);
+    ck_assert_uint_eq(bfc_ctx_allocated_size(NULL, p), 0);
+    ck_assert_uint_eq(bfc_ctx_allocated_size(ctx, NULL), 0);
+    ck_assert_int_lt(bfc_ctx_allocation_id(NULL, p), 0);
+    ck_assert_int_lt(bfc_ctx_allocation_id(ctx, NULL), 0);
+    ck_assert_int_eq(bfc_ctx_config(NULL, &co), BFC_EINVAL);
+    ck_assert_int_eq(bfc_ctx_config(ctx, NULL), BFC_EINVAL);
+    ck_assert_int_eq(bfc_ctx_stats(NULL, &so), BFC_EINVAL);
+    ck_assert_int_eq(bfc_ctx_stats(ctx, NULL), BFC_EINVAL);
+    ck_assert_int_eq(bfc_ctx_stream_stats(NULL, s, &so), BFC_EINVAL);
+    ck_assert_int_eq(bfc_ctx_stream_stats(ctx, s, NULL), BFC_EINVAL);
+    ck_assert_int_eq(bfc_ctx_clear_peaks(NULL), BFC_EINVAL);
+    ck_assert_int_eq(bfc_ctx_check(NULL), BFC_EINVAL);
+    ck_assert_int_eq(bfc_ctx_check_report(NULL, buf, sizeof buf), BFC_EINVAL);
+    ck_assert_int_eq(bfc_ctx_check_report(NULL, NULL, 0), BFC_EINVAL);
+    ck_assert_int_eq(bfc_ctx_check_report(ctx, NULL, 0), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_check_report(ctx, buf, 0), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_dump(NULL, stderr), BFC_EINVAL);
+    ck_assert_int_eq(bfc_ctx_dump(ctx, NULL), BFC_EINVAL);
+    ck_assert_int_eq(bfc_ctx_snapshot_json(NULL, stderr), BFC_EINVAL);
+    ck_assert_int_eq(bfc_ctx_snapshot_json(ctx, NULL), BFC_EINVAL);
+    /* Process-wide and host calls with NULL pointers. */
+    ck_assert_int_eq(bfc_free(NULL), BFC_OK);
+    ck_assert_int_eq(bfc_stream_free(NULL, s), BFC_OK);
+    ck_assert_int_eq(bfc_record_stream(NULL, s), BFC_EINVAL);
+    ck_assert_int_eq(bfc_host_free(NULL), BFC_OK);
+    ck_assert_int_eq(bfc_host_record_stream(NULL, s), BFC_EINVAL);
+    ck_assert_int_eq(bfc_host_numa_node(NULL), BFC_EINVAL);
+    ck_assert_int_eq(bfc_host_stats(NULL), BFC_EINVAL);
+    ck_assert_int_eq(bfc_host_node_stats(0, NULL), BFC_EINVAL);
+    ck_assert_int_eq(bfc_host_node_stats(-1, &so), BFC_EINVAL);
+    ck_assert_int_eq(bfc_host_node_stats(1 << 20, &so), BFC_EINVAL);
+    ck_assert_ptr_null(bfc_host_ctx(-1));
+    ck_assert_ptr_null(bfc_host_ctx(1 << 20));
+    /* SIM controls with a NULL context: no-ops / NULL / 0. */
+    ck_assert_ptr_null(bfc_sim_stream_create(NULL));
+    bfc_sim_stream_destroy(NULL, s);
+    bfc_sim_stream_hold(NULL, s);
+    bfc_sim_stream_drain(NULL, s);
+    bfc_sim_fail_alloc_every(NULL, 1);
+    bfc_sim_fail_event_every(NULL, 1);
+    bfc_sim_set_alloc_ceiling(NULL, 0);
+    ck_assert_uint_eq(bfc_sim_backend_allocs(NULL), 0);
+    ck_assert_uint_eq(bfc_sim_backend_failures(NULL), 0);
+    ck_assert_uint_eq(bfc_sim_backend_bytes_held(NULL), 0);
+    /* Status names for values outside the table. */
+    ck_assert_ptr_nonnull(bfc_strerror(-1000));
+    ck_assert_str_eq(bfc_err_name(12345), "BFC_UNKNOWN");
+    ck_assert_str_eq(bfc_err_name(INT32_MIN), "BFC_UNKNOWN");
+
+    /* Nothing moved; the block is intact and still freeable. */
+    bfc_stats_t after = st(ctx);
+    ck_assert(memcmp(&before, &after, sizeof before) == 0);
+    ck_assert_uint_eq(diff_at(p, 0x42, 4096), 4096);
+    xcheck(ctx);
+    xfree(ctx, p, s);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
+/* ------------------------------------- process-wide API after teardown */
+
+START_TEST(test_service_after_shutdown_and_destroy)
+{
+    void *p = bfc_stream_alloc(NULL, 4 * KiB);
+    ck_assert_ptr_nonnull(p);
+    void *h = bfc_host_alloc(4 * KiB);
+    ck_assert_ptr_nonnull(h);
+    bfc_ctx_t *d = bfc_default_ctx();
+    ck_assert_ptr_nonnull(d);
+    bfc_config_t dc;
+    ck_assert_int_eq(bfc_ctx_config(d, &dc), BFC_OK);
+    ck_assert(dc.debug_check && dc.poison); /* SHARDBFC_CONF was applied */
+    bfc_shutdown();
+    /* Device and host pointers of the destroyed service: clear statuses. */
+    ck_assert_int_eq(bfc_free(p), BFC_ENOTOWNED);
+    ck_assert_int_eq(bfc_stream_free(p, NULL), BFC_ENOTOWNED);
+    ck_assert_int_eq(bfc_record_stream(p, NULL), BFC_ENOTOWNED);
+    ck_assert_int_eq(bfc_stream_release(NULL), BFC_EINVAL);
+    ck_assert_int_eq(bfc_host_free(h), BFC_ENOTOWNED);
+    ck_assert_int_eq(bfc_host_record_stream(h, NULL), BFC_ENOTOWNED);
+    ck_assert_int_eq(bfc_host_numa_node(h), BFC_ENOTOWNED);
+    ck_assert_ptr_null(bfc_host_ctx(0));
+    bfc_stats_t hs;
+    ck_assert_int_eq(bfc_host_node_stats(0, &hs), BFC_EINVAL);
+    ck_assert_int_eq(bfc_host_stats(&hs), BFC_OK);
+    ck_assert_uint_eq(hs.bytes_in_use, 0);
+    ck_assert_uint_eq(hs.num_allocs, 0);
+
+    /* A private context's pointer after bfc_ctx_destroy, through the
+     * process-wide calls. */
+    bfc_config_t c = cfg_sim(LIMIT);
+    bfc_ctx_t *mine = ctx_new(&c);
+    void *m = xalloc(mine, NULL, 4 * KiB);
+    ck_assert_int_eq(bfc_record_stream(m, NULL), BFC_OK); /* found while alive */
+    bfc_ctx_destroy(mine);
+    ck_assert_int_eq(bfc_free(m), BFC_ENOTOWNED);
+    ck_assert_int_eq(bfc_stream_free(m, NULL), BFC_ENOTOWNED);
+    ck_assert_int_eq(bfc_record_stream(m, NULL), BFC_ENOTOWNED);
+    ck_assert_int_eq(bfc_host_free(m), BFC_ENOTOWNED);
+
+    /* Service again: fresh contexts, consistent, empty but for the new
+     * blocks. */
+    void *q = bfc_stream_alloc(NULL, 8 * KiB);
+    ck_assert_ptr_nonnull(q);
+    void *hq = bfc_host_alloc(8 * KiB);
+    ck_assert_ptr_nonnull(hq);
+    bfc_ctx_t *d2 = bfc_default_ctx();
+    bfc_stats_t ds = st(d2);
+    ck_assert_uint_eq(ds.num_allocs, 1);
+    ck_assert_uint_eq(ds.bytes_in_use, 8 * KiB);
+    ck_assert_int_eq(bfc_host_stats(&hs), BFC_OK);
+    ck_assert_uint_eq(hs.num_allocs, 1);
+    xcheck(d2);
+    ck_assert_int_eq(bfc_free(q), BFC_OK);
+    ck_assert_int_eq(bfc_host_free(hq), BFC_OK);
+    ck_assert_uint_eq(st(d2).num_poison_errors, 0);
+    bfc_shutdown();
+}
+END_TEST
+
+/* --------------------------------------------------- configuration */
+
+static const char *const bad_specs[] = {
+    /* unknown keys */
+    "memory_limt=1G", "bogus=1", "memory_limit=1G,bogus=1", "poison=true,,x=y", "memory limit=1G",
+    /* negative numbers */
+    "memory_limit=-1", "memory_limit=-1G", "retry_ms=-5", "device=-1", "initial_region=-256",
+    "sim_fail_alloc_every=-1", "fragmentation_fraction=-0.5", "large_alloc=-1", "host_numa=-3",
+    /* huge numbers */
+    "memory_limit=18446744073709551616", "memory_limit=17179869184G", "memory_limit=99999999999999999999999",
+    "retry_ms=3600001", "retry_ms=4294967296", "sim_fail_alloc_every=4294967296", "device=2147483648",
+    "fragmentation_fraction=1.5", "fragmentation_fraction=1e400", "initial_region=18446744073709551615K",
+    /* empty values and keys */
+    "memory_limit=", "backend=", "poison=", "debug_check= ", "=", "=1", "memory_limit", "retry_ms==1",
+    /* garbage bytes */
+    "\x80", "\xff\xfe=1", "memory_limit=1G\x01", "backend=s\x7fim", "poison=tr\303\274e", "\x1b[0m=1",
+    "memory_limit=1\tG", "memory_limit=0x100", "memory_limit=1.5G", "backend=sim;poison=true",
+};
+
+START_TEST(test_bad_config_strings)
+{
+    for (size_t i = 0; i < sizeof bad_specs / sizeof bad_specs[0]; i++) {
+        bfc_config_t c, before;
+        bfc_config_init(&c);
+        ck_assert_int_eq(bfc_config_parse(&c, "backend=sim,memory_limit=8M,poison=true,retry_ms=7"), BFC_OK);
+        memcpy(&before, &c, sizeof c);
+        int rc = bfc_config_parse(&c, bad_specs[i]);
+        ck_assert_msg(rc == BFC_EINVAL, "spec %zu \"%s\": %s", i, bad_specs[i], bfc_err_name(rc));
+        ck_assert_msg(memcmp(&c, &before, sizeof c) == 0, "spec %zu changed the config", i);
+        /* The untouched config still makes a working context. */
+        if (i % 8 == 0) {
+            bfc_ctx_t *ctx = ctx_new(&c);
+            void *p = xalloc(ctx, NULL, 1000);
+            xfree(ctx, p, NULL);
+            xcheck(ctx);
+            bfc_ctx_destroy(ctx);
+        }
+    }
+}
+END_TEST
+
+/* Values at the edges that parse: each makes a context that works. */
+START_TEST(test_edge_configs_work)
+{
+    static const char *const specs[] = {
+        "backend=sim,memory_limit=256",                         /* one granule */
+        "backend=sim,memory_limit=1M,initial_region=1",         /* 256-byte regions */
+        "backend=sim,memory_limit=4M,large_alloc=1",            /* every block its own region */
+        "backend=sim,memory_limit=4M,allow_growth=false,initial_region=4M,large_alloc=0",
+        "backend=sim,memory_limit=16M,fragmentation_fraction=1,garbage_collection=true",
+        "backend=sim,memory_limit=16M,fragmentation_fraction=0.0000001",
+        "backend=sim,memory_limit=16M,initial_region=1G",       /* first region capped at the limit */
+    };
+    for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
+        bfc_config_t c;
+        bfc_config_init(&c);
+        ck_assert_int_eq(bfc_config_parse(&c, specs[i]), BFC_OK);
+        bfc_ctx_t *ctx = ctx_new(&c);
+        bfc_stream_t s = bfc_sim_stream_create(ctx);
+        void *v[8];
+        int n = 0;
+        for (int k = 0; k < 8; k++) {
+            v[n] = bfc_ctx_alloc(ctx, k % 2 ? s : NULL, 256u << k);
+            if (v[n]) {
+                memset(v[n], k, 256u << k);
+                n++;
+            } else {
+                ck_assert_int_eq(bfc_last_error(), BFC_ENOMEM);
+            }
+        }
+        ck_assert_msg(n > 0, "%s: nothing could be allocated", specs[i]);
+        xcheck(ctx);
+        for (int k = 0; k < n; k++)
+            xfree(ctx, v[k], k % 3 ? s : NULL);
+        ck_assert_uint_eq(st(ctx).bytes_in_use, 0);
+        xcheck(ctx);
+        bfc_ctx_destroy(ctx);
+    }
+    /* A limit far beyond memory without growth: reserved lazily by the SIM
+     * backend (or refused); never a crash. */
+    bfc_config_t c;
+    bfc_config_init(&c);
+    ck_assert_int_eq(bfc_config_parse(&c, "backend=sim,memory_limit=1024G,allow_growth=false"), BFC_OK);
+    bfc_ctx_t *ctx = NULL;
+    int rc = bfc_ctx_create(&c, &ctx);
+    ck_assert_msg(rc == BFC_OK || rc == BFC_ENOMEM, "%s", bfc_err_name(rc));
+    if (ctx) {
+        void *p = xalloc(ctx, NULL, 1 * MiB);
+        xfree(ctx, p, NULL);
+        xcheck(ctx);
+        bfc_ctx_destroy(ctx);
+    }
+}
+END_TEST
+
+/* ------------------------------------------------------- debug mode */
+
+#ifndef HARD_TSAN /* the children below fork; see the fork test */
+/* Runs fn in a child; returns its wait status, its stderr in err[]. */
+static int in_child(void (*fn)(void), char *err, size_t errlen)
+{
+    int fds[2];
+    ck_assert_int_eq(pipe(fds), 0);
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    ck_assert_int_ne(pid, -1);
+    if (pid == 0) {
+        close(fds[0]);
+        dup2(fds[1], 2);
+        fn();
+        _exit(0);
+    }
+    close(fds[1]);
+    size_t got = 0;
+    ssize_t k;
+    while ((k = read(fds[0], err + got, errlen - 1 - got)) > 0 && got + (size_t)k < errlen - 1)
+        got += (size_t)k;
+    if (k > 0)
+        got += (size_t)k;
+    err[got] = '\0';
+    close(fds[0]);
+    int status = 0;
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    return status;
+}
+
+/* White-box: breaks invariant 4 of p's shard (its bytes_in_use). */
+static void corrupt_shard_of(void *p, int64_t delta)
+{
+    bfc__rcu_lock();
+    struct bfc__region *r = bfc__regionmap_lookup((uintptr_t)p);
+    if (r) {
+        bfc__lock(&r->owner->lock);
+        r->owner->st.bytes_in_use += (uint64_t)delta;
+        bfc__unlock(&r->owner->lock);
+    }
+    bfc__rcu_unlock();
+}
+
+static void child_env_debug_check(void)
+{
+    /* The process-wide context takes debug_check=true from SHARDBFC_CONF. */
+    void *p = bfc_stream_alloc(NULL, 4096);
+    if (!p)
+        _exit(10);
+    corrupt_shard_of(p, 256);
+    (void)bfc_stream_alloc(NULL, 256); /* checks after the operation: aborts */
+    _exit(11);
+}
+
+static void child_private_no_debug(void)
+{
+    bfc_config_t c = cfg_sim(LIMIT);
+    bfc_ctx_t *ctx;
+    if (bfc_ctx_create(&c, &ctx) != BFC_OK)
+        _exit(20);
+    void *p = bfc_ctx_alloc(ctx, NULL, 4096);
+    if (!p)
+        _exit(21);
+    corrupt_shard_of(p, 256);
+    void *q = bfc_ctx_alloc(ctx, NULL, 256); /* no check: goes on */
+    if (!q || bfc_ctx_check(ctx) != BFC_ECORRUPT)
+        _exit(22);
+    corrupt_shard_of(p, -256);
+    if (bfc_ctx_free(ctx, q, NULL) != BFC_OK || bfc_ctx_check(ctx) != BFC_OK)
+        _exit(23);
+    _exit(0);
+}
+#endif
+
+START_TEST(test_debug_check_from_env)
+{
+    bfc_ctx_t *d = bfc_default_ctx();
+    ck_assert_ptr_nonnull(d);
+    bfc_config_t dc;
+    ck_assert_int_eq(bfc_ctx_config(d, &dc), BFC_OK);
+    ck_assert(dc.debug_check);
+    /* Every operation of the service passes its check while consistent. */
+    void *v[64];
+    for (int i = 0; i < 64; i++) {
+        v[i] = bfc_stream_alloc(NULL, (size_t)(i + 1) * 300);
+        ck_assert_ptr_nonnull(v[i]);
+    }
+    for (int i = 0; i < 64; i += 2)
+        ck_assert_int_eq(bfc_free(v[i]), BFC_OK);
+    for (int i = 1; i < 64; i += 2)
+        ck_assert_int_eq(bfc_free(v[i]), BFC_OK);
+#ifndef HARD_TSAN
+    char err[4096];
+    int status = in_child(child_env_debug_check, err, sizeof err);
+    ck_assert_msg(WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT,
+                  "debug_check did not abort on a broken invariant (status %#x): %s", status, err);
+    ck_assert_msg(strstr(err, "debug_check: invariant 4") != NULL, "stderr: %s", err);
+    /* The control: without debug_check the same corruption goes unnoticed
+     * until someone calls bfc_ctx_check. */
+    status = in_child(child_private_no_debug, err, sizeof err);
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "control child: status %#x: %s", status, err);
+#endif
+    bfc_shutdown();
+}
+END_TEST
+
+/* Runs fn with stderr redirected to a temporary file; returns its text. */
+static void capture_stderr(void (*fn)(void *), void *arg, char *out, size_t outlen)
+{
+    FILE *tmp = tmpfile();
+    ck_assert_ptr_nonnull(tmp);
+    fflush(stderr);
+    int saved = dup(2);
+    ck_assert_int_ge(saved, 0);
+    ck_assert_int_ge(dup2(fileno(tmp), 2), 0);
+    fn(arg);
+    fflush(stderr);
+    ck_assert_int_ge(dup2(saved, 2), 0);
+    close(saved);
+    rewind(tmp);
+    size_t n = fread(out, 1, outlen - 1, tmp);
+    out[n] = '\0';
+    fclose(tmp);
+}
+
+struct uaf {
+    bfc_ctx_t *ctx;
+    bfc_stream_t s;
+    int writes;
+    uint64_t errors;
+};
+
+/* Frees a block, writes into it, allocates the same size again (best fit
+ * hands the same chunk back): the write after free is seen at reuse. */
+static void uaf_run(void *arg)
+{
+    struct uaf *u = arg;
+    void *guard = xalloc(u->ctx, u->s, 512);
+    for (int i = 0; i < u->writes; i++) {
+        unsigned char *p = xalloc(u->ctx, u->s, 4096);
+        void *g2 = xalloc(u->ctx, u->s, 512); /* keeps p from merging forward */
+        memset(p, 0x11, 4096);
+        xfree(u->ctx, p, u->s);
+        p[100 + i] = 0x00; /* the bug */
+        unsigned char *q = xalloc(u->ctx, u->s, 4096);
+        ck_assert_ptr_eq(q, p);
+        xfree(u->ctx, q, u->s);
+        xfree(u->ctx, g2, u->s);
+    }
+    xfree(u->ctx, guard, u->s);
+    u->errors = st(u->ctx).num_poison_errors;
+}
+
+START_TEST(test_poison_detects_write_after_free)
+{
+    bfc_config_t c = cfg_sim(LIMIT);
+    c.poison = true;
+    bfc_ctx_t *ctx = ctx_new(&c);
+    struct uaf u = { ctx, bfc_sim_stream_create(ctx), 0, 0 };
+    /* A clean workload first: no false positives (splits, merges, cross-
+     * stream frees, fences, region growth). */
+    bfc_stream_t t = bfc_sim_stream_create(ctx);
+    void *v[200];
+    for (int round = 0; round < 3; round++) {
+        for (int i = 0; i < 200; i++) {
+            size_t n = (size_t)(i * 7919 % 20000) + 1;
+            v[i] = xalloc(ctx, i % 2 ? u.s : t, n);
+            memset(v[i], i, n);
+        }
+        if (round == 1)
+            bfc_sim_stream_hold(ctx, t);
+        for (int i = 0; i < 200; i += 2)
+            xfree(ctx, v[i], i % 4 ? u.s : t);
+        bfc_sim_stream_drain(ctx, t);
+        for (int i = 1; i < 200; i += 2)
+            xfree(ctx, v[i], u.s);
+    }
+    ck_assert_uint_eq(st(ctx).num_poison_errors, 0);
+    /* Freed memory reads as poison. */
+    unsigned char *p = xalloc(ctx, u.s, 1024);
+    void *g = xalloc(ctx, u.s, 1024);
+    memset(p, 0x77, 1024);
+    xfree(ctx, p, u.s);
+    ck_assert_uint_eq(diff_at(p, 0xDB, 1024), 1024);
+    xfree(ctx, g, u.s);
+    /* Three writes after free: three errors, one line on stderr. */
+    char err[4096];
+    u.writes = 3;
+    capture_stderr(uaf_run, &u, err, sizeof err);
+    ck_assert_uint_eq(u.errors, 3);
+    ck_assert_msg(strstr(err, "written after free") != NULL, "stderr: %s", err);
+    ck_assert_msg(strstr(strstr(err, "written after free") + 1, "written after free") == NULL,
+                  "reported more than once: %s", err);
+    xcheck(ctx);
+    bfc_ctx_destroy(ctx);
+
+    /* Without poison the same bug goes unseen. */
+    c.poison = false;
+    ctx = ctx_new(&c);
+    struct uaf u2 = { ctx, bfc_sim_stream_create(ctx), 2, 0 };
+    capture_stderr(uaf_run, &u2, err, sizeof err);
+    ck_assert_uint_eq(u2.errors, 0);
+    ck_assert_str_eq(err, "");
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
+/* -------------------------------------------------------------- fork */
+
+#ifndef HARD_TSAN
+struct forker {
+    bfc_ctx_t *ctx;
+    bfc_stream_t s;
+    atomic_bool *stop;
+    unsigned long ops;
+    int bad;
+};
+
+static void *fork_worker(void *arg)
+{
+    struct forker *f = arg;
+    void *v[16] = { 0 };
+    unsigned x = (unsigned)(uintptr_t)f->s;
+    while (!atomic_load(f->stop)) {
+        x = x * 1103515245u + 12345u;
+        int i = (int)((x >> 8) % 16);
+        if (v[i]) {
+            if (bfc_ctx_free(f->ctx, v[i], f->s) != BFC_OK)
+                f->bad++;
+            v[i] = NULL;
+        } else {
+            /* Sizes up to 3 MiB: regions come and go (pool lock), and
+             * every 64th step trims (arenas lock, every arena lock). */
+            size_t n = (size_t)((x >> 12) % (3 * MiB)) + 1;
+            v[i] = bfc_ctx_alloc(f->ctx, f->s, n);
+        }
+        if ((++f->ops & 63) == 0)
+            (void)bfc_ctx_trim(f->ctx);
+    }
+    for (int i = 0; i < 16; i++)
+        if (v[i] && bfc_ctx_free(f->ctx, v[i], f->s) != BFC_OK)
+            f->bad++;
+    return NULL;
+}
+
+static int fork_child(bfc_ctx_t *ctx)
+{
+    /* A lock left held by a parent thread would hang here: die of SIGALRM
+     * (not Check's inherited handler, which kills the whole test). */
+    signal(SIGALRM, SIG_DFL);
+    alarm(10);
+    bfc_stream_t s = bfc_sim_stream_create(ctx);
+    if (!s)
+        return 2;
+    for (int i = 0; i < 200; i++) {
+        void *p = bfc_ctx_alloc(ctx, i % 2 ? s : NULL, (size_t)(i % 13 + 1) * 64 * KiB);
+        if (!p)
+            return 3;
+        memset(p, i, 4096);
+        if (bfc_ctx_free(ctx, p, i % 3 ? s : NULL) != BFC_OK)
+            return 4;
+    }
+    if (bfc_ctx_trim(ctx) != BFC_OK || bfc_ctx_check(ctx) != BFC_OK)
+        return 5;
+    return 0;
+}
+
+START_TEST(test_fork_while_allocating)
+{
+    bfc_config_t c = cfg_sim(256 * MiB);
+    c.initial_region = 1 * MiB;
+    bfc_ctx_t *ctx = ctx_new(&c);
+    atomic_bool stop = false;
+    struct forker f[2];
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++) {
+        f[i] = (struct forker){ ctx, bfc_sim_stream_create(ctx), &stop, 0, 0 };
+        ck_assert_int_eq(pthread_create(&th[i], NULL, fork_worker, &f[i]), 0);
+    }
+    for (int k = 0; k < 20; k++) {
+        usleep(2000);
+        pid_t pid = fork();
+        ck_assert_int_ne(pid, -1);
+        if (pid == 0)
+            _exit(fork_child(ctx));
+        int status = 0;
+        ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+        if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
+            atomic_store(&stop, true);
+            for (int i = 0; i < 2; i++)
+                pthread_join(th[i], NULL);
+            ck_abort_msg("fork %d: child %s %d", k, WIFSIGNALED(status) ? "killed by signal" : "exited with",
+                         WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
+        }
+    }
+    atomic_store(&stop, true);
+    for (int i = 0; i < 2; i++) {
+        ck_assert_int_eq(pthread_join(th[i], NULL), 0);
+        ck_assert_int_eq(f[i].bad, 0);
+        ck_assert_uint_gt(f[i].ops, 0);
+    }
+    ck_assert_uint_eq(st(ctx).bytes_in_use, 0);
+    xcheck(ctx);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+#endif
+
+int main(void)
+{
+    /* Before anything reads it (the service reads it once). */
+    setenv("SHARDBFC_CONF", ENV_CONF, 1);
+    Suite *s = suite_create("hardening");
+    TCase *tc = tcase_create("bad input");
+    tcase_set_timeout(tc, 60);
+    tcase_add_loop_test(tc, test_bad_input_table, 0, NCASES);
+    tcase_add_test(tc, test_free_on_released_stream);
+    tcase_add_test(tc, test_double_free_race);
+    tcase_add_test(tc, test_null_arguments);
+    tcase_add_test(tc, test_service_after_shutdown_and_destroy);
+    tcase_add_test(tc, test_bad_config_strings);
+    tcase_add_test(tc, test_edge_configs_work);
+    suite_add_tcase(s, tc);
+    TCase *dbg = tcase_create("debug");
+    tcase_set_timeout(dbg, 60);
+    tcase_add_test(dbg, test_debug_check_from_env);
+    tcase_add_test(dbg, test_poison_detects_write_after_free);
+    suite_add_tcase(s, dbg);
+#ifndef HARD_TSAN
+    /* Known library bug (reported): a child forked while another thread
+     * holds a device-wide lock (arenas_lock, the pool lock) deadlocks on it;
+     * the library has fork hooks for liburcu only.  Run with
+     * SHARDBFC_KNOWN_BUGS=1 until it is fixed. */
+    if (getenv("SHARDBFC_KNOWN_BUGS")) {
+        TCase *fk = tcase_create("fork");
+        tcase_set_timeout(fk, 120);
+        tcase_add_test(fk, test_fork_while_allocating);
+        suite_add_tcase(s, fk);
+    }
+#endif
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_ENV);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
