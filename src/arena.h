@@ -96,6 +96,9 @@ int bfc__regionmap_insert(struct bfc__region *r);
 void bfc__regionmap_remove(struct bfc__region *r);
 /* Number of regions of ctx in the map (bfc_ctx_check). */
 size_t bfc__regionmap_count(struct bfc_ctx *ctx);
+/* The writer lock, held across fork (ctx.c). */
+void bfc__regionmap_fork_lock(void);
+void bfc__regionmap_fork_unlock(void);
 
 /* Chunk record starting exactly at p in r, or NULL / BFC__HANDLE_GONE. */
 static inline struct bfc__chunk *bfc__region_handle(struct bfc__region *r, uintptr_t p)
@@ -155,6 +158,7 @@ void bfc__pool_put(struct bfc_ctx *ctx, uintptr_t base, size_t size, struct bfc_
  * returns the bytes released. */
 size_t bfc__pool_release_free(struct bfc_ctx *ctx);
 int bfc__pool_check(struct bfc_ctx *ctx, char *buf, size_t len);
+int bfc__pool_check_locked(struct bfc_ctx *ctx, char *buf, size_t len);
 void bfc__pool_stats(struct bfc_ctx *ctx, size_t *held, size_t *peak, size_t *committed,
                      size_t *free_spans);
 void bfc__pool_clear_peak(struct bfc_ctx *ctx);

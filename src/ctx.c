@@ -81,20 +81,73 @@ void bfc__mutex_wake(bfc__mutex_t *m)
 
 /* ------------------------------------------------------------ process */
 
+/*
+ * Fork.  The child has one thread: any lock another thread of the parent
+ * held at fork() would stay locked in it forever.  So the prepare handler
+ * takes every lock of every live context, in the documented order, after
+ * liburcu's own hooks (which pause the call_rcu thread; our callbacks never
+ * take these locks), and both parent and child release them afterwards.
+ * Contexts are found through a registry; `g_ctxs_lock` is taken only by
+ * create, destroy and fork.
+ */
+static pthread_mutex_t g_ctxs_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct bfc_ctx *g_ctxs;
+
+static void registry_add(struct bfc_ctx *ctx)
+{
+    bfc__lock(&g_ctxs_lock);
+    ctx->reg_next = g_ctxs;
+    g_ctxs = ctx;
+    bfc__unlock(&g_ctxs_lock);
+}
+
+static void registry_remove(struct bfc_ctx *ctx)
+{
+    bfc__lock(&g_ctxs_lock);
+    for (struct bfc_ctx **pp = &g_ctxs; *pp; pp = &(*pp)->reg_next)
+        if (*pp == ctx) {
+            *pp = ctx->reg_next;
+            break;
+        }
+    bfc__unlock(&g_ctxs_lock);
+}
+
 static void before_fork(void)
 {
     call_rcu_before_fork();
     rcu_bp_before_fork();
+    bfc__lock(&g_ctxs_lock);
+    /* obs locks first, for every context: an OOM callback holding one may
+     * allocate from any context. */
+    for (struct bfc_ctx *c = g_ctxs; c; c = c->reg_next)
+        if (c->obs.lock_ready)
+            bfc__lock(&c->obs.lock);
+    for (struct bfc_ctx *c = g_ctxs; c; c = c->reg_next)
+        bfc__ctx_lock_all(c);
+    bfc__regionmap_fork_lock();
+}
+
+static void release_after_fork(void)
+{
+    bfc__regionmap_fork_unlock();
+    for (struct bfc_ctx *c = g_ctxs; c; c = c->reg_next)
+        bfc__ctx_unlock_all(c);
+    for (struct bfc_ctx *c = g_ctxs; c; c = c->reg_next)
+        if (c->obs.lock_ready)
+            bfc__unlock(&c->obs.lock);
+    bfc__unlock(&g_ctxs_lock);
 }
 
 static void after_fork_parent(void)
 {
+    release_after_fork();
     rcu_bp_after_fork_parent();
     call_rcu_after_fork_parent();
 }
 
 static void after_fork_child(void)
 {
+    release_after_fork();
     rcu_bp_after_fork_child();
     call_rcu_after_fork_child();
 }
@@ -161,6 +214,7 @@ static int ctx_create(bfc_config_t cfg, bfc__backend_t *be, bool host, bfc_ctx_t
         bfc__shard_dir_fini(ctx);
         goto fail_pool;
     }
+    registry_add(ctx);
     *out = ctx;
     return BFC_OK;
 fail_pool:
@@ -212,8 +266,9 @@ void bfc_ctx_destroy(bfc_ctx_t *ctx)
 {
     if (!ctx)
         return;
+    registry_remove(ctx); /* first: a fork from now on does not touch it */
     ctx->destroying = true;
-    bfc__obs_fini(ctx); /* first: the trace gets every event up to here */
+    bfc__obs_fini(ctx); /* the trace gets every event up to here */
     bfc__shard_dir_fini(ctx);
     bfc__pool_fini(ctx);
     ctx->be->ops->close(ctx->be);

@@ -27,6 +27,7 @@ struct bfc_ctx {
     _Atomic uint64_t poison_errors; /* poison=true: reused blocks found written after free */
     bool destroying;
     bool is_host;                /* a host pinned-memory context (host.c) */
+    struct bfc_ctx *reg_next;    /* the process's context registry (ctx.c, fork) */
     struct bfc__obs obs;         /* trace and OOM report (obs.h) */
 };
 
@@ -51,6 +52,10 @@ void bfc__shard_dir_fini(struct bfc_ctx *ctx);
 /* Bumped whenever a shard leaves a directory or a context dies: thread-local
  * caches compare it to know they are stale. */
 extern _Atomic uint64_t bfc__dir_epoch;
+
+/* Every lock of the context / all released (fork, consistent checks). */
+void bfc__ctx_lock_all(struct bfc_ctx *ctx);
+void bfc__ctx_unlock_all(struct bfc_ctx *ctx);
 
 /* Slow path: ask every other arena for its fully free regions. */
 size_t bfc__ctx_reclaim_others(struct bfc_ctx *ctx, struct bfc__arena *self);

@@ -257,9 +257,16 @@ void bfc__pool_clear_peak(struct bfc_ctx *ctx)
 
 int bfc__pool_check(struct bfc_ctx *ctx, char *buf, size_t len)
 {
+    bfc__lock(&ctx->pool.lock);
+    int bad = bfc__pool_check_locked(ctx, buf, len);
+    bfc__unlock(&ctx->pool.lock);
+    return bad;
+}
+
+int bfc__pool_check_locked(struct bfc_ctx *ctx, char *buf, size_t len)
+{
     struct bfc__pool *p = &ctx->pool;
     int bad = 0;
-    bfc__lock(&p->lock);
     size_t held = 0, free_total = 0;
     for (struct bfc__segment *seg = p->segs; seg; seg = seg->next) {
         held += seg->size;
@@ -292,6 +299,5 @@ int bfc__pool_check(struct bfc_ctx *ctx, char *buf, size_t len)
         bad = -1;
     }
 out:
-    bfc__unlock(&p->lock);
     return bad;
 }

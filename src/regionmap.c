@@ -149,3 +149,13 @@ size_t bfc__regionmap_count(struct bfc_ctx *ctx)
     bfc__rcu_unlock();
     return n;
 }
+
+void bfc__regionmap_fork_lock(void)
+{
+    bfc__lock(&wlock);
+}
+
+void bfc__regionmap_fork_unlock(void)
+{
+    bfc__unlock(&wlock);
+}

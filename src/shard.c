@@ -256,6 +256,30 @@ size_t bfc__ctx_reclaim_others(struct bfc_ctx *ctx, struct bfc__arena *self)
     return freed;
 }
 
+/*
+ * Stop the world: every lock of the context, in the documented order
+ * (arenas_lock, each arena in list order, the pool).  Only fork and
+ * bfc_ctx_check do this; it is the one exception to "no path takes two
+ * arena locks", and it cannot deadlock because no path takes arenas_lock or
+ * a second arena lock while holding an arena lock: whoever holds one arena
+ * lock finishes (taking at most the pool and region-map locks) and lets go.
+ */
+void bfc__ctx_lock_all(struct bfc_ctx *ctx)
+{
+    bfc__lock(&ctx->arenas_lock);
+    for (struct bfc__arena *a = ctx->arenas; a; a = a->all_next)
+        bfc__lock(&a->lock);
+    bfc__lock(&ctx->pool.lock);
+}
+
+void bfc__ctx_unlock_all(struct bfc_ctx *ctx)
+{
+    bfc__unlock(&ctx->pool.lock);
+    for (struct bfc__arena *a = ctx->arenas; a; a = a->all_next)
+        bfc__unlock(&a->lock);
+    bfc__unlock(&ctx->arenas_lock);
+}
+
 void bfc__shard_dir_fini(struct bfc_ctx *ctx)
 {
     /* No concurrent users (bfc_ctx_destroy's contract); readers that might

@@ -18,7 +18,9 @@
  * obs.lock (rate-limited there).
  *
  * Locking: ctx->arenas_lock, then each arena lock in turn (never two), then
- * the pool lock.  These are rare, observational paths.  obs.lock, when
+ * the pool lock.  These are rare, observational paths.  bfc_ctx_check is the
+ * exception: it holds every lock at once (bfc__ctx_lock_all) to compare
+ * shards, pool and region map in one consistent state.  obs.lock, when
  * taken, is outermost.
  */
 #include <inttypes.h>
@@ -145,17 +147,19 @@ int bfc_ctx_check_report(bfc_ctx_t *ctx, char *buf, size_t len)
         return BFC_EINVAL;
     int bad = 0;
     uint64_t regions = 0, reserved = 0;
-    bfc__lock(&ctx->arenas_lock);
+    /* One consistent picture: shards, pool and region map are compared with
+     * every lock of the context held (bfc__ctx_lock_all), so a check running
+     * beside busy threads never sees a region half-way between them; the
+     * read section keeps the region map array alive while it is read. */
+    bfc__rcu_lock();
+    bfc__ctx_lock_all(ctx);
     for (struct bfc__arena *a = ctx->arenas; a && !bad; a = a->all_next) {
-        bfc__lock(&a->lock);
         if (!a->dead) {
             bad = bfc__arena_check_locked(a, buf, len);
             regions += a->st.num_regions;
             reserved += a->st.bytes_reserved;
         }
-        bfc__unlock(&a->lock);
     }
-    bfc__unlock(&ctx->arenas_lock);
     if (!bad) {
         size_t mapped = bfc__regionmap_count(ctx);
         if (mapped != regions) {
@@ -173,7 +177,9 @@ int bfc_ctx_check_report(bfc_ctx_t *ctx, char *buf, size_t len)
         }
     }
     if (!bad)
-        bad = bfc__pool_check(ctx, buf, len);
+        bad = bfc__pool_check_locked(ctx, buf, len);
+    bfc__ctx_unlock_all(ctx);
+    bfc__rcu_unlock();
     return bad ? BFC_ECORRUPT : BFC_OK;
 }
 
