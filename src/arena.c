@@ -512,6 +512,16 @@ static int extend(struct bfc__arena *a, size_t rounded)
         grew = true;
     }
     size_t size = a->curr_region_bytes < available ? a->curr_region_bytes : available;
+    /* Several shards share the limit: TensorFlow's schedule assumes one
+     * allocator per device, and left alone one busy shard doubles its way to
+     * regions that hold everything while little of it is live, starving the
+     * next stream.  So while other shards exist a new region takes at most
+     * half of what remains (never less than the request).  One shard alone
+     * behaves exactly like TensorFlow.  relaxed: an estimate is enough. */
+    if (atomic_load_explicit(&ctx->shards_live, memory_order_relaxed) > 1 && size > available / 2) {
+        size_t half = (available / 2) & ~(BFC__MIN_ALLOC - 1);
+        size = half > rounded ? half : rounded;
+    }
     struct bfc__region *r;
     /* Each refusal shrinks by 0.9x; when rounding would undo the shrink we
      * step down by one granule, so the loop ends within a bounded number of
