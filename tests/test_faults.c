@@ -182,17 +182,15 @@ static int wl_free(struct wl *w, int i, int f)
     return rc;
 }
 
-/* bfc_ctx_check only while no other thread works on the context: it
- * compares totals across shards taken one lock at a time (region map and
- * pool against the shards' sums), so regions another thread adds or gives
- * back meanwhile read as "invariant 6" corruption -- a known library issue;
- * FAULTS_SHARED_CHECK=1 checks concurrently anyway and shows it. */
+/* With other threads working on the context, bfc_ctx_check must still see
+ * one consistent state (it holds every lock of the context while it
+ * compares shards, pool and region map); the full stats comparison below
+ * needs a quiescent context. */
 static void wl_checkpoint(struct wl *w)
 {
     if (w->shared) {
         char buf[512] = "";
-        if (getenv("FAULTS_SHARED_CHECK"))
-            REQ(w, bfc_ctx_check_report(w->ctx, buf, sizeof buf) == BFC_OK, "concurrent check: %s", buf);
+        REQ(w, bfc_ctx_check_report(w->ctx, buf, sizeof buf) == BFC_OK, "concurrent check: %s", buf);
         return;
     }
     xcheck(w->ctx);
