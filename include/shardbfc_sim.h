@@ -56,6 +56,18 @@ BFC_API void bfc_sim_fail_alloc_every(bfc_ctx_t *ctx, unsigned n);
 BFC_API void bfc_sim_fail_event_every(bfc_ctx_t *ctx, unsigned n);
 BFC_API void bfc_sim_set_alloc_ceiling(bfc_ctx_t *ctx, size_t bytes);
 
+/*
+ * Fault injection for the library's own host metadata (chunk and region
+ * records, pool spans, fences, queue nodes): from now on every Nth metadata
+ * allocation of the process fails (0 turns it off).  Process-wide, like the
+ * metadata allocator itself, and independent of the backend.  Every such
+ * failure must surface as a status (BFC_ENOMEM) or be absorbed, never leave
+ * an allocator inconsistent.  bfc_sim_meta_failures: failures injected so far.
+ * Context: thread-safe, lock-free.
+ */
+BFC_API void bfc_sim_fail_meta_every(unsigned n);
+BFC_API uint64_t bfc_sim_meta_failures(void);
+
 /* Number of device allocations the SIM backend has served and failed so far.
  * Context: thread-safe, lock-free. */
 BFC_API uint64_t bfc_sim_backend_allocs(bfc_ctx_t *ctx);

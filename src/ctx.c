@@ -619,6 +619,16 @@ void bfc_sim_fail_event_every(bfc_ctx_t *ctx, unsigned n)
         bfc__sim_fail_event_every(be, n);
 }
 
+void bfc_sim_fail_meta_every(unsigned n)
+{
+    bfc__meta_fail_every(n);
+}
+
+uint64_t bfc_sim_meta_failures(void)
+{
+    return bfc__meta_failures();
+}
+
 void bfc_sim_set_alloc_ceiling(bfc_ctx_t *ctx, size_t bytes)
 {
     bfc__backend_t *be = sim_be(ctx);

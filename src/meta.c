@@ -50,6 +50,39 @@
  */
 static atomic_size_t meta_bytes;
 
+/*
+ * Fault injection (bfc_sim_fail_meta_every): every Nth metadata allocation
+ * of the process fails.  Process-wide, because the shim is.  relaxed: test
+ * switches and a call counter; nothing is published through them.  The
+ * disabled case costs one load per allocation (metadata allocations are off
+ * the hot path: chunk records come from slabs).
+ */
+static atomic_uint meta_fail_every;
+static atomic_uint meta_fail_calls;
+static _Atomic uint64_t meta_fail_count;
+
+static inline bool meta_fault(void)
+{
+    unsigned n = atomic_load_explicit(&meta_fail_every, memory_order_relaxed);
+    if (BFC__LIKELY(n == 0))
+        return false;
+    if ((atomic_fetch_add_explicit(&meta_fail_calls, 1, memory_order_relaxed) + 1) % n != 0)
+        return false;
+    atomic_fetch_add_explicit(&meta_fail_count, 1, memory_order_relaxed);
+    return true;
+}
+
+void bfc__meta_fail_every(unsigned n)
+{
+    atomic_store_explicit(&meta_fail_calls, 0, memory_order_relaxed);
+    atomic_store_explicit(&meta_fail_every, n, memory_order_relaxed);
+}
+
+uint64_t bfc__meta_failures(void)
+{
+    return atomic_load_explicit(&meta_fail_count, memory_order_relaxed);
+}
+
 #if BFC_META_JEMALLOC
 static unsigned meta_arena;   /* written once inside pthread_once */
 static int meta_init_status;  /* idem */
@@ -130,6 +163,8 @@ void *bfc__meta_alloc(size_t n)
 {
     void *p;
 
+    if (BFC__UNLIKELY(meta_fault()))
+        return NULL;
     if (n == 0)
         n = 1; /* mallocx(0) is undefined; malloc(0) may return NULL */
 #if BFC_META_JEMALLOC
@@ -148,6 +183,8 @@ void *bfc__meta_zalloc(size_t n)
 {
     void *p;
 
+    if (BFC__UNLIKELY(meta_fault()))
+        return NULL;
     if (n == 0)
         n = 1;
 #if BFC_META_JEMALLOC
@@ -167,6 +204,8 @@ void *bfc__meta_aligned_alloc(size_t align, size_t n)
     void *p = NULL;
 
     if (align == 0 || (align & (align - 1)) != 0)
+        return NULL;
+    if (BFC__UNLIKELY(meta_fault()))
         return NULL;
     if (n == 0)
         n = 1;
@@ -201,6 +240,8 @@ void *bfc__meta_realloc(void *p, size_t old_n, size_t new_n)
         bfc__meta_free(p, old_n);
         return NULL;
     }
+    if (BFC__UNLIKELY(meta_fault()))
+        return NULL;
     old_usable = meta_usable(p);
 #if BFC_META_JEMALLOC
     q = rallocx(p, new_n, meta_flags());

@@ -31,6 +31,11 @@ void *bfc__meta_aligned_alloc(size_t align, size_t n); /* align: power of two */
 void *bfc__meta_realloc(void *p, size_t old_n, size_t new_n);
 /* n is the size given at allocation (sized deallocation), or 0 if unknown. */
 void bfc__meta_free(void *p, size_t n);
+/* Fault injection: every Nth allocation of the shim (alloc, zalloc,
+ * aligned_alloc, realloc; process-wide) fails from now on; 0 turns it off.
+ * bfc__meta_failures: how many have been failed so far. */
+void bfc__meta_fail_every(unsigned n);
+uint64_t bfc__meta_failures(void);
 /* "jemalloc" or "libc". */
 const char *bfc__meta_kind(void);
 /* Bytes currently allocated through the shim (all threads). */

@@ -236,6 +236,42 @@ START_TEST(test_slab_many)
 }
 END_TEST
 
+/* Every Nth shim allocation fails, of every kind, and the switch turns off. */
+START_TEST(test_fault_injection)
+{
+    uint64_t before = bfc__meta_failures();
+    bfc__meta_fail_every(3);
+    int failed = 0;
+    void *keep[12];
+    for (int i = 0; i < 12; i++) {
+        switch (i % 4) {
+        case 0: keep[i] = bfc__meta_alloc(64); break;
+        case 1: keep[i] = bfc__meta_zalloc(64); break;
+        case 2: keep[i] = bfc__meta_aligned_alloc(64, 64); break;
+        default: keep[i] = bfc__meta_realloc(NULL, 0, 64); break;
+        }
+        if (!keep[i])
+            failed++;
+        ck_assert_msg((keep[i] == NULL) == ((i + 1) % 3 == 0), "call %d", i);
+    }
+    ck_assert_int_eq(failed, 4);
+    ck_assert_uint_eq(bfc__meta_failures() - before, 4);
+    /* realloc of a live block fails too and leaves the block allocated. */
+    void *p = bfc__meta_alloc(32);
+    bfc__meta_fail_every(1);
+    ck_assert_ptr_null(bfc__meta_realloc(p, 32, 4096));
+    bfc__meta_fail_every(0);
+    for (int i = 0; i < 100; i++) {
+        void *q = bfc__meta_alloc(16);
+        ck_assert_ptr_nonnull(q);
+        bfc__meta_free(q, 16);
+    }
+    bfc__meta_free(p, 32);
+    for (int i = 0; i < 12; i++)
+        bfc__meta_free(keep[i], 64);
+}
+END_TEST
+
 START_TEST(test_slab_tiny_and_big)
 {
     struct bfc__slab s;
@@ -275,6 +311,7 @@ static Suite *meta_suite(void)
     tcase_add_test(tc, test_slab_basic);
     tcase_add_test(tc, test_slab_many);
     tcase_add_test(tc, test_slab_tiny_and_big);
+    tcase_add_test(tc, test_fault_injection);
     suite_add_tcase(s, tc);
     return s;
 }
