@@ -72,16 +72,33 @@ static void region_free_cb(struct rcu_head *h)
     bfc__rcu_reclaim_done();
 }
 
+static void handles_free(struct bfc__region *r)
+{
+    if (r->handles_bytes)
+        munmap((void *)r->handles, r->handles_bytes);
+    else if (r->handles)
+        bfc__meta_free((void *)r->handles, r->nhandles * sizeof(r->handles[0]));
+}
+
 /* Creates a region of exactly `size` bytes from the pool, one free chunk
- * covering it, published in the region map.  BFC_ENOMEM when refused. */
+ * covering it, published in the region map.  BFC_ENOMEM when refused.
+ * Everything its departure will need is reserved first (the ticket), so a
+ * metadata failure refuses the region and changes nothing. */
 static int region_new(struct bfc__arena *a, size_t size, bool large, struct bfc__region **out)
 {
     struct bfc_ctx *ctx = a->ctx;
+    struct bfc__pool *pool = &ctx->pool;
+    struct bfc__pool_ticket t;
     uintptr_t base;
     struct bfc__segment *seg;
-    int st = bfc__pool_get(ctx, size, &base, &seg);
-    if (st != BFC_OK)
+    bool used;
+    if (bfc__pool_ticket_get(pool, &t) != BFC_OK)
+        return BFC_ENOMEM;
+    int st = bfc__pool_get(pool, size, a->stream_id, &base, &seg, &used, NULL);
+    if (st != BFC_OK) {
+        bfc__pool_ticket_put(pool, &t);
         return st;
+    }
     struct bfc__region *r = bfc__meta_zalloc(sizeof(*r));
     struct bfc__chunk *c = chunk_new(a);
     if (!r || !c)
@@ -111,9 +128,14 @@ static int region_new(struct bfc__arena *a, size_t size, bool large, struct bfc_
     c->ptr = base;
     c->size = size;
     c->region = r;
+    /* Taken back under our own departure fence: our queued work may still
+     * use it, so it must be fenced again when it leaves. */
+    c->flags = used ? BFC__CF_USED : 0;
+    r->tail = c;
     bfc__region_set_handle(r, base, c);
     if (bfc__regionmap_insert(r) != BFC_OK)
         goto nomem;
+    r->ticket = t;
     r->anext = a->regions;
     if (a->regions)
         a->regions->aprev = r;
@@ -134,27 +156,32 @@ nomem:
     if (c)
         chunk_delete(a, c);
     if (r) {
-        if (r->handles_bytes)
-            munmap((void *)r->handles, r->handles_bytes);
-        else if (r->handles)
-            bfc__meta_free((void *)r->handles, r->nhandles * sizeof(r->handles[0]));
+        handles_free(r);
         bfc__meta_free(r, sizeof(*r));
     }
-    bfc__pool_put(ctx, base, size, seg);
+    bfc__pool_put(pool, base, size, seg, used, a->stream, a->stream_id, &t);
     return BFC_ENOMEM;
 }
 
 static size_t initial_region_bytes(struct bfc_ctx *ctx)
 {
-    size_t init = ctx->cfg.initial_region < ctx->limit ? ctx->cfg.initial_region : ctx->limit;
+    /* allow_growth=false: TensorFlow's layout, one region of everything. */
+    size_t init = !ctx->cfg.allow_growth ? ctx->limit
+                  : ctx->cfg.initial_region < ctx->limit ? ctx->cfg.initial_region
+                                                         : ctx->limit;
     size_t r = bfc__round256(init);
     return r ? r : BFC__MIN_ALLOC;
 }
 
-/* Gives a fully free region back to the pool. */
-static void region_release(struct bfc__arena *a, struct bfc__region *r)
+/*
+ * Gives a fully free region back to the pool.  With `fence`, fenced on our
+ * stream if any of it was used (fence.h); only context teardown, which
+ * returns everything to the backend, passes false.
+ */
+static void region_depart(struct bfc__arena *a, struct bfc__region *r, bool fence)
 {
     struct bfc__chunk *c = bfc__region_handle(r, r->base);
+    bool used = fence && (c->flags & BFC__CF_USED);
     if (c->link.bin != BFC__NO_BIN)
         bfc__bins_remove(&a->bins, c);
     bfc__region_set_handle(r, r->base, NULL);
@@ -166,6 +193,7 @@ static void region_release(struct bfc__arena *a, struct bfc__region *r)
     if (r->anext)
         r->anext->aprev = r->aprev;
     r->gone = true;
+    r->tail = NULL;
     a->st.num_regions--;
     a->st.bytes_reserved -= r->size;
     if (bfc__tracing(&a->ctx->obs))
@@ -177,25 +205,73 @@ static void region_release(struct bfc__arena *a, struct bfc__region *r)
      * shards. */
     if (!a->regions)
         a->curr_region_bytes = initial_region_bytes(a->ctx);
+    /* Out of the map first: no lookup may find r once another shard can
+     * be handed the memory. */
     bfc__regionmap_remove(r);
-    bfc__pool_put(a->ctx, r->base, r->size, r->seg);
+    bfc__pool_put(&a->ctx->pool, r->base, r->size, r->seg, used, a->stream, a->stream_id, &r->ticket);
     bfc__call_rcu(&r->rcu, region_free_cb);
 }
 
-static bool region_fully_free(struct bfc__region *r)
+static bool has_free_tail(struct bfc__region *r)
 {
-    return r->live == 0;
+    struct bfc__chunk *c = r->tail;
+    return !r->large && r->live != 0 && atomic_load_explicit(&c->state, memory_order_relaxed) == BFC__CHUNK_FREE &&
+           c->ptr != r->base;
 }
 
-size_t bfc__arena_release_free_regions_locked(struct bfc__arena *a)
+/*
+ * Gives the free tail of a region still in use back to the pool: the region
+ * shrinks to end at its last live chunk.  This is how memory a shard holds
+ * but does not use reaches other shards without a fully free region (with
+ * allow_growth=false the first shard holds one region of the whole limit).
+ * Returns the bytes given back (0 when there is no free tail or no record
+ * for the departure could be reserved).
+ */
+static size_t region_shed_tail(struct bfc__arena *a, struct bfc__region *r)
+{
+    struct bfc__chunk *c = r->tail;
+    if (!has_free_tail(r))
+        return 0;
+    struct bfc__pool_ticket t;
+    if (bfc__pool_ticket_get(&a->ctx->pool, &t) != BFC_OK)
+        return 0;
+    uintptr_t base = c->ptr;
+    size_t size = c->size;
+    bool used = c->flags & BFC__CF_USED;
+    bfc__bins_remove(&a->bins, c);
+    r->tail = c->prev;
+    c->prev->next = NULL;
+    bfc__region_set_handle(r, base, NULL);
+    chunk_delete(a, c);
+    r->size -= size;
+    a->st.bytes_reserved -= size;
+    if (bfc__tracing(&a->ctx->obs))
+        bfc__trace_event(a->ctx, BFC__TR_RELEASE, base, size, a->stream);
+    bfc__regionmap_shrink(r);
+    bfc__pool_put(&a->ctx->pool, base, size, r->seg, used, a->stream, a->stream_id, &t);
+    return size;
+}
+
+size_t bfc__arena_tails_locked(struct bfc__arena *a, struct bfc__range *out, size_t max)
+{
+    size_t n = 0;
+    for (struct bfc__region *r = a->regions; r && n < max; r = r->anext)
+        if (has_free_tail(r))
+            out[n++] = (struct bfc__range){ r->tail->ptr, r->tail->size, r->seg };
+    return n;
+}
+
+size_t bfc__arena_shed_locked(struct bfc__arena *a, bool tails)
 {
     size_t freed = 0;
     struct bfc__region *r = a->regions;
     while (r) {
         struct bfc__region *next = r->anext;
-        if (region_fully_free(r)) {
+        if (r->live == 0) {
             freed += r->size;
-            region_release(a, r);
+            region_depart(a, r, true);
+        } else if (tails) {
+            freed += region_shed_tail(a, r);
         }
         r = next;
     }
@@ -234,10 +310,13 @@ static bool split(struct bfc__arena *a, struct bfc__chunk *c, size_t rounded)
     n->ptr = c->ptr + rounded;
     n->size = c->size - rounded;
     n->region = c->region;
+    n->flags = c->flags & BFC__CF_USED;
     n->prev = c;
     n->next = c->next;
     if (c->next)
         c->next->prev = n;
+    else
+        c->region->tail = n;
     c->next = n;
     c->size = rounded;
     bfc__region_set_handle(c->region, n->ptr, n);
@@ -279,7 +358,7 @@ static void *take_chunk(struct bfc__arena *a, struct bfc__chunk *c, size_t round
         poison_verify(a, c);
     c->requested = n;
     c->alloc_id = (int64_t)((a->seq << 40) | (uint64_t)a->next_id++);
-    c->flags |= BFC__CF_RETURNED;
+    c->flags |= BFC__CF_RETURNED | BFC__CF_USED;
     c->region->live++;
     a->live++;
     /* release: pairs with the acquire CAS of a cross-stream free, which
@@ -293,9 +372,12 @@ static void *take_chunk(struct bfc__arena *a, struct bfc__chunk *c, size_t round
 static void merge(struct bfc__arena *a, struct bfc__chunk *c, struct bfc__chunk *n)
 {
     c->size += n->size;
+    c->flags |= n->flags & BFC__CF_USED;
     c->next = n->next;
     if (n->next)
         n->next->prev = c;
+    else
+        c->region->tail = c;
     bfc__region_set_handle(c->region, n->ptr, (n->flags & BFC__CF_RETURNED) ? BFC__HANDLE_GONE : NULL);
     chunk_delete(a, n);
 }
@@ -313,7 +395,7 @@ static void release_chunk(struct bfc__arena *a, struct bfc__chunk *c)
     if (ctx->cfg.poison && ctx->be->host_accessible)
         memset((void *)c->ptr, 0xDB, c->size);
     if (r->large) {
-        region_release(a, r);
+        region_depart(a, r, true);
         return;
     }
     struct bfc__chunk *n = c->next;
@@ -330,7 +412,7 @@ static void release_chunk(struct bfc__arena *a, struct bfc__chunk *c)
     bfc__bins_insert(&a->bins, c);
     /* A retired shard keeps nothing it does not need. */
     if (r->live == 0 && atomic_load_explicit(&a->retired, memory_order_relaxed))
-        region_release(a, r);
+        region_depart(a, r, true);
 }
 
 /* ------------------------------------------------------------- fences */
@@ -372,34 +454,23 @@ static void pending_unlink(struct bfc__arena *a, struct bfc__fence *f)
 
 /* Records an event on every stream named by record_stream for c (except the
  * owner's own stream), appended to the chain *chain.  The recorded list is
- * consumed.  Recording at this point (rather than at the user's free call)
+ * consumed; each entry brought the fence record it needs, so this cannot
+ * fail.  Recording at this point (rather than at the user's free call)
  * fences at least the work queued before the free: it is never too early. */
 static void fence_recorded(struct bfc__arena *a, struct bfc__chunk *c, struct bfc__fence **chain)
 {
-    bfc__backend_t *be = a->ctx->be;
     struct bfc__recorded *rs = atomic_exchange_explicit((struct bfc__recorded *_Atomic *)&c->recorded, NULL,
                                                         memory_order_acquire);
     while (rs) {
         struct bfc__recorded *next = rs->next;
+        struct bfc__fence *f = rs->fence;
         if (rs->id != a->stream_id) {
-            struct bfc__fence *f = bfc__fence_get(a);
-            bool fenced = false;
-            if (f && f->ev && be->ops->event_record(be, f->ev, rs->stream) == BFC_OK)
-                fenced = true;
-            if (f && !fenced) {
-                /* No event: fall back to waiting for the stream now. */
-                f->synced = be->ops->stream_sync(be, rs->stream) == BFC_OK;
-                fenced = f->synced;
-            }
-            if (f) {
-                f->chunk = c;
-                /* An unfenced entry stays pending until its event can be
-                 * recorded (bfc__fence_query): its stale event says nothing. */
-                f->unfenced = !fenced;
-                f->unfenced_stream = rs->stream;
-                f->extra = *chain;
-                *chain = f;
-            }
+            bfc__fence_arm(a->ctx->be, f, rs->stream);
+            f->chunk = c;
+            f->extra = *chain;
+            *chain = f;
+        } else {
+            bfc__fence_put(a, f);
         }
         bfc__meta_free(rs, sizeof(*rs));
         rs = next;
@@ -414,7 +485,7 @@ void bfc__arena_free_chunk_locked(struct bfc__arena *a, struct bfc__chunk *c)
         struct bfc__fence *chain = NULL;
         fence_recorded(a, c, &chain);
         if (chain) {
-            if (bfc__fence_query(a, chain) == BFC_OK) {
+            if (bfc__fence_query(a->ctx->be, chain) == BFC_OK) {
                 bfc__fence_put(a, chain);
                 if (bfc__tracing(&a->ctx->obs))
                     trace_free_complete(a, c);
@@ -446,7 +517,7 @@ void bfc__arena_drain_locked(struct bfc__arena *a, bool full)
             account_free(a, c);
             a->st.remote_frees++;
             fence_recorded(a, c, &f->extra);
-            if (bfc__fence_query(a, f) == BFC_OK) {
+            if (bfc__fence_query(a->ctx->be, f) == BFC_OK) {
                 bfc__fence_put(a, f);
                 if (bfc__tracing(&a->ctx->obs))
                     trace_free_complete(a, c);
@@ -459,7 +530,7 @@ void bfc__arena_drain_locked(struct bfc__arena *a, bool full)
     struct bfc__fence *f = a->pending_head;
     while (f) {
         struct bfc__fence *next = f->pnext;
-        if (bfc__fence_query(a, f) == BFC_OK) {
+        if (bfc__fence_query(a->ctx->be, f) == BFC_OK) {
             struct bfc__chunk *c = f->chunk;
             pending_unlink(a, f);
             bfc__fence_put(a, f);
@@ -475,15 +546,11 @@ void bfc__arena_drain_locked(struct bfc__arena *a, bool full)
     }
 }
 
-/* Waits (bounded) for pending fences; used only when out of memory. */
-static void wait_pending(struct bfc__arena *a)
+void bfc__arena_wait_pending_locked(struct bfc__arena *a, uint32_t timeout_ms)
 {
-    bfc__backend_t *be = a->ctx->be;
-    uint32_t timeout = be->kind == BFC_BACKEND_CUDA ? UINT32_MAX : 0;
-    for (struct bfc__fence *f = a->pending_head; f; f = f->pnext)
-        for (struct bfc__fence *e = f; e; e = e->extra)
-            if (e->ev && !e->synced)
-                (void)be->ops->event_wait(be, e->ev, timeout);
+    if (timeout_ms)
+        for (struct bfc__fence *f = a->pending_head; f; f = f->pnext)
+            bfc__fence_wait(a->ctx->be, f, timeout_ms);
     bfc__arena_drain_locked(a, true);
 }
 
@@ -561,13 +628,13 @@ static void *alloc_large(struct bfc__arena *a, size_t n, size_t rounded, int *st
     return take_chunk(a, bfc__region_handle(r, r->base), size, n);
 }
 
-static void *try_fit(struct bfc__arena *a, size_t n, size_t rounded)
+void *bfc__arena_fit_locked(struct bfc__arena *a, size_t n, size_t rounded)
 {
     struct bfc__chunk *c = bfc__bins_best_fit(&a->bins, rounded);
     return c ? take_chunk(a, c, rounded, n) : NULL;
 }
 
-static void *try_extend(struct bfc__arena *a, size_t n, size_t rounded, bool large, int *status)
+void *bfc__arena_grow_locked(struct bfc__arena *a, size_t n, size_t rounded, bool large, int *status)
 {
     if (large)
         return alloc_large(a, n, rounded, status);
@@ -576,118 +643,20 @@ static void *try_extend(struct bfc__arena *a, size_t n, size_t rounded, bool lar
         *status = st;
         return NULL;
     }
-    return try_fit(a, n, rounded);
+    return bfc__arena_fit_locked(a, n, rounded);
 }
 
-static void sleep_ms(unsigned ms)
-{
-    struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
-    while (nanosleep(&ts, &ts) == -1 && errno == EINTR)
-        ;
-}
-
-static uint64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
-
-/* Could our fully free regions plus what the limit leaves serve a large
- * request of `rounded` bytes? */
-static bool large_room(struct bfc__arena *a, size_t rounded)
-{
-    struct bfc_ctx *ctx = a->ctx;
-    size_t committed = atomic_load_explicit(&ctx->pool.committed, memory_order_relaxed);
-    size_t room = committed < ctx->limit ? ctx->limit - committed : 0;
-    bool any = false;
-    for (struct bfc__region *r = a->regions; r; r = r->anext)
-        if (region_fully_free(r)) {
-            room += r->size;
-            any = true;
-        }
-    return any && room >= rounded;
-}
-
-/* Everything after the bins came up empty.  May drop and retake a->lock
- * (to reclaim from other arenas, or to sleep for retry_ms). */
-static void *alloc_slow(struct bfc__arena *a, size_t n, size_t rounded, int *status)
-{
-    struct bfc_ctx *ctx = a->ctx;
-    bool large = ctx->cfg.large_alloc && rounded >= ctx->cfg.large_alloc;
-    void *p;
-    int st = BFC_ENOMEM;
-
-    /* 1. Our own queue and every pending fence. */
-    bfc__arena_drain_locked(a, true);
-    if (!large && (p = try_fit(a, n, rounded)))
-        return p;
-    /* 2. A new region. */
-    if ((p = try_extend(a, n, rounded, large, &st)))
-        return p;
-    if (st != BFC_ENOMEM)
-        goto fail;
-    /* 3. Our pending fences, if what they hold could serve the request. */
-    if (a->pending_head && a->st.pending_bytes + a->bins.total_bytes >= rounded) {
-        wait_pending(a);
-        if (!large && (p = try_fit(a, n, rounded)))
-            return p;
-    }
-    for (uint64_t deadline = 0;;) {
-        /* 4. Fully free regions of the other shards (never two arena locks:
-         * ours is dropped meanwhile), with GC ours too and the pool's cache. */
-        bfc__unlock(&a->lock);
-        bfc__ctx_reclaim_others(ctx, a);
-        bfc__lock(&a->lock);
-        bfc__arena_drain_locked(a, true);
-        if (!large && (p = try_fit(a, n, rounded)))
-            return p;
-        /* A large request needs a region of its own: our fully free
-         * regions go back to the pool for it even without GC (else one
-         * stream holding the limit in free regions could never serve it),
-         * but only when that can make room -- a hopeless request leaves
-         * the state as it was. */
-        if (ctx->cfg.garbage_collection || (large && large_room(a, rounded)))
-            bfc__arena_release_free_regions_locked(a);
-        if (ctx->cfg.garbage_collection)
-            bfc__pool_release_free(ctx);
-        st = BFC_ENOMEM;
-        if ((p = try_extend(a, n, rounded, large, &st)))
-            return p;
-        if (st != BFC_ENOMEM)
-            goto fail;
-        /* Last resort for a large request: a big enough free chunk of an
-         * ordinary region (TensorFlow's allocator would use it too). */
-        if (large && (p = try_fit(a, n, rounded)))
-            return p;
-        /* 5. retry_ms: wait for other threads to free memory. */
-        if (ctx->cfg.retry_ms == 0)
-            break;
-        if (deadline == 0)
-            deadline = now_ms() + ctx->cfg.retry_ms;
-        if (now_ms() >= deadline)
-            break;
-        bfc__unlock(&a->lock);
-        sleep_ms(1);
-        bfc__lock(&a->lock);
-    }
-fail:
-    a->st.ooms++;
-    *status = st;
-    return NULL;
-}
-
-void *bfc__arena_alloc_locked(struct bfc__arena *a, size_t n, size_t rounded, int *status)
+void *bfc__arena_alloc_locked(struct bfc__arena *a, size_t n, size_t rounded)
 {
     struct bfc_ctx *ctx = a->ctx;
     if (!bfc__rq_empty(a) || a->pending_head)
         bfc__arena_drain_locked(a, false);
-    if (!(ctx->cfg.large_alloc && rounded >= ctx->cfg.large_alloc)) {
+    if (BFC__LIKELY(rounded < ctx->bins_max)) {
         struct bfc__chunk *c = bfc__bins_best_fit(&a->bins, rounded);
         if (BFC__LIKELY(c != NULL))
             return take_chunk(a, c, rounded, n);
     }
-    return alloc_slow(a, n, rounded, status);
+    return NULL;
 }
 
 /* ---------------------------------------------------------- lifecycle */
@@ -712,9 +681,38 @@ struct bfc__arena *bfc__arena_new(struct bfc_ctx *ctx, bfc_stream_t s, uint64_t 
     return a;
 }
 
+/* A chunk's record_stream list and the fence records it holds (teardown). */
+static void recorded_discard(struct bfc__arena *a, struct bfc__chunk *c)
+{
+    struct bfc__recorded *rs = c->recorded;
+    while (rs) {
+        struct bfc__recorded *x = rs->next;
+        bfc__fence_put(a, rs->fence);
+        bfc__meta_free(rs, sizeof(*rs));
+        rs = x;
+    }
+    c->recorded = NULL;
+}
+
 void bfc__arena_free(struct bfc__arena *a)
 {
-    /* Teardown path (context destroy): whatever is left goes. */
+    /* Teardown path (context destroy, or an arena reclaimed after its
+     * grace period): whatever is left goes, every fence record back to the
+     * fence pool first so that bfc__fence_pool_destroy frees them all. */
+    if (!bfc__rq_empty(a)) {
+        struct __cds_wfcq_head h;
+        struct cds_wfcq_tail t;
+        struct cds_wfcq_node *node, *next;
+        __cds_wfcq_init(&h, &t);
+        (void)__cds_wfcq_splice_blocking(&h, &t, &a->rq_head, &a->rq_tail);
+        __cds_wfcq_for_each_blocking_safe(&h, &t, node, next)
+        {
+            struct bfc__fence *f = caa_container_of(node, struct bfc__fence, qnode);
+            /* acquire: pairs with the release in bfc__remote_free. */
+            (void)atomic_load_explicit(&f->handoff, memory_order_acquire);
+            bfc__fence_put(a, f);
+        }
+    }
     while (a->pending_head) {
         struct bfc__fence *f = a->pending_head;
         pending_unlink(a, f);
@@ -723,31 +721,24 @@ void bfc__arena_free(struct bfc__arena *a)
     while (a->regions) {
         struct bfc__region *r = a->regions;
         /* Free every chunk record of the region but the first, then the
-         * region itself (region_release deletes the first). */
+         * region itself (region_depart deletes the first). */
         struct bfc__chunk *c = bfc__region_handle(r, r->base);
         if (c) {
             struct bfc__chunk *n = c->next;
             while (n) {
                 struct bfc__chunk *nn = n->next;
+                recorded_discard(a, n);
                 chunk_delete(a, n);
                 n = nn;
             }
             c->next = NULL;
-            if (c->link.bin == BFC__NO_BIN) {
-                struct bfc__recorded *rs = c->recorded;
-                while (rs) {
-                    struct bfc__recorded *x = rs->next;
-                    bfc__meta_free(rs, sizeof(*rs));
-                    rs = x;
-                }
-                c->recorded = NULL;
-            }
+            recorded_discard(a, c);
         }
         bfc__bins_init(&a->bins);
         if (c)
             c->link.bin = BFC__NO_BIN;
         r->live = 0;
-        region_release(a, r);
+        region_depart(a, r, false);
     }
     bfc__fence_pool_destroy(a);
     bfc__slab_destroy(&a->chunk_slab);
@@ -763,7 +754,7 @@ bool bfc__arena_maybe_dead_slow(struct bfc__arena *a)
     bfc__arena_drain_locked(a, true);
     if (a->live != 0 || a->pending_head)
         return false;
-    bfc__arena_release_free_regions_locked(a);
+    bfc__arena_shed_locked(a, false);
     a->dead = true;
     return true;
 }

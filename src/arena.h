@@ -23,10 +23,11 @@
 
 #include "backend.h"
 #include "chunk.h"
+#include "fence.h"
 #include "meta.h"
+#include "pool.h"
 
 struct bfc__arena;
-struct bfc__segment;
 
 /* RCU read side, and the matching edge for reclamation (see internal.h). */
 extern char bfc__rcu_sync;
@@ -67,7 +68,7 @@ static inline void bfc__rcu_reclaim_done(void)
 
 struct bfc__region {
     uintptr_t base;
-    size_t size;
+    size_t size;                 /* shrinks when a free tail departs (owner's lock) */
     struct bfc_ctx *ctx;
     /* Written once when the region is created; a region never changes owner
      * (it goes back to the pool and a new region record is made). */
@@ -82,6 +83,10 @@ struct bfc__region {
     bool large;                  /* a large request's own region */
     bool gone;                   /* given back to the pool (owner's lock) */
     size_t live;                 /* chunks not FREE (owner's lock) */
+    struct bfc__chunk *tail;     /* last chunk in address order (owner's lock) */
+    /* The records its departure needs, reserved when it was made, so that
+     * giving it back to the pool never fails. */
+    struct bfc__pool_ticket ticket;
     struct bfc__region *anext, *aprev; /* owner's region list */
     struct rcu_head rcu;
 };
@@ -94,6 +99,8 @@ struct bfc__region {
 struct bfc__region *bfc__regionmap_lookup(uintptr_t p);
 int bfc__regionmap_insert(struct bfc__region *r);
 void bfc__regionmap_remove(struct bfc__region *r);
+/* r->size shrank (its tail departed): lookups stop resolving the tail. */
+void bfc__regionmap_shrink(struct bfc__region *r);
 /* Number of regions of ctx in the map (bfc_ctx_check). */
 size_t bfc__regionmap_count(struct bfc_ctx *ctx);
 /* The writer lock, held across fork (ctx.c). */
@@ -116,81 +123,6 @@ static inline void bfc__region_set_handle(struct bfc__region *r, uintptr_t p, st
     size_t i = (p - r->base) >> BFC__MIN_ALLOC_BITS;
     atomic_store_explicit(&r->handles[i], c, memory_order_release);
 }
-
-/* ---------------------------------------------------------- region pool */
-
-/* A piece of memory held from the backend (growth: one per backend
- * allocation; no growth: the one reservation of the whole limit). */
-struct bfc__segment {
-    uintptr_t base;
-    size_t size;
-    size_t free_bytes;
-    struct bfc__segment *next;
-};
-
-/* A free range of a segment, address-ordered, coalesced within a segment. */
-struct bfc__span {
-    uintptr_t base;
-    size_t size;
-    struct bfc__segment *seg;
-    struct bfc__span *next, *prev;
-};
-
-struct bfc__pool {
-    pthread_mutex_t lock;        /* device-wide: slow paths only (see pool.c) */
-    struct bfc__segment *segs;
-    struct bfc__span *spans;     /* address order */
-    size_t held;                 /* bytes held from the backend */
-    size_t peak_held;
-    _Atomic size_t committed;    /* bytes in regions owned by arenas */
-    size_t limit;
-    bool growth;
-    uint64_t backend_allocs, backend_frees;
-};
-
-int bfc__pool_init(struct bfc_ctx *ctx);
-void bfc__pool_fini(struct bfc_ctx *ctx);
-/* A range of exactly `size` bytes for a new region: *base, *seg.  BFC_ENOMEM
- * when the limit or the backend refuses. */
-int bfc__pool_get(struct bfc_ctx *ctx, size_t size, uintptr_t *base, struct bfc__segment **seg);
-void bfc__pool_put(struct bfc_ctx *ctx, uintptr_t base, size_t size, struct bfc__segment *seg);
-/* Gives wholly free segments back to the backend (growth mode only);
- * returns the bytes released. */
-size_t bfc__pool_release_free(struct bfc_ctx *ctx);
-int bfc__pool_check(struct bfc_ctx *ctx, char *buf, size_t len);
-int bfc__pool_check_locked(struct bfc_ctx *ctx, char *buf, size_t len);
-void bfc__pool_stats(struct bfc_ctx *ctx, size_t *held, size_t *peak, size_t *committed,
-                     size_t *free_spans);
-void bfc__pool_clear_peak(struct bfc_ctx *ctx);
-
-/* ---------------------------------------------------------------- fences */
-
-/* A cross-stream free in flight: {chunk, event}.  Nodes and their events
- * come from the owner arena's pool (never created on the hot path once the
- * pool is warm) and return to it when the fence has completed. */
-struct bfc__fence {
-    struct cds_wfcq_node qnode;  /* owner's remote queue or pool */
-    struct bfc__chunk *chunk;
-    /* Written (release) last before every enqueue and read (acquire) first
-     * after every dequeue: orders the record's plain fields across the
-     * queue, whose own synchronisation lives in liburcu. */
-    _Atomic uint32_t handoff;
-    bfc__event_t ev;             /* NULL: no event */
-    bool synced;                 /* fenced by a full stream synchronisation instead */
-    /* Neither recorded nor synchronised (both failed): bfc__fence_query
-     * records the event on unfenced_stream before it may report complete. */
-    bool unfenced;
-    bfc_stream_t unfenced_stream;
-    struct bfc__fence *extra;    /* further fences (recorded streams) */
-    struct bfc__fence *pnext, *pprev; /* owner's pending list */
-};
-
-/* Streams named by record_stream for a live chunk. */
-struct bfc__recorded {
-    bfc_stream_t stream;
-    uint64_t id;
-    struct bfc__recorded *next;
-};
 
 /* ------------------------------------------------------------------ arena */
 
@@ -229,7 +161,6 @@ struct bfc__arena {
     alignas(BFC__CACHELINE) struct cds_wfcq_head fpool_head; /* fence pool: dequeue takes its mutex */
     alignas(BFC__CACHELINE) struct cds_wfcq_tail fpool_tail;
     alignas(BFC__CACHELINE) _Atomic bool retired;
-    _Atomic bool reclaim_wanted; /* another arena asked for our free regions */
     _Atomic size_t nfences;      /* fence nodes created (destroyed at reclaim) */
     _Atomic bool ready;          /* release before publication in the directory */
 
@@ -252,15 +183,33 @@ struct bfc__arena *bfc__arena_new(struct bfc_ctx *ctx, bfc_stream_t s, uint64_t 
  * grace period (regions must all be gone). */
 void bfc__arena_free(struct bfc__arena *a);
 
-/* Under a->lock. */
-void *bfc__arena_alloc_locked(struct bfc__arena *a, size_t n, size_t rounded, int *status);
-/* Local free of a live chunk c (validated by the caller) under a->lock. */
-void bfc__arena_free_chunk_locked(struct bfc__arena *a, struct bfc__chunk *c);
-/* Drains the remote queue and polls pending fences (full: every pending
- * entry, else only until the first incomplete one). */
+/*
+ * The allocation fast path, under a->lock: drains the remote queue when it
+ * is not empty, then takes the best fit from the bins.  NULL when nothing
+ * fits (or the request is large): the caller runs the slow path
+ * (bfc__ctx_alloc_slow), which escalates with the primitives below.
+ */
+void *bfc__arena_alloc_locked(struct bfc__arena *a, size_t n, size_t rounded);
+/* Primitives of the slow path, all under a->lock:
+ * fit     the best fit from the bins, or NULL;
+ * grow    a new region (TensorFlow's Extend; for a large request a region of
+ *         its own) and the allocation from it; NULL with *status;
+ * drain   the remote queue and pending fences (full: poll every pending
+ *         entry, else stop at the first still in flight);
+ * wait_pending  waits up to timeout_ms for the pending fences, then drains;
+ * shed    gives fully free regions -- with tails, also the free tails of
+ *         regions still in use -- back to the pool, fenced on our stream;
+ *         returns the bytes given back. */
+void *bfc__arena_fit_locked(struct bfc__arena *a, size_t n, size_t rounded);
+/* The free tails of our regions that are still in use (what shed with tails
+ * would give back): up to max ranges into out, returns how many. */
+size_t bfc__arena_tails_locked(struct bfc__arena *a, struct bfc__range *out, size_t max);
+void *bfc__arena_grow_locked(struct bfc__arena *a, size_t n, size_t rounded, bool large, int *status);
 void bfc__arena_drain_locked(struct bfc__arena *a, bool full);
-/* Gives fully free regions back to the pool; returns bytes given. */
-size_t bfc__arena_release_free_regions_locked(struct bfc__arena *a);
+void bfc__arena_wait_pending_locked(struct bfc__arena *a, uint32_t timeout_ms);
+size_t bfc__arena_shed_locked(struct bfc__arena *a, bool tails);
+/* Local free of a live chunk c (validated and claimed by the caller). */
+void bfc__arena_free_chunk_locked(struct bfc__arena *a, struct bfc__chunk *c);
 /* Retired and empty: give everything back, mark dead.  Returns true when the
  * caller must unlink and reclaim the arena (bfc__shard_reclaim) after
  * unlocking. */
@@ -280,12 +229,10 @@ int bfc__arena_check_locked(struct bfc__arena *a, char *buf, size_t len);
 
 /* remote.c: cross-stream free of chunk c (claimed: FREEING) of owner a. */
 int bfc__remote_free(struct bfc__arena *a, struct bfc__chunk *c, bfc_stream_t s);
-/* Fences for a chunk's recorded streams (owner's lock): a pending list entry
- * or NULL when nothing needs waiting. */
+/* The owner arena's pool of fence records (with events): get (NULL when
+ * metadata is exhausted) and put back a chain (through `extra`). */
 struct bfc__fence *bfc__fence_get(struct bfc__arena *a);
 void bfc__fence_put(struct bfc__arena *a, struct bfc__fence *f);
-/* BFC_OK when every event of the chain has completed, BFC_EBUSY if not. */
-int bfc__fence_query(struct bfc__arena *a, struct bfc__fence *f);
 void bfc__fence_pool_destroy(struct bfc__arena *a);
 
 #endif /* BFC_ARENA_H */

@@ -42,6 +42,11 @@ struct bfc__backend_ops {
     int (*stream_id)(bfc__backend_t *be, bfc_stream_t s, uint64_t *id);
     /* Waits for all work queued on s (fallback fence when an event fails). */
     int (*stream_sync)(bfc__backend_t *be, bfc_stream_t s);
+    /* Waits for all work queued on every stream of the device: the last
+     * fallback fence, when neither an event nor a stream synchronisation
+     * works on the stream (one already destroyed, say).  SIM: BFC_EBUSY while
+     * any simulated stream is held (only a test's drain can finish it). */
+    int (*device_sync)(bfc__backend_t *be);
     int (*mem_info)(bfc__backend_t *be, size_t *free_bytes, size_t *total_bytes);
     /* Pins host memory for DMA (cudaHostRegister); SIM: no-op. */
     int (*host_register)(bfc__backend_t *be, void *p, size_t n);

@@ -279,6 +279,18 @@ static int cuda_stream_sync(bfc__backend_t *be, bfc_stream_t s)
     return dev_leave(saved, st);
 }
 
+static int cuda_device_sync(bfc__backend_t *be)
+{
+    int saved;
+    int st;
+
+    st = dev_enter(be->device, &saved);
+    if (st != BFC_OK)
+        return st;
+    st = cuda_status(cudaDeviceSynchronize());
+    return dev_leave(saved, st);
+}
+
 static int cuda_mem_info(bfc__backend_t *be, size_t *free_bytes, size_t *total_bytes)
 {
     size_t f = 0, t = 0;
@@ -343,6 +355,7 @@ static const struct bfc__backend_ops cuda_ops = {
     .event_wait = cuda_event_wait,
     .stream_id = cuda_stream_id,
     .stream_sync = cuda_stream_sync,
+    .device_sync = cuda_device_sync,
     .mem_info = cuda_mem_info,
     .host_register = cuda_host_register,
     .host_unregister = cuda_host_unregister,

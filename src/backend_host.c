@@ -149,6 +149,11 @@ static int host_stream_sync(bfc__backend_t *be, bfc_stream_t s)
     return hb(be)->inner->ops->stream_sync(hb(be)->inner, s);
 }
 
+static int host_device_sync(bfc__backend_t *be)
+{
+    return hb(be)->inner->ops->device_sync(hb(be)->inner);
+}
+
 static int host_mem_info(bfc__backend_t *be, size_t *free_bytes, size_t *total_bytes)
 {
     *free_bytes = *total_bytes = be->default_limit;
@@ -182,6 +187,7 @@ static const struct bfc__backend_ops host_ops = {
     .event_wait = host_event_wait,
     .stream_id = host_stream_id,
     .stream_sync = host_stream_sync,
+    .device_sync = host_device_sync,
     .mem_info = host_mem_info,
     .host_register = host_register,
     .host_unregister = host_unregister,

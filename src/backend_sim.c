@@ -377,6 +377,21 @@ static int sim_stream_sync(bfc__backend_t *be, bfc_stream_t s)
                                                                          : BFC_OK;
 }
 
+/* The device is idle when no simulated stream is held (a rare fallback:
+ * scans the streams handed out so far). */
+static int sim_device_sync(bfc__backend_t *be)
+{
+    struct sim_backend *b = sim_of(be);
+    /* acquire: pairs with the release store in bfc__sim_stream_create. */
+    unsigned n = atomic_load_explicit(&g_n_streams, memory_order_acquire);
+
+    for (unsigned i = 0; i < n; i++)
+        /* acquire: pairs with the acq_rel RMWs of hold and drain. */
+        if (atomic_load_explicit(&b->streams[i].state, memory_order_acquire) & 1)
+            return BFC_EBUSY;
+    return BFC_OK;
+}
+
 static void sim_hold(struct sim_stream *st)
 {
     uint64_t old = atomic_load_explicit(&st->state, memory_order_relaxed);
@@ -543,6 +558,7 @@ static const struct bfc__backend_ops sim_ops = {
     .event_wait = sim_event_wait,
     .stream_id = sim_stream_id,
     .stream_sync = sim_stream_sync,
+    .device_sync = sim_device_sync,
     .mem_info = sim_mem_info,
     .host_register = sim_host_register,
     .host_unregister = sim_host_unregister,

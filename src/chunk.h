@@ -26,6 +26,11 @@ enum bfc__chunk_state {
 
 /* flags */
 #define BFC__CF_RETURNED 1u  /* this start address was handed to a user once */
+/* Some of these bytes may have been used by the owner stream's work since
+ * its shard took them from the pool (handed out once, or taken back from
+ * the pool under the stream's own departure fence).  Merges and splits pass
+ * it on; memory that leaves the shard without it needs no departure fence. */
+#define BFC__CF_USED 2u
 
 struct bfc__region;
 struct bfc__recorded;

@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "ctx.h"
@@ -203,7 +204,10 @@ static int ctx_create(bfc_config_t cfg, bfc__backend_t *be, bool host, bfc_ctx_t
         ctx->max_frag = (size_t)(cfg.fragmentation_fraction * (double)ctx->limit);
     else
         ctx->max_frag = BFC__MAX_INTERNAL_FRAG;
-    st = bfc__pool_init(ctx);
+    /* allow_growth=false: TensorFlow serves large requests from its one
+     * region too, so the fast path tries the bins for every size. */
+    ctx->bins_max = (cfg.large_alloc && cfg.allow_growth) ? cfg.large_alloc : SIZE_MAX;
+    st = bfc__pool_init(&ctx->pool, be, ctx->limit, cfg.allow_growth);
     if (st != BFC_OK)
         goto fail_be;
     st = bfc__shard_dir_init(ctx);
@@ -218,7 +222,7 @@ static int ctx_create(bfc_config_t cfg, bfc__backend_t *be, bool host, bfc_ctx_t
     *out = ctx;
     return BFC_OK;
 fail_pool:
-    bfc__pool_fini(ctx);
+    bfc__pool_fini(&ctx->pool);
 fail_be:
     be->ops->close(be);
     bfc__meta_free(ctx, sizeof(*ctx));
@@ -270,7 +274,7 @@ void bfc_ctx_destroy(bfc_ctx_t *ctx)
     ctx->destroying = true;
     bfc__obs_fini(ctx); /* the trace gets every event up to here */
     bfc__shard_dir_fini(ctx);
-    bfc__pool_fini(ctx);
+    bfc__pool_fini(&ctx->pool);
     ctx->be->ops->close(ctx->be);
     bfc__meta_free(ctx, sizeof(*ctx));
 }
@@ -295,6 +299,193 @@ static void debug_check(struct bfc_ctx *ctx)
 }
 
 /* ------------------------------------------------------------- alloc */
+
+/* -------------------------------------------- out of memory: escalation */
+
+static void sleep_ms(unsigned ms)
+{
+    struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
+    while (nanosleep(&ts, &ts) == -1 && errno == EINTR)
+        ;
+}
+
+static uint64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/*
+ * How long the slow path waits for fences.  On a device, queued work always
+ * finishes, so without bound (PyTorch's caching allocator synchronises its
+ * outstanding events the same way before it reports out of memory).  On SIM
+ * a held stream finishes only when a test drains it: no wait here, and
+ * retry_ms (below) polls instead, so a test decides how long a shard waits.
+ */
+static uint32_t fence_wait_ms(struct bfc_ctx *ctx)
+{
+    return ctx->be->kind == BFC_BACKEND_SIM ? 0 : UINT32_MAX;
+}
+
+/* Could giving our own free memory back to the pool make room for
+ * `rounded` bytes?  (A hopeless request leaves the shard as it was.) */
+static bool own_room(struct bfc_ctx *ctx, struct bfc__arena *a, size_t rounded)
+{
+    size_t committed = atomic_load_explicit(&ctx->pool.committed, memory_order_relaxed);
+    size_t room = committed < ctx->limit ? ctx->limit - committed : 0;
+    return a->bins.total_bytes && a->bins.total_bytes + room >= rounded;
+}
+
+/* After the lock was dropped: the shard may have been retired (*status =
+ * BFC__RETRY); else our queue, the bins and a new region once more.  NULL
+ * with *status BFC_ENOMEM when nothing worked. */
+static void *retry_here(struct bfc_ctx *ctx, struct bfc__arena *a, size_t n, size_t rounded, bool large,
+                        bool fit_first, int *status)
+{
+    void *p;
+    (void)ctx;
+    /* acquire: pairs with the seq_cst store in bfc__shard_retire. */
+    if (atomic_load_explicit(&a->retired, memory_order_acquire)) {
+        *status = BFC__RETRY;
+        return NULL;
+    }
+    bfc__arena_drain_locked(a, true);
+    if (fit_first && (p = bfc__arena_fit_locked(a, n, rounded)))
+        return p;
+    *status = BFC_ENOMEM;
+    return bfc__arena_grow_locked(a, n, rounded, large, status);
+}
+
+#define TAILS_MAX 256
+
+static int range_cmp(const void *x, const void *y)
+{
+    const struct bfc__range *a = x, *b = y;
+    return a->base < b->base ? -1 : a->base > b->base;
+}
+
+/* Would the free tails of every shard's regions, given back, make room for
+ * `rounded` bytes for a's stream?  a->lock held; dropped and retaken to read
+ * the other shards. */
+static bool tails_help(struct bfc_ctx *ctx, struct bfc__arena *a, size_t rounded)
+{
+    struct bfc__range r[TAILS_MAX];
+    size_t n = bfc__arena_tails_locked(a, r, TAILS_MAX);
+    bfc__unlock(&a->lock);
+    n += bfc__ctx_collect_tails(ctx, a, r + n, TAILS_MAX - n);
+    bfc__lock(&a->lock);
+    if (n == 0)
+        return false;
+    qsort(r, n, sizeof(r[0]), range_cmp);
+    return bfc__pool_fits_with(&ctx->pool, a->stream_id, r, n, rounded);
+}
+
+/*
+ * The slow path, policy of the context over the arena's primitives (the
+ * shape of TensorFlow's AllocatorRetry and RMM's defragmenting retry): each
+ * step costs more than the one before and runs only when the cheaper ones
+ * failed.  Called and returns with a->lock held; drops it to reach other
+ * shards and to wait (never holding two arena locks).  *status: BFC_ENOMEM,
+ * a backend error, or BFC__RETRY when the shard was retired meanwhile (the
+ * caller looks the stream up again).
+ */
+void *bfc__ctx_alloc_slow(struct bfc_ctx *ctx, struct bfc__arena *a, size_t n, size_t rounded, int *status)
+{
+    bool large = ctx->cfg.large_alloc && rounded >= ctx->cfg.large_alloc;
+    /* allow_growth=false: TensorFlow serves large requests from its region. */
+    bool fit_first = !large || !ctx->cfg.allow_growth;
+    uint32_t wait = fence_wait_ms(ctx);
+    int st = BFC_ENOMEM;
+    void *p;
+
+    /* 1. Our own queue and every pending fence, polled. */
+    bfc__arena_drain_locked(a, true);
+    if (fit_first && (p = bfc__arena_fit_locked(a, n, rounded)))
+        return p;
+    /* 2. A new region from the pool (TensorFlow's Extend). */
+    if ((p = bfc__arena_grow_locked(a, n, rounded, large, &st)))
+        return p;
+    if (st != BFC_ENOMEM)
+        goto fail;
+    /* 3. Our pending frees, when they could serve: wait for their fences. */
+    if (a->pending_head && a->st.pending_bytes + a->bins.total_bytes >= rounded) {
+        bfc__arena_wait_pending_locked(a, wait);
+        if (fit_first && (p = bfc__arena_fit_locked(a, n, rounded)))
+            return p;
+    }
+    for (uint64_t deadline = 0;;) {
+        /* 4. Our fully free regions back to the pool, where they coalesce
+         * with the free memory around them; we may take them back at once
+         * (stream order), so a request that fits the pool's free memory
+         * succeeds.  With allow_growth=true the pool's segments are separate
+         * backend allocations that cannot coalesce: there this only helps by
+         * returning memory to the backend, which is what
+         * garbage_collection asks for (TensorFlow's semantics: without it a
+         * shard keeps its regions and the request fails). */
+        if ((!ctx->cfg.allow_growth || ctx->cfg.garbage_collection) && own_room(ctx, a, rounded) &&
+            bfc__arena_shed_locked(a, false)) {
+            st = BFC_ENOMEM;
+            if ((p = bfc__arena_grow_locked(a, n, rounded, large, &st)))
+                return p;
+        }
+        /* 5. Other shards' fully free regions, each fenced on its own
+         * stream; with garbage collection the pool's cached segments go back
+         * to the backend too.  Memory that other streams' fences still
+         * guard: wait for their work.  Our lock is dropped meanwhile (no
+         * path holds two arena locks). */
+        bfc__unlock(&a->lock);
+        bfc__ctx_reclaim_others(ctx, a, false);
+        if (ctx->cfg.garbage_collection)
+            bfc__pool_release_free(&ctx->pool);
+        bfc__pool_wait(&ctx->pool, a->stream_id, wait);
+        bfc__lock(&a->lock);
+        if ((p = retry_here(ctx, a, n, rounded, large, fit_first, &st)))
+            return p;
+        if (st != BFC_ENOMEM)
+            goto fail;
+        /* 6. Free tails of regions still in use, ours and other shards':
+         * only when giving them back makes the request fit, because a
+         * shard that gives up a tail keeps its regions cut there (with
+         * allow_growth=false this is how a second stream is served from the
+         * one region of the first). */
+        if (tails_help(ctx, a, rounded)) {
+            bfc__arena_shed_locked(a, true);
+            bfc__unlock(&a->lock);
+            bfc__ctx_reclaim_others(ctx, a, true);
+            bfc__pool_wait(&ctx->pool, a->stream_id, wait);
+            bfc__lock(&a->lock);
+            if ((p = retry_here(ctx, a, n, rounded, large, fit_first, &st)))
+                return p;
+            if (st != BFC_ENOMEM)
+                goto fail;
+        }
+        /* Last resort for a large request: a big enough free chunk of an
+         * ordinary region (TensorFlow's allocator would use it too). */
+        if (large && (p = bfc__arena_fit_locked(a, n, rounded)))
+            return p;
+        /* 7. retry_ms: wait for other threads to free memory (and on SIM
+         * for streams to be drained), polling every millisecond. */
+        if (ctx->cfg.retry_ms == 0)
+            break;
+        if (deadline == 0)
+            deadline = now_ms() + ctx->cfg.retry_ms;
+        if (now_ms() >= deadline)
+            break;
+        bfc__unlock(&a->lock);
+        sleep_ms(1);
+        bfc__lock(&a->lock);
+        if ((p = retry_here(ctx, a, n, rounded, large, fit_first, &st)))
+            return p;
+        if (st != BFC_ENOMEM)
+            goto fail;
+    }
+fail:
+    *status = st;
+    if (st != BFC__RETRY)
+        a->st.ooms++;
+    return NULL;
+}
 
 /* One attempt: NULL with *status on failure. */
 static inline __attribute__((always_inline)) void *alloc_once(struct bfc_ctx *ctx, bfc_stream_t stream,
@@ -321,7 +512,15 @@ static inline __attribute__((always_inline)) void *alloc_once(struct bfc_ctx *ct
             bfc__unlock(&a->lock);
             continue;
         }
-        p = bfc__arena_alloc_locked(a, n, rounded, &st);
+        p = bfc__arena_alloc_locked(a, n, rounded);
+        if (BFC__UNLIKELY(!p)) {
+            st = BFC_ENOMEM;
+            p = bfc__ctx_alloc_slow(ctx, a, n, rounded, &st);
+            if (st == BFC__RETRY) {
+                bfc__unlock(&a->lock);
+                continue;
+            }
+        }
         bfc__unlock(&a->lock);
         break;
     }
@@ -507,11 +706,16 @@ static int record_fn(struct bfc__arena *a, struct bfc__chunk *c, void *arg)
     for (struct bfc__recorded *x = head; x; x = x->next)
         if (x->id == id)
             return BFC_OK;
+    /* The fence record is taken now, so that the free never allocates. */
     struct bfc__recorded *rs = bfc__meta_alloc(sizeof(*rs));
-    if (!rs)
+    struct bfc__fence *f = rs ? bfc__fence_get(a) : NULL;
+    if (!f) {
+        bfc__meta_free(rs, sizeof(*rs));
         return BFC_ENOMEM;
+    }
     rs->stream = ra->stream;
     rs->id = id;
+    rs->fence = f;
     rs->next = head;
     /* release: pairs with the acquire exchange in fence_recorded (arena.c). */
     atomic_store_explicit((struct bfc__recorded *_Atomic *)&c->recorded, rs, memory_order_release);
@@ -566,8 +770,8 @@ int bfc_ctx_trim(bfc_ctx_t *ctx)
 {
     if (!ctx)
         return BFC_EINVAL;
-    bfc__ctx_reclaim_others(ctx, NULL);
-    bfc__pool_release_free(ctx);
+    bfc__ctx_reclaim_others(ctx, NULL, false);
+    bfc__pool_release_free(&ctx->pool);
     return BFC_OK;
 }
 

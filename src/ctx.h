@@ -16,6 +16,7 @@ struct bfc_ctx {
     bfc__backend_t *be;
     size_t limit;
     size_t max_frag;             /* split when the leftover reaches this */
+    size_t bins_max;             /* requests of at least this size skip the bins on the fast path */
     struct bfc__pool pool;
     struct cds_lfht *dir;        /* stream id -> arena */
     pthread_mutex_t arenas_lock; /* the arena list: shard create/reclaim, stats, slow path */
@@ -57,8 +58,19 @@ extern _Atomic uint64_t bfc__dir_epoch;
 void bfc__ctx_lock_all(struct bfc_ctx *ctx);
 void bfc__ctx_unlock_all(struct bfc_ctx *ctx);
 
-/* Slow path: ask every other arena for its fully free regions. */
-size_t bfc__ctx_reclaim_others(struct bfc_ctx *ctx, struct bfc__arena *self);
+/* Slow path: every other arena gives its fully free regions (with tails,
+ * also the free tails of its regions) back to the pool; returns the bytes. */
+size_t bfc__ctx_reclaim_others(struct bfc_ctx *ctx, struct bfc__arena *self, bool tails);
+
+/* The free tails of every other arena's regions (see
+ * bfc__arena_tails_locked), up to max; returns how many. */
+size_t bfc__ctx_collect_tails(struct bfc_ctx *ctx, struct bfc__arena *self, struct bfc__range *out, size_t max);
+
+/* Internal status of the slow path: the shard was retired meanwhile, look
+ * the stream up again.  Never returned to a caller of the public API. */
+#define BFC__RETRY 1
+/* The out-of-memory escalation (ctx.c); a->lock held, see there. */
+void *bfc__ctx_alloc_slow(struct bfc_ctx *ctx, struct bfc__arena *a, size_t n, size_t rounded, int *status);
 
 /* The one-time process set-up: fork hooks (ctx.c). */
 void bfc__process_init(void);

@@ -1,29 +1,107 @@
 /*
  * pool.c -- the device-wide region pool: a coarse best-fit allocator over
- * device memory that hands regions to arenas and takes them back.
+ * device memory that hands regions to shards and takes them back.
  *
  * Memory comes from the backend in segments.  With allow_growth=true a
- * segment is taken when an arena needs a region and no free span fits (never
- * past the limit); with allow_growth=false the whole limit is reserved as one
- * segment at create and regions are carved out of it.  Free ranges (spans)
- * are kept in address order and coalesced within their segment, so memory one
- * shard gave back can serve another shard's larger request.  Wholly free
- * segments stay cached until trim, garbage collection or growth under the
- * limit needs the room (then they go back to the backend).
+ * segment is taken when a shard needs a region and no free span fits (never
+ * past the limit); with allow_growth=false the whole limit is reserved as
+ * one segment at create and regions are carved out of it.  Free ranges
+ * (spans) are kept in address order and coalesced within their segment, so
+ * memory one shard gave back can serve another shard's larger request.
+ * Wholly free segments stay cached until trim, garbage collection or growth
+ * under the limit needs the room (then they go back to the backend).
+ *
+ * Memory changing hands.  A shard may reuse a block at once after a free on
+ * its own stream (its later work runs after its earlier work), so memory
+ * that leaves a shard may still be in use by work queued on the shard's
+ * stream.  Every range given back therefore carries a departure fence: an
+ * event recorded on the owner stream when it departs (fence.h), unless the
+ * shard never handed any of it out.  A fenced span is "guarded by stream
+ * sid": only sid may take it (stream order makes that safe) until the fence
+ * completes; the fences are polled whenever the pool is asked for memory,
+ * and a completed span merges with its free neighbours.  Best fit looks at
+ * runs of adjacent spans the asking stream may take, so a stream's own
+ * departed memory coalesces with free memory around it.  Fresh memory from
+ * the backend needs no fence, and a segment goes back to the backend only
+ * when all of it is free and unfenced.  Under memory pressure a shard waits
+ * for other streams' departure fences (bfc__pool_wait) outside the lock.
+ *
+ * Metadata.  Giving memory back never allocates: the span record and the
+ * fence it needs come from a ticket reserved beforehand (every region holds
+ * one for its own departure), so a metadata failure can only refuse a new
+ * region, never leave the pool inconsistent.  Taking memory and merging
+ * only free records.
  *
  * Invariants (bfc__pool_check): spans are sorted, disjoint, inside their
- * segment and never adjacent within one segment; per segment the span bytes
- * equal free_bytes; held == sum of segment sizes; committed == held - free.
+ * segment, and two adjacent spans of one segment never carry the same guard
+ * (they would have merged); per segment the span bytes equal free_bytes;
+ * fenced_bytes is the size of the fenced spans; held == sum of segment
+ * sizes; committed == held - free.
  *
  * Locking: `lock` is the one device-wide lock of the library.  It is taken
- * only when a region is created or given back (an arena's growth, a large
- * request, trim, shard retirement, the OOM slow path), never by allocation
- * or free of a chunk inside an existing region.  Callers may hold one arena
- * lock; the region map's writer lock nests inside.
+ * only when a region is created or given back (a shard's growth, a large
+ * request, trim, shard retirement, the out-of-memory slow path), never by
+ * allocation or free of a chunk inside an existing region.  Callers may
+ * hold one arena lock; the region map's writer lock is never taken under it.
+ * No wait for a fence happens under it.
  */
+#include <errno.h>
 #include <string.h>
 
-#include "ctx.h"
+#include "meta.h"
+#include "pool.h"
+
+/* ------------------------------------------------------- fence cache */
+
+static struct bfc__fence *fcache_get_locked(struct bfc__pool *p)
+{
+    struct bfc__fence *f = p->fcache;
+    if (f) {
+        p->fcache = f->pnext;
+        bfc__fence_reset(f);
+    }
+    return f;
+}
+
+static void fcache_put_locked(struct bfc__pool *p, struct bfc__fence *f)
+{
+    f->pnext = p->fcache;
+    p->fcache = f;
+}
+
+static void ticket_put_locked(struct bfc__pool *p, struct bfc__pool_ticket *t)
+{
+    if (t->span)
+        bfc__meta_free(t->span, sizeof(*t->span));
+    if (t->fence)
+        fcache_put_locked(p, t->fence);
+    t->span = NULL;
+    t->fence = NULL;
+}
+
+int bfc__pool_ticket_get(struct bfc__pool *p, struct bfc__pool_ticket *t)
+{
+    bfc__lock(&p->lock);
+    t->fence = fcache_get_locked(p);
+    bfc__unlock(&p->lock);
+    if (!t->fence)
+        t->fence = bfc__fence_new(p->be); /* outside the lock: calls the backend */
+    t->span = bfc__meta_alloc(sizeof(*t->span));
+    if (!t->fence || !t->span) {
+        bfc__pool_ticket_put(p, t);
+        return BFC_ENOMEM;
+    }
+    return BFC_OK;
+}
+
+void bfc__pool_ticket_put(struct bfc__pool *p, struct bfc__pool_ticket *t)
+{
+    bfc__lock(&p->lock);
+    ticket_put_locked(p, t);
+    bfc__unlock(&p->lock);
+}
+
+/* -------------------------------------------------------------- spans */
 
 static void span_unlink(struct bfc__pool *p, struct bfc__span *s)
 {
@@ -35,32 +113,61 @@ static void span_unlink(struct bfc__pool *p, struct bfc__span *s)
         s->next->prev = s->prev;
 }
 
-/* Inserts a free range in address order and merges it with adjacent spans of
- * the same segment.  Returns false if no span record could be allocated (the
- * range is then lost to the pool until the segment is released). */
-static bool span_insert(struct bfc__pool *p, uintptr_t base, size_t size, struct bfc__segment *seg)
+static bool same_guard(const struct bfc__span *a, const struct bfc__span *b)
+{
+    return a->fence ? (b->fence && a->sid == b->sid) : !b->fence;
+}
+
+/* Would a and b (b right after a in address order) have been merged? */
+static bool joinable(const struct bfc__span *a, const struct bfc__span *b)
+{
+    return a->seg == b->seg && a->base + a->size == b->base && same_guard(a, b);
+}
+
+/* s takes `fence`, the newest on its stream: it covers every older fence
+ * recorded on that stream, which goes back to the cache. */
+static void span_refence(struct bfc__pool *p, struct bfc__span *s, struct bfc__fence *fence)
+{
+    if (!fence)
+        return;
+    if (s->fence)
+        fcache_put_locked(p, s->fence);
+    s->fence = fence;
+}
+
+/* Inserts a free range in address order, merged with neighbours that carry
+ * the same guard.  Uses *spare when it needs a record (then *spare = NULL). */
+static void span_insert_locked(struct bfc__pool *p, uintptr_t base, size_t size, struct bfc__segment *seg,
+                               struct bfc__fence *fence, uint64_t sid, struct bfc__span **spare)
 {
     struct bfc__span *prev = NULL, *next = p->spans;
     while (next && next->base < base) {
         prev = next;
         next = next->next;
     }
-    bool join_prev = prev && prev->seg == seg && prev->base + prev->size == base;
-    bool join_next = next && next->seg == seg && base + size == next->base;
-    if (join_prev && join_next) {
+    struct bfc__span nw = { base, size, seg, next, prev, fence, fence ? sid : 0 };
+    bool jp = prev && joinable(prev, &nw);
+    bool jn = next && joinable(&nw, next);
+    if (fence)
+        p->fenced_bytes += size;
+    if (jp && jn) {
         prev->size += size + next->size;
+        span_refence(p, prev, fence);
+        if (next->fence)
+            fcache_put_locked(p, next->fence);
         span_unlink(p, next);
         bfc__meta_free(next, sizeof(*next));
-    } else if (join_prev) {
+    } else if (jp) {
         prev->size += size;
-    } else if (join_next) {
+        span_refence(p, prev, fence);
+    } else if (jn) {
         next->base = base;
         next->size += size;
+        span_refence(p, next, fence);
     } else {
-        struct bfc__span *s = bfc__meta_alloc(sizeof(*s));
-        if (!s)
-            return false;
-        *s = (struct bfc__span){ base, size, seg, next, prev };
+        struct bfc__span *s = *spare;
+        *spare = NULL;
+        *s = nw;
         if (prev)
             prev->next = s;
         else
@@ -68,78 +175,160 @@ static bool span_insert(struct bfc__pool *p, uintptr_t base, size_t size, struct
         if (next)
             next->prev = s;
     }
-    return true;
 }
 
-static int seg_new(struct bfc_ctx *ctx, size_t size, struct bfc__segment **out)
+/* Fences that completed: their spans become free for every stream and merge
+ * with free neighbours. */
+static void poll_locked(struct bfc__pool *p)
 {
-    struct bfc__pool *p = &ctx->pool;
+    if (p->fenced_bytes == 0)
+        return;
+    struct bfc__span *s = p->spans;
+    while (s) {
+        if (s->fence && bfc__fence_query(p->be, s->fence) == BFC_OK) {
+            fcache_put_locked(p, s->fence);
+            s->fence = NULL;
+            s->sid = 0;
+            p->fenced_bytes -= s->size;
+            if (s->prev && joinable(s->prev, s)) {
+                struct bfc__span *pr = s->prev;
+                pr->size += s->size;
+                span_unlink(p, s);
+                bfc__meta_free(s, sizeof(*s));
+                s = pr;
+            }
+            if (s->next && joinable(s, s->next)) {
+                struct bfc__span *n = s->next;
+                s->size += n->size;
+                span_unlink(p, n);
+                bfc__meta_free(n, sizeof(*n));
+            }
+        }
+        s = s->next;
+    }
+}
+
+static bool usable(const struct bfc__span *s, uint64_t sid)
+{
+    return !s->fence || s->sid == sid;
+}
+
+/* Best fit over runs of adjacent spans of one segment that stream sid may
+ * take: the smallest run of at least `size` bytes, lowest address among
+ * equals.  Returns the run's first span or NULL. */
+static struct bfc__span *find_run(struct bfc__pool *p, uint64_t sid, size_t size)
+{
+    struct bfc__span *best = NULL;
+    size_t best_len = 0;
+    struct bfc__span *s = p->spans;
+    while (s) {
+        if (!usable(s, sid)) {
+            s = s->next;
+            continue;
+        }
+        struct bfc__span *first = s, *t = s->next;
+        size_t len = s->size;
+        while (t && usable(t, sid) && t->seg == first->seg && t->prev->base + t->prev->size == t->base) {
+            len += t->size;
+            t = t->next;
+        }
+        if (len >= size && (!best || len < best_len)) {
+            best = first;
+            best_len = len;
+        }
+        s = t;
+    }
+    return best;
+}
+
+/* Takes `size` bytes from the front of the run starting at `first`.  Sets
+ * *used when any of it was guarded by (the asking stream's own) fence. */
+static void carve_locked(struct bfc__pool *p, struct bfc__span *first, size_t size, bool *used)
+{
+    struct bfc__segment *seg = first->seg;
+    struct bfc__span *s = first;
+    size_t left = size;
+    while (left) {
+        struct bfc__span *next = s->next;
+        if (s->fence)
+            *used = true;
+        if (s->size <= left) {
+            left -= s->size;
+            if (s->fence) {
+                p->fenced_bytes -= s->size;
+                fcache_put_locked(p, s->fence);
+            }
+            span_unlink(p, s);
+            bfc__meta_free(s, sizeof(*s));
+        } else {
+            s->base += left;
+            s->size -= left;
+            if (s->fence)
+                p->fenced_bytes -= left;
+            left = 0;
+        }
+        s = next;
+    }
+    seg->free_bytes -= size;
+    size_t committed = atomic_load_explicit(&p->committed, memory_order_relaxed);
+    /* relaxed: committed is only written under the pool lock; lock-free
+     * readers (shards sizing a region, stats) want an estimate. */
+    atomic_store_explicit(&p->committed, committed + size, memory_order_relaxed);
+}
+
+/* ----------------------------------------------------------- segments */
+
+static int seg_new_locked(struct bfc__pool *p, size_t size, struct bfc__span **out)
+{
     struct bfc__segment *seg = bfc__meta_alloc(sizeof(*seg));
-    if (!seg)
-        return BFC_ENOMEM;
+    struct bfc__span *s = bfc__meta_alloc(sizeof(*s));
     void *mem = NULL;
-    int st = ctx->be->ops->mem_alloc(ctx->be, size, &mem);
-    if (st != BFC_OK) {
+    int st = BFC_ENOMEM;
+    if (!seg || !s || (st = p->be->ops->mem_alloc(p->be, size, &mem)) != BFC_OK) {
         bfc__meta_free(seg, sizeof(*seg));
+        bfc__meta_free(s, sizeof(*s));
         return st;
     }
     *seg = (struct bfc__segment){ (uintptr_t)mem, size, size, p->segs };
-    if (!span_insert(p, seg->base, size, seg)) {
-        ctx->be->ops->mem_free(ctx->be, mem, size);
-        bfc__meta_free(seg, sizeof(*seg));
-        return BFC_ENOMEM;
-    }
     p->segs = seg;
     p->held += size;
     p->backend_allocs++;
     if (p->held > p->peak_held)
         p->peak_held = p->held;
-    *out = seg;
+    span_insert_locked(p, seg->base, size, seg, NULL, 0, &s);
+    if (s)
+        bfc__meta_free(s, sizeof(*s)); /* cannot happen: a new segment joins nothing */
+    *out = NULL;
+    for (struct bfc__span *x = p->spans; x; x = x->next)
+        if (x->seg == seg)
+            *out = x;
     return BFC_OK;
 }
 
-int bfc__pool_init(struct bfc_ctx *ctx)
+/* Gives every wholly free, unfenced segment back to the backend. */
+static size_t release_free_locked(struct bfc__pool *p)
 {
-    struct bfc__pool *p = &ctx->pool;
-    memset(p, 0, sizeof(*p));
-    if (pthread_mutex_init(&p->lock, NULL))
-        return BFC_EBACKEND;
-    p->limit = ctx->limit;
-    p->growth = ctx->cfg.allow_growth;
-    if (!p->growth) {
-        struct bfc__segment *seg;
-        int st = seg_new(ctx, p->limit, &seg);
-        if (st != BFC_OK) {
-            pthread_mutex_destroy(&p->lock);
-            return st;
-        }
-    }
-    return BFC_OK;
-}
-
-/* Gives every wholly free segment back to the backend.  Pool lock held. */
-static size_t release_free_locked(struct bfc_ctx *ctx)
-{
-    struct bfc__pool *p = &ctx->pool;
     size_t released = 0;
     if (!p->growth)
         return 0;
+    poll_locked(p);
     struct bfc__segment **pp = &p->segs;
     while (*pp) {
         struct bfc__segment *seg = *pp;
-        if (seg->free_bytes != seg->size) {
+        struct bfc__span *s = NULL;
+        if (seg->free_bytes == seg->size)
+            for (s = p->spans; s && s->seg != seg; s = s->next)
+                ;
+        /* Wholly free and unfenced means one span covering it (adjacent
+         * unfenced spans of a segment always merge). */
+        if (!s || s->fence || s->size != seg->size) {
             pp = &seg->next;
             continue;
         }
-        for (struct bfc__span *s = p->spans; s; s = s->next) {
-            if (s->seg == seg) {
-                span_unlink(p, s);
-                bfc__meta_free(s, sizeof(*s));
-                break;
-            }
-        }
+        span_unlink(p, s);
+        bfc__meta_free(s, sizeof(*s));
         *pp = seg->next;
-        ctx->be->ops->mem_free(ctx->be, (void *)seg->base, seg->size);
+        (void)p->be->ops->mem_free(p->be, (void *)seg->base, seg->size);
         p->held -= seg->size;
         p->backend_frees++;
         released += seg->size;
@@ -148,126 +337,240 @@ static size_t release_free_locked(struct bfc_ctx *ctx)
     return released;
 }
 
-int bfc__pool_get(struct bfc_ctx *ctx, size_t size, uintptr_t *base, struct bfc__segment **segp)
+/* --------------------------------------------------------------- API */
+
+int bfc__pool_init(struct bfc__pool *p, bfc__backend_t *be, size_t limit, bool growth)
 {
-    struct bfc__pool *p = &ctx->pool;
-    bfc__lock(&p->lock);
+    memset(p, 0, sizeof(*p));
+    int e = pthread_mutex_init(&p->lock, NULL);
+    if (e != 0)
+        return e == ENOMEM ? BFC_ENOMEM : BFC_EBACKEND;
+    p->be = be;
+    p->limit = limit;
+    p->growth = growth;
+    if (!growth) {
+        struct bfc__span *s;
+        int st = seg_new_locked(p, limit, &s);
+        if (st != BFC_OK) {
+            pthread_mutex_destroy(&p->lock);
+            return st;
+        }
+    }
+    return BFC_OK;
+}
+
+void bfc__pool_fini(struct bfc__pool *p)
+{
+    while (p->spans) {
+        struct bfc__span *s = p->spans;
+        p->spans = s->next;
+        if (s->fence)
+            fcache_put_locked(p, s->fence);
+        bfc__meta_free(s, sizeof(*s));
+    }
+    while (p->fcache) {
+        struct bfc__fence *f = p->fcache;
+        p->fcache = f->pnext;
+        bfc__fence_destroy(p->be, f);
+    }
+    while (p->segs) {
+        struct bfc__segment *seg = p->segs;
+        p->segs = seg->next;
+        (void)p->be->ops->mem_free(p->be, (void *)seg->base, seg->size);
+        bfc__meta_free(seg, sizeof(*seg));
+    }
+    p->held = 0;
+    p->fenced_bytes = 0;
+    pthread_mutex_destroy(&p->lock);
+}
+
+int bfc__pool_get(struct bfc__pool *p, size_t size, uint64_t sid, uintptr_t *base, struct bfc__segment **segp,
+                  bool *used, bool *fenced_others)
+{
     int st = BFC_ENOMEM;
+    *used = false;
+    if (fenced_others)
+        *fenced_others = false;
+    bfc__lock(&p->lock);
     size_t committed = atomic_load_explicit(&p->committed, memory_order_relaxed);
-    if (size > p->limit || committed > p->limit - size)
+    if (size == 0 || size > p->limit || committed > p->limit - size)
         goto out;
-    /* Best fit among free spans: smallest that fits, lowest address first. */
-    struct bfc__span *best = NULL;
-    for (struct bfc__span *s = p->spans; s; s = s->next)
-        if (s->size >= size && (!best || s->size < best->size))
-            best = s;
+    poll_locked(p);
+    struct bfc__span *best = find_run(p, sid, size);
     if (!best && p->growth) {
         if (p->held + size > p->limit)
-            release_free_locked(ctx);
+            release_free_locked(p);
         if (p->held + size <= p->limit) {
-            struct bfc__segment *seg;
-            st = seg_new(ctx, size, &seg);
+            st = seg_new_locked(p, size, &best);
             if (st != BFC_OK)
                 goto out;
-            for (struct bfc__span *s = p->spans; s; s = s->next)
-                if (s->seg == seg)
-                    best = s;
         }
     }
     if (!best) {
+        if (fenced_others)
+            for (struct bfc__span *s = p->spans; s && !*fenced_others; s = s->next)
+                *fenced_others = s->fence && s->sid != sid;
         st = BFC_ENOMEM;
         goto out;
     }
     *base = best->base;
     *segp = best->seg;
-    best->seg->free_bytes -= size;
-    best->base += size;
-    best->size -= size;
-    if (best->size == 0) {
-        span_unlink(p, best);
-        bfc__meta_free(best, sizeof(*best));
-    }
-    /* relaxed: committed is only written under the pool lock; lock-free
-     * readers (stats) want an approximate figure. */
-    atomic_store_explicit(&p->committed, committed + size, memory_order_relaxed);
+    carve_locked(p, best, size, used);
     st = BFC_OK;
 out:
     bfc__unlock(&p->lock);
     return st;
 }
 
-void bfc__pool_put(struct bfc_ctx *ctx, uintptr_t base, size_t size, struct bfc__segment *seg)
+void bfc__pool_put(struct bfc__pool *p, uintptr_t base, size_t size, struct bfc__segment *seg, bool used,
+                   bfc_stream_t s, uint64_t sid, struct bfc__pool_ticket *t)
 {
-    struct bfc__pool *p = &ctx->pool;
+    struct bfc__fence *f = NULL;
+    if (used) {
+        /* Armed before the lock: a failed record falls back to waiting. */
+        f = t->fence;
+        t->fence = NULL;
+        bfc__fence_reset(f);
+        bfc__fence_arm(p->be, f, s);
+    }
     bfc__lock(&p->lock);
+    p->departures++;
+    if (used)
+        p->fenced_departures++;
     seg->free_bytes += size;
-    span_insert(p, base, size, seg);
+    span_insert_locked(p, base, size, seg, f, sid, &t->span);
     size_t committed = atomic_load_explicit(&p->committed, memory_order_relaxed);
+    /* relaxed: see carve_locked. */
     atomic_store_explicit(&p->committed, committed - size, memory_order_relaxed);
+    ticket_put_locked(p, t);
     bfc__unlock(&p->lock);
 }
 
-size_t bfc__pool_release_free(struct bfc_ctx *ctx)
+#define WAIT_MAX_EVENTS 32
+
+bool bfc__pool_wait(struct bfc__pool *p, uint64_t sid, uint32_t timeout_ms)
 {
-    bfc__lock(&ctx->pool.lock);
-    size_t n = release_free_locked(ctx);
-    bfc__unlock(&ctx->pool.lock);
+    bfc__event_t evs[WAIT_MAX_EVENTS];
+    size_t n = 0;
+    bfc__lock(&p->lock);
+    size_t before = p->fenced_bytes;
+    poll_locked(p);
+    bool progress = p->fenced_bytes < before;
+    /* Event handles stay valid after we unlock: fence records are only
+     * destroyed by bfc__pool_fini.  One re-recorded meanwhile just makes
+     * the wait end at another point; the poll below decides. */
+    for (struct bfc__span *s = p->spans; s && n < WAIT_MAX_EVENTS; s = s->next)
+        if (s->fence && s->sid != sid)
+            for (struct bfc__fence *f = s->fence; f && n < WAIT_MAX_EVENTS; f = f->extra)
+                if (f->ev && !f->synced && !f->unfenced)
+                    evs[n++] = f->ev;
+    if (n)
+        p->fence_waits++;
+    bfc__unlock(&p->lock);
+    if (n == 0 || timeout_ms == 0)
+        return progress;
+    for (size_t i = 0; i < n; i++)
+        (void)p->be->ops->event_wait(p->be, evs[i], timeout_ms);
+    bfc__lock(&p->lock);
+    before = p->fenced_bytes;
+    poll_locked(p);
+    progress |= p->fenced_bytes < before;
+    bfc__unlock(&p->lock);
+    return progress;
+}
+
+bool bfc__pool_fits_with(struct bfc__pool *p, uint64_t sid, const struct bfc__range *extra, size_t n, size_t size)
+{
+    bool fits = false;
+    bfc__lock(&p->lock);
+    poll_locked(p);
+    /* A merge of two address-sorted lists: the usable spans and `extra`;
+     * contiguous pieces of one segment add up. */
+    struct bfc__span *s = p->spans;
+    size_t i = 0, run = 0;
+    uintptr_t end = 0;
+    struct bfc__segment *seg = NULL;
+    while (!fits && (s || i < n)) {
+        uintptr_t b;
+        size_t sz;
+        struct bfc__segment *g;
+        if (s && !usable(s, sid)) {
+            s = s->next;
+            continue;
+        }
+        if (s && (i == n || s->base < extra[i].base)) {
+            b = s->base, sz = s->size, g = s->seg;
+            s = s->next;
+        } else {
+            b = extra[i].base, sz = extra[i].size, g = extra[i].seg;
+            i++;
+        }
+        run = (g == seg && b == end) ? run + sz : sz;
+        seg = g;
+        end = b + sz;
+        fits = run >= size;
+    }
+    bfc__unlock(&p->lock);
+    return fits;
+}
+
+size_t bfc__pool_release_free(struct bfc__pool *p)
+{
+    bfc__lock(&p->lock);
+    size_t n = release_free_locked(p);
+    bfc__unlock(&p->lock);
     return n;
 }
 
-void bfc__pool_fini(struct bfc_ctx *ctx)
+void bfc__pool_stats(struct bfc__pool *p, struct bfc__pool_stats *out)
 {
-    struct bfc__pool *p = &ctx->pool;
-    while (p->spans) {
-        struct bfc__span *s = p->spans;
-        p->spans = s->next;
-        bfc__meta_free(s, sizeof(*s));
-    }
-    while (p->segs) {
-        struct bfc__segment *seg = p->segs;
-        p->segs = seg->next;
-        ctx->be->ops->mem_free(ctx->be, (void *)seg->base, seg->size);
-        bfc__meta_free(seg, sizeof(*seg));
-    }
-    p->held = 0;
-    pthread_mutex_destroy(&p->lock);
-}
-
-void bfc__pool_stats(struct bfc_ctx *ctx, size_t *held, size_t *peak, size_t *committed,
-                     size_t *free_spans)
-{
-    struct bfc__pool *p = &ctx->pool;
+    memset(out, 0, sizeof(*out));
     bfc__lock(&p->lock);
-    size_t f = 0;
-    for (struct bfc__span *s = p->spans; s; s = s->next)
-        f += s->size;
-    *held = p->held;
-    *peak = p->peak_held;
-    *committed = atomic_load_explicit(&p->committed, memory_order_relaxed);
-    *free_spans = f;
+    for (struct bfc__span *s = p->spans; s; s = s->next) {
+        out->free_bytes += s->size;
+        out->spans++;
+    }
+    for (struct bfc__segment *g = p->segs; g; g = g->next)
+        out->segments++;
+    out->held = p->held;
+    out->peak_held = p->peak_held;
+    out->committed = atomic_load_explicit(&p->committed, memory_order_relaxed);
+    out->fenced_bytes = p->fenced_bytes;
+    out->departures = p->departures;
+    out->fenced_departures = p->fenced_departures;
+    out->fence_waits = p->fence_waits;
     bfc__unlock(&p->lock);
 }
 
-void bfc__pool_clear_peak(struct bfc_ctx *ctx)
+void bfc__pool_clear_peak(struct bfc__pool *p)
 {
-    bfc__lock(&ctx->pool.lock);
-    ctx->pool.peak_held = ctx->pool.held;
-    bfc__unlock(&ctx->pool.lock);
+    bfc__lock(&p->lock);
+    p->peak_held = p->held;
+    bfc__unlock(&p->lock);
 }
 
-int bfc__pool_check(struct bfc_ctx *ctx, char *buf, size_t len)
+size_t bfc__pool_spans(struct bfc__pool *p, struct bfc__span_info *out, size_t max)
 {
-    bfc__lock(&ctx->pool.lock);
-    int bad = bfc__pool_check_locked(ctx, buf, len);
-    bfc__unlock(&ctx->pool.lock);
+    size_t n = 0;
+    bfc__lock(&p->lock);
+    for (struct bfc__span *s = p->spans; s; s = s->next, n++)
+        if (n < max)
+            out[n] = (struct bfc__span_info){ s->base, s->size, s->fence != NULL, s->sid };
+    bfc__unlock(&p->lock);
+    return n;
+}
+
+int bfc__pool_check(struct bfc__pool *p, char *buf, size_t len)
+{
+    bfc__lock(&p->lock);
+    int bad = bfc__pool_check_locked(p, buf, len);
+    bfc__unlock(&p->lock);
     return bad;
 }
 
-int bfc__pool_check_locked(struct bfc_ctx *ctx, char *buf, size_t len)
+int bfc__pool_check_locked(struct bfc__pool *p, char *buf, size_t len)
 {
-    struct bfc__pool *p = &ctx->pool;
-    int bad = 0;
-    size_t held = 0, free_total = 0;
+    size_t held = 0, free_total = 0, fenced = 0;
     for (struct bfc__segment *seg = p->segs; seg; seg = seg->next) {
         held += seg->size;
         size_t f = 0;
@@ -277,27 +580,26 @@ int bfc__pool_check_locked(struct bfc_ctx *ctx, char *buf, size_t len)
         if (f != seg->free_bytes) {
             snprintf(buf, len, "invariant 6: pool segment %#lx: spans hold %zu bytes, segment says %zu",
                      (unsigned long)seg->base, f, seg->free_bytes);
-            bad = -1;
-            goto out;
+            return -1;
         }
     }
     for (struct bfc__span *s = p->spans; s; s = s->next) {
         free_total += s->size;
-        if (s->size == 0 || s->base < s->seg->base || s->base + s->size > s->seg->base + s->seg->size ||
-            (s->next && (s->next->base < s->base + s->size ||
-                         (s->next->seg == s->seg && s->next->base == s->base + s->size))) ||
-            (s->next && s->next->prev != s)) {
-            snprintf(buf, len, "invariant 6: pool span %#lx+%zu misplaced or not coalesced",
-                     (unsigned long)s->base, s->size);
-            bad = -1;
-            goto out;
+        if (s->fence)
+            fenced += s->size;
+        if (s->size == 0 || (s->size & (BFC__MIN_ALLOC - 1)) || s->base < s->seg->base ||
+            s->base + s->size > s->seg->base + s->seg->size ||
+            (s->next && (s->next->base < s->base + s->size || joinable(s, s->next) || s->next->prev != s))) {
+            snprintf(buf, len, "invariant 6: pool span %#lx+%zu misplaced or not coalesced", (unsigned long)s->base,
+                     s->size);
+            return -1;
         }
     }
-    if (held != p->held || p->held - free_total != atomic_load_explicit(&p->committed, memory_order_relaxed)) {
-        snprintf(buf, len, "invariant 4: pool holds %zu (counted %zu), free %zu, committed %zu",
-                 p->held, held, free_total, atomic_load_explicit(&p->committed, memory_order_relaxed));
-        bad = -1;
+    size_t committed = atomic_load_explicit(&p->committed, memory_order_relaxed);
+    if (held != p->held || p->held - free_total != committed || fenced != p->fenced_bytes) {
+        snprintf(buf, len, "invariant 4: pool holds %zu (counted %zu), free %zu, committed %zu, fenced %zu (counted %zu)",
+                 p->held, held, free_total, committed, p->fenced_bytes, fenced);
+        return -1;
     }
-out:
-    return bad;
+    return 0;
 }

@@ -75,7 +75,10 @@ struct bfc__region *bfc__regionmap_lookup(uintptr_t p)
     if (i == 0)
         return NULL;
     const struct rmap_entry *e = &m->e[i - 1];
-    return p < e->end ? e->r : NULL;
+    /* relaxed: `end` may shrink in place (bfc__regionmap_shrink); a reader
+     * that sees the old end can only be asked about memory it obtained
+     * before the shrink (see there). */
+    return p < __atomic_load_n(&e->end, __ATOMIC_RELAXED) ? e->r : NULL;
 }
 
 static void publish(struct rmap *next, struct rmap *old)
@@ -138,13 +141,33 @@ void bfc__regionmap_remove(struct bfc__region *r)
     bfc__unlock(&wlock);
 }
 
+/*
+ * In place: the entry's end moves down to r's new end, one word-sized
+ * store.  Safe without a copy because the departed tail reaches another
+ * region only through the pool, after this store: a later region over that
+ * memory is inserted by copying the array, which then holds the new end,
+ * and a thread that frees a block of the later region obtained the pointer
+ * after that insertion was published.
+ */
+void bfc__regionmap_shrink(struct bfc__region *r)
+{
+    bfc__lock(&wlock);
+    struct rmap *m = atomic_load_explicit(&rmap_cur, memory_order_relaxed);
+    size_t i = m ? upper_bound(m, r->base) : 0;
+    if (i && m->e[i - 1].r == r)
+        __atomic_store_n(&m->e[i - 1].end, r->base + r->size, __ATOMIC_RELEASE);
+    bfc__unlock(&wlock);
+}
+
 size_t bfc__regionmap_count(struct bfc_ctx *ctx)
 {
     size_t n = 0;
     bfc__rcu_lock();
     struct rmap *m = atomic_load_explicit(&rmap_cur, memory_order_acquire);
     for (size_t i = 0; m && i < m->n; i++)
-        if (m->e[i].r->ctx == ctx && m->e[i].end > m->e[i].base)
+        /* An emptied entry (a removal that could not copy) may name a
+         * region already freed: test the range first. */
+        if (m->e[i].end > m->e[i].base && m->e[i].r->ctx == ctx)
             n++;
     bfc__rcu_unlock();
     return n;

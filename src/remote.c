@@ -37,20 +37,13 @@ struct bfc__fence *bfc__fence_get(struct bfc__arena *a)
         /* acquire: pairs with the release in bfc__fence_put. */
         (void)atomic_load_explicit(&f->handoff, memory_order_acquire);
     } else {
-        f = bfc__meta_zalloc(sizeof(*f));
+        f = bfc__fence_new(a->ctx->be);
         if (!f)
             return NULL;
-        bfc__backend_t *be = a->ctx->be;
-        if (be->ops->event_create(be, &f->ev) != BFC_OK)
-            f->ev = NULL;
         /* relaxed: a count for teardown accounting only. */
         atomic_fetch_add_explicit(&a->nfences, 1, memory_order_relaxed);
     }
-    f->extra = NULL;
-    f->chunk = NULL;
-    f->synced = false;
-    f->unfenced = false;
-    f->pnext = f->pprev = NULL;
+    bfc__fence_reset(f);
     return f;
 }
 
@@ -65,42 +58,12 @@ void bfc__fence_put(struct bfc__arena *a, struct bfc__fence *f)
     }
 }
 
-int bfc__fence_query(struct bfc__arena *a, struct bfc__fence *f)
-{
-    bfc__backend_t *be = a->ctx->be;
-    for (; f; f = f->extra) {
-        if (f->synced)
-            continue;
-        if (BFC__UNLIKELY(f->unfenced)) {
-            /* Recording failed at the free (and the stream could not be
-             * synchronised): record now -- later fences more work, never
-             * less -- and only then ask. */
-            if (!f->ev && be->ops->event_create(be, &f->ev) != BFC_OK) {
-                f->ev = NULL;
-                return BFC_EBUSY;
-            }
-            if (be->ops->event_record(be, f->ev, f->unfenced_stream) != BFC_OK)
-                return BFC_EBUSY;
-            f->unfenced = false;
-        }
-        if (!f->ev)
-            return BFC_EBUSY; /* neither event nor sync: keep it pending (see fence_recorded) */
-        int st = be->ops->event_query(be, f->ev);
-        if (st != BFC_OK)
-            return BFC_EBUSY; /* in flight, or a query error: ask again later */
-    }
-    return BFC_OK;
-}
-
 void bfc__fence_pool_destroy(struct bfc__arena *a)
 {
-    bfc__backend_t *be = a->ctx->be;
     struct cds_wfcq_node *node;
     while ((node = cds_wfcq_dequeue_blocking(&a->fpool_head, &a->fpool_tail))) {
         struct bfc__fence *f = caa_container_of(node, struct bfc__fence, qnode);
-        if (f->ev)
-            be->ops->event_destroy(be, f->ev);
-        bfc__meta_free(f, sizeof(*f));
+        bfc__fence_destroy(a->ctx->be, f);
         atomic_fetch_sub_explicit(&a->nfences, 1, memory_order_relaxed);
     }
 }

@@ -220,7 +220,9 @@ int bfc__shard_retire(struct bfc_ctx *ctx, bfc_stream_t s)
     atomic_fetch_sub_explicit(&ctx->shards_live, 1, memory_order_relaxed);
     bfc__lock(&a->lock);
     bfc__arena_drain_locked(a, true);
-    bfc__arena_release_free_regions_locked(a);
+    /* A retired shard allocates no more: everything it does not use goes
+     * back to the pool, fenced on its stream. */
+    bfc__arena_shed_locked(a, true);
     bool dead = bfc__arena_maybe_dead_locked(a);
     bfc__unlock(&a->lock);
     bfc__rcu_unlock();
@@ -229,7 +231,7 @@ int bfc__shard_retire(struct bfc_ctx *ctx, bfc_stream_t s)
     return BFC_OK;
 }
 
-size_t bfc__ctx_reclaim_others(struct bfc_ctx *ctx, struct bfc__arena *self)
+size_t bfc__ctx_reclaim_others(struct bfc_ctx *ctx, struct bfc__arena *self, bool tails)
 {
     size_t freed = 0;
     bfc__lock(&ctx->arenas_lock);
@@ -241,7 +243,7 @@ size_t bfc__ctx_reclaim_others(struct bfc_ctx *ctx, struct bfc__arena *self)
             bool dead = false;
             if (!a->dead) {
                 bfc__arena_drain_locked(a, true);
-                freed += bfc__arena_release_free_regions_locked(a);
+                freed += bfc__arena_shed_locked(a, tails);
                 dead = bfc__arena_maybe_dead_locked(a);
             }
             bfc__unlock(&a->lock);
@@ -254,6 +256,22 @@ size_t bfc__ctx_reclaim_others(struct bfc_ctx *ctx, struct bfc__arena *self)
     }
     bfc__unlock(&ctx->arenas_lock);
     return freed;
+}
+
+size_t bfc__ctx_collect_tails(struct bfc_ctx *ctx, struct bfc__arena *self, struct bfc__range *out, size_t max)
+{
+    size_t n = 0;
+    bfc__lock(&ctx->arenas_lock);
+    for (struct bfc__arena *a = ctx->arenas; a && n < max; a = a->all_next) {
+        if (a == self)
+            continue;
+        bfc__lock(&a->lock);
+        if (!a->dead)
+            n += bfc__arena_tails_locked(a, out + n, max - n);
+        bfc__unlock(&a->lock);
+    }
+    bfc__unlock(&ctx->arenas_lock);
+    return n;
 }
 
 /*

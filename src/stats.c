@@ -81,10 +81,10 @@ int bfc_ctx_stats(bfc_ctx_t *ctx, bfc_stats_t *out)
     if (r->largest_alloc > out->largest_alloc_size)
         out->largest_alloc_size = r->largest_alloc;
     bfc__unlock(&ctx->arenas_lock);
-    size_t held, peak, committed, free_spans;
-    bfc__pool_stats(ctx, &held, &peak, &committed, &free_spans);
-    out->bytes_reserved = held;
-    out->peak_bytes_reserved = peak;
+    struct bfc__pool_stats ps;
+    bfc__pool_stats(&ctx->pool, &ps);
+    out->bytes_reserved = ps.held;
+    out->peak_bytes_reserved = ps.peak_held;
     out->bytes_limit = ctx->limit;
     out->num_shards = atomic_load_explicit(&ctx->shards_live, memory_order_relaxed);
     out->num_ooms += atomic_load_explicit(&ctx->ooms, memory_order_relaxed);
@@ -131,7 +131,7 @@ int bfc_ctx_clear_peaks(bfc_ctx_t *ctx)
     }
     ctx->retired.peak_in_use = 0;
     bfc__unlock(&ctx->arenas_lock);
-    bfc__pool_clear_peak(ctx);
+    bfc__pool_clear_peak(&ctx->pool);
     return BFC_OK;
 }
 
@@ -177,7 +177,7 @@ int bfc_ctx_check_report(bfc_ctx_t *ctx, char *buf, size_t len)
         }
     }
     if (!bad)
-        bad = bfc__pool_check_locked(ctx, buf, len);
+        bad = bfc__pool_check_locked(&ctx->pool, buf, len);
     bfc__ctx_unlock_all(ctx);
     bfc__rcu_unlock();
     return bad ? BFC_ECORRUPT : BFC_OK;
@@ -326,8 +326,8 @@ int bfc_ctx_snapshot_json(bfc_ctx_t *ctx, FILE *f)
         return BFC_EINVAL;
     bfc_stats_t s;
     bfc_ctx_stats(ctx, &s);
-    size_t held, peak, committed, free_spans;
-    bfc__pool_stats(ctx, &held, &peak, &committed, &free_spans);
+    struct bfc__pool_stats ps;
+    bfc__pool_stats(&ctx->pool, &ps);
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     fprintf(f,
@@ -339,8 +339,11 @@ int bfc_ctx_snapshot_json(bfc_ctx_t *ctx, FILE *f)
             ctx->cfg.large_alloc, ctx->max_frag);
     fprintf(f, ",\"totals\":");
     json_stats(f, &s);
-    fprintf(f, ",\"pool\":{\"held\":%zu,\"peak_held\":%zu,\"committed\":%zu,\"free\":%zu},\"shards\":[", held,
-            peak, committed, free_spans);
+    fprintf(f,
+            ",\"pool\":{\"held\":%zu,\"peak_held\":%zu,\"committed\":%zu,\"free\":%zu,\"fenced\":%zu,"
+            "\"departures\":%" PRIu64 ",\"fenced_departures\":%" PRIu64 ",\"fence_waits\":%" PRIu64 "},\"shards\":[",
+            ps.held, ps.peak_held, ps.committed, ps.free_bytes, ps.fenced_bytes, ps.departures, ps.fenced_departures,
+            ps.fence_waits);
     bool first = true;
     bfc__lock(&ctx->arenas_lock);
     for (struct bfc__arena *a = ctx->arenas; a; a = a->all_next) {

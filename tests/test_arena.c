@@ -1243,6 +1243,13 @@ END_TEST
 
 /* -------------------------------------------- allow_growth = false */
 
+/*
+ * allow_growth=false with every other setting at its default (initial_region
+ * 2 MiB, large_alloc 32 MiB): the whole limit is reserved at create and one
+ * stream gets TensorFlow's layout -- one region of the whole limit, exact
+ * splits from its front -- large requests included (TensorFlow serves them
+ * from its one region too).  Nothing more is taken from the backend.
+ */
 START_TEST(test_no_growth_reserves_at_create)
 {
     const size_t limit = 64 * MiB;
@@ -1260,31 +1267,46 @@ START_TEST(test_no_growth_reserves_at_create)
     ck_assert_uint_eq(x.bytes_in_use, 0);
     uint64_t b0 = bfc_sim_backend_allocs(ctx);
 
-    /* Regions are carved from the reservation: the same 2, 4, 8 MiB schedule. */
     void *p1 = xalloc(ctx, s, 1 * MiB), *p2 = xalloc(ctx, s, 1 * MiB);
     void *p3 = xalloc(ctx, s, 256), *p4 = xalloc(ctx, s, 4 * MiB);
-    ck_assert_ptr_eq(p2, cp(p1) + 1 * MiB);
+    expect_at(ctx, p2, cp(p1) + 1 * MiB, 1 * MiB);
+    expect_at(ctx, p3, cp(p1) + 2 * MiB, 256);
+    expect_at(ctx, p4, cp(p1) + 2 * MiB + 256, 4 * MiB);
     x = st(ctx);
-    ck_assert_uint_eq(x.num_regions, 3);
+    ck_assert_uint_eq(x.num_regions, 1);
     ck_assert_uint_eq(x.bytes_reserved, limit);
+    ck_assert_uint_eq(x.bytes_in_use, 6 * MiB + 256);
 
-    /* A large request (>= 32 MiB) gets a region of its own from the reservation. */
+    /* A large request comes from the same region, right after p4, and by
+     * TensorFlow's split rule takes the whole tail (58 MiB - 256 B is less
+     * than twice 40 MiB, and the 18 MiB left over is under 128 MiB). */
+    const size_t tail = limit - (6 * MiB + 256);
     void *big = xalloc(ctx, s, 40 * MiB);
-    ck_assert_uint_eq(st(ctx).num_regions, 4);
+    expect_at(ctx, big, cp(p4) + 4 * MiB, tail);
+    ck_assert_uint_eq(st(ctx).num_regions, 1);
+    expect_oom(ctx, s, 256);
     xfree(ctx, big, s);
-    ck_assert_uint_eq(st(ctx).num_regions, 3);
-    /* Its region went back to the pool and merged with the rest: 50 MiB remain. */
-    big = xalloc(ctx, s, 50 * MiB);
-    ck_assert_uint_eq(st(ctx).num_regions, 4);
+    /* It merged back into one free tail, which 16 MiB splits (the tail is
+     * at least twice 16 MiB). */
+    big = xalloc(ctx, s, 16 * MiB);
+    expect_at(ctx, big, cp(p4) + 4 * MiB, 16 * MiB);
+    void *rest = xalloc(ctx, s, tail - 16 * MiB);
+    expect_at(ctx, rest, cp(big) + 16 * MiB, tail - 16 * MiB);
+    xfree(ctx, rest, s);
     xfree(ctx, big, s);
     ck_assert_uint_eq(bfc_sim_backend_allocs(ctx), b0);
-    x = st(ctx);
-    ck_assert_uint_eq(x.bytes_reserved, limit);
-    ck_assert_uint_eq(x.peak_bytes_reserved, limit);
     xfree(ctx, p1, s);
     xfree(ctx, p2, s);
     xfree(ctx, p3, s);
     xfree(ctx, p4, s);
+    /* Emptied, the pool is usable whole. */
+    void *all = xalloc(ctx, s, limit);
+    ck_assert_ptr_eq(all, p1);
+    xfree(ctx, all, s);
+    x = st(ctx);
+    ck_assert_uint_eq(x.bytes_reserved, limit);
+    ck_assert_uint_eq(x.peak_bytes_reserved, limit);
+    ck_assert_uint_eq(bfc_sim_backend_allocs(ctx), b0);
     xcheck(ctx);
     ctx_done(ctx, s);
 }

@@ -1,0 +1,152 @@
+/*
+ * pool.h -- the device-wide region pool: hands ranges of device memory to
+ * shards as regions and takes them back, fenced (see pool.c for the essay).
+ *
+ * The pool owns its backend handle, its limit and its growth mode; its API
+ * takes the pool itself, never the context.
+ */
+#ifndef BFC_POOL_H
+#define BFC_POOL_H
+
+#include <pthread.h>
+
+#include "backend.h"
+#include "fence.h"
+
+/* A piece of memory held from the backend (growth: one per backend
+ * allocation; no growth: the one reservation of the whole limit). */
+struct bfc__segment {
+    uintptr_t base;
+    size_t size;
+    size_t free_bytes;
+    struct bfc__segment *next;
+};
+
+/*
+ * A free range of a segment, in address order.  `fence` NULL: any stream may
+ * take it.  Otherwise it departed from the shard of stream `sid` and may
+ * still be in use by that stream's work queued before the departure: only
+ * that stream may take it until the fence completes.  Adjacent spans of one
+ * segment are merged when they carry the same guard (none, or the same
+ * stream -- the newer fence on a stream covers the older).
+ */
+struct bfc__span {
+    uintptr_t base;
+    size_t size;
+    struct bfc__segment *seg;
+    struct bfc__span *next, *prev;
+    struct bfc__fence *fence;
+    uint64_t sid;
+};
+
+/*
+ * What giving memory back may need: a span record and a departure fence,
+ * taken before anything changes so that the give-back itself cannot fail
+ * (every region holds one for its own departure).
+ */
+struct bfc__pool_ticket {
+    struct bfc__span *span;
+    struct bfc__fence *fence;
+};
+
+struct bfc__pool {
+    pthread_mutex_t lock;        /* device-wide: slow paths only (see pool.c) */
+    bfc__backend_t *be;
+    size_t limit;
+    bool growth;
+    struct bfc__segment *segs;
+    struct bfc__span *spans;     /* address order */
+    size_t held;                 /* bytes held from the backend */
+    size_t peak_held;
+    /* Bytes in regions lent to shards.  Written under `lock`; read without
+     * it (relaxed) as an estimate by shards sizing a new region. */
+    _Atomic size_t committed;
+    size_t fenced_bytes;         /* free bytes still behind a departure fence */
+    struct bfc__fence *fcache;   /* departure fence records ready for reuse */
+    uint64_t backend_allocs, backend_frees;
+    uint64_t departures, fenced_departures, fence_waits;
+};
+
+/* With growth == false the whole limit is reserved from the backend here.
+ * BFC_OK, BFC_ENOMEM (backend or metadata), BFC_EBACKEND. */
+int bfc__pool_init(struct bfc__pool *p, bfc__backend_t *be, size_t limit, bool growth);
+/* Everything back to the backend (context teardown: no users left). */
+void bfc__pool_fini(struct bfc__pool *p);
+
+/* Reserves the records a later bfc__pool_put needs.  BFC_ENOMEM when
+ * metadata is exhausted (nothing reserved). */
+int bfc__pool_ticket_get(struct bfc__pool *p, struct bfc__pool_ticket *t);
+/* Returns the unused parts of a ticket. */
+void bfc__pool_ticket_put(struct bfc__pool *p, struct bfc__pool_ticket *t);
+
+/*
+ * A range of exactly `size` bytes for a new region of the shard of stream
+ * `sid`: memory no fence guards, memory that departed from sid's own shard,
+ * or (growth) fresh memory from the backend, within the limit.  *used is
+ * set when any of it departed from sid's shard while possibly still in use
+ * by sid's queued work (it must then be fenced again when it leaves).
+ * BFC_ENOMEM when nothing fits; *fenced_others (may be NULL) then tells
+ * whether memory guarded by other streams' fences could have served it
+ * (waiting for them may help: bfc__pool_wait).
+ */
+int bfc__pool_get(struct bfc__pool *p, size_t size, uint64_t sid, uintptr_t *base, struct bfc__segment **seg,
+                  bool *used, bool *fenced_others);
+
+/*
+ * Gives [base, base + size) of seg back.  With `used`, the memory may still
+ * be in use by work queued on stream s (id sid): a departure fence is
+ * recorded on s and only s may take it until the fence completes.  Consumes
+ * the ticket (its unused records go back).  Never fails.
+ * Context: may block only in the fence's fallbacks (a failed event record).
+ */
+void bfc__pool_put(struct bfc__pool *p, uintptr_t base, size_t size, struct bfc__segment *seg, bool used,
+                   bfc_stream_t s, uint64_t sid, struct bfc__pool_ticket *t);
+
+/* Waits up to timeout_ms (UINT32_MAX: without bound) for the departure
+ * fences that keep memory from stream `sid`, without holding the pool lock
+ * meanwhile.  Returns true when any memory became free for sid. */
+bool bfc__pool_wait(struct bfc__pool *p, uint64_t sid, uint32_t timeout_ms);
+
+/* A range of a region that a shard could give back (a free tail). */
+struct bfc__range {
+    uintptr_t base;
+    size_t size;
+    struct bfc__segment *seg;
+};
+
+/*
+ * Would the pool serve `size` bytes to stream sid if the ranges `extra`
+ * (sorted by base; regions' free tails, given back and their fences done)
+ * were added to its free memory?  So that a shard gives up a tail -- which
+ * changes its regions for good -- only when that makes the request fit.
+ */
+bool bfc__pool_fits_with(struct bfc__pool *p, uint64_t sid, const struct bfc__range *extra, size_t n, size_t size);
+
+/* Gives wholly free, unfenced segments back to the backend (growth mode
+ * only); returns the bytes released. */
+size_t bfc__pool_release_free(struct bfc__pool *p);
+
+struct bfc__pool_stats {
+    size_t held, peak_held, committed;
+    size_t free_bytes;           /* in free spans, fenced or not */
+    size_t fenced_bytes;         /* of which behind an incomplete departure fence */
+    size_t spans, segments;
+    uint64_t departures, fenced_departures, fence_waits;
+};
+void bfc__pool_stats(struct bfc__pool *p, struct bfc__pool_stats *out);
+void bfc__pool_clear_peak(struct bfc__pool *p);
+
+/* Invariants (see pool.c); 0 or -1 with a message naming the broken one. */
+int bfc__pool_check(struct bfc__pool *p, char *buf, size_t len);
+int bfc__pool_check_locked(struct bfc__pool *p, char *buf, size_t len);
+
+/* Every free span, for reports: up to max entries, returns the count. */
+struct bfc__span_info {
+    uintptr_t base;
+    size_t size;
+    bool fenced;                 /* behind an incomplete departure fence */
+    uint64_t sid;                /* ... of this stream's shard */
+};
+size_t bfc__pool_spans(struct bfc__pool *p, struct bfc__span_info *out, size_t max);
+
+#endif /* BFC_POOL_H */
