@@ -99,10 +99,12 @@ typedef struct bfc_config {
     int device;                   /* CUDA ordinal */
     size_t memory_limit;          /* bytes the context may hold from the device; 0 = backend default */
     bool allow_growth;            /* true: regions grown on demand (doubling from initial_region);
-                                     false: the whole limit reserved at create */
+                                     false: the whole limit reserved at create, and a stream's first
+                                     region is all of it (TensorFlow's layout, see "Memory") */
     size_t initial_region;        /* first region size when growing (default 2 MiB) */
     double fragmentation_fraction;/* split threshold as a fraction of the limit; 0 = 128 MiB rule */
-    bool garbage_collection;      /* under pressure, release fully free regions and retry */
+    bool garbage_collection;      /* under pressure, a shard also gives its own fully free regions
+                                     back and the pool returns cached memory to the backend */
     size_t large_alloc;           /* requests whose 256-rounded size is >= this get a region of their own,
                                      sized to the request rounded to 2 MiB (default 32 MiB; 0 = off) */
     unsigned retry_ms;            /* on OOM, wait up to this long for memory other threads free
@@ -150,6 +152,41 @@ BFC_API int bfc_config_parse(bfc_config_t *cfg, const char *spec);
 BFC_API int bfc_config_validate(const bfc_config_t *cfg);
 
 /* -------------------------------------------------------------- contexts */
+
+/*
+ * Memory.  Each stream owns a shard: a BFC arena of regions (pieces of device
+ * memory) cut into chunks.  A region-level pool holds the memory no shard
+ * owns.  The rules a caller can rely on:
+ *
+ *   - Stream order.  A block freed on stream S is reusable at once by later
+ *     allocations on S; any other stream gets that memory only after the work
+ *     queued on S before the free -- and on every stream named with
+ *     bfc_ctx_record_stream -- has completed.  This holds on every path on
+ *     which memory changes hands: a cross-stream free, a large block's region
+ *     going back to the pool, bfc_ctx_stream_release, another shard
+ *     reclaiming free regions or free region tails under memory pressure,
+ *     garbage collection, bfc_ctx_trim.  Memory leaving a shard carries an
+ *     event recorded on the shard's stream when it leaves (unless the shard
+ *     never handed any of it out); the pool gives it to another stream only
+ *     once that event has completed, and to the same stream at once.
+ *   - Out of memory.  Before a request fails the allocator, in order: drains
+ *     the shard's cross-stream frees; grows a new region within the limit;
+ *     waits for the shard's own pending frees; gives the shard's fully free
+ *     regions back to the pool so that they coalesce (allow_growth=false, or
+ *     garbage_collection); takes other shards' fully free regions; gives free
+ *     region tails back -- its own and other shards' -- when that makes the
+ *     request fit; and waits for the events that still fence memory other
+ *     streams gave back.  On CUDA those waits are unbounded (queued device
+ *     work finishes); on SIM a held stream finishes only when drained, so the
+ *     allocator does not wait there, and retry_ms bounds how long it polls
+ *     (on either backend) for memory other threads free or drain.
+ *   - allow_growth=false.  The whole limit is reserved at create and a
+ *     stream's first region is all of it: one stream gets exactly
+ *     TensorFlow's layout (one region, exact splits from its front, large
+ *     requests included).  A second stream is served from the free tail of
+ *     that region, which the first shard gives back to the pool when the
+ *     second needs memory (the region then ends at its last live block).
+ */
 
 /*
  * Creates an allocator context for one device.  cfg may be NULL (defaults).
@@ -210,9 +247,12 @@ BFC_API int bfc_ctx_record_stream(bfc_ctx_t *ctx, void *p, bfc_stream_t stream);
 
 /*
  * The stream is going away: its shard leaves the directory, its free regions
- * return to the region pool, its live blocks stay valid and are freed
- * normally later (the arena is reclaimed after its last block, after an RCU
- * grace period).  A later allocation on the same stream creates a new shard.
+ * and free region tails return to the region pool, fenced by an event
+ * recorded on `stream` now (other streams get that memory once the work
+ * queued on `stream` so far has completed), its live blocks stay valid and
+ * are freed normally later (the arena is reclaimed after its last block,
+ * after an RCU grace period).  Call it before destroying the stream.  A later
+ * allocation on the same stream creates a new shard.
  * BFC_OK, or BFC_EINVAL if the stream has no shard.
  * Context: thread-safe; takes the shard's lock and the device-wide pool lock
  * (a rare path); does not wait for a grace period.
@@ -221,7 +261,9 @@ BFC_API int bfc_ctx_stream_release(bfc_ctx_t *ctx, bfc_stream_t stream);
 
 /*
  * Releases every fully free region (of every shard and of the pool) to the
- * backend.  Blocks whose fences are still pending are not touched.
+ * backend.  Blocks whose fences are still pending are not touched, and memory
+ * whose departure event (see "Memory") has not completed yet stays cached in
+ * the pool until a later trim.
  * Context: thread-safe; takes each arena lock in turn and the pool lock;
  * may block in the backend.
  */

@@ -1,7 +1,7 @@
 /*
  * arena.c -- one shard's allocator: TensorFlow's Best-Fit with Coalescing.
  *
- * The algorithm (DESIGN.md, "The BFC arena"):
+ * The algorithm:
  *   - sizes are rounded up to 256 bytes; chunks tile regions without gaps;
  *   - allocation takes the best fit from the bins (bins.c: smallest free chunk
  *     >= the rounded size, lowest address among equals, found in O(log n));
@@ -13,7 +13,10 @@
  *     (doubling from initial_region until it covers the request; never past
  *     the limit; 0.9x back-off when refused), exactly TensorFlow's Extend;
  *   - requests >= large_alloc get a region of their own (rounded to 2 MiB)
- *     that goes straight back to the pool when freed.
+ *     that goes straight back to the pool when freed;
+ *   - allow_growth=false: the first region is the whole limit and large
+ *     requests are served from it too -- one stream gets exactly
+ *     TensorFlow's layout.
  *
  * Fragmentation bound: with the split rule, a chunk handed out wastes less
  * than half of itself unless the leftover is below max internal
@@ -23,10 +26,23 @@
  * recorded streams) is PENDING: it stays out of the bins and is never merged
  * until every event has completed (drain / poll below).
  *
+ * Departures: memory leaves the shard as whole fully free regions
+ * (region_depart: a large block's region at its free, shed under pressure,
+ * retirement, trim) or as the free tail of a region still in use
+ * (region_shed_tail, when that makes another request fit).  A chunk in a
+ * bin may still be in use by work queued on our stream before its free
+ * (same-stream frees are reusable at once), so departing memory is fenced
+ * by an event on our stream (pool.c), unless none of it was ever used:
+ * BFC__CF_USED marks chunks that were handed out or taken back under our own
+ * departure fence, and merges and splits pass it on.  The records a
+ * departure needs are reserved before anything changes (each region holds
+ * its own ticket; a tail reserves one first), so it never fails half way.
+ *
  * Locking: every function here runs under the arena's own lock (the callers
  * in ctx.c and remote.c take it), which one thread per stream normally holds
- * uncontended.  The pool lock is taken beneath it only when a region comes or
- * goes.  Chunk handles are published with release stores because cross-stream
+ * uncontended.  The pool lock and the region map's writer lock are taken
+ * beneath it (one after the other, never nested) only when a region comes,
+ * shrinks or goes.  Chunk handles are published with release stores because cross-stream
  * frees read them without this lock.
  */
 #include <errno.h>
@@ -871,9 +887,9 @@ int bfc__arena_check_locked(struct bfc__arena *a, char *buf, size_t len)
             }
             expect = c->ptr + c->size;
         }
-        if (expect != r->base + r->size) {
-            snprintf(buf, len, "invariant 1: region %#lx+%zu: chunks end at %#lx", (unsigned long)r->base, r->size,
-                     (unsigned long)expect);
+        if (expect != r->base + r->size || r->tail != prev) {
+            snprintf(buf, len, "invariant 1: region %#lx+%zu: chunks end at %#lx (tail record %s)",
+                     (unsigned long)r->base, r->size, (unsigned long)expect, r->tail == prev ? "right" : "wrong");
             return -1;
         }
         if (rlive != r->live) {

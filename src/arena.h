@@ -8,7 +8,8 @@
  * lock; the region's handle table then finds the chunk that starts there.
  *
  * Lock order (outermost first); no path takes two arena locks:
- *     ctx->arenas_lock -> arena->lock -> pool.lock -> region map writer lock
+ *     ctx->arenas_lock -> arena->lock -> { pool.lock | region map writer lock }
+ * (the pool lock and the region map's writer lock are never held together)
  * Common paths (allocation, same-stream free) take one arena lock and no
  * device-wide lock; a cross-stream free takes no arena lock at all.
  */

@@ -9,11 +9,16 @@
  * `wlock`, publishes the copy with a release store and frees the old one
  * after a grace period (call_rcu).  Lookups cost O(log regions).
  *
- * Invariant: entries are sorted by base and never overlap (regions are
- * disjoint pieces of device memory).
+ * Invariant: entries are sorted by base and the live ones never overlap
+ * (regions are disjoint pieces of device memory).  A removal that cannot
+ * allocate its copy (metadata exhausted) empties the entry in place instead:
+ * a tombstone (end == base) that no lookup returns and that the next copy
+ * drops.  A tombstone may share its base with a later region or lie inside
+ * one, so a lookup that lands on tombstones steps back over them.  A region
+ * whose tail departed shrinks its entry in place (bfc__regionmap_shrink).
  *
- * Locking: `wlock` is innermost in the lock order (taken under the pool lock
- * and under arena locks) and held only for the copy.
+ * Locking: `wlock` is taken under arena locks, never together with the pool
+ * lock, and held only for the copy.
  */
 #include <string.h>
 
@@ -66,18 +71,26 @@ static size_t upper_bound(const struct rmap *m, uintptr_t p)
     return lo;
 }
 
+static bool tombstone(const struct rmap_entry *e)
+{
+    /* relaxed: see bfc__regionmap_lookup. */
+    return __atomic_load_n(&e->end, __ATOMIC_RELAXED) == e->base;
+}
+
 struct bfc__region *bfc__regionmap_lookup(uintptr_t p)
 {
     struct rmap *m = atomic_load_explicit(&rmap_cur, memory_order_acquire);
     if (!m || m->n == 0)
         return NULL;
     size_t i = upper_bound(m, p);
+    while (i > 0 && tombstone(&m->e[i - 1]))
+        i--;
     if (i == 0)
         return NULL;
     const struct rmap_entry *e = &m->e[i - 1];
-    /* relaxed: `end` may shrink in place (bfc__regionmap_shrink); a reader
-     * that sees the old end can only be asked about memory it obtained
-     * before the shrink (see there). */
+    /* relaxed: `end` changes in place only to shrink (a tail departed, or a
+     * tombstone); a reader that sees the old end can only be asked about
+     * memory it obtained before the change (see bfc__regionmap_shrink). */
     return p < __atomic_load_n(&e->end, __ATOMIC_RELAXED) ? e->r : NULL;
 }
 
@@ -88,22 +101,42 @@ static void publish(struct rmap *next, struct rmap *old)
         bfc__call_rcu(&old->rcu, rmap_free_cb);
 }
 
+/* Copies the live entries of old into next, leaving out `skip` (or none)
+ * and tombstones, adding `add` (or none) in order.  Returns the count. */
+static size_t copy_entries(struct rmap *next, const struct rmap *old, const struct bfc__region *skip,
+                           const struct rmap_entry *add)
+{
+    size_t k = 0;
+    bool added = add == NULL;
+    for (size_t i = 0; old && i < old->n; i++) {
+        const struct rmap_entry *e = &old->e[i];
+        if (!added && add->base < e->base) {
+            next->e[k++] = *add;
+            added = true;
+        }
+        if (e->r == skip || tombstone(e))
+            continue;
+        next->e[k] = *e;
+        next->e[k].end = __atomic_load_n(&e->end, __ATOMIC_RELAXED);
+        k++;
+    }
+    if (!added)
+        next->e[k++] = *add;
+    next->n = k;
+    return k;
+}
+
 int bfc__regionmap_insert(struct bfc__region *r)
 {
     bfc__lock(&wlock);
     struct rmap *old = atomic_load_explicit(&rmap_cur, memory_order_relaxed);
-    size_t n = old ? old->n : 0;
-    struct rmap *next = rmap_new(n + 1);
+    struct rmap *next = rmap_new((old ? old->n : 0) + 1);
     if (!next) {
         bfc__unlock(&wlock);
         return BFC_ENOMEM;
     }
-    size_t i = old ? upper_bound(old, r->base) : 0;
-    if (i)
-        memcpy(next->e, old->e, i * sizeof(next->e[0]));
-    next->e[i] = (struct rmap_entry){ r->base, r->base + r->size, r };
-    if (n > i)
-        memcpy(&next->e[i + 1], &old->e[i], (n - i) * sizeof(next->e[0]));
+    struct rmap_entry add = { r->base, r->base + r->size, r };
+    copy_entries(next, old, NULL, &add);
     publish(next, old);
     bfc__unlock(&wlock);
     return BFC_OK;
@@ -111,31 +144,25 @@ int bfc__regionmap_insert(struct bfc__region *r)
 
 void bfc__regionmap_remove(struct bfc__region *r)
 {
-    /* A removal that cannot copy (no memory) must still unpublish the
-     * region, so it edits in place under the grace-period rule: readers may
-     * see either the old or the new array, never a torn entry, because the
-     * fallback publishes a fresh, smaller array or, failing that, leaves the
-     * entry pointing at a region whose memory stays valid until call_rcu. */
     bfc__lock(&wlock);
     struct rmap *old = atomic_load_explicit(&rmap_cur, memory_order_relaxed);
-    if (!old) {
-        bfc__unlock(&wlock);
-        return;
-    }
-    size_t i = upper_bound(old, r->base);
-    if (i == 0 || old->e[i - 1].r != r) {
+    size_t i = old ? old->n : 0;
+    while (i > 0 && (old->e[i - 1].r != r || tombstone(&old->e[i - 1])))
+        i--;
+    if (i == 0) {
         bfc__unlock(&wlock);
         return;
     }
     i--;
     struct rmap *next = rmap_new(old->n - 1);
     if (next) {
-        memcpy(next->e, old->e, i * sizeof(next->e[0]));
-        memcpy(&next->e[i], &old->e[i + 1], (old->n - i - 1) * sizeof(next->e[0]));
+        copy_entries(next, old, r, NULL);
         publish(next, old);
     } else {
-        /* Out of metadata memory: shrink the entry to an empty range so no
-         * lookup can return it (a word-sized store readers see atomically). */
+        /* Out of metadata memory: a tombstone (see the opening comment), a
+         * word-sized store readers see atomically.  release: pairs with no
+         * acquire in particular; it orders the store after our earlier
+         * writes for readers that go on to read the region. */
         __atomic_store_n(&old->e[i].end, old->e[i].base, __ATOMIC_RELEASE);
     }
     bfc__unlock(&wlock);
@@ -154,7 +181,9 @@ void bfc__regionmap_shrink(struct bfc__region *r)
     bfc__lock(&wlock);
     struct rmap *m = atomic_load_explicit(&rmap_cur, memory_order_relaxed);
     size_t i = m ? upper_bound(m, r->base) : 0;
-    if (i && m->e[i - 1].r == r)
+    while (i > 0 && (m->e[i - 1].r != r || tombstone(&m->e[i - 1])))
+        i--;
+    if (i > 0)
         __atomic_store_n(&m->e[i - 1].end, r->base + r->size, __ATOMIC_RELEASE);
     bfc__unlock(&wlock);
 }

@@ -21,10 +21,10 @@
  * If recording the event fails, the free falls back to synchronising the
  * freeing stream; if that fails too, the block is not freed (its claim is
  * undone) and BFC_EBACKEND is returned, so no memory is reused unsafely.
- * A record_stream fence is made when the block is freed (arena.c), after
- * the free has been accepted: if neither its event nor a synchronisation
- * works then, it is marked unfenced and stays pending; each later query
- * first tries to record its event again.
+ * A record_stream fence takes its record when the stream is named
+ * (bfc_ctx_record_stream, which can fail cleanly with BFC_ENOMEM) and is
+ * armed when the block is freed (arena.c, bfc__fence_arm with its
+ * fallbacks), so an accepted free never needs to allocate.
  */
 #include "ctx.h"
 
@@ -36,6 +36,9 @@ struct bfc__fence *bfc__fence_get(struct bfc__arena *a)
         f = caa_container_of(node, struct bfc__fence, qnode);
         /* acquire: pairs with the release in bfc__fence_put. */
         (void)atomic_load_explicit(&f->handoff, memory_order_acquire);
+        /* A record whose event could not be created: try again. */
+        if (BFC__UNLIKELY(!f->ev) && a->ctx->be->ops->event_create(a->ctx->be, &f->ev) != BFC_OK)
+            f->ev = NULL;
     } else {
         f = bfc__fence_new(a->ctx->be);
         if (!f)

@@ -1,9 +1,11 @@
 /*
  * test_faults.c -- the allocator under injected device faults (SIM backend).
  *
- * Three switches of shardbfc_sim.h: every Nth device allocation fails, every
+ * Four switches of shardbfc_sim.h: every Nth device allocation fails, every
  * Nth event record/query fails, device allocations succeed only below a
- * ceiling (here: one that keeps shrinking).  Under each, a randomized
+ * ceiling (here: one that keeps shrinking), every Nth allocation of the
+ * library's own metadata fails (chunk and region records, pool spans, fence
+ * records, shard creation).  Under each, a randomized
  * workload over four streams (fixed seeds: allocations of many sizes,
  * same- and cross-stream frees, record_stream, held and drained streams,
  * stream release, trim) keeps running and the test requires:
@@ -313,9 +315,13 @@ static void expect_clean(bfc_ctx_t *ctx)
     ck_assert_uint_eq(s.num_allocs, s.num_frees);
     ck_assert_int_eq(bfc_ctx_trim(ctx), BFC_OK);
     s = st(ctx);
-    ck_assert_uint_eq(s.bytes_reserved, 0);
+    /* allow_growth=false keeps its one reservation of the whole limit. */
+    bfc_config_t c;
+    ck_assert_int_eq(bfc_ctx_config(ctx, &c), BFC_OK);
+    size_t kept = c.allow_growth ? 0 : c.memory_limit;
+    ck_assert_uint_eq(s.bytes_reserved, kept);
     ck_assert_uint_eq(s.num_regions, 0);
-    ck_assert_uint_eq(bfc_sim_backend_bytes_held(ctx), 0);
+    ck_assert_uint_eq(bfc_sim_backend_bytes_held(ctx), kept);
     xcheck(ctx);
 }
 
@@ -550,6 +556,44 @@ START_TEST(test_shrinking_ceiling)
 }
 END_TEST
 
+/* -------------------------------------------------- metadata exhausted */
+
+static const unsigned meta_every[] = { 1, 2, 5, 17 };
+
+/* Every Nth metadata allocation fails while the workload runs: regions,
+ * tails and large blocks still leave shards cleanly (their records were
+ * reserved first), the pool stays consistent (bfc_ctx_check at every
+ * checkpoint), statuses are BFC_ENOMEM only, and afterwards nothing leaked
+ * and the whole limit is usable again. */
+START_TEST(test_fail_meta_every)
+{
+    unsigned every = meta_every[_i];
+    const size_t limit = 48 * MiB;
+    bfc_config_t c = cfg_sim(limit);
+    c.garbage_collection = _i % 2 == 1;
+    c.allow_growth = _i != 2;
+    bfc_ctx_t *ctx = ctx_new(&c);
+    struct wl w;
+    wl_init(&w, ctx, 0x5eed0000ull + _i);
+    wl_run(&w, 200);
+    uint64_t f0 = bfc_sim_meta_failures();
+    bfc_sim_fail_meta_every(every);
+    wl_run(&w, 1200);
+    bfc_sim_fail_meta_every(0);
+    ck_assert_uint_gt(bfc_sim_meta_failures() - f0, 0);
+    /* No metadata failure surfaces as anything but BFC_ENOMEM -- except a
+     * cross-stream free whose fence record got no event (SIM events are
+     * metadata) on a held stream: BFC_EBACKEND, as for a failed event. */
+    ck_assert_uint_eq(w.ebackend_alloc, 0);
+    if (every == 1)
+        ck_assert_uint_gt(w.enomem, 0);
+    wl_finish(&w);
+    expect_clean(ctx);
+    expect_serves(ctx, limit);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
 /* ------------------------------------------------ two threads, faults */
 
 struct thr {
@@ -579,6 +623,7 @@ START_TEST(test_threads_under_faults)
     bfc_sim_fail_alloc_every(ctx, 3);
     bfc_sim_fail_event_every(ctx, 4);
     bfc_sim_set_alloc_ceiling(ctx, 40 * MiB);
+    bfc_sim_fail_meta_every(13);
     pthread_t th[2];
     for (int i = 0; i < 2; i++)
         ck_assert_int_eq(pthread_create(&th[i], NULL, thr_main, &t[i]), 0);
@@ -587,7 +632,9 @@ START_TEST(test_threads_under_faults)
     bfc_sim_fail_alloc_every(ctx, 0);
     bfc_sim_fail_event_every(ctx, 0);
     bfc_sim_set_alloc_ceiling(ctx, SIZE_MAX);
+    bfc_sim_fail_meta_every(0);
     ck_assert_uint_gt(bfc_sim_backend_failures(ctx), 0);
+    ck_assert_uint_gt(bfc_sim_meta_failures(), 0);
     uint64_t allocs = 0, frees = 0, bytes = 0;
     for (int i = 0; i < 2; i++) {
         allocs += t[i].w.allocs;
@@ -621,6 +668,7 @@ int main(void)
     tcase_add_test(tc, test_event_failure_contract);
     tcase_add_test(tc, test_event_failure_recorded_stream);
     tcase_add_loop_test(tc, test_shrinking_ceiling, 0, 2);
+    tcase_add_loop_test(tc, test_fail_meta_every, 0, (int)(sizeof meta_every / sizeof meta_every[0]));
     tcase_add_test(tc, test_threads_under_faults);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
