@@ -125,7 +125,8 @@ typedef struct bfc_config {
  * Sets every field of *cfg to its default: backend AUTO, device 0,
  * memory_limit 0 (backend default: SIM 16 GiB, CUDA the device's free memory),
  * allow_growth true, initial_region 2 MiB, fragmentation_fraction 0,
- * garbage_collection false, large_alloc 32 MiB, retry_ms 0, debug off,
+ * garbage_collection true (as TensorFlow, whose TF_ENABLE_GPU_GARBAGE_COLLECTION
+ * defaults to true), large_alloc 32 MiB, retry_ms 0, debug off,
  * host_numa thread, no fault injection, no oom_dump, no trace.
  * Context: thread-safe (touches only *cfg), never blocks.
  */

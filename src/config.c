@@ -395,7 +395,7 @@ void bfc_config_init(bfc_config_t *cfg)
     cfg->allow_growth = true;
     cfg->initial_region = 2 * BFC__MiB;
     cfg->fragmentation_fraction = 0.0;
-    cfg->garbage_collection = false;
+    cfg->garbage_collection = true;
     cfg->large_alloc = 32 * BFC__MiB;
     cfg->retry_ms = 0;
     cfg->debug_check = false;

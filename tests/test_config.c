@@ -49,7 +49,7 @@ START_TEST(test_init_defaults)
     ck_assert(c.allow_growth);
     ck_assert_uint_eq(c.initial_region, 2u << 20);
     ck_assert(c.fragmentation_fraction == 0.0);
-    ck_assert(!c.garbage_collection);
+    ck_assert(c.garbage_collection); /* TensorFlow's default (TF_ENABLE_GPU_GARBAGE_COLLECTION) */
     ck_assert_uint_eq(c.large_alloc, 32u << 20);
     ck_assert_uint_eq(c.retry_ms, 0);
     ck_assert(!c.debug_check);
