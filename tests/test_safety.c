@@ -84,8 +84,8 @@
  *
  * Size: under `make check` the model runs 2 seeds x 2000 operations per
  * configuration, and 1 seed x 2000 operations for a third of them under
- * faults (~10 s in all); SHARDBFC_STRESS=long (`make stress`) runs 8 seeds
- * x 20000 operations, and 6 x 10000 under faults (a few minutes).
+ * faults (~10 s in all); SHARDBFC_STRESS=long (`make stress`) runs 6 seeds
+ * x 12000 operations, and 4 x 8000 under faults (a few minutes).
  */
 #include <shardbfc.h>
 #include <shardbfc_sim.h>
@@ -1168,11 +1168,11 @@ static void model_suite(bool faults)
     } else {
         nconf = model_configs(confs, 64);
     }
-    uint64_t seeds = g_long ? 8 : 2, seed0 = 1;
-    uint64_t ops = g_long ? 20000 : 2000;
+    uint64_t seeds = g_long ? 6 : 2, seed0 = 1;
+    uint64_t ops = g_long ? 12000 : 2000;
     if (faults) {
-        seeds = g_long ? 6 : 1;
-        ops = g_long ? 10000 : 2000;
+        seeds = g_long ? 4 : 1;
+        ops = g_long ? 8000 : 2000;
     }
     if (getenv("SHARDBFC_SAFETY_SEED")) {
         seed0 = env_u64("SHARDBFC_SAFETY_SEED", 1);
@@ -1192,7 +1192,7 @@ static void model_suite(bool faults)
 
     static const char tight_prefix[] = "memory_limit=" TIGHT_LIMIT ",";
     double t0 = now_s();
-    int nviol = 0;
+    int nviol = 0, nran = 0;
     char first_bad[512] = "";
     struct counters tight = { 0 }, all = { 0 };
     printf("%-92s %5s %7s %7s %6s %6s %6s %5s %5s  %s\n", "configuration", "runs", "ops", "allocs", "ooms", "moved",
@@ -1204,6 +1204,7 @@ static void model_suite(bool faults)
         if (faults && !one && ci % 3 != ci / 3 % 3)
             continue;
         unsigned every = meta_env ? meta_env : faults ? fault_every[ci / 3 % 2] : 0;
+        nran++;
         m->c = (struct counters){ 0 };
         char verdict[160] = "-";
         for (uint64_t k = 0; k < seeds; k++) {
@@ -1260,7 +1261,7 @@ static void model_suite(bool faults)
            " records, %" PRIu64 " releases, %" PRIu64 " trims, %" PRIu64 " checks), memory moved between streams "
            "%" PRIu64 " times (%" PRIu64 " after a guard was lifted; tight limit: %" PRIu64 " / %" PRIu64 "), %" PRIu64
            " metadata faults injected, %d configurations with a violation, %.1f s\n",
-           faults ? " under metadata faults" : "", nconf, all.runs, all.ops, all.allocs, all.ooms, all.frees,
+           faults ? " under metadata faults" : "", nran, all.runs, all.ops, all.allocs, all.ooms, all.frees,
            all.cross_frees, all.free_errors, all.records, all.releases, all.trims, all.checks, all.moved,
            all.moved_guarded, tight.moved, tight.moved_guarded, all.meta_failures, nviol, now_s() - t0);
     fflush(stdout);
