@@ -54,7 +54,12 @@
  *    Configurations: the product of limits 16M (tight: forces reclaim and
  *    release), 48M, 64M, 128M, 256M; allow_growth on/off; garbage collection
  *    on/off; large_alloc 0 / default / 4M; retry_ms=0.  Each run is one
- *    (configuration, seed): single-threaded, seeded, deterministic.
+ *    (configuration, seed): single-threaded and seeded.  The operations
+ *    follow the seed and the allocator's answers; those can differ slightly
+ *    between runs (the library defers some work, such as reclaiming a
+ *    retired shard, to its RCU thread, and the backend's mapping addresses
+ *    vary), so a re-run retraces a failing run most of the time, not
+ *    always: the report's history shows the failure either way.
  *
  *    Coverage is counted, because a model test that never moves memory
  *    between streams proves nothing: "moved" counts allocations on A that
