@@ -87,7 +87,7 @@
  *    SHARDBFC_SAFETY_KEEP_GOING=1 lets each run go on past its violations
  *    (the offending block is given back at once) and counts them.
  *
- * Size: under `make check` the model runs 2 seeds x 2000 operations per
+ * Size: under `make check` the model runs 2 seeds x 1500 operations per
  * configuration, and 1 seed x 2000 operations for a third of them under
  * faults (~10 s in all); SHARDBFC_STRESS=long (`make stress`) runs 6 seeds
  * x 12000 operations, and 4 x 8000 under faults (a few minutes).
@@ -1174,7 +1174,7 @@ static void model_suite(bool faults)
         nconf = model_configs(confs, 64);
     }
     uint64_t seeds = g_long ? 6 : 2, seed0 = 1;
-    uint64_t ops = g_long ? 12000 : 2000;
+    uint64_t ops = g_long ? 12000 : 1500;
     if (faults) {
         seeds = g_long ? 4 : 1;
         ops = g_long ? 8000 : 2000;
