@@ -19,18 +19,35 @@
  * written into its first and last bytes) and every block freed under a
  * fence that has not completed: a block freed on another stream (or with
  * record_stream on a stream) while that stream was held may not be handed
- * out again before the stream is drained.  Checked after each step:
+ * out again before the stream is drained.  It also holds the guards of the
+ * stream-safety rule, which covers every path on which memory leaves a
+ * shard (a large block's region, release, reclaim, trim): a free of a block
+ * on stream F leaves a guard on its requested range for F if F is held, and
+ * for each stream named with record_stream that is held; draining X lifts
+ * X's guards; an allocation on stream A may not overlap a live guard of any
+ * stream but A (A itself may reuse what it freed, in its own order).
+ * Checked after each step:
  *   - statuses: alloc NULL only with BFC_ENOMEM (or BFC_OK for 0 bytes) and
  *     always for more than the limit; frees of live blocks succeed; a bad
  *     free is BFC_ENOTOWNED / BFC_EDOUBLEFREE and changes no statistic;
- *   - a new block is 256-aligned and overlaps no live or fenced block;
+ *   - a new block is 256-aligned and overlaps no live or fenced block, nor
+ *     a live guard of another stream;
  *   - every live block keeps its tag bytes;
  *   - bfc_ctx_check passes; bytes_in_use, bytes_requested, num_allocs,
  *     num_frees equal the model's; nothing is pending when no stream is held;
- *   - with nothing live and nothing fenced, half the limit can be allocated;
+ *   - with nothing live, nothing fenced, and no other stream held or
+ *     guarding memory, half the limit can be allocated (memory that leaves
+ *     a held stream's shard is fenced on that stream's work, so another
+ *     stream may have to wait for it);
  *   - at the end every block is freed, nothing is pending and (growth mode)
  *     the SIM backend holds nothing after trim.
  * A violation prints what broke and aborts (libFuzzer records the input).
+ *
+ * Besides inputs found by fuzzing, the corpus holds a few made by hand, one
+ * for each way memory leaves a shard while the stream that freed it is
+ * still held: a large block's region (limit 64M, large_alloc 4M), a
+ * released stream's shard (growth and reserved limits, also with
+ * record_stream), and reclaim by another shard under a 4M limit.
  *
  * Built two ways: with clang -fsanitize=fuzzer,address by `make fuzz`, and
  * with the project's compiler together with replay.c (a main that runs the
@@ -49,6 +66,7 @@
 #define NS 5            /* four SIM streams and the default stream */
 #define MAXLIVE 128
 #define MAXFENCED 256
+#define MAXGUARDS 256
 #define NGHOSTS 8
 #define TAGLEN 64
 
@@ -81,6 +99,14 @@ struct fenced {
     unsigned need; /* streams that must be drained before reuse */
 };
 
+/* A freed block's requested range, out of bounds for every stream except
+ * those in `streams` until they are all drained. */
+struct guard {
+    uintptr_t p;
+    size_t n;
+    unsigned streams; /* held streams that freed or recorded it */
+};
+
 static struct {
     bfc_ctx_t *ctx;
     bfc_config_t cfg;
@@ -90,6 +116,8 @@ static struct {
     int nlive;
     struct fenced fenced[MAXFENCED];
     int nfenced;
+    struct guard guards[MAXGUARDS];
+    int nguards;
     uintptr_t ghosts[NGHOSTS];
     int nghosts;
     uint64_t allocs, frees, bytes, req;
@@ -109,8 +137,8 @@ static void fail_dump(void)
     fprintf(stderr, "config: limit %zu growth %d gc %d poison %d initial %zu large %zu fraction %g\n",
             M.cfg.memory_limit, M.cfg.allow_growth, M.cfg.garbage_collection, M.cfg.poison, M.cfg.initial_region,
             M.cfg.large_alloc, M.cfg.fragmentation_fraction);
-    fprintf(stderr, "model: %d live (%llu bytes), %d fenced, held %#x\n", M.nlive, (unsigned long long)M.bytes,
-            M.nfenced, M.held);
+    fprintf(stderr, "model: %d live (%llu bytes), %d fenced, %d guarded ranges, held %#x\n", M.nlive,
+            (unsigned long long)M.bytes, M.nfenced, M.nguards, M.held);
     (void)bfc_ctx_dump(M.ctx, stderr);
 }
 
@@ -251,6 +279,12 @@ static void model_free(int i, int f)
     else if (need) {
         /* Model full: keep the oldest entries (stricter is not required). */
     }
+    /* Guards: the freeing stream and the recorded ones (never the owner,
+     * whose record is a no-op) that are held now.  Model full: dropped, as
+     * above. */
+    unsigned g = ((1u << f) | (l->recorded & ~(1u << l->owner))) & M.held;
+    if (g && M.nguards < MAXGUARDS)
+        M.guards[M.nguards++] = (struct guard){ l->p, l->n, g };
     M.frees++;
     M.bytes -= l->asz;
     M.req -= l->n;
@@ -267,6 +301,25 @@ static void model_drain(int k)
         else
             i++;
     }
+    for (int i = 0; i < M.nguards;) {
+        M.guards[i].streams &= ~(1u << k);
+        if (!M.guards[i].streams)
+            M.guards[i] = M.guards[--M.nguards];
+        else
+            i++;
+    }
+}
+
+/* Whether a stream other than k guards memory or is held (memory leaving
+ * its shard would carry an incomplete fence). */
+static bool others_busy(int k)
+{
+    if (M.held & ~(1u << k))
+        return true;
+    for (int i = 0; i < M.nguards; i++)
+        if (M.guards[i].streams & ~(1u << k))
+            return true;
+    return false;
 }
 
 static bfc_stats_t stats(void)
@@ -333,10 +386,9 @@ static void op_alloc(int k, uint8_t a1, uint8_t a2)
     }
     if (!p) {
         REQUIRE(e == BFC_ENOMEM, "alloc(%zu): %s", n, bfc_err_name(e));
-        /* Nothing live, nothing fenced, no stream busy: half the limit must
-         * be servable.  (Memory that left the shard of a busy stream stays
-         * fenced on that stream, so under a hold it may not be.) */
-        REQUIRE(!(M.nlive == 0 && M.nfenced == 0 && M.held == 0 && n <= limit / 2),
+        /* Nothing live, nothing fenced, no other stream busy: half the limit
+         * must be servable. */
+        REQUIRE(!(M.nlive == 0 && M.nfenced == 0 && !others_busy(k) && n <= limit / 2),
                 "alloc(%zu) failed in an empty context", n);
         return;
     }
@@ -353,6 +405,11 @@ static void op_alloc(int k, uint8_t a1, uint8_t a2)
         REQUIRE(!overlaps(u, asz, M.fenced[i].p, M.fenced[i].size),
                 "alloc(%zu) = %p reuses %#lx+%zu before its fence (streams %#x) completed", n, p,
                 (unsigned long)M.fenced[i].p, M.fenced[i].size, M.fenced[i].need);
+    for (int i = 0; i < M.nguards; i++)
+        REQUIRE(!(overlaps(u, n, M.guards[i].p, M.guards[i].n) && (M.guards[i].streams & ~(1u << k))),
+                "alloc(%zu) on stream %d = %p overlaps %#lx+%zu, freed while streams %#x were held and not "
+                "drained since (memory reached another stream too early)",
+                n, k, p, (unsigned long)M.guards[i].p, M.guards[i].n, M.guards[i].streams);
     struct live *l = &M.live[M.nlive++];
     *l = (struct live){ u, n, asz, k, (unsigned char)(M.allocs * 37 + 1), 0 };
     tag_write(l);
@@ -462,6 +519,7 @@ static void ctx_close(void)
         bfc_sim_stream_drain(M.ctx, M.s[k]);
     M.held = 0;
     M.nfenced = 0;
+    M.nguards = 0;
     while (M.nlive) {
         struct live *l = &M.live[M.nlive - 1];
         int f = (int)((l->p >> 8) % NS);

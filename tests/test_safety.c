@@ -1,0 +1,1358 @@
+/*
+ * test_safety.c -- stream safety wherever memory changes hands, black-box
+ * (public API only, SIM backend).
+ *
+ * The rule under test: a block freed on stream F is reusable at once by
+ * later allocations on F, but by any other stream only after the work F had
+ * queued before the free has completed; bfc_ctx_record_stream(p, R) adds R's
+ * work up to the free.  Inside one shard the chunk fences give this.  The
+ * paths on which memory leaves a shard must give it too: a large block's
+ * region going back to the region pool, a released stream's regions,
+ * regions reclaimed by another shard under a tight limit, garbage
+ * collection, trim.  On a GPU a breach is a silent data race (the next
+ * kernel overwrites memory a queued kernel still reads); on SIM it is
+ * observable, because a held stream's events stay incomplete until the test
+ * drains it, so "memory reached another stream too early" is "an allocation
+ * on another stream returned an address inside the freed range before the
+ * drain".
+ *
+ * Three parts:
+ *
+ * 1. Named reproductions ("handoff" cases).  Each frees a block under a
+ *    fence that cannot complete yet -- its own stream held (own), a recorded
+ *    stream held (record), or a cross-stream free on a held stream (cross) --
+ *    and then takes it away from its shard by one path: a large block's own
+ *    region (large), bfc_ctx_stream_release (release), reclaim by another
+ *    shard under a 4 MiB limit (reclaim), and the same with retry_ms=2000
+ *    while a thread drains the guarding stream after 300 ms (reclaim_wait).
+ *    Every stream but the guarding one must be kept off the range until the
+ *    drain; a failed allocation is always acceptable; after the drain the
+ *    memory must be usable again.
+ *
+ * 2. Emptied pools and TensorFlow's layout (pool cases): before it reports
+ *    out of memory a shard gives its fully free regions (and free region
+ *    tails) back to the pool, where they coalesce, so any request that fits
+ *    the free memory succeeds -- unless that memory is still fenced by a
+ *    held stream.  With allow_growth=false one stream gets one region of the
+ *    whole limit and exact splits, as TensorFlow's allocator does, and a
+ *    second stream is served from the free tail.
+ *
+ * 3. A randomized model (model cases).  Four SIM streams, each idle or held.
+ *    A free of block B (requested range [p, p+n)) on stream F leaves a guard
+ *    on that range for F if F is held at that moment, and one for every
+ *    stream named with bfc_ctx_record_stream(B, R) before the free that is
+ *    held at that moment; draining X lifts X's guards.  A successful
+ *    allocation on stream A whose requested range overlaps a live guard of a
+ *    stream X != A is a violation.  Also checked: live blocks never overlap
+ *    (allocated chunk sizes), 256-byte alignment, bfc_ctx_check every few
+ *    operations, and at the end (everything drained, freed and trimmed)
+ *    bytes_in_use == 0.  A failed allocation is always allowed.  The model
+ *    knows nothing of shards, so it holds whatever path the allocator takes.
+ *    Operations: alloc (log-uniform 256 B .. limit/8, now and then a large
+ *    one or more than the limit), free on the allocating stream, free on
+ *    another stream, record_stream, hold, drain, stream release, trim.
+ *    Configurations: the product of limits 16M (tight: forces reclaim and
+ *    release), 48M, 64M, 128M, 256M; allow_growth on/off; garbage collection
+ *    on/off; large_alloc 0 / default / 4M; retry_ms=0.  Each run is one
+ *    (configuration, seed): single-threaded and seeded.  The operations
+ *    follow the seed and the allocator's answers; those can differ slightly
+ *    between runs (the library defers some work, such as reclaiming a
+ *    retired shard, to its RCU thread, and the backend's mapping addresses
+ *    vary), so a re-run retraces a failing run most of the time, not
+ *    always: the report's history shows the failure either way.
+ *
+ *    Coverage is counted, because a model test that never moves memory
+ *    between streams proves nothing: "moved" counts allocations on A that
+ *    overlap a range last freed from a block owned by another stream, and
+ *    "moved after guard" those where the range had been guarded by a stream
+ *    other than A when it was freed (the guard was lifted by a drain before
+ *    the reuse: the interesting case).  The tight configurations must move
+ *    memory; the totals are printed in the log.
+ *
+ *    A second model case runs with metadata fault injection on
+ *    (bfc_sim_fail_meta_every): any call may then fail with a status, a
+ *    free that fails leaves the block live (it is freed again later), a
+ *    record_stream that fails records nothing, but nothing may crash,
+ *    bfc_ctx_check stays BFC_OK and the rule still holds.  Injection is
+ *    switched off for each run's final clean-up and at the end.
+ *
+ *    On a violation the run stops, the report names the configuration, the
+ *    seed, the operation index and the history of the offending range, and
+ *    the other configurations still run (one violation per configuration is
+ *    reported; the case fails at the end).  To re-run one case:
+ *      SHARDBFC_SAFETY_CONF='<spec>' SHARDBFC_SAFETY_SEED=<n> \
+ *      [SHARDBFC_SAFETY_OPS=<ops>] [SHARDBFC_SAFETY_META=<every>] \
+ *      CK_RUN_CASE=model ./tests/test_safety
+ *    (CK_RUN_CASE=model_faults for the fault-injection case.)
+ *    SHARDBFC_SAFETY_KEEP_GOING=1 lets each run go on past its violations
+ *    (the offending block is given back at once) and counts them.
+ *
+ * Size: under `make check` the model runs 2 seeds x 1500 operations per
+ * configuration, and 1 seed x 2000 operations for a third of them under
+ * faults (~10 s in all); SHARDBFC_STRESS=long (`make stress`) runs 6 seeds
+ * x 12000 operations, and 4 x 8000 under faults (a few minutes).
+ */
+#include <shardbfc.h>
+#include <shardbfc_sim.h>
+
+#include <check.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define KiB ((size_t)1 << 10)
+#define MiB ((size_t)1 << 20)
+
+static bool g_long; /* SHARDBFC_STRESS=long */
+
+/* ------------------------------------------------------------- helpers */
+
+static bfc_ctx_t *ctx_spec(const char *spec)
+{
+    bfc_config_t c;
+    bfc_config_init(&c);
+    c.backend = BFC_BACKEND_SIM;
+    int rc = bfc_config_parse(&c, spec);
+    ck_assert_msg(rc == BFC_OK, "bfc_config_parse(\"%s\"): %s", spec, bfc_err_name(rc));
+    bfc_ctx_t *ctx = NULL;
+    rc = bfc_ctx_create(&c, &ctx);
+    ck_assert_msg(rc == BFC_OK, "bfc_ctx_create(\"%s\"): %s", spec, bfc_err_name(rc));
+    ck_assert_ptr_nonnull(ctx);
+    return ctx;
+}
+
+static bfc_stream_t new_stream(bfc_ctx_t *ctx)
+{
+    bfc_stream_t s = bfc_sim_stream_create(ctx);
+    ck_assert_ptr_nonnull(s);
+    return s;
+}
+
+static bool overlaps(const void *a, size_t an, const void *b, size_t bn)
+{
+    uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+    return x < y + bn && y < x + an;
+}
+
+static void *xalloc(bfc_ctx_t *ctx, bfc_stream_t s, size_t n)
+{
+    void *p = bfc_ctx_alloc(ctx, s, n);
+    ck_assert_msg(p != NULL, "alloc(%zu) failed: %s", n, bfc_err_name(bfc_last_error()));
+    ck_assert_uint_eq((uintptr_t)p % 256, 0);
+    return p;
+}
+
+static void xfree(bfc_ctx_t *ctx, void *p, bfc_stream_t s)
+{
+    int rc = bfc_ctx_free(ctx, p, s);
+    ck_assert_msg(rc == BFC_OK, "free(%p): %s", p, bfc_err_name(rc));
+}
+
+static bfc_stats_t st(bfc_ctx_t *ctx)
+{
+    bfc_stats_t s;
+    memset(&s, 0xA5, sizeof s);
+    int rc = bfc_ctx_stats(ctx, &s);
+    ck_assert_msg(rc == BFC_OK, "bfc_ctx_stats: %s", bfc_err_name(rc));
+    return s;
+}
+
+static bfc_stats_t sst(bfc_ctx_t *ctx, bfc_stream_t s)
+{
+    bfc_stats_t o;
+    memset(&o, 0xA5, sizeof o);
+    int rc = bfc_ctx_stream_stats(ctx, s, &o);
+    ck_assert_msg(rc == BFC_OK, "bfc_ctx_stream_stats: %s", bfc_err_name(rc));
+    return o;
+}
+
+static void xcheck(bfc_ctx_t *ctx)
+{
+    char buf[1024];
+    buf[0] = '\0';
+    int rc = bfc_ctx_check_report(ctx, buf, sizeof buf);
+    ck_assert_msg(rc == BFC_OK, "bfc_ctx_check_report: %s: %s", bfc_err_name(rc), buf);
+}
+
+/* Touches the first and last page of [p, p+n): the memory is host memory on
+ * SIM, so a block the allocator handed out must be writable. */
+static void touch(void *p, size_t n, int v)
+{
+    size_t k = n < 4096 ? n : 4096;
+    memset(p, v, k);
+    memset((char *)p + n - k, v, k);
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    if (clock_gettime(CLOCK_MONOTONIC, &ts) != 0)
+        return 0.0;
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* ---------------------------------------------- 1. named reproductions */
+
+enum path {
+    PATH_LARGE,        /* a large block's own region goes back to the pool */
+    PATH_RELEASE,      /* the owner stream's shard is released */
+    PATH_RECLAIM,      /* another shard needs the memory under a tight limit, retry_ms=0 */
+    PATH_RECLAIM_WAIT, /* the same with retry_ms=2000 and a drain 300 ms later */
+};
+
+enum fence {
+    FENCE_OWN,    /* freed on its own stream s1 while s1 is held */
+    FENCE_RECORD, /* recorded on s3, s3 held, freed on an idle s1 */
+    FENCE_CROSS,  /* allocated on s1, freed on s2 while s2 is held */
+};
+
+struct drainer {
+    bfc_ctx_t *ctx;
+    bfc_stream_t s;
+    atomic_bool draining;
+};
+
+/* Sleeps 300 ms, then announces and performs the drain.  The flag is set
+ * just BEFORE bfc_sim_stream_drain: an allocation that observed the drain
+ * (the SIM event's completion, an acquire load pairing with the drain's
+ * release RMW) therefore also observes the flag, so "overlapping and the
+ * flag still clear" can only mean the allocation did not wait. */
+static void *drainer_main(void *arg)
+{
+    struct drainer *d = arg;
+    struct timespec t = { 0, 300 * 1000 * 1000 };
+    while (nanosleep(&t, &t) != 0 && errno == EINTR)
+        ; /* interrupted: sleep the rest */
+    /* release: pairs with the acquire load in handoff() after the allocation
+     * returns (and is sequenced before the drain's own release RMW). */
+    atomic_store_explicit(&d->draining, true, memory_order_release);
+    bfc_sim_stream_drain(d->ctx, d->s);
+    return NULL;
+}
+
+static const char *path_name[] = { "large", "release", "reclaim", "reclaim_wait" };
+static const char *fence_name[] = { "own", "record", "cross" };
+
+/* One reproduction: block p of n bytes on s1, freed under `fence`, then
+ * moved off its shard by `path`.  Every stream that is not the guarding one
+ * is kept off [p, p+n) until the guarding stream is drained. */
+static void handoff(enum path path, enum fence fence)
+{
+    const char *spec = NULL;
+    size_t n = 0;
+    switch (path) {
+    case PATH_LARGE:
+        /* 64 MiB >= large_alloc (32 MiB default): a region of its own. */
+        spec = "memory_limit=1G";
+        n = 64 * MiB;
+        break;
+    case PATH_RELEASE:
+        spec = "memory_limit=1G";
+        n = 1 * MiB;
+        break;
+    case PATH_RECLAIM:
+        spec = "memory_limit=4M,garbage_collection=true,retry_ms=0";
+        n = 3 * MiB;
+        break;
+    case PATH_RECLAIM_WAIT:
+        spec = "memory_limit=4M,garbage_collection=true,retry_ms=2000";
+        n = 3 * MiB;
+        break;
+    }
+    const char *what_path = path_name[path], *what_fence = fence_name[fence];
+    bfc_ctx_t *ctx = ctx_spec(spec);
+    bfc_stream_t s[4] = { NULL, new_stream(ctx), new_stream(ctx), new_stream(ctx) };
+    void *p = xalloc(ctx, s[1], n);
+    touch(p, n, 0x11);
+
+    int guard = 0, taker = 0;
+    switch (fence) {
+    case FENCE_OWN:
+        bfc_sim_stream_hold(ctx, s[1]);
+        xfree(ctx, p, s[1]);
+        guard = 1;
+        taker = 2;
+        break;
+    case FENCE_RECORD:
+        ck_assert_int_eq(bfc_ctx_record_stream(ctx, p, s[3]), BFC_OK);
+        bfc_sim_stream_hold(ctx, s[3]);
+        xfree(ctx, p, s[1]);
+        guard = 3;
+        taker = 2;
+        break;
+    case FENCE_CROSS:
+        bfc_sim_stream_hold(ctx, s[2]);
+        xfree(ctx, p, s[2]);
+        guard = 2;
+        taker = 3;
+        break;
+    }
+    if (path == PATH_RELEASE)
+        ck_assert_int_eq(bfc_ctx_stream_release(ctx, s[1]), BFC_OK);
+
+    void *keep[8];
+    int keep_s[8], nkeep = 0;
+    if (path != PATH_RECLAIM_WAIT) {
+        /* While the guard is held: each other stream, the taker first. */
+        int order[3] = { taker, 0, 0 }, no = 1;
+        for (int k = 1; k <= 3; k++)
+            if (k != guard && k != taker)
+                order[no++] = k;
+        for (int j = 0; j < no; j++) {
+            int o = order[j];
+            void *q = bfc_ctx_alloc(ctx, s[o], n);
+            if (!q)
+                continue; /* failing is always acceptable */
+            ck_assert_msg(!overlaps(q, n, p, n),
+                          "%s/%s: alloc(%zu) on s%d = %p overlaps the block %p freed under s%d's fence "
+                          "while s%d is still held",
+                          what_path, what_fence, n, o, q, p, guard, guard);
+            touch(q, n, 0x20 + o);
+            if (path == PATH_RECLAIM) {
+                /* Give the next stream the same chance (o is idle). */
+                xfree(ctx, q, s[o]);
+            } else {
+                keep[nkeep] = q;
+                keep_s[nkeep++] = o;
+            }
+        }
+        xcheck(ctx);
+        bfc_sim_stream_drain(ctx, s[guard]);
+        /* The fence completed: the memory must be usable again. */
+        void *q = bfc_ctx_alloc(ctx, s[taker], n);
+        ck_assert_msg(q != NULL, "%s/%s: alloc(%zu) on s%d after s%d was drained failed: %s", what_path, what_fence, n,
+                      taker, guard, bfc_err_name(bfc_last_error()));
+        touch(q, n, 0x30);
+        keep[nkeep] = q;
+        keep_s[nkeep++] = taker;
+    } else {
+        struct drainer d = { .ctx = ctx, .s = s[guard] };
+        atomic_init(&d.draining, false);
+        pthread_t th;
+        int rc = pthread_create(&th, NULL, drainer_main, &d);
+        ck_assert_msg(rc == 0, "pthread_create: %d", rc);
+        double t0 = now_s();
+        void *q = bfc_ctx_alloc(ctx, s[taker], n);
+        int err = bfc_last_error();
+        double waited = now_s() - t0;
+        /* acquire: pairs with the release store in drainer_main. */
+        bool drained = atomic_load_explicit(&d.draining, memory_order_acquire);
+        rc = pthread_join(th, NULL);
+        ck_assert_msg(rc == 0, "pthread_join: %d", rc);
+        ck_assert_msg(q != NULL,
+                      "%s/%s: alloc(%zu) on s%d with retry_ms=2000 failed (%s) after %.3f s, though s%d was "
+                      "drained after 0.3 s",
+                      what_path, what_fence, n, taker, bfc_err_name(err), waited, guard);
+        ck_assert_msg(!overlaps(q, n, p, n) || drained,
+                      "%s/%s: alloc(%zu) on s%d = %p overlaps the block %p freed under s%d's fence and returned "
+                      "after %.3f s, before s%d was drained",
+                      what_path, what_fence, n, taker, q, p, guard, waited, guard);
+        touch(q, n, 0x30);
+        keep[nkeep] = q;
+        keep_s[nkeep++] = taker;
+    }
+    xcheck(ctx);
+    for (int k = 1; k <= 3; k++)
+        bfc_sim_stream_drain(ctx, s[k]);
+    for (int j = 0; j < nkeep; j++)
+        xfree(ctx, keep[j], s[keep_s[j]]);
+    ck_assert_int_eq(bfc_ctx_trim(ctx), BFC_OK);
+    bfc_stats_t c = st(ctx);
+    ck_assert_uint_eq(c.bytes_in_use, 0);
+    ck_assert_uint_eq(c.num_pending_frees, 0);
+    xcheck(ctx);
+    bfc_ctx_destroy(ctx);
+}
+
+#define HANDOFF_TEST(P, F, path, fence)                                                                                \
+    START_TEST(test_##P##_##F)                                                                                         \
+    {                                                                                                                  \
+        handoff(path, fence);                                                                                          \
+    }                                                                                                                  \
+    END_TEST
+
+HANDOFF_TEST(large, own, PATH_LARGE, FENCE_OWN)
+HANDOFF_TEST(large, record, PATH_LARGE, FENCE_RECORD)
+HANDOFF_TEST(large, cross, PATH_LARGE, FENCE_CROSS)
+HANDOFF_TEST(release, own, PATH_RELEASE, FENCE_OWN)
+HANDOFF_TEST(release, record, PATH_RELEASE, FENCE_RECORD)
+HANDOFF_TEST(release, cross, PATH_RELEASE, FENCE_CROSS)
+HANDOFF_TEST(reclaim, own, PATH_RECLAIM, FENCE_OWN)
+HANDOFF_TEST(reclaim, record, PATH_RECLAIM, FENCE_RECORD)
+HANDOFF_TEST(reclaim, cross, PATH_RECLAIM, FENCE_CROSS)
+HANDOFF_TEST(reclaim_wait, own, PATH_RECLAIM_WAIT, FENCE_OWN)
+HANDOFF_TEST(reclaim_wait, record, PATH_RECLAIM_WAIT, FENCE_RECORD)
+HANDOFF_TEST(reclaim_wait, cross, PATH_RECLAIM_WAIT, FENCE_CROSS)
+
+/* ------------------------------------- 2. emptied pools, TensorFlow layout */
+
+/* Allocates blocks of `each` on s until the allocator refuses (at most
+ * `max`); returns how many. */
+static int fill(bfc_ctx_t *ctx, bfc_stream_t s, size_t each, void **v, int max)
+{
+    int k = 0;
+    while (k < max) {
+        void *p = bfc_ctx_alloc(ctx, s, each);
+        if (!p) {
+            ck_assert_int_eq(bfc_last_error(), BFC_ENOMEM);
+            break;
+        }
+        v[k++] = p;
+    }
+    return k;
+}
+
+/* A fixed pool, emptied: the whole of it serves one request again. */
+START_TEST(test_fixed_pool_emptied)
+{
+    bfc_ctx_t *ctx = ctx_spec("memory_limit=4M,allow_growth=false");
+    bfc_stream_t s = new_stream(ctx);
+    void *v[4];
+    for (int i = 0; i < 4; i++) {
+        v[i] = xalloc(ctx, s, 1 * MiB);
+        touch(v[i], 1 * MiB, i + 1);
+    }
+    for (int i = 0; i < 4; i++)
+        xfree(ctx, v[i], s);
+    void *p = bfc_ctx_alloc(ctx, s, 4 * MiB);
+    ck_assert_msg(p != NULL, "alloc(4 MiB) on the emptied 4 MiB pool failed: %s", bfc_err_name(bfc_last_error()));
+    touch(p, 4 * MiB, 9);
+    xcheck(ctx);
+    xfree(ctx, p, s);
+    ck_assert_uint_eq(st(ctx).bytes_in_use, 0);
+    xcheck(ctx);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
+#define GROW_SPEC "memory_limit=8M,allow_growth=true,initial_region=1M"
+
+/* Growth from 1 MiB regions: one shard ends up with several regions; freed,
+ * they must serve a request of the whole limit. */
+START_TEST(test_growth_pool_emptied)
+{
+    bfc_ctx_t *ctx = ctx_spec(GROW_SPEC);
+    bfc_stream_t s = new_stream(ctx);
+    void *v[64];
+    int k = fill(ctx, s, 1 * MiB, v, 64);
+    ck_assert_int_ge(k, 4);
+    ck_assert_msg(sst(ctx, s).num_regions >= 2, "scenario too easy: the shard holds one region");
+    for (int i = 0; i < k; i++)
+        xfree(ctx, v[i], s);
+    void *p = bfc_ctx_alloc(ctx, s, 8 * MiB);
+    ck_assert_msg(p != NULL, "alloc(8 MiB) after freeing %d blocks of the 8 MiB limit failed: %s", k,
+                  bfc_err_name(bfc_last_error()));
+    touch(p, 8 * MiB, 7);
+    xcheck(ctx);
+    xfree(ctx, p, s);
+    ck_assert_uint_eq(st(ctx).bytes_in_use, 0);
+    xcheck(ctx);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
+/* Shard A filled the limit and freed everything on its own stream.  A idle:
+ * B gets the whole limit.  A held: B gets nothing (retry_ms=0) until A is
+ * drained. */
+static void across_shards(const char *spec, size_t limit, size_t each, bool held)
+{
+    bfc_ctx_t *ctx = ctx_spec(spec);
+    bfc_stream_t a = new_stream(ctx), b = new_stream(ctx);
+    void *v[64];
+    int k = fill(ctx, a, each, v, 64);
+    ck_assert_int_ge(k, 4);
+    if (held)
+        bfc_sim_stream_hold(ctx, a);
+    for (int i = 0; i < k; i++)
+        xfree(ctx, v[i], a);
+    if (held) {
+        void *q = bfc_ctx_alloc(ctx, b, limit);
+        ck_assert_msg(q == NULL, "alloc(limit) on B = %p: memory A freed while A is held reached B", q);
+        ck_assert_int_eq(bfc_last_error(), BFC_ENOMEM);
+        xcheck(ctx);
+        bfc_sim_stream_drain(ctx, a);
+    }
+    void *p = bfc_ctx_alloc(ctx, b, limit);
+    ck_assert_msg(p != NULL, "alloc(%zu) on B after A freed its %d blocks (A idle) failed: %s", limit, k,
+                  bfc_err_name(bfc_last_error()));
+    touch(p, limit, 5);
+    xcheck(ctx);
+    xfree(ctx, p, b);
+    ck_assert_uint_eq(st(ctx).bytes_in_use, 0);
+    xcheck(ctx);
+    bfc_ctx_destroy(ctx);
+}
+
+START_TEST(test_growth_across_shards_idle)
+{
+    across_shards(GROW_SPEC, 8 * MiB, 1 * MiB, false);
+}
+END_TEST
+
+START_TEST(test_growth_across_shards_held)
+{
+    across_shards(GROW_SPEC, 8 * MiB, 1 * MiB, true);
+}
+END_TEST
+
+START_TEST(test_fixed_across_shards_idle)
+{
+    across_shards("memory_limit=4M,allow_growth=false", 4 * MiB, 1 * MiB, false);
+}
+END_TEST
+
+START_TEST(test_fixed_across_shards_held)
+{
+    across_shards("memory_limit=4M,allow_growth=false", 4 * MiB, 1 * MiB, true);
+}
+END_TEST
+
+/* allow_growth=false, one stream: one region of the whole limit, split
+ * exactly, blocks at its front in order (TensorFlow's layout). */
+static void tf_layout(const char *spec)
+{
+    bfc_ctx_t *ctx = ctx_spec(spec);
+    bfc_stream_t s = new_stream(ctx);
+    enum { N = 10 };
+    void *v[N];
+    for (int i = 0; i < N; i++)
+        v[i] = xalloc(ctx, s, 10 * MiB);
+    for (int i = 0; i < N; i++)
+        ck_assert_msg((uintptr_t)v[i] == (uintptr_t)v[0] + (uintptr_t)i * 10 * MiB,
+                      "block %d at %p, expected base %p + %d * 10 MiB", i, v[i], v[0], i);
+    bfc_stats_t c = st(ctx);
+    ck_assert_uint_eq(c.bytes_in_use, 100 * MiB);
+    ck_assert_uint_eq(c.num_regions, 1);
+    bfc_stats_t o = sst(ctx, s);
+    ck_assert_uint_eq(o.num_regions, 1);
+    ck_assert_uint_eq(o.bytes_reserved, 256 * MiB);
+    xcheck(ctx);
+    for (int i = 0; i < N; i++)
+        xfree(ctx, v[i], s);
+    ck_assert_uint_eq(st(ctx).bytes_in_use, 0);
+    xcheck(ctx);
+    bfc_ctx_destroy(ctx);
+}
+
+START_TEST(test_tf_layout_large_off)
+{
+    tf_layout("memory_limit=256M,allow_growth=false,large_alloc=0");
+}
+END_TEST
+
+START_TEST(test_tf_layout_default)
+{
+    tf_layout("memory_limit=256M,allow_growth=false");
+}
+END_TEST
+
+/* allow_growth=false: s1's shard holds the one region of the whole limit;
+ * s2 (s1 idle) is served from its free tail. */
+START_TEST(test_fixed_second_stream)
+{
+    bfc_ctx_t *ctx = ctx_spec("memory_limit=64M,allow_growth=false");
+    bfc_stream_t s1 = new_stream(ctx), s2 = new_stream(ctx);
+    void *a = xalloc(ctx, s1, 1 * MiB);
+    bfc_stats_t o = sst(ctx, s1);
+    ck_assert_uint_eq(o.num_regions, 1);
+    ck_assert_uint_eq(o.bytes_reserved, 64 * MiB);
+    void *b = bfc_ctx_alloc(ctx, s2, 16 * MiB);
+    ck_assert_msg(b != NULL, "alloc(16 MiB) on a second stream failed: %s", bfc_err_name(bfc_last_error()));
+    ck_assert(!overlaps(a, 1 * MiB, b, 16 * MiB));
+    memset(a, 0xA1, 1 * MiB);
+    memset(b, 0xB2, 16 * MiB);
+    ck_assert_int_eq(((unsigned char *)a)[1 * MiB - 1], 0xA1);
+    ck_assert_int_eq(((unsigned char *)b)[0], 0xB2);
+    xcheck(ctx);
+    xfree(ctx, a, s1);
+    xfree(ctx, b, s2);
+    ck_assert_uint_eq(st(ctx).bytes_in_use, 0);
+    xcheck(ctx);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
+/* ------------------------------------------------ 3. the randomized model */
+
+enum {
+    NSTREAM = 4,
+    MAXLIVE = 96,
+    MAXFREED = 4096, /* freed ranges remembered (guards and history) */
+    LOGN = 8192,     /* operations remembered for a failure report */
+    CHECK_EVERY = 64,
+};
+
+struct mlive {
+    uintptr_t p;
+    size_t n, asz;
+    int owner;
+    unsigned rec; /* streams named by record_stream (never the owner) */
+    uint64_t op;
+    unsigned char tag;
+};
+
+struct mfreed {
+    uintptr_t p;
+    size_t n;
+    int owner, freer;
+    unsigned guard;     /* streams whose guard is live */
+    unsigned had_guard; /* streams that guarded it when freed */
+    uint64_t op;
+    uint64_t alloc_op; /* when the block was allocated */
+};
+
+enum evkind { EV_ALLOC, EV_AFAIL, EV_FREE, EV_FFAIL, EV_RECORD, EV_RFAIL, EV_HOLD, EV_DRAIN, EV_RELEASE, EV_TRIM };
+static const char *ev_name[] = { "alloc",         "alloc-failed", "free",  "free-failed", "record",
+                                 "record-failed", "hold",         "drain", "release",     "trim" };
+
+struct mev {
+    uint64_t op;
+    uint8_t kind;
+    int8_t s, s2;
+    int rc;
+    uintptr_t p;
+    size_t n;
+    unsigned guard;
+};
+
+struct counters {
+    uint64_t runs, ops, allocs, ooms, frees, free_errors, cross_frees, records, holds, drains, releases, trims, checks,
+        moved, moved_guarded, meta_failures, violations;
+};
+
+/* One model run's whole state. */
+struct model {
+    bfc_ctx_t *ctx;
+    bfc_stream_t *s;
+    const char *spec;
+    bfc_config_t cfg;
+    uint64_t seed, rng, op;
+    uint64_t last_release[NSTREAM], last_trim; /* op + 1 of the last one; 0: none */
+    unsigned meta_every;                       /* 0: no fault injection */
+    unsigned held;
+    struct mlive live[MAXLIVE];
+    int nlive;
+    struct mfreed *freed;
+    int nfreed;
+    struct mev *log;
+    uint64_t nlog;
+    struct counters c;
+    bool keep_going; /* SHARDBFC_SAFETY_KEEP_GOING: count violations, do not stop */
+    bool stop;       /* the run ends after this operation */
+    uint64_t nviol, viol_op;
+    char why[1024];
+};
+
+static uint64_t rnd(struct model *m)
+{
+    uint64_t z = (m->rng += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static uint64_t rnd_below(struct model *m, uint64_t n)
+{
+    return n ? rnd(m) % n : 0;
+}
+
+static void log_ev(struct model *m, enum evkind k, int s, int s2, int rc, uintptr_t p, size_t n, unsigned guard)
+{
+    m->log[m->nlog++ % LOGN] = (struct mev){ m->op, (uint8_t)k, (int8_t)s, (int8_t)s2, rc, p, n, guard };
+}
+
+static bool range_overlap(uintptr_t a, size_t an, uintptr_t b, size_t bn)
+{
+    return a < b + bn && b < a + an;
+}
+
+/* "s0,s2" for a stream mask. */
+static const char *mask_str(unsigned mask, char *buf, size_t len)
+{
+    size_t at = 0;
+    buf[0] = '\0';
+    for (int k = 0; k < NSTREAM; k++)
+        if (mask >> k & 1)
+            at += (size_t)snprintf(buf + at, len - at, "%ss%d", at ? "," : "", k);
+    return at ? buf : "none";
+}
+
+/* The history of [lo, lo+len) (its last 24 events), and the holds, drains
+ * and releases of `streams` from their last hold before op `since` on. */
+static void print_history(struct model *m, uintptr_t lo, size_t len, unsigned streams, uint64_t since)
+{
+    uint64_t first = m->nlog > LOGN ? m->nlog - LOGN : 0;
+    for (uint64_t i = m->nlog; i-- > first;) {
+        const struct mev *e = &m->log[i % LOGN];
+        if (e->op <= since && e->kind == EV_HOLD && e->s >= 0 && (streams >> e->s & 1)) {
+            since = e->op;
+            break;
+        }
+    }
+    uint64_t idx[40];
+    int k = 0, on_range = 0;
+    for (uint64_t i = m->nlog; i-- > first && k < 40;) {
+        const struct mev *e = &m->log[i % LOGN];
+        bool r = e->n && range_overlap(e->p, e->n, lo, len) && on_range < 24;
+        bool st = e->op >= since && e->s >= 0 && (streams >> e->s & 1) &&
+                  (e->kind == EV_HOLD || e->kind == EV_DRAIN || e->kind == EV_RELEASE);
+        on_range += r;
+        if (r || st)
+            idx[k++] = i;
+    }
+    fprintf(stderr, "  history (oldest first; sN = stream N):\n");
+    while (k-- > 0) {
+        const struct mev *e = &m->log[idx[k] % LOGN];
+        fprintf(stderr, "    op %6" PRIu64 ": %-13s s%d", e->op, ev_name[e->kind], e->s);
+        if (e->kind == EV_FREE || e->kind == EV_FFAIL)
+            fprintf(stderr, " (owner s%d)", e->s2);
+        if (e->kind == EV_RECORD || e->kind == EV_RFAIL)
+            fprintf(stderr, " names s%d", e->s2);
+        if (e->n)
+            fprintf(stderr, " [%#" PRIxPTR ", +%zu)", e->p, e->n);
+        char g[32];
+        if (e->kind == EV_FREE)
+            fprintf(stderr, " guarded by %s", mask_str(e->guard, g, sizeof g));
+        if (e->rc)
+            fprintf(stderr, " -> %s", bfc_err_name(e->rc));
+        fputc('\n', stderr);
+    }
+}
+
+/* Reports a broken rule: the first of a run in full (with the history of
+ * the range and of the streams in `streams`), later ones (keep-going mode)
+ * only counted.  The run stops unless it keeps going. */
+__attribute__((format(printf, 6, 7))) static void violation(struct model *m, uintptr_t lo, size_t len, unsigned streams,
+                                                            uint64_t since, const char *fmt, ...)
+{
+    char why[sizeof m->why];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof why, fmt, ap);
+    va_end(ap);
+    if (!m->keep_going)
+        m->stop = true;
+    if (m->nviol++) {
+        if (m->nviol <= 10)
+            fprintf(stderr, "  and at op %" PRIu64 ": %s\n", m->op, why);
+        return;
+    }
+    m->viol_op = m->op;
+    memcpy(m->why, why, sizeof why);
+    fprintf(stderr, "VIOLATION: config \"%s\" seed %" PRIu64 " op %" PRIu64 "%s: %s\n", m->spec, m->seed, m->op,
+            m->meta_every ? " (metadata faults on)" : "", m->why);
+    print_history(m, lo, len, streams, since);
+    char meta[48] = "";
+    if (m->meta_every)
+        snprintf(meta, sizeof meta, " SHARDBFC_SAFETY_META=%u", m->meta_every);
+    fprintf(stderr,
+            "  re-run: SHARDBFC_SAFETY_CONF='%s' SHARDBFC_SAFETY_SEED=%" PRIu64
+            "%s CK_RUN_CASE=%s ./tests/test_safety\n",
+            m->spec, m->seed, meta, m->meta_every ? "model_faults" : "model");
+}
+
+/* Model of a successful free of live[i] on stream f. */
+static void model_free(struct model *m, int i, int f)
+{
+    struct mlive *l = &m->live[i];
+    unsigned guard = ((1u << f) | l->rec) & m->held;
+    if (m->nfreed == MAXFREED) {
+        /* Forget the oldest unguarded range (history only); if every range
+         * is guarded the test's sizes are wrong. */
+        int j = 0;
+        while (j < m->nfreed && m->freed[j].guard)
+            j++;
+        ck_assert_msg(j < m->nfreed, "model full: %d guarded ranges", m->nfreed);
+        memmove(&m->freed[j], &m->freed[j + 1], (size_t)(m->nfreed - j - 1) * sizeof m->freed[0]);
+        m->nfreed--;
+    }
+    m->freed[m->nfreed++] = (struct mfreed){ l->p, l->n, l->owner, f, guard, guard, m->op, l->op };
+    log_ev(m, EV_FREE, f, l->owner, 0, l->p, l->n, guard);
+    m->c.frees++;
+    if (f != l->owner)
+        m->c.cross_frees++;
+    *l = m->live[--m->nlive];
+}
+
+static void model_drain(struct model *m, int x)
+{
+    for (int i = 0; i < m->nfreed; i++)
+        m->freed[i].guard &= ~(1u << x);
+}
+
+static void tag_write(struct mlive *l)
+{
+    size_t k = l->n < 64 ? l->n : 64;
+    memset((void *)l->p, l->tag, k);
+    memset((void *)(l->p + l->n - k), l->tag, k);
+}
+
+static bool tag_ok(const struct mlive *l)
+{
+    size_t k = l->n < 64 ? l->n : 64;
+    const unsigned char *a = (const unsigned char *)l->p, *b = (const unsigned char *)(l->p + l->n - k);
+    for (size_t i = 0; i < k; i++)
+        if (a[i] != l->tag || b[i] != l->tag)
+            return false;
+    return true;
+}
+
+static size_t pick_size(struct model *m)
+{
+    size_t limit = m->cfg.memory_limit, large = m->cfg.large_alloc;
+    uint64_t r = rnd_below(m, 1000);
+    if (r < 2)
+        return limit + 1 + (size_t)rnd_below(m, 4096); /* never servable */
+    if (r < 40 && large) {
+        size_t hi = large * 2 < limit * 3 / 4 ? large * 2 : limit * 3 / 4;
+        if (large <= hi)
+            return large + (size_t)rnd_below(m, hi - large + 1);
+    }
+    if (r < 60)
+        return limit / 8 + (size_t)rnd_below(m, limit / 2 - limit / 8);
+    /* log-uniform 256 B .. limit/8, not a multiple of 256 as often as not */
+    double lo = log(256.0), hi = log((double)(limit / 8));
+    double u = (double)(rnd(m) >> 11) * 0x1.0p-53;
+    size_t n = (size_t)exp(lo + u * (hi - lo));
+    return n < 1 ? 1 : n;
+}
+
+/* How the memory probably left its shard, from what the model saw (it
+ * knows no shards): a guess for the reader of a failure report. */
+static void leave_hint(const struct model *m, const struct mfreed *f, char *buf, size_t len)
+{
+    uint64_t rel = m->last_release[f->owner];
+    size_t large = m->cfg.large_alloc;
+    if (rel && rel - 1 >= f->alloc_op && rel - 1 < f->op)
+        snprintf(buf, len, "the owner's shard was released at op %" PRIu64 " (the free emptied a retired shard)",
+                 rel - 1);
+    else if (rel && rel - 1 > f->op)
+        snprintf(buf, len, "the owner's shard was released at op %" PRIu64 " after the free", rel - 1);
+    else if (large && ((f->n + 255) & ~(size_t)255) >= large)
+        snprintf(buf, len, "a large block (region of its own, large_alloc %zu)", large);
+    else if (m->last_trim && m->last_trim - 1 > f->op)
+        snprintf(buf, len, "trimmed at op %" PRIu64, m->last_trim - 1);
+    else
+        snprintf(buf, len, "reclaimed by another shard%s", m->cfg.garbage_collection ? " or garbage-collected" : "");
+}
+
+/* A block that broke the rule is not kept: it goes back at once (on its
+ * own stream, reusable by nobody else), so the run's clean-up balances. */
+static void reject(struct model *m, void *q, int a)
+{
+    int rc = bfc_ctx_free(m->ctx, q, m->s[a]);
+    if (rc != BFC_OK && m->nviol <= 10)
+        fprintf(stderr, "  (the offending block %p could not be freed: %s)\n", q, bfc_err_name(rc));
+}
+
+static void op_alloc(struct model *m, int a)
+{
+    if (m->nlive == MAXLIVE)
+        return;
+    size_t n = pick_size(m);
+    void *q = bfc_ctx_alloc(m->ctx, m->s[a], n);
+    int e = bfc_last_error();
+    if (!q) {
+        log_ev(m, EV_AFAIL, a, -1, e, 0, 0, 0);
+        if (e == BFC_ENOMEM)
+            m->c.ooms++;
+        ck_assert_msg(e != BFC_OK, "alloc(%zu) returned NULL with BFC_OK", n);
+        if (!m->meta_every)
+            ck_assert_msg(e == BFC_ENOMEM, "alloc(%zu): %s (config \"%s\" seed %" PRIu64 " op %" PRIu64 ")", n,
+                          bfc_err_name(e), m->spec, m->seed, m->op);
+        return;
+    }
+    m->c.allocs++;
+    uintptr_t u = (uintptr_t)q;
+    log_ev(m, EV_ALLOC, a, -1, 0, u, n, 0);
+    if (n > m->cfg.memory_limit) {
+        violation(m, u, n, 0, m->op, "alloc(%zu) on s%d succeeded beyond the limit %zu", n, a, m->cfg.memory_limit);
+        reject(m, q, a);
+        return;
+    }
+    if (u % 256 != 0) {
+        violation(m, u, n, 0, m->op, "alloc(%zu) on s%d = %p is not 256-byte aligned", n, a, q);
+        reject(m, q, a);
+        return;
+    }
+    size_t asz = bfc_ctx_allocated_size(m->ctx, q);
+    if (asz < n) {
+        violation(m, u, n, 0, m->op, "alloc(%zu) on s%d = %p: allocated_size %zu", n, a, q, asz);
+        reject(m, q, a);
+        return;
+    }
+    for (int i = 0; i < m->nlive; i++) {
+        const struct mlive *l = &m->live[i];
+        if (range_overlap(u, asz, l->p, l->asz)) {
+            violation(m, u, asz, 0, m->op,
+                      "alloc(%zu) on s%d = [%#" PRIxPTR ", +%zu) overlaps the live block [%#" PRIxPTR
+                      ", +%zu) of s%d allocated at op %" PRIu64,
+                      n, a, u, asz, l->p, l->asz, l->owner, l->op);
+            reject(m, q, a);
+            return;
+        }
+    }
+    bool moved = false, moved_guarded = false;
+    for (int i = 0; i < m->nfreed;) {
+        struct mfreed *f = &m->freed[i];
+        if (!range_overlap(u, n, f->p, f->n)) {
+            i++;
+            continue;
+        }
+        unsigned others = f->guard & ~(1u << a);
+        if (others) {
+            char g1[32], g2[32], hint[160];
+            leave_hint(m, f, hint, sizeof hint);
+            violation(m, f->p, f->n, others, f->op,
+                      "alloc(%zu) on s%d = [%#" PRIxPTR ", +%zu) overlaps [%#" PRIxPTR ", +%zu), freed at op %" PRIu64
+                      " on s%d (owner s%d) while guarded by %s, of which %s not drained since; %s",
+                      n, a, u, n, f->p, f->n, f->op, f->freer, f->owner, mask_str(f->had_guard, g1, sizeof g1),
+                      mask_str(others, g2, sizeof g2), hint);
+            reject(m, q, a);
+            return;
+        }
+        if (f->owner != a) {
+            moved = true;
+            if (f->had_guard & ~(1u << a))
+                moved_guarded = true;
+        }
+        if (f->guard) {
+            i++; /* a's own guard: stays for the rest of the range */
+            continue;
+        }
+        /* The range starts a new history. */
+        *f = m->freed[--m->nfreed];
+    }
+    m->c.moved += moved;
+    m->c.moved_guarded += moved_guarded;
+    struct mlive *l = &m->live[m->nlive++];
+    *l = (struct mlive){ u, n, asz, a, 0, m->op, (unsigned char)(m->op * 37 + 1) };
+    tag_write(l);
+}
+
+static void op_free(struct model *m, bool own)
+{
+    if (m->nlive == 0)
+        return;
+    int i = (int)rnd_below(m, (uint64_t)m->nlive);
+    struct mlive *l = &m->live[i];
+    int f = l->owner;
+    if (!own)
+        f = (l->owner + 1 + (int)rnd_below(m, NSTREAM - 1)) % NSTREAM;
+    if (!tag_ok(l)) {
+        violation(m, l->p, l->n, 0, m->op, "live block [%#" PRIxPTR ", +%zu) of s%d lost its tag before its free", l->p,
+                  l->n, l->owner);
+        if (m->stop)
+            return;
+    }
+    int rc = bfc_ctx_free(m->ctx, (void *)l->p, m->s[f]);
+    if (rc != BFC_OK) {
+        log_ev(m, EV_FFAIL, f, l->owner, rc, l->p, l->n, 0);
+        m->c.free_errors++;
+        if (!m->meta_every)
+            ck_assert_msg(rc == BFC_OK,
+                          "free of a live block on s%d: %s (config \"%s\" seed %" PRIu64 " op %" PRIu64 ")", f,
+                          bfc_err_name(rc), m->spec, m->seed, m->op);
+        return; /* still live: freed again later */
+    }
+    model_free(m, i, f);
+}
+
+static void op_record(struct model *m)
+{
+    if (m->nlive == 0)
+        return;
+    int i = (int)rnd_below(m, (uint64_t)m->nlive);
+    int r = (int)rnd_below(m, NSTREAM);
+    struct mlive *l = &m->live[i];
+    int rc = bfc_ctx_record_stream(m->ctx, (void *)l->p, m->s[r]);
+    log_ev(m, rc == BFC_OK ? EV_RECORD : EV_RFAIL, l->owner, r, rc, l->p, l->n, 0);
+    if (rc != BFC_OK) {
+        if (!m->meta_every)
+            ck_assert_msg(rc == BFC_OK, "record_stream: %s", bfc_err_name(rc));
+        return; /* not recorded */
+    }
+    m->c.records++;
+    if (r != l->owner) /* recording the owner is a no-op */
+        l->rec |= 1u << r;
+}
+
+static void model_check(struct model *m)
+{
+    char buf[512];
+    buf[0] = '\0';
+    int rc = bfc_ctx_check_report(m->ctx, buf, sizeof buf);
+    m->c.checks++;
+    if (rc != BFC_OK) {
+        violation(m, 0, 0, 0, m->op, "bfc_ctx_check: %s: %s", bfc_err_name(rc), buf);
+        m->stop = true; /* going on with a corrupt allocator proves nothing */
+    }
+}
+
+static void model_step(struct model *m)
+{
+    uint64_t r = rnd_below(m, 100);
+    int x = (int)rnd_below(m, NSTREAM);
+    if (r < 34) {
+        op_alloc(m, x);
+    } else if (r < 56) {
+        op_free(m, true);
+    } else if (r < 64) {
+        op_free(m, false);
+    } else if (r < 70) {
+        op_record(m);
+    } else if (r < 81) {
+        bfc_sim_stream_hold(m->ctx, m->s[x]);
+        m->held |= 1u << x;
+        m->c.holds++;
+        log_ev(m, EV_HOLD, x, -1, 0, 0, 0, 0);
+    } else if (r < 94) {
+        bfc_sim_stream_drain(m->ctx, m->s[x]);
+        m->held &= ~(1u << x);
+        model_drain(m, x);
+        m->c.drains++;
+        log_ev(m, EV_DRAIN, x, -1, 0, 0, 0, 0);
+    } else if (r < 98) {
+        int rc = bfc_ctx_stream_release(m->ctx, m->s[x]);
+        log_ev(m, EV_RELEASE, x, -1, rc, 0, 0, 0);
+        if (rc == BFC_OK) {
+            m->c.releases++;
+            m->last_release[x] = m->op + 1;
+        } else if (!m->meta_every)
+            ck_assert_msg(rc == BFC_EINVAL, "release: %s", bfc_err_name(rc));
+    } else {
+        int rc = bfc_ctx_trim(m->ctx);
+        log_ev(m, EV_TRIM, -1, -1, rc, 0, 0, 0);
+        m->c.trims++;
+        m->last_trim = m->op + 1;
+        if (!m->meta_every)
+            ck_assert_msg(rc == BFC_OK, "trim: %s", bfc_err_name(rc));
+    }
+}
+
+/* Drains everything, frees everything, trims: nothing may be left. */
+static void model_finish(struct model *m)
+{
+    bfc_sim_fail_meta_every(0);
+    for (int k = 0; k < NSTREAM; k++)
+        bfc_sim_stream_drain(m->ctx, m->s[k]);
+    m->held = 0;
+    while (m->nlive) {
+        struct mlive *l = &m->live[m->nlive - 1];
+        if (!m->stop && !tag_ok(l))
+            violation(m, l->p, l->n, 0, m->op, "live block [%#" PRIxPTR ", +%zu) of s%d lost its tag", l->p, l->n,
+                      l->owner);
+        int rc = bfc_ctx_free(m->ctx, (void *)l->p, m->s[l->owner]);
+        if (rc != BFC_OK)
+            violation(m, l->p, l->n, 0, m->op, "clean-up: free of the live block [%#" PRIxPTR ", +%zu) of s%d: %s",
+                      l->p, l->n, l->owner, bfc_err_name(rc));
+        m->nlive--;
+    }
+    int rc = bfc_ctx_trim(m->ctx);
+    if (rc != BFC_OK)
+        violation(m, 0, 0, 0, m->op, "clean-up: trim: %s", bfc_err_name(rc));
+    bfc_stats_t s;
+    rc = bfc_ctx_stats(m->ctx, &s);
+    if (rc != BFC_OK)
+        violation(m, 0, 0, 0, m->op, "clean-up: stats: %s", bfc_err_name(rc));
+    else if (s.bytes_in_use != 0 || s.num_pending_frees != 0)
+        violation(m, 0, 0, 0, m->op,
+                  "clean-up: %" PRIu64 " bytes in use, %" PRIu64 " pending frees after every block was freed",
+                  s.bytes_in_use, s.num_pending_frees);
+    char buf[512];
+    buf[0] = '\0';
+    rc = bfc_ctx_check_report(m->ctx, buf, sizeof buf);
+    if (rc != BFC_OK)
+        violation(m, 0, 0, 0, m->op, "clean-up: bfc_ctx_check: %s: %s", bfc_err_name(rc), buf);
+}
+
+/* The process-wide SIM stream table never reuses records: one set of
+ * streams serves every run of the process. */
+static bfc_stream_t *model_streams(bfc_ctx_t *ctx)
+{
+    static bfc_stream_t s[NSTREAM];
+    if (!s[0])
+        for (int k = 0; k < NSTREAM; k++)
+            s[k] = new_stream(ctx);
+    return s;
+}
+
+/* One (configuration, seed) run; returns whether it found a violation. */
+static bool model_run(struct model *m, const char *spec, uint64_t seed, uint64_t ops, unsigned meta_every,
+                      bool keep_going)
+{
+    struct mfreed *freed = m->freed;
+    struct mev *log = m->log;
+    struct counters c = m->c;
+    memset(m, 0, sizeof *m);
+    m->freed = freed;
+    m->log = log;
+    m->c = c;
+    m->spec = spec;
+    m->seed = seed;
+    m->rng = seed * 0xD1B54A32D192ED03ull + 1;
+    m->meta_every = meta_every;
+    m->keep_going = keep_going;
+    m->ctx = ctx_spec(spec);
+    ck_assert_int_eq(bfc_ctx_config(m->ctx, &m->cfg), BFC_OK);
+    m->s = model_streams(m->ctx);
+    for (int k = 0; k < NSTREAM; k++)
+        bfc_sim_stream_drain(m->ctx, m->s[k]);
+    m->c.runs++;
+    if (meta_every)
+        bfc_sim_fail_meta_every(meta_every); /* also restarts the count: runs reproduce */
+    uint64_t fails0 = bfc_sim_meta_failures();
+    for (m->op = 0; m->op < ops && !m->stop; m->op++) {
+        model_step(m);
+        if (!m->stop && (m->op + 1) % CHECK_EVERY == 0)
+            model_check(m);
+    }
+    if (!m->stop)
+        model_check(m);
+    m->c.ops += m->op;
+    m->c.violations += m->nviol;
+    if (meta_every)
+        m->c.meta_failures += bfc_sim_meta_failures() - fails0;
+    model_finish(m);
+    bfc_ctx_destroy(m->ctx);
+    m->ctx = NULL;
+    return m->nviol != 0;
+}
+
+static uint64_t env_u64(const char *name, uint64_t def)
+{
+    const char *v = getenv(name);
+    if (!v || !*v)
+        return def;
+    char *end;
+    unsigned long long x = strtoull(v, &end, 0);
+    ck_assert_msg(*end == '\0', "%s=%s is not a number", name, v);
+    return (uint64_t)x;
+}
+
+#define TIGHT_LIMIT "16M"
+
+/* The configurations: the product of the dimensions above. */
+static int model_configs(char (*out)[160], int max)
+{
+    static const char *limits[] = { TIGHT_LIMIT, "48M", "64M", "128M", "256M" };
+    static const char *large[] = { "large_alloc=0,", "", "large_alloc=4M," };
+    int n = 0;
+    for (size_t li = 0; li < sizeof limits / sizeof limits[0]; li++)
+        for (int g = 1; g >= 0; g--)
+            for (int gc = 0; gc <= 1; gc++)
+                for (size_t la = 0; la < sizeof large / sizeof large[0]; la++) {
+                    ck_assert_int_lt(n, max);
+                    snprintf(out[n++], 160, "memory_limit=%s,allow_growth=%s,garbage_collection=%s,%sretry_ms=0",
+                             limits[li], g ? "true" : "false", gc ? "true" : "false", large[la]);
+                }
+    return n;
+}
+
+/* Runs every configuration (or the one in SHARDBFC_SAFETY_CONF) over its
+ * seeds; fails at the end if any run found a violation, or if the tight
+ * configurations never moved memory between streams. */
+static void model_suite(bool faults)
+{
+    static char confs[64][160];
+    int nconf;
+    const char *env_conf = getenv("SHARDBFC_SAFETY_CONF");
+    bool one = false;
+    if (env_conf && *env_conf) {
+        snprintf(confs[0], sizeof confs[0], "%s", env_conf);
+        nconf = 1;
+        one = true;
+    } else {
+        nconf = model_configs(confs, 64);
+    }
+    uint64_t seeds = g_long ? 6 : 2, seed0 = 1;
+    uint64_t ops = g_long ? 12000 : 1500;
+    if (faults) {
+        seeds = g_long ? 4 : 1;
+        ops = g_long ? 8000 : 2000;
+    }
+    if (getenv("SHARDBFC_SAFETY_SEED")) {
+        seed0 = env_u64("SHARDBFC_SAFETY_SEED", 1);
+        seeds = 1;
+        one = true;
+    }
+    ops = env_u64("SHARDBFC_SAFETY_OPS", ops);
+    bool keep_going = env_u64("SHARDBFC_SAFETY_KEEP_GOING", 0) != 0;
+    static const unsigned fault_every[] = { 7, 23 };
+    unsigned meta_env = (unsigned)env_u64("SHARDBFC_SAFETY_META", 0);
+
+    struct model *m = calloc(1, sizeof *m);
+    ck_assert_ptr_nonnull(m);
+    m->freed = calloc(MAXFREED, sizeof m->freed[0]);
+    m->log = calloc(LOGN, sizeof m->log[0]);
+    ck_assert(m->freed && m->log);
+
+    static const char tight_prefix[] = "memory_limit=" TIGHT_LIMIT ",";
+    double t0 = now_s();
+    int nviol = 0, nran = 0;
+    char first_bad[512] = "";
+    struct counters tight = { 0 }, all = { 0 };
+    printf("%-92s %5s %7s %7s %6s %6s %6s %5s %5s  %s\n", "configuration", "runs", "ops", "allocs", "ooms", "moved",
+           "mv-grd", "rel", "trim", "first violation");
+    for (int ci = 0; ci < nconf; ci++) {
+        /* With faults: a third of the configurations (every limit, growth
+         * and GC setting, large_alloc rotating), injection period
+         * alternating. */
+        if (faults && !one && ci % 3 != ci / 3 % 3)
+            continue;
+        unsigned every = meta_env ? meta_env : faults ? fault_every[ci / 3 % 2] : 0;
+        nran++;
+        m->c = (struct counters){ 0 };
+        char verdict[160] = "-";
+        for (uint64_t k = 0; k < seeds; k++) {
+            /* Each configuration has seeds of its own (1, 2, ... for the
+             * first; 1001, 1002, ... for the second, ...). */
+            uint64_t seed = one ? seed0 + k : seed0 + k + (uint64_t)ci * 1000;
+            if (model_run(m, confs[ci], seed, ops, every, keep_going)) {
+                if (verdict[0] == '-') {
+                    snprintf(verdict, sizeof verdict, "seed %" PRIu64 " op %" PRIu64, seed, m->viol_op);
+                    if (!nviol)
+                        snprintf(first_bad, sizeof first_bad, "\"%.150s\" seed %" PRIu64 " op %" PRIu64 ": %.200s",
+                                 confs[ci], seed, m->viol_op, m->why);
+                    nviol++;
+                }
+                if (!keep_going)
+                    break;
+            }
+        }
+        if (keep_going && m->c.violations) {
+            size_t at = strlen(verdict);
+            snprintf(verdict + at, sizeof verdict - at, " (%" PRIu64 " in all)", m->c.violations);
+        }
+        const struct counters *c = &m->c;
+        printf("%-92s %5" PRIu64 " %7" PRIu64 " %7" PRIu64 " %6" PRIu64 " %6" PRIu64 " %6" PRIu64 " %5" PRIu64
+               " %5" PRIu64 "  %s\n",
+               confs[ci], c->runs, c->ops, c->allocs, c->ooms, c->moved, c->moved_guarded, c->releases, c->trims,
+               verdict);
+        fflush(stdout);
+        struct counters *sums[2] = { &all,
+                                     strncmp(confs[ci], tight_prefix, strlen(tight_prefix)) == 0 ? &tight : NULL };
+        for (int j = 0; j < 2; j++) {
+            if (!sums[j])
+                continue;
+            struct counters *t = sums[j];
+            t->runs += c->runs;
+            t->ops += c->ops;
+            t->allocs += c->allocs;
+            t->ooms += c->ooms;
+            t->frees += c->frees;
+            t->free_errors += c->free_errors;
+            t->cross_frees += c->cross_frees;
+            t->records += c->records;
+            t->releases += c->releases;
+            t->trims += c->trims;
+            t->checks += c->checks;
+            t->moved += c->moved;
+            t->moved_guarded += c->moved_guarded;
+            t->meta_failures += c->meta_failures;
+            t->violations += c->violations;
+        }
+    }
+    printf("model%s: %d configurations, %" PRIu64 " runs, %" PRIu64 " operations (%" PRIu64 " allocations, %" PRIu64
+           " OOMs, %" PRIu64 " frees of which %" PRIu64 " cross-stream, %" PRIu64 " failed frees, %" PRIu64
+           " records, %" PRIu64 " releases, %" PRIu64 " trims, %" PRIu64 " checks), memory moved between streams "
+           "%" PRIu64 " times (%" PRIu64 " after a guard was lifted; tight limit: %" PRIu64 " / %" PRIu64 "), %" PRIu64
+           " metadata faults injected, %d configurations with a violation, %.1f s\n",
+           faults ? " under metadata faults" : "", nran, all.runs, all.ops, all.allocs, all.ooms, all.frees,
+           all.cross_frees, all.free_errors, all.records, all.releases, all.trims, all.checks, all.moved,
+           all.moved_guarded, tight.moved, tight.moved_guarded, all.meta_failures, nviol, now_s() - t0);
+    fflush(stdout);
+    free(m->freed);
+    free(m->log);
+    free(m);
+    bfc_sim_fail_meta_every(0);
+    ck_assert_msg(nviol == 0, "%d configuration(s) broke the stream-safety rule; first: %s", nviol, first_bad);
+    if (!one) {
+        ck_assert_msg(tight.moved_guarded > 0 && tight.releases > 0,
+                      "the tight configurations never moved guarded memory between streams (moved %" PRIu64
+                      ", after a guard %" PRIu64 ", releases %" PRIu64 "): the test proves nothing",
+                      tight.moved, tight.moved_guarded, tight.releases);
+        if (faults)
+            ck_assert_msg(all.meta_failures > 0, "no metadata fault was injected");
+    }
+}
+
+START_TEST(test_model)
+{
+    model_suite(false);
+}
+END_TEST
+
+START_TEST(test_model_faults)
+{
+    model_suite(true);
+}
+END_TEST
+
+/* ---------------------------------------------------------------- main */
+
+static Suite *safety_suite(void)
+{
+    Suite *s = suite_create("safety");
+
+    TCase *h = tcase_create("handoff");
+    /* The reclaim_wait cases wait 0.3 s (up to retry_ms = 2 s if broken). */
+    tcase_set_timeout(h, 30);
+    tcase_add_test(h, test_large_own);
+    tcase_add_test(h, test_large_record);
+    tcase_add_test(h, test_large_cross);
+    tcase_add_test(h, test_release_own);
+    tcase_add_test(h, test_release_record);
+    tcase_add_test(h, test_release_cross);
+    tcase_add_test(h, test_reclaim_own);
+    tcase_add_test(h, test_reclaim_record);
+    tcase_add_test(h, test_reclaim_cross);
+    tcase_add_test(h, test_reclaim_wait_own);
+    tcase_add_test(h, test_reclaim_wait_record);
+    tcase_add_test(h, test_reclaim_wait_cross);
+    suite_add_tcase(s, h);
+
+    TCase *p = tcase_create("pool");
+    tcase_set_timeout(p, 30);
+    tcase_add_test(p, test_fixed_pool_emptied);
+    tcase_add_test(p, test_growth_pool_emptied);
+    tcase_add_test(p, test_growth_across_shards_idle);
+    tcase_add_test(p, test_growth_across_shards_held);
+    tcase_add_test(p, test_fixed_across_shards_idle);
+    tcase_add_test(p, test_fixed_across_shards_held);
+    tcase_add_test(p, test_tf_layout_large_off);
+    tcase_add_test(p, test_tf_layout_default);
+    tcase_add_test(p, test_fixed_second_stream);
+    suite_add_tcase(s, p);
+
+    /* Sanitizer builds run the same sizes several times slower. */
+    TCase *m = tcase_create("model");
+    tcase_set_timeout(m, g_long ? 3600 : 300);
+    tcase_add_test(m, test_model);
+    suite_add_tcase(s, m);
+
+    TCase *mf = tcase_create("model_faults");
+    tcase_set_timeout(mf, g_long ? 3600 : 300);
+    tcase_add_test(mf, test_model_faults);
+    suite_add_tcase(s, mf);
+    return s;
+}
+
+int main(void)
+{
+    const char *mode = getenv("SHARDBFC_STRESS");
+    g_long = mode && strcmp(mode, "long") == 0;
+    SRunner *sr = srunner_create(safety_suite());
+    srunner_run_all(sr, CK_ENV);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
