@@ -1,0 +1,69 @@
+#!/bin/sh
+# traces_smoke.sh -- `make check`: every trace under tests/traces/ (real
+# PyTorch allocation logs, gzip-compressed) decompresses, matches its row in
+# tests/traces/README.md (events and exact peak requested bytes, from
+# scripts/trace_stats.sh, which also checks the trace's own consistency),
+# and replays: tools/shardbfc-replay on the defaults exits 0.  The replay's
+# figures are printed for the log, not checked.
+set -u
+
+srcdir=${top_srcdir:-.}
+dir="$srcdir/tests/traces"
+readme="$dir/README.md"
+replay=./tools/shardbfc-replay
+stats="$srcdir/scripts/trace_stats.sh"
+[ -x "$replay" ] || { echo "traces_smoke: $replay not built" >&2; exit 1; }
+command -v gzip >/dev/null 2>&1 || { echo "traces_smoke: gzip is not installed" >&2; exit 77; }
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/traces_smoke.XXXXXX") || exit 1
+trap 'rm -rf "$tmp"' EXIT
+
+failed=0
+count=0
+for gz in "$dir"/*.csv.gz; do
+    [ -f "$gz" ] || continue
+    name=$(basename "$gz")
+    count=$((count + 1))
+    csv="$tmp/${name%.gz}"
+    if ! gzip -dc "$gz" >"$csv"; then
+        echo "FAIL $name: does not decompress"
+        failed=1
+        continue
+    fi
+    # README row: | `NAME` | workload | batch | iterations | streams | events | peak | csv | gzip |
+    row=$(grep -F "| \`$name\` |" "$readme" | head -n 1)
+    want_events=$(printf '%s\n' "$row" | awk -F'|' '{gsub(/ /, "", $7); print $7}')
+    want_peak=$(printf '%s\n' "$row" | awk -F'|' '{gsub(/ /, "", $8); print $8}')
+    if [ -z "$row" ] || [ -z "$want_events" ]; then
+        echo "FAIL $name: no row in tests/traces/README.md"
+        failed=1
+        continue
+    fi
+    got=$("$stats" "$csv") || { echo "FAIL $name: trace_stats.sh failed"; failed=1; continue; }
+    echo "$got"
+    events=$(printf '%s\n' "$got" | sed -n 's/.* events=\([0-9]*\).*/\1/p')
+    peak=$(printf '%s\n' "$got" | sed -n 's/.* peak_requested=\([0-9]*\).*/\1/p')
+    rows=$(($(wc -l <"$csv") - 1))
+    if [ "$rows" != "$want_events" ] || [ "$events" != "$want_events" ]; then
+        echo "FAIL $name: $rows rows, README says $want_events"
+        failed=1
+    fi
+    if [ "$peak" != "$want_peak" ]; then
+        echo "FAIL $name: peak requested $peak, README says $want_peak"
+        failed=1
+    fi
+    case "$got" in
+        *" unmatched_frees=0 size_mismatches=0 double_allocs=0") ;;
+        *) echo "FAIL $name: the trace is inconsistent"; failed=1 ;;
+    esac
+    if ! "$replay" "$csv" >"$tmp/out.txt" 2>&1; then
+        echo "FAIL $name: shardbfc-replay exited non-zero:"
+        failed=1
+    fi
+    cat "$tmp/out.txt"
+done
+if [ "$count" -eq 0 ]; then
+    echo "traces_smoke: no traces under $dir" >&2
+    exit 1
+fi
+[ "$failed" -eq 0 ] && echo "traces_smoke: $count traces replayed"
+exit "$failed"
