@@ -262,11 +262,12 @@ BFC_API int bfc_ctx_stream_release(bfc_ctx_t *ctx, bfc_stream_t stream);
 
 /*
  * Releases every fully free region (of every shard and of the pool) to the
- * backend.  Blocks whose fences are still pending are not touched, and memory
- * whose departure event (see "Memory") has not completed yet stays cached in
- * the pool until a later trim.
+ * backend.  Blocks whose fences are still pending are not touched.  Memory
+ * that leaves a shard here is fenced on the shard's stream (see "Memory"):
+ * on CUDA trim waits for that work, as PyTorch's empty_cache does; on SIM
+ * memory of a held stream stays cached in the pool until a later trim.
  * Context: thread-safe; takes each arena lock in turn and the pool lock;
- * may block in the backend.
+ * blocks while it waits for device work (CUDA) and in the backend.
  */
 BFC_API int bfc_ctx_trim(bfc_ctx_t *ctx);
 

@@ -438,7 +438,7 @@ void *bfc__ctx_alloc_slow(struct bfc_ctx *ctx, struct bfc__arena *a, size_t n, s
         bfc__ctx_reclaim_others(ctx, a, false);
         if (ctx->cfg.garbage_collection)
             bfc__pool_release_free(&ctx->pool);
-        bfc__pool_wait(&ctx->pool, a->stream_id, wait);
+        bfc__pool_wait(&ctx->pool, a->stream_id, false, wait);
         bfc__lock(&a->lock);
         if ((p = retry_here(ctx, a, n, rounded, large, fit_first, &st)))
             return p;
@@ -453,7 +453,7 @@ void *bfc__ctx_alloc_slow(struct bfc_ctx *ctx, struct bfc__arena *a, size_t n, s
             bfc__arena_shed_locked(a, true);
             bfc__unlock(&a->lock);
             bfc__ctx_reclaim_others(ctx, a, true);
-            bfc__pool_wait(&ctx->pool, a->stream_id, wait);
+            bfc__pool_wait(&ctx->pool, a->stream_id, false, wait);
             bfc__lock(&a->lock);
             if ((p = retry_here(ctx, a, n, rounded, large, fit_first, &st)))
                 return p;
@@ -771,6 +771,10 @@ int bfc_ctx_trim(bfc_ctx_t *ctx)
     if (!ctx)
         return BFC_EINVAL;
     bfc__ctx_reclaim_others(ctx, NULL, false);
+    /* What just left the shards is fenced on their streams: on a device,
+     * wait for that work (as PyTorch's empty_cache synchronises its events
+     * before it frees), so that trim returns what it can. */
+    bfc__pool_wait(&ctx->pool, 0, true, fence_wait_ms(ctx));
     bfc__pool_release_free(&ctx->pool);
     return BFC_OK;
 }

@@ -448,7 +448,7 @@ void bfc__pool_put(struct bfc__pool *p, uintptr_t base, size_t size, struct bfc_
 
 #define WAIT_MAX_EVENTS 32
 
-bool bfc__pool_wait(struct bfc__pool *p, uint64_t sid, uint32_t timeout_ms)
+bool bfc__pool_wait(struct bfc__pool *p, uint64_t sid, bool all, uint32_t timeout_ms)
 {
     bfc__event_t evs[WAIT_MAX_EVENTS];
     size_t n = 0;
@@ -460,7 +460,7 @@ bool bfc__pool_wait(struct bfc__pool *p, uint64_t sid, uint32_t timeout_ms)
      * destroyed by bfc__pool_fini.  One re-recorded meanwhile just makes
      * the wait end at another point; the poll below decides. */
     for (struct bfc__span *s = p->spans; s && n < WAIT_MAX_EVENTS; s = s->next)
-        if (s->fence && s->sid != sid)
+        if (s->fence && (all || s->sid != sid))
             for (struct bfc__fence *f = s->fence; f && n < WAIT_MAX_EVENTS; f = f->extra)
                 if (f->ev && !f->synced && !f->unfenced)
                     evs[n++] = f->ev;

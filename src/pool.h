@@ -103,9 +103,10 @@ void bfc__pool_put(struct bfc__pool *p, uintptr_t base, size_t size, struct bfc_
                    bfc_stream_t s, uint64_t sid, struct bfc__pool_ticket *t);
 
 /* Waits up to timeout_ms (UINT32_MAX: without bound) for the departure
- * fences that keep memory from stream `sid`, without holding the pool lock
- * meanwhile.  Returns true when any memory became free for sid. */
-bool bfc__pool_wait(struct bfc__pool *p, uint64_t sid, uint32_t timeout_ms);
+ * fences that keep memory from stream `sid` (all: every departure fence),
+ * without holding the pool lock meanwhile.  Returns true when any memory
+ * became free for sid. */
+bool bfc__pool_wait(struct bfc__pool *p, uint64_t sid, bool all, uint32_t timeout_ms);
 
 /* A range of a region that a shard could give back (a free tail). */
 struct bfc__range {
