@@ -4,9 +4,9 @@
  * backend and its book (src/backend_vmm.c): round trips, data kept while
  * mapped, fresh pages after unmap and map again, sub-ranges unmapped apart
  * from how they were mapped, `held` and the ceiling, fault injection, bad
- * arguments, many reservations, a 64 GiB reservation that costs nothing, a
- * random model check of the book, threads, the bfc_sim_mapped control and
- * the host backend (no virtual memory).
+ * arguments, metadata failures, many reservations, a 64 GiB reservation
+ * that costs nothing, a random model check of the book, threads, the
+ * bfc_sim_mapped control and the host backend (no virtual memory).
  *
  * Unmapped memory is never touched here (it faults); bfc__sim_mapped and
  * bfc_sim_mapped are how the tests see it.
@@ -14,6 +14,7 @@
 #include "backend.h"
 #include "ctx.h"
 #include "host.h"
+#include "meta.h"
 
 #include <shardbfc_sim.h>
 
@@ -365,6 +366,31 @@ START_TEST(test_bad_arguments)
 }
 END_TEST
 
+/* The book's records come from the metadata shim: when it fails, so does
+ * va_reserve (BFC_ENOMEM), and nothing stays reserved or recorded. */
+START_TEST(test_metadata_failure)
+{
+    bfc__backend_t *be = open_sim(G);
+    uintptr_t a = 1, b = 0;
+
+    bfc__meta_fail_every(1); /* the book's first array */
+    ck_assert_int_eq(be->ops->va_reserve(be, 4 * G, &a), BFC_ENOMEM);
+    ck_assert_uint_eq(a, 0);
+    bfc__meta_fail_every(0);
+    ck_assert_int_eq(be->ops->va_reserve(be, 4 * G, &b), BFC_OK);
+    bfc__meta_fail_every(1); /* a reservation's bitmap */
+    ck_assert_int_eq(be->ops->va_reserve(be, 4 * G, &a), BFC_ENOMEM);
+    bfc__meta_fail_every(0);
+    ck_assert_uint_eq(a, 0);
+    /* The book is intact: b works, nothing else is known. */
+    ck_assert_int_eq(be->ops->va_map(be, b, 4 * G), BFC_OK);
+    ck_assert_int_eq(mapped(be, b, 4 * G), 1);
+    ck_assert_int_eq(be->ops->va_release(be, b, 4 * G), BFC_OK);
+    ck_assert_uint_eq(bfc__sim_bytes_held(be), 0);
+    be->ops->close(be);
+}
+END_TEST
+
 /* 4 KiB granules (16 per 64 KiB) in reservations of many sizes: the book
  * keeps them apart, and its bitmaps cross word boundaries. */
 START_TEST(test_many_reservations)
@@ -697,6 +723,7 @@ int main(void)
     tcase_add_test(sim, test_held_and_ceiling);
     tcase_add_test(sim, test_fault_injection);
     tcase_add_test(sim, test_bad_arguments);
+    tcase_add_test(sim, test_metadata_failure);
     tcase_add_test(sim, test_many_reservations);
     tcase_add_test(sim, test_huge_reservation);
     tcase_add_test(sim, test_model);
