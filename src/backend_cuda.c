@@ -86,8 +86,9 @@ struct cuda_backend {
  * for pins each function's ABI: the pointer returned is the function as it
  * was in CUDA 12.0, which for all of these is the version their PFN_ type
  * names (none changed between its introduction and 12.0), whatever later
- * variants a newer driver adds.  A CUDA 13 runtime runs only on drivers of
- * 13.0 or later, so 12.0 is never above the driver's version (which would be
+ * variants a newer driver adds.  A CUDA 12 or 13 runtime (configure takes
+ * nothing older) runs only on a driver of at least its major version, so
+ * 12.0 is never above the driver's version (which would be
  * cudaErrorInvalidValue).
  */
 #define CUDA_DRV_ABI 12000
