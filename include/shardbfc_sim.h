@@ -74,11 +74,25 @@ BFC_API uint64_t bfc_sim_backend_allocs(bfc_ctx_t *ctx);
 BFC_API uint64_t bfc_sim_backend_failures(bfc_ctx_t *ctx);
 
 /* Bytes of device memory ctx's SIM backend holds right now (allocated and not
- * yet returned): 0 after every block is freed and bfc_ctx_trim ran (growth
- * mode), which is how leak tests see that nothing stayed behind.  0 for a
- * context that is not SIM.
+ * yet returned, plus the pages mapped into virtual-memory arenas): 0 after
+ * every block is freed and bfc_ctx_trim ran (growth mode), which is how leak
+ * tests see that nothing stayed behind.  0 for a context that is not SIM.
  * Context: thread-safe, lock-free. */
 BFC_API uint64_t bfc_sim_backend_bytes_held(bfc_ctx_t *ctx);
+
+/*
+ * Whether device memory is mapped behind [p, p + n) in ctx's virtual-memory
+ * arenas: 1 when every byte of it lies in pages mapped in one of the SIM
+ * backend's reserved address ranges, 0 when some or none do.  This is how a
+ * test sees that memory was given back without touching it (an unmapped
+ * page faults, as on a GPU).  Memory outside those ranges (classic regions
+ * with vmm=off, foreign addresses), n == 0, p == NULL and a context that is
+ * not SIM all answer 0.
+ * Context: thread-safe; takes the SIM backend's virtual-memory lock, which
+ * only map and unmap calls take (it may wait for one in progress).  The
+ * answer is a snapshot: another thread's allocation or trim may change it.
+ */
+BFC_API int bfc_sim_mapped(bfc_ctx_t *ctx, const void *p, size_t n);
 
 #ifdef __cplusplus
 }

@@ -10,6 +10,36 @@
  * Every backend operation is thread-safe.  None takes an allocator lock; the
  * SIM backend's own state is atomics plus a registry lock taken only when a
  * simulated stream is created.
+ *
+ * Virtual memory.  A backend with vmm_granule != 0 also lets the allocator
+ * separate address space from memory, the model of the CUDA driver's
+ * virtual memory management (cuMemAddressReserve / cuMemCreate / cuMemMap):
+ *
+ *   va_reserve   takes a range of addresses, aligned to the granule, with no
+ *                memory behind it: reserving 64 GiB costs nothing but
+ *                address space, so an arena can reserve far more than it
+ *                will ever use and never move;
+ *   va_map       puts fresh physical memory (zero on SIM, undefined content
+ *                on CUDA) behind granule-aligned sub-ranges of a reservation;
+ *                only this call counts as device memory held (and against
+ *                the SIM ceiling);
+ *   va_unmap     gives the memory of a granule-aligned sub-range back while
+ *                the addresses stay reserved, so a later va_map of the same
+ *                addresses refills the hole in place;
+ *   va_release   gives the range back, unmapping whatever is still mapped.
+ *
+ * The granule is the unit of everything: every address and size passed to
+ * these calls is a multiple of it (2 MiB on SIM by default and on most
+ * GPUs).  Any granule-aligned sub-range may be unmapped on its own, however
+ * it was mapped: a backend whose device API can only unmap whole mappings
+ * (CUDA's cuMemUnmap) maps granule by granule to keep that promise.
+ * A backend keeps a book of its reservations and mapped granules (struct
+ * bfc__vmm_book below), so a map of a granule already mapped, an unmap of
+ * one that is not, or a range that leaves its reservation is BFC_EINVAL and
+ * changes nothing.  A failed va_map leaves nothing of the range mapped.
+ * These calls are rare by design (each granule costs driver calls of up to
+ * tens of microseconds on a GPU, and an unmap may wait for the device): they
+ * serialise on the book's lock and must stay off the alloc/free fast path.
  */
 #ifndef BFC_BACKEND_H
 #define BFC_BACKEND_H
@@ -51,6 +81,38 @@ struct bfc__backend_ops {
     /* Pins host memory for DMA (cudaHostRegister); SIM: no-op. */
     int (*host_register)(bfc__backend_t *be, void *p, size_t n);
     int (*host_unregister)(bfc__backend_t *be, void *p);
+    /*
+     * Virtual memory (see above); present only when vmm_granule != 0 (the
+     * backends without it fill these with calls that return BFC_EINVAL, so
+     * none is ever NULL).  All four: BFC_EINVAL for a size of 0, an
+     * address or size not a multiple of the granule, a range outside one
+     * reservation, or a granule in the wrong state; BFC_EBACKEND when the
+     * OS or the driver fails otherwise.
+     *
+     * va_reserve: *base (granule aligned) of `size` bytes of addresses with
+     * no memory behind them.  BFC_ENOMEM when the address space (or the
+     * book's metadata) is exhausted.
+     */
+    int (*va_reserve)(bfc__backend_t *be, size_t size, uintptr_t *base);
+    /* va_release: gives back a whole reservation (base and size exactly as
+     * reserved); granules still mapped are unmapped first, their bytes no
+     * longer held.  On BFC_EBACKEND the reservation stays in the book with
+     * what could not be unmapped, and may be released again. */
+    int (*va_release)(bfc__backend_t *be, uintptr_t base, size_t size);
+    /* va_map: fresh physical memory, read-write for the backend's device,
+     * at [addr, addr + size), every granule of which must be unmapped.
+     * BFC_ENOMEM when the device refuses (SIM: its ceiling or fault
+     * injection).  On any failure nothing of the range is mapped (CUDA:
+     * unless the driver also refuses to undo a granule it had just mapped;
+     * the book then keeps that granule mapped, and va_release frees it). */
+    int (*va_map)(bfc__backend_t *be, uintptr_t addr, size_t size);
+    /* va_unmap: gives the memory of [addr, addr + size), every granule of
+     * which must be mapped, back to the device; the addresses stay reserved
+     * and must not be touched until mapped again (SIM: they fault).  On
+     * BFC_EBACKEND (the driver refused part way) leading granules of the
+     * range may be unmapped already: the book records it, va_release frees
+     * the rest, and the caller should not use the range again. */
+    int (*va_unmap)(bfc__backend_t *be, uintptr_t addr, size_t size);
     void (*close)(bfc__backend_t *be);
 };
 
@@ -60,6 +122,9 @@ struct bfc__backend {
     int device;
     size_t default_limit;   /* memory_limit when the config says 0 */
     bool host_accessible;   /* device memory can be read/written by the CPU (SIM) */
+    size_t vmm_granule;     /* unit of the va_* calls, a power of two; 0: no
+                               virtual memory (the allocator keeps classic
+                               regions) */
     char name[64];          /* "sim" or the GPU's name */
 };
 
@@ -79,6 +144,11 @@ int bfc__backend_cuda_open(const bfc_config_t *cfg, bfc__backend_t **out);
 int bfc__cuda_device_count(void);
 /* Device of a stream (cudaStreamGetDevice; NULL: current device). */
 int bfc__cuda_stream_device(bfc_stream_t s, int *dev);
+/* Granule of a device's virtual memory (the driver's recommended granularity
+ * for pinned device memory), or 0 when the driver's entry points cannot be
+ * resolved (no driver), the device has no virtual memory support or a query
+ * fails.  What the CUDA backend's vmm_granule is set to at open. */
+size_t bfc__cuda_vmm_granule(int device);
 #endif
 
 /* SIM only: per-backend controls behind shardbfc_sim.h.  be must be SIM. */
@@ -91,7 +161,71 @@ void bfc__sim_fail_event_every(bfc__backend_t *be, unsigned n);
 void bfc__sim_set_alloc_ceiling(bfc__backend_t *be, size_t bytes);
 uint64_t bfc__sim_allocs(bfc__backend_t *be);
 uint64_t bfc__sim_failures(bfc__backend_t *be);
-/* Bytes the SIM backend currently holds (allocated, not freed). */
+/* Bytes the SIM backend currently holds (allocated, not freed, plus mapped
+ * granules). */
 size_t bfc__sim_bytes_held(bfc__backend_t *be);
+/* Sets the SIM granule (a power of two, at least the page size; the default
+ * is 2 MiB) so that tests can map small pages.  BFC_EINVAL for a bad value
+ * or while the backend holds a reservation. */
+int bfc__sim_set_vmm_granule(bfc__backend_t *be, size_t granule);
+/* 1 when every byte of [p, p + n) lies in granules mapped in one of the SIM
+ * backend's reservations, else 0 (n == 0, memory of classic regions and
+ * foreign addresses included).  Takes the book's lock. */
+int bfc__sim_mapped(bfc__backend_t *be, const void *p, size_t n);
+
+/*
+ * The book of a backend's virtual memory: its reservations, sorted by base,
+ * each with one bit per granule (1: mapped).  Every va_* call of a backend
+ * holds the lock for its whole length, checks the range against the book,
+ * acts on the OS or device, then records the outcome, so the book is always
+ * what is really mapped, even after a failure half way.  One lock per
+ * backend is enough: the calls are rare and slow anyway (a driver call each),
+ * and the lock is innermost (under it only the OS, the driver and the
+ * metadata shim are called).  The fork handlers do not take it: a fork
+ * while another thread is inside a va_* call leaves the child's copy held,
+ * so a child must not use that backend's virtual memory calls (were that
+ * needed, the prepare handler could take it last, after every allocator
+ * lock).
+ */
+struct bfc__vmm_res {
+    uintptr_t base;
+    size_t size;
+    size_t n_mapped;        /* granules mapped */
+    uint64_t *bits;         /* size / granule bits */
+};
+
+typedef struct bfc__vmm_book {
+    pthread_mutex_t lock;
+    size_t granule;
+    struct bfc__vmm_res *res; /* sorted by base */
+    size_t n, cap;
+} bfc__vmm_book_t;
+
+/* Initialises an empty book (BFC_OK or BFC_ENOMEM when the mutex cannot be
+ * made); fini frees the records, whatever they still describe. */
+int bfc__vmm_book_init(bfc__vmm_book_t *bk, size_t granule);
+void bfc__vmm_book_fini(bfc__vmm_book_t *bk);
+/* The rest is called with bk->lock held (bfc__plock / bfc__punlock). */
+/* Records a new reservation: BFC_OK, or BFC_ENOMEM (metadata). */
+int bfc__vmm_book_add(bfc__vmm_book_t *bk, uintptr_t base, size_t size);
+/* The reservation [base, base + size) exactly, or NULL. */
+struct bfc__vmm_res *bfc__vmm_book_exact(bfc__vmm_book_t *bk, uintptr_t base, size_t size);
+/* Drops r (a record of bk) from the book. */
+void bfc__vmm_book_remove(bfc__vmm_book_t *bk, struct bfc__vmm_res *r);
+/* BFC_OK and *out when [addr, addr + size) is a non-empty, granule-aligned
+ * sub-range of one reservation whose every granule is mapped (`mapped`
+ * true) or unmapped (false); BFC_EINVAL otherwise. */
+int bfc__vmm_book_check(bfc__vmm_book_t *bk, uintptr_t addr, size_t size, bool mapped,
+                        struct bfc__vmm_res **out);
+/* Records the granules of [addr, addr + size) (inside r) as (un)mapped. */
+void bfc__vmm_book_mark(bfc__vmm_book_t *bk, struct bfc__vmm_res *r, uintptr_t addr,
+                        size_t size, bool mapped);
+/* The first run of mapped granules of r at or after *addr: true and
+ * [*addr, *addr + *len), false when there is none. */
+bool bfc__vmm_book_next_run(bfc__vmm_book_t *bk, const struct bfc__vmm_res *r,
+                            uintptr_t *addr, size_t *len);
+/* 1 when every byte of [addr, addr + n) lies in mapped granules, else 0.
+ * Takes the lock itself. */
+int bfc__vmm_book_mapped(bfc__vmm_book_t *bk, uintptr_t addr, size_t n);
 
 #endif /* BFC_BACKEND_H */

@@ -19,8 +19,40 @@
  * cudaStreamPerThread is one handle on every thread but a different stream.
  * Events are created with cudaEventDisableTiming (cheaper record/query).
  *
- * State: the instance is immutable after open; every operation is
- * thread-safe because cudart is.
+ * Virtual memory: the driver's API (cuMemAddressReserve, cuMemCreate,
+ * cuMemMap, cuMemSetAccess, cuMemUnmap, cuMemRelease, cuMemAddressFree,
+ * cuMemGetAllocationGranularity), reached through
+ * cudaGetDriverEntryPointByVersion, so the library still links cudart only:
+ * <cuda.h> and <cudaTypedefs.h> give types, never symbols.  The entry points
+ * are resolved once per process; without a driver they cannot be, and the
+ * backend (which then cannot even open) has vmm_granule 0.  With a device,
+ * vmm_granule is the driver's recommended granularity for pinned memory on
+ * it when it reports CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+ * else 0 and the allocator keeps cudaMalloc regions.
+ *
+ * The constraint that shapes va_map: cuMemUnmap unmaps whole mappings only,
+ * never a sub-range of one, while the allocator must be free to give back
+ * any granule-aligned sub-range.  So every granule is its own physical
+ * allocation: cuMemCreate of one granule, cuMemMap at its address, then
+ * cuMemRelease of the handle at once -- the mapping keeps the memory alive,
+ * and unmapping the granule then frees it (no handle table to keep).  One
+ * cuMemSetAccess (read-write for this backend's device only, not its peers)
+ * then covers the whole range just mapped.  A failure at any step unmaps
+ * what the call had mapped: a failed va_map leaves nothing mapped.  Each
+ * driver call costs microseconds to tens of microseconds, cuMemUnmap may
+ * synchronise with the device, and a range costs a call per granule: the
+ * allocator must keep va_* calls off its common path.
+ *
+ * Driver calls need a context current on the calling thread; the VMM calls
+ * therefore make the device's primary context current (cudaSetDevice) when
+ * the thread has none, and restore the caller's device as every call here
+ * does.  The book of reservations and mapped granules (backend_vmm.c)
+ * checks every range before the driver sees it, and records what a failed
+ * unmap left mapped, so that va_release can still free it.
+ *
+ * State: the instance is immutable after open, but for the book (under its
+ * lock, taken by va_* calls only); every operation is thread-safe because
+ * cudart and the driver are.
  */
 #include "backend.h"
 
@@ -28,7 +60,10 @@
 
 #include "meta.h"
 
+#include <cuda.h>         /* driver types only: libcuda is never linked */
+#include <cudaTypedefs.h> /* the PFN_ type of each driver entry point */
 #include <cuda_runtime_api.h>
+#include <pthread.h>
 #include <string.h>
 #include <time.h>
 
@@ -40,7 +75,39 @@ _Static_assert(sizeof(((struct cudaDeviceProp *)0)->name) >=
 
 struct cuda_backend {
     struct bfc__backend base; /* first: bfc__backend_t * casts to this */
+    /* Virtual memory (base.vmm_granule != 0 only). */
+    CUmemAllocationProp prop; /* pinned memory on this device */
+    CUmemAccessDesc access;   /* read-write for this device */
+    bfc__vmm_book_t book;
 };
+
+/*
+ * The driver entry points, resolved once (drv_resolve).  The version asked
+ * for pins each function's ABI: the pointer returned is the function as it
+ * was in CUDA 12.0, which for all of these is the version their PFN_ type
+ * names (none changed between its introduction and 12.0), whatever later
+ * variants a newer driver adds.  A CUDA 12 or 13 runtime (configure takes
+ * nothing older) runs only on a driver of at least its major version, so
+ * 12.0 is never above the driver's version (which would be
+ * cudaErrorInvalidValue).
+ */
+#define CUDA_DRV_ABI 12000
+
+static struct {
+    PFN_cuDeviceGet_v2000 device_get;
+    PFN_cuDeviceGetAttribute_v2000 device_get_attribute;
+    PFN_cuCtxGetCurrent_v4000 ctx_get_current;
+    PFN_cuMemGetAllocationGranularity_v10020 get_granularity;
+    PFN_cuMemAddressReserve_v10020 address_reserve;
+    PFN_cuMemAddressFree_v10020 address_free;
+    PFN_cuMemCreate_v10020 create;
+    PFN_cuMemRelease_v10020 release;
+    PFN_cuMemMap_v10020 map;
+    PFN_cuMemUnmap_v10020 unmap;
+    PFN_cuMemSetAccess_v10020 set_access;
+    bool ok; /* every entry point above resolved */
+} g_drv;
+static pthread_once_t g_drv_once = PTHREAD_ONCE_INIT;
 
 /* Maps a failed cudart call to a status and clears the last-error slot. */
 static int cuda_status(cudaError_t err)
@@ -339,8 +406,339 @@ static int cuda_host_unregister(bfc__backend_t *be, void *p)
     return dev_leave(saved, st);
 }
 
+/* ------------------------------------------------------ virtual memory */
+
+static inline struct cuda_backend *cuda_of(bfc__backend_t *be)
+{
+    return (struct cuda_backend *)be;
+}
+
+/* One entry point, or NULL when the runtime or the driver cannot give it. */
+static void *drv_sym(const char *name)
+{
+#if CUDART_VERSION >= 12050
+    enum cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+    void *fn = NULL;
+    cudaError_t err;
+
+    err = cudaGetDriverEntryPointByVersion(name, &fn, CUDA_DRV_ABI, cudaEnableDefault, &q);
+    if (err != cudaSuccess) {
+        (void)cuda_status(err); /* clears the last-error slot: no driver */
+        return NULL;
+    }
+    return q == cudaDriverEntryPointSuccess ? fn : NULL;
+#else
+    /* Runtimes before 12.5 lack the versioned query; without a pinned ABI
+     * the entry points are not worth the risk: no virtual memory. */
+    (void)name;
+    return NULL;
+#endif
+}
+
+/* pthread_once routine: fills g_drv, ok only when every entry point came.
+ * (A data pointer converted to a function pointer, as POSIX dlsym's.) */
+static void drv_resolve(void)
+{
+    bool ok = true;
+
+#define DRV_SYM(field, name)                                \
+    do {                                                    \
+        void *fn_ = drv_sym(name);                          \
+        g_drv.field = (__typeof__(g_drv.field))fn_;         \
+        ok = ok && fn_ != NULL;                             \
+    } while (0)
+    DRV_SYM(device_get, "cuDeviceGet");
+    DRV_SYM(device_get_attribute, "cuDeviceGetAttribute");
+    DRV_SYM(ctx_get_current, "cuCtxGetCurrent");
+    DRV_SYM(get_granularity, "cuMemGetAllocationGranularity");
+    DRV_SYM(address_reserve, "cuMemAddressReserve");
+    DRV_SYM(address_free, "cuMemAddressFree");
+    DRV_SYM(create, "cuMemCreate");
+    DRV_SYM(release, "cuMemRelease");
+    DRV_SYM(map, "cuMemMap");
+    DRV_SYM(unmap, "cuMemUnmap");
+    DRV_SYM(set_access, "cuMemSetAccess");
+#undef DRV_SYM
+    g_drv.ok = ok;
+}
+
+/* Maps a driver result to a status (driver calls leave cudart's last-error
+ * slot alone: nothing to clear). */
+static int cu_status(CUresult r)
+{
+    if (r == CUDA_SUCCESS)
+        return BFC_OK;
+    return r == CUDA_ERROR_OUT_OF_MEMORY ? BFC_ENOMEM : BFC_EBACKEND;
+}
+
+/*
+ * The granule of `device` and the properties of its pinned memory, or 0
+ * when the driver, the device or a query says no (see the opening essay).
+ */
+static size_t vmm_probe(int device, CUmemAllocationProp *prop)
+{
+    CUdevice dev = 0;
+    int supported = 0;
+    size_t g = 0;
+
+    if (pthread_once(&g_drv_once, drv_resolve) != 0 || !g_drv.ok)
+        return 0;
+    if (g_drv.device_get(&dev, device) != CUDA_SUCCESS)
+        return 0;
+    if (g_drv.device_get_attribute(&supported,
+                                   CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+                                   dev) != CUDA_SUCCESS ||
+        !supported)
+        return 0;
+    memset(prop, 0, sizeof(*prop));
+    prop->type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop->requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
+    prop->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop->location.id = (int)dev;
+    if (g_drv.get_granularity(&g, prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED) !=
+        CUDA_SUCCESS)
+        return 0;
+    /* The book and the arena count on a power of two that keeps chunks
+     * 256-byte aligned; any real granule is (2 MiB on current GPUs). */
+    if (g < BFC__MIN_ALLOC || (g & (g - 1)) != 0)
+        return 0;
+    return g;
+}
+
+size_t bfc__cuda_vmm_granule(int device)
+{
+    CUmemAllocationProp prop;
+
+    return vmm_probe(device, &prop);
+}
+
+/*
+ * Makes `dev` current for driver calls: dev_enter, plus the device's primary
+ * context when the thread has no context at all (cudaGetDevice alone binds
+ * none, and driver calls need one; since CUDA 12 cudaSetDevice makes the
+ * primary context current at once).  Paired with vmm_leave.
+ */
+static int vmm_enter(int dev, int *saved)
+{
+    CUcontext cur = NULL;
+    int st = dev_enter(dev, saved);
+
+    if (st != BFC_OK || *saved >= 0)
+        return st; /* failed, or cudaSetDevice just bound dev's context */
+    if (g_drv.ctx_get_current(&cur) != CUDA_SUCCESS || cur == NULL)
+        st = cuda_status(cudaSetDevice(dev));
+    return st;
+}
+
+/*
+ * Restores the caller's device.  Unlike dev_leave, a failure to restore
+ * does not turn the call's outcome into an error: the reservation or the
+ * mappings exist and are in the book, and reporting a failure would leak
+ * them.  The failure is still checked, and cleared from the runtime's
+ * last-error slot.
+ */
+static int vmm_leave(int saved, int status)
+{
+    (void)dev_leave(saved, BFC_OK);
+    return status;
+}
+
+/* Unmaps the granules of [addr, addr + size) one by one (each is a mapping
+ * of its own); returns the status and, in *done, the bytes unmapped. */
+static int unmap_granules(size_t g, uintptr_t addr, size_t size, size_t *done)
+{
+    int st = BFC_OK;
+    size_t off;
+
+    for (off = 0; off < size; off += g) {
+        st = cu_status(g_drv.unmap((CUdeviceptr)(addr + off), g));
+        if (st != BFC_OK)
+            break;
+    }
+    *done = off;
+    return st;
+}
+
+static int cuda_va_reserve(bfc__backend_t *be, size_t size, uintptr_t *base)
+{
+    struct cuda_backend *b = cuda_of(be);
+    size_t g = be->vmm_granule;
+    CUdeviceptr p = 0;
+    int saved, st;
+
+    if (!base)
+        return BFC_EINVAL;
+    *base = 0;
+    if (g == 0 || size == 0 || (size & (g - 1)) != 0)
+        return BFC_EINVAL;
+    st = vmm_enter(be->device, &saved);
+    if (st != BFC_OK)
+        return st;
+    st = cu_status(g_drv.address_reserve(&p, size, g, 0, 0));
+    if (st == BFC_OK) {
+        bfc__plock(&b->book.lock);
+        st = bfc__vmm_book_add(&b->book, (uintptr_t)p, size);
+        bfc__punlock(&b->book.lock);
+        /* Out of metadata: give the range back; if even that fails, the
+         * addresses (not memory) stay taken until the process ends. */
+        if (st != BFC_OK && g_drv.address_free(p, size) != CUDA_SUCCESS)
+            st = BFC_EBACKEND;
+    }
+    st = vmm_leave(saved, st);
+    if (st == BFC_OK)
+        *base = (uintptr_t)p;
+    return st;
+}
+
+/*
+ * Gives back r: its mapped granules, then its addresses.  Called with the
+ * book's lock held and the device entered.  On failure r stays, less what
+ * could be unmapped.
+ */
+static int release_locked(struct cuda_backend *b, struct bfc__vmm_res *r)
+{
+    size_t g = b->base.vmm_granule;
+    uintptr_t a = r->base;
+    size_t len, done;
+    int st;
+
+    while (bfc__vmm_book_next_run(&b->book, r, &a, &len)) {
+        st = unmap_granules(g, a, len, &done);
+        bfc__vmm_book_mark(&b->book, r, a, done, false);
+        if (st != BFC_OK)
+            return st;
+        a += len;
+    }
+    st = cu_status(g_drv.address_free((CUdeviceptr)r->base, r->size));
+    if (st == BFC_OK)
+        bfc__vmm_book_remove(&b->book, r);
+    return st;
+}
+
+static int cuda_va_release(bfc__backend_t *be, uintptr_t base, size_t size)
+{
+    struct cuda_backend *b = cuda_of(be);
+    struct bfc__vmm_res *r;
+    int saved, st;
+
+    if (be->vmm_granule == 0)
+        return BFC_EINVAL;
+    bfc__plock(&b->book.lock);
+    r = bfc__vmm_book_exact(&b->book, base, size);
+    st = r ? vmm_enter(be->device, &saved) : BFC_EINVAL;
+    if (st == BFC_OK)
+        st = vmm_leave(saved, release_locked(b, r));
+    bfc__punlock(&b->book.lock);
+    return st;
+}
+
+static int cuda_va_map(bfc__backend_t *be, uintptr_t addr, size_t size)
+{
+    struct cuda_backend *b = cuda_of(be);
+    size_t g = be->vmm_granule;
+    struct bfc__vmm_res *r;
+    size_t done = 0;
+    int saved, st;
+
+    if (g == 0)
+        return BFC_EINVAL;
+    bfc__plock(&b->book.lock);
+    st = bfc__vmm_book_check(&b->book, addr, size, false, &r);
+    if (st != BFC_OK)
+        goto out;
+    st = vmm_enter(be->device, &saved);
+    if (st != BFC_OK)
+        goto out;
+    /* One physical allocation per granule (see the opening essay). */
+    while (done < size) {
+        CUmemGenericAllocationHandle h = 0;
+        int rel;
+
+        st = cu_status(g_drv.create(&h, g, &b->prop, 0));
+        if (st != BFC_OK)
+            break;
+        st = cu_status(g_drv.map((CUdeviceptr)(addr + done), g, 0, h, 0));
+        /* Mapped: the mapping now keeps the memory alive, and unmapping
+         * frees it.  Not mapped: this frees it at once. */
+        rel = cu_status(g_drv.release(h));
+        if (st != BFC_OK)
+            break;
+        done += g;
+        if (rel != BFC_OK) {
+            st = rel; /* rolled back below; the handle's memory may leak */
+            break;
+        }
+    }
+    if (st == BFC_OK)
+        st = cu_status(g_drv.set_access((CUdeviceptr)addr, size, &b->access, 1));
+    if (st == BFC_OK) {
+        bfc__vmm_book_mark(&b->book, r, addr, size, true);
+    } else {
+        size_t undone = 0;
+
+        /* Roll back.  What the driver refuses to unmap stays mapped in the
+         * book, so that va_release can still free it. */
+        while (undone < done) {
+            size_t n;
+
+            (void)unmap_granules(g, addr + undone, done - undone, &n);
+            undone += n;
+            if (undone < done) {
+                bfc__vmm_book_mark(&b->book, r, addr + undone, g, true);
+                undone += g;
+            }
+        }
+    }
+    st = vmm_leave(saved, st);
+out:
+    bfc__punlock(&b->book.lock);
+    return st;
+}
+
+static int cuda_va_unmap(bfc__backend_t *be, uintptr_t addr, size_t size)
+{
+    struct cuda_backend *b = cuda_of(be);
+    struct bfc__vmm_res *r;
+    size_t done = 0;
+    int saved, st;
+
+    if (be->vmm_granule == 0)
+        return BFC_EINVAL;
+    bfc__plock(&b->book.lock);
+    st = bfc__vmm_book_check(&b->book, addr, size, true, &r);
+    if (st == BFC_OK)
+        st = vmm_enter(be->device, &saved);
+    if (st == BFC_OK) {
+        st = unmap_granules(be->vmm_granule, addr, size, &done);
+        /* On failure the leading granules are gone: the book says so. */
+        bfc__vmm_book_mark(&b->book, r, addr, done, false);
+        st = vmm_leave(saved, st);
+    }
+    bfc__punlock(&b->book.lock);
+    return st;
+}
+
 static void cuda_close(bfc__backend_t *be)
 {
+    struct cuda_backend *b = cuda_of(be);
+    int saved;
+
+    if (be->vmm_granule != 0) {
+        /* Reservations the allocator did not release go with the backend;
+         * what the driver refuses to free is dropped from the book. */
+        bfc__plock(&b->book.lock);
+        if (b->book.n > 0 && vmm_enter(be->device, &saved) == BFC_OK) {
+            while (b->book.n > 0) {
+                struct bfc__vmm_res *r = &b->book.res[b->book.n - 1];
+
+                if (release_locked(b, r) != BFC_OK)
+                    bfc__vmm_book_remove(&b->book, r);
+            }
+            (void)vmm_leave(saved, BFC_OK);
+        }
+        bfc__punlock(&b->book.lock);
+        bfc__vmm_book_fini(&b->book);
+    }
     /* The primary context stays: other users in the process may share it. */
     bfc__meta_free(be, sizeof(struct cuda_backend));
 }
@@ -359,6 +757,10 @@ static const struct bfc__backend_ops cuda_ops = {
     .mem_info = cuda_mem_info,
     .host_register = cuda_host_register,
     .host_unregister = cuda_host_unregister,
+    .va_reserve = cuda_va_reserve,
+    .va_release = cuda_va_release,
+    .va_map = cuda_va_map,
+    .va_unmap = cuda_va_unmap,
     .close = cuda_close,
 };
 
@@ -397,6 +799,13 @@ int bfc__backend_cuda_open(const bfc_config_t *cfg, bfc__backend_t **out)
     b->base.device = cfg->device;
     b->base.default_limit = free_b;
     b->base.host_accessible = false;
+    b->base.vmm_granule = vmm_probe(cfg->device, &b->prop);
+    if (b->base.vmm_granule != 0) {
+        b->access.location = b->prop.location;
+        b->access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+        if (bfc__vmm_book_init(&b->book, b->base.vmm_granule) != BFC_OK)
+            b->base.vmm_granule = 0; /* classic regions still work */
+    }
     /* GPU names are short; a longer one is cut to fit name[]. */
     prop.name[sizeof(b->base.name) - 1] = '\0';
     memcpy(b->base.name, prop.name, sizeof(b->base.name));

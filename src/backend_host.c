@@ -14,6 +14,10 @@
  * thread has no queued device work), while events on real streams
  * (bfc_host_record_stream) are the inner backend's events.
  *
+ * Virtual memory: none (vmm_granule 0).  Host arenas keep classic regions:
+ * each is bound to a node and pinned as a whole, which reserving and mapping
+ * piecemeal would only complicate.  The va_* calls answer BFC_EINVAL.
+ *
  * Thread safety: as every backend; the only shared state is the topology
  * (read-only after load) and counters (relaxed atomics).
  */
@@ -170,6 +174,23 @@ static int host_unregister(bfc__backend_t *be, void *p)
     return hb(be)->inner->ops->host_unregister(hb(be)->inner, p);
 }
 
+static int host_va_reserve(bfc__backend_t *be, size_t size, uintptr_t *base)
+{
+    (void)be;
+    (void)size;
+    if (base)
+        *base = 0;
+    return BFC_EINVAL;
+}
+
+static int host_va_range(bfc__backend_t *be, uintptr_t addr, size_t size)
+{
+    (void)be;
+    (void)addr;
+    (void)size;
+    return BFC_EINVAL;
+}
+
 static void host_close(bfc__backend_t *be)
 {
     struct host_backend *h = hb(be);
@@ -191,6 +212,10 @@ static const struct bfc__backend_ops host_ops = {
     .mem_info = host_mem_info,
     .host_register = host_register,
     .host_unregister = host_unregister,
+    .va_reserve = host_va_reserve,
+    .va_release = host_va_range,
+    .va_map = host_va_range,
+    .va_unmap = host_va_range,
     .close = host_close,
 };
 
@@ -213,6 +238,7 @@ int bfc__backend_host_open(const bfc_config_t *cfg, void *topo, int node, bool b
     h->base.device = h->inner->device;
     h->base.default_limit = limit;
     h->base.host_accessible = true;
+    h->base.vmm_granule = 0; /* classic regions only (see above) */
     snprintf(h->base.name, sizeof(h->base.name), "host-node%d/%.32s", node, h->inner->name);
     *out = &h->base;
     return BFC_OK;

@@ -11,6 +11,25 @@
  * once held + size would exceed it, and fault injection fails every Nth
  * allocation, or every Nth event record/query.
  *
+ * Virtual memory: the same pages, split in two steps.  va_reserve is an
+ * mmap(PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE) of the size
+ * plus a granule less a page, trimmed to a granule-aligned base and the
+ * size (the kernel aligns to pages only): address space only, so a 64 GiB
+ * reservation costs nothing.  va_map makes granules read-write
+ * in place (mprotect); their pages are fresh, zero at first touch, because
+ * the kernel has never given this private mapping pages there or va_unmap
+ * dropped them.  va_unmap drops the pages (madvise(MADV_DONTNEED): private
+ * anonymous memory is freed at once) and makes the range inaccessible again
+ * (mprotect(PROT_NONE)), so a stray access faults as it would on a GPU.  The
+ * range never stops being ours: no step unmaps it, so no other mmap of the
+ * process can land in a hole (a MAP_FIXED remap could, on failure, leave
+ * one).  Mapped granules count in `held`, against the ceiling, and under the
+ * fail_alloc_every injection, like mem_alloc; va_release munmaps the whole
+ * range, whatever is still mapped in it.  The book of reservations and
+ * mapped granules (backend_vmm.c) rejects double maps and stray ranges and
+ * answers bfc_sim_mapped.  The granule is 2 MiB (CUDA's usual one); tests
+ * set smaller ones with bfc__sim_set_vmm_granule.
+ *
  * Streams: one process-wide table of SIM_MAX_STREAMS cache-line records,
  * shared by every SIM backend instance (like CUDA streams, which belong to
  * the process, not to an allocator: a stream made for one context can fence
@@ -33,11 +52,15 @@
  *
  * Locking: every operation is lock-free atomics, except stream creation,
  * which takes `g_reg_lock` only to hand out the next table index (a rare path:
- * streams are created once per simulated CUDA stream).
+ * streams are created once per simulated CUDA stream), and the va_* calls,
+ * which hold their book's lock for the whole call: they are as rare as a
+ * device allocation, and the lock keeps the book and the page protections
+ * in step (a check and its mprotect cannot be split by another map).
  */
 #include "backend.h"
 #include "meta.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -45,6 +68,7 @@
 #include <unistd.h>
 
 #define SIM_DEFAULT_LIMIT (16 * BFC__GiB)
+#define SIM_VMM_GRANULE (2 * BFC__MiB)
 #define SIM_MAX_STREAMS 65536u
 #define SIM_UNKNOWN_BIT (1ull << 63)
 /* Event word: (stream index + 1) << SIM_EV_GEN_BITS | hold_gen; 0 = complete. */
@@ -82,6 +106,9 @@ struct sim_backend {
     /* Counters bumped by every event record / query. */
     alignas(BFC__CACHELINE) atomic_uint fail_event_every;
     atomic_uint event_calls;
+
+    /* Reservations and mapped granules, under book.lock. */
+    alignas(BFC__CACHELINE) bfc__vmm_book_t book;
 };
 
 /* The process-wide stream table (see above).  g_n_streams is written under
@@ -140,13 +167,18 @@ static struct sim_stream *sim_lookup(struct sim_backend *b, bfc_stream_t s,
 
 /* ------------------------------------------------------------- memory */
 
+static size_t sim_page_size(void)
+{
+    long pg = sysconf(_SC_PAGESIZE);
+
+    if (pg <= 0 || ((size_t)pg & ((size_t)pg - 1)) != 0)
+        return 4096;
+    return (size_t)pg;
+}
+
 static size_t sim_map_size(size_t size)
 {
-    size_t pg = (size_t)sysconf(_SC_PAGESIZE);
-
-    if (pg == 0 || (pg & (pg - 1)) != 0)
-        pg = 4096;
-    return bfc__round_up(size, pg);
+    return bfc__round_up(size, sim_page_size());
 }
 
 /* True when the every-Nth injector fires for this call. */
@@ -162,21 +194,20 @@ static bool every_nth(atomic_uint *every, atomic_uint *calls)
     return c % n == 0;
 }
 
-static int sim_mem_alloc(bfc__backend_t *be, size_t size, void **out)
+/*
+ * Counts `size` more bytes held, unless the fault injector fires or the
+ * ceiling would be passed (true: refused, counted as a failure).  Shared by
+ * mem_alloc and va_map: both are the device handing out memory.
+ */
+static bool sim_take(struct sim_backend *b, size_t size)
 {
-    struct sim_backend *b = sim_of(be);
-    size_t map = sim_map_size(size);
     size_t ceiling, prev;
-    void *p;
 
-    if (!out || size == 0 || map == 0)
-        return BFC_EINVAL;
-    *out = NULL;
     if (every_nth(&b->fail_alloc_every, &b->alloc_calls))
         goto fail;
     /*
-     * Reserve before mapping, so that concurrent allocations cannot both
-     * pass the ceiling.  relaxed: `held` is a byte count, it guards no other
+     * Count before mapping, so that concurrent allocations cannot both pass
+     * the ceiling.  relaxed: `held` is a byte count, it guards no other
      * memory; the mapping itself is published by the return value.
      */
     ceiling = atomic_load_explicit(&b->ceiling, memory_order_relaxed);
@@ -185,18 +216,35 @@ static int sim_mem_alloc(bfc__backend_t *be, size_t size, void **out)
         atomic_fetch_sub_explicit(&b->held, size, memory_order_relaxed);
         goto fail;
     }
+    return false;
+fail:
+    /* relaxed: a statistic. */
+    atomic_fetch_add_explicit(&b->failures, 1, memory_order_relaxed);
+    return true;
+}
+
+static int sim_mem_alloc(bfc__backend_t *be, size_t size, void **out)
+{
+    struct sim_backend *b = sim_of(be);
+    size_t map = sim_map_size(size);
+    void *p;
+
+    if (!out || size == 0 || map == 0)
+        return BFC_EINVAL;
+    *out = NULL;
+    if (sim_take(b, size))
+        return BFC_ENOMEM;
     p = mmap(NULL, map, PROT_READ | PROT_WRITE,
              MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED) {
+        /* relaxed: a byte count and a statistic (see sim_take). */
         atomic_fetch_sub_explicit(&b->held, size, memory_order_relaxed);
-        goto fail;
+        atomic_fetch_add_explicit(&b->failures, 1, memory_order_relaxed);
+        return BFC_ENOMEM;
     }
     atomic_fetch_add_explicit(&b->allocs, 1, memory_order_relaxed);
     *out = p;
     return BFC_OK;
-fail:
-    atomic_fetch_add_explicit(&b->failures, 1, memory_order_relaxed);
-    return BFC_ENOMEM;
 }
 
 static int sim_mem_free(bfc__backend_t *be, void *p, size_t size)
@@ -238,6 +286,135 @@ static int sim_host_unregister(bfc__backend_t *be, void *p)
     (void)be;
     (void)p;
     return BFC_OK;
+}
+
+/* ------------------------------------------------------ virtual memory */
+
+static int sim_va_reserve(bfc__backend_t *be, size_t size, uintptr_t *base)
+{
+    struct sim_backend *b = sim_of(be);
+    size_t g = be->vmm_granule;
+    size_t pg = sim_page_size();
+    size_t span, head, tail;
+    uintptr_t a;
+    void *p;
+    int st;
+
+    if (!base)
+        return BFC_EINVAL;
+    *base = 0;
+    if (size == 0 || (size & (g - 1)) != 0)
+        return BFC_EINVAL;
+    /* mmap aligns to pages only: take g - page more and trim both ends. */
+    span = size + (g - pg);
+    if (span < size)
+        return BFC_ENOMEM;
+    p = mmap(NULL, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED)
+        return BFC_ENOMEM; /* the address space refused (as mem_alloc reads it) */
+    a = ((uintptr_t)p + g - 1) & ~(uintptr_t)(g - 1);
+    head = a - (uintptr_t)p;
+    tail = span - head - size;
+    if ((head && munmap(p, head) != 0) ||
+        (tail && munmap((void *)(a + size), tail) != 0)) {
+        /* Cannot happen for page-aligned pieces of our own mapping; if it
+         * did, give back what we can and report it. */
+        (void)munmap(p, span);
+        return BFC_EBACKEND;
+    }
+    bfc__plock(&b->book.lock);
+    st = bfc__vmm_book_add(&b->book, a, size);
+    bfc__punlock(&b->book.lock);
+    if (st != BFC_OK) {
+        (void)munmap((void *)a, size); /* nothing more to undo if it fails */
+        return st;
+    }
+    *base = a;
+    return BFC_OK;
+}
+
+static int sim_va_release(bfc__backend_t *be, uintptr_t base, size_t size)
+{
+    struct sim_backend *b = sim_of(be);
+    struct bfc__vmm_res *r;
+    int st = BFC_EINVAL;
+
+    bfc__plock(&b->book.lock);
+    r = bfc__vmm_book_exact(&b->book, base, size);
+    if (r) {
+        size_t mapped = r->n_mapped * b->book.granule;
+
+        st = BFC_EBACKEND;
+        if (munmap((void *)base, size) == 0) {
+            /* relaxed: a byte count (see sim_take). */
+            atomic_fetch_sub_explicit(&b->held, mapped, memory_order_relaxed);
+            bfc__vmm_book_remove(&b->book, r);
+            st = BFC_OK;
+        }
+    }
+    bfc__punlock(&b->book.lock);
+    return st;
+}
+
+static int sim_va_map(bfc__backend_t *be, uintptr_t addr, size_t size)
+{
+    struct sim_backend *b = sim_of(be);
+    struct bfc__vmm_res *r;
+    int st;
+
+    bfc__plock(&b->book.lock);
+    st = bfc__vmm_book_check(&b->book, addr, size, false, &r);
+    if (st != BFC_OK)
+        goto out;
+    if (sim_take(b, size)) {
+        st = BFC_ENOMEM;
+        goto out;
+    }
+    if (mprotect((void *)addr, size, PROT_READ | PROT_WRITE) != 0) {
+        /* ENOMEM: the kernel's map count limit.  The protection may have
+         * changed on part of the range: put it back (untouched pages, so
+         * nothing else to undo). */
+        st = errno == ENOMEM ? BFC_ENOMEM : BFC_EBACKEND;
+        (void)mprotect((void *)addr, size, PROT_NONE);
+        /* relaxed: a byte count and a statistic (see sim_take). */
+        atomic_fetch_sub_explicit(&b->held, size, memory_order_relaxed);
+        atomic_fetch_add_explicit(&b->failures, 1, memory_order_relaxed);
+        goto out;
+    }
+    bfc__vmm_book_mark(&b->book, r, addr, size, true);
+    /* relaxed: a statistic. */
+    atomic_fetch_add_explicit(&b->allocs, 1, memory_order_relaxed);
+out:
+    bfc__punlock(&b->book.lock);
+    return st;
+}
+
+static int sim_va_unmap(bfc__backend_t *be, uintptr_t addr, size_t size)
+{
+    struct sim_backend *b = sim_of(be);
+    struct bfc__vmm_res *r;
+    int st;
+
+    bfc__plock(&b->book.lock);
+    st = bfc__vmm_book_check(&b->book, addr, size, true, &r);
+    if (st != BFC_OK)
+        goto out;
+    /*
+     * Drop the pages first: if the mprotect below failed, the granules
+     * would still be mapped (fresh zero pages), as the book says.  The
+     * other order could leave inaccessible pages the book calls mapped.
+     */
+    if (madvise((void *)addr, size, MADV_DONTNEED) != 0 ||
+        mprotect((void *)addr, size, PROT_NONE) != 0) {
+        st = BFC_EBACKEND;
+        goto out;
+    }
+    bfc__vmm_book_mark(&b->book, r, addr, size, false);
+    /* relaxed: a byte count (see sim_take). */
+    atomic_fetch_sub_explicit(&b->held, size, memory_order_relaxed);
+out:
+    bfc__punlock(&b->book.lock);
+    return st;
 }
 
 /* ------------------------------------------------------------- events */
@@ -535,6 +712,33 @@ size_t bfc__sim_bytes_held(bfc__backend_t *be)
                       : 0;
 }
 
+int bfc__sim_set_vmm_granule(bfc__backend_t *be, size_t granule)
+{
+    struct sim_backend *b;
+    int st = BFC_EINVAL;
+
+    if (!is_sim(be) || granule < sim_page_size() || (granule & (granule - 1)) != 0)
+        return BFC_EINVAL;
+    b = sim_of(be);
+    bfc__plock(&b->book.lock);
+    if (b->book.n == 0) {
+        /* No reservation exists, so no call can be using the old granule
+         * (a call racing this one is a test's own mistake). */
+        b->book.granule = granule;
+        be->vmm_granule = granule;
+        st = BFC_OK;
+    }
+    bfc__punlock(&b->book.lock);
+    return st;
+}
+
+int bfc__sim_mapped(bfc__backend_t *be, const void *p, size_t n)
+{
+    if (!is_sim(be) || !p)
+        return 0;
+    return bfc__vmm_book_mapped(&sim_of(be)->book, (uintptr_t)p, n);
+}
+
 /* ------------------------------------------------------- open / close */
 
 static void sim_close(bfc__backend_t *be)
@@ -544,6 +748,10 @@ static void sim_close(bfc__backend_t *be)
     if (!is_sim(be))
         return;
     b = sim_of(be);
+    /* Reservations the allocator did not release go with the backend. */
+    for (size_t i = 0; i < b->book.n; i++)
+        (void)munmap((void *)b->book.res[i].base, b->book.res[i].size);
+    bfc__vmm_book_fini(&b->book);
     /* The stream table is process-wide and stays. */
     bfc__meta_free(b, sizeof(*b));
 }
@@ -562,6 +770,10 @@ static const struct bfc__backend_ops sim_ops = {
     .mem_info = sim_mem_info,
     .host_register = sim_host_register,
     .host_unregister = sim_host_unregister,
+    .va_reserve = sim_va_reserve,
+    .va_release = sim_va_release,
+    .va_map = sim_va_map,
+    .va_unmap = sim_va_unmap,
     .close = sim_close,
 };
 
@@ -575,7 +787,8 @@ int bfc__backend_sim_open(const bfc_config_t *cfg, bfc__backend_t **out)
     if (!b)
         return BFC_ENOMEM;
     memset(b, 0, sizeof(*b));
-    if (pthread_once(&g_streams_once, streams_init) != 0 || !g_streams) {
+    if (pthread_once(&g_streams_once, streams_init) != 0 || !g_streams ||
+        bfc__vmm_book_init(&b->book, SIM_VMM_GRANULE) != BFC_OK) {
         bfc__meta_free(b, sizeof(*b));
         return BFC_ENOMEM;
     }
@@ -585,6 +798,7 @@ int bfc__backend_sim_open(const bfc_config_t *cfg, bfc__backend_t **out)
     b->base.device = 0;
     b->base.default_limit = SIM_DEFAULT_LIMIT;
     b->base.host_accessible = true;
+    b->base.vmm_granule = SIM_VMM_GRANULE;
     strcpy(b->base.name, "sim");
     b->limit = cfg->memory_limit ? cfg->memory_limit : SIM_DEFAULT_LIMIT;
     atomic_init(&b->held, 0);

@@ -861,3 +861,9 @@ uint64_t bfc_sim_backend_bytes_held(bfc_ctx_t *ctx)
     bfc__backend_t *be = sim_be(ctx);
     return be ? (uint64_t)bfc__sim_bytes_held(be) : 0;
 }
+
+int bfc_sim_mapped(bfc_ctx_t *ctx, const void *p, size_t n)
+{
+    bfc__backend_t *be = sim_be(ctx);
+    return be ? bfc__sim_mapped(be, p, n) : 0;
+}

@@ -6,8 +6,12 @@
  * AUTO then falls back to SIM.  Built without CUDA, that is all there is and
  * the program passes.  Built with CUDA but no usable device (no driver: the
  * runtime reports cudaErrorInsufficientDriver), the selection checks run and
- * the program then exits 77 (skip), saying so.  With a device: real
- * allocations, events, stream ids, memory info and host registration.
+ * the program then exits 77 (skip), saying so; the driver's virtual memory
+ * API is then unreachable, and the probe must say "no virtual memory"
+ * (granule 0) without crashing.  With a device: real allocations, events,
+ * stream ids, memory info, host registration, and virtual memory (reserve,
+ * map granules, unmap any of them, release; the rollback of a map the
+ * device cannot serve) when the device supports it.
  */
 #include "backend.h"
 
@@ -56,6 +60,25 @@ START_TEST(test_no_device_selection)
     be->ops->close(be);
 }
 END_TEST
+
+#if BFC_HAVE_CUDA
+/* Without a driver the driver's entry points cannot be resolved: no virtual
+ * memory, no crash, the runtime's error state as it was (without a driver
+ * every call, cudaGetLastError included, reports the missing driver), and
+ * the device probe still reads "no device" afterwards. */
+START_TEST(test_no_driver_vmm)
+{
+    cudaError_t before = cudaGetLastError();
+
+    ck_assert_uint_eq(bfc__cuda_vmm_granule(0), 0);
+    ck_assert_uint_eq(bfc__cuda_vmm_granule(0), 0); /* resolved once, same answer */
+    ck_assert_uint_eq(bfc__cuda_vmm_granule(-1), 0);
+    ck_assert_uint_eq(bfc__cuda_vmm_granule(1000), 0);
+    ck_assert_int_eq(cudaGetLastError(), before);
+    ck_assert_int_eq(bfc__cuda_device_count(), 0);
+}
+END_TEST
+#endif
 
 #if BFC_HAVE_CUDA
 static bfc__backend_t *open_cuda(void)
@@ -183,6 +206,86 @@ START_TEST(test_cuda_host_register)
     be->ops->close(be);
 }
 END_TEST
+
+/* Fills [p, p + n) of device memory with v and reads it back. */
+static bool device_fill_check(uintptr_t p, size_t n, unsigned char v)
+{
+    unsigned char *h = malloc(n);
+    bool ok = h != NULL;
+
+    ok = ok && cudaMemset((void *)p, v, n) == cudaSuccess;
+    ok = ok && cudaMemcpy(h, (void *)p, n, cudaMemcpyDeviceToHost) == cudaSuccess;
+    for (size_t i = 0; ok && i < n; i++)
+        ok = h[i] == v;
+    free(h);
+    return ok;
+}
+
+START_TEST(test_cuda_vmm)
+{
+    bfc__backend_t *be = open_cuda();
+    size_t g = be->vmm_granule;
+    uintptr_t base = 0, other = 0;
+    size_t f0 = 0, f1 = 0, t = 0;
+
+    if (g == 0) {
+        printf("device has no virtual memory management: VMM checks not run\n");
+        ck_assert_uint_eq(bfc__cuda_vmm_granule(be->device), 0);
+        be->ops->close(be);
+        return;
+    }
+    ck_assert_uint_eq(g & (g - 1), 0);
+    ck_assert_uint_eq(g, bfc__cuda_vmm_granule(be->device));
+    ck_assert_int_eq(be->ops->va_reserve(be, 64 * g, &base), BFC_OK);
+    ck_assert_uint_eq(base % g, 0);
+    ck_assert_int_eq(be->ops->mem_info(be, &f0, &t), BFC_OK);
+
+    /* Four granules mapped in one call, usable by the device. */
+    ck_assert_int_eq(be->ops->va_map(be, base + 2 * g, 4 * g), BFC_OK);
+    ck_assert_int_eq(be->ops->mem_info(be, &f1, &t), BFC_OK);
+    ck_assert_uint_le(f1 + 4 * g, f0 + g); /* allow for the driver's own use */
+    ck_assert(device_fill_check(base + 2 * g, 4 * g, 0x5A));
+
+    /* One granule out of the middle, its neighbours intact, then back. */
+    ck_assert_int_eq(be->ops->va_unmap(be, base + 3 * g, g), BFC_OK);
+    ck_assert(device_fill_check(base + 2 * g, g, 0x11));
+    ck_assert(device_fill_check(base + 4 * g, 2 * g, 0x22));
+    ck_assert_int_eq(be->ops->va_map(be, base + 3 * g, g), BFC_OK);
+    ck_assert(device_fill_check(base + 2 * g, 4 * g, 0x33));
+
+    /* Bad ranges never reach the driver. */
+    ck_assert_int_eq(be->ops->va_map(be, base + 3 * g, g), BFC_EINVAL);
+    ck_assert_int_eq(be->ops->va_map(be, base + g, 2 * g), BFC_EINVAL);
+    ck_assert_int_eq(be->ops->va_map(be, base + 1, g), BFC_EINVAL);
+    ck_assert_int_eq(be->ops->va_map(be, base + 63 * g, 2 * g), BFC_EINVAL);
+    ck_assert_int_eq(be->ops->va_unmap(be, base, g), BFC_EINVAL);
+    ck_assert_int_eq(be->ops->va_release(be, base, 32 * g), BFC_EINVAL);
+
+    /* Unmap across what were two maps. */
+    ck_assert_int_eq(be->ops->va_unmap(be, base + 2 * g, 3 * g), BFC_OK);
+    ck_assert(device_fill_check(base + 5 * g, g, 0x44));
+
+    /* More than the device has: refused, and nothing of it stays mapped
+     * (the same range maps piecemeal afterwards). */
+    {
+        size_t big = (t / g + 8) * g;
+
+        ck_assert_int_eq(be->ops->va_reserve(be, big, &other), BFC_OK);
+        ck_assert_int_eq(be->ops->va_map(be, other, big), BFC_ENOMEM);
+        ck_assert_int_eq(cudaGetLastError(), cudaSuccess);
+        ck_assert_int_eq(be->ops->va_map(be, other, 2 * g), BFC_OK);
+        ck_assert_int_eq(be->ops->va_map(be, other + big - g, g), BFC_OK);
+    }
+
+    /* Release with granules still mapped: they are unmapped and freed. */
+    ck_assert_int_eq(be->ops->va_release(be, base, 64 * g), BFC_OK);
+    ck_assert_int_eq(be->ops->mem_info(be, &f1, &t), BFC_OK);
+    ck_assert_uint_ge(f1 + 3 * g + g, f0); /* other's 3 granules still held */
+    ck_assert_int_eq(be->ops->va_release(be, base, 64 * g), BFC_EINVAL);
+    /* `other` is left for close to release. */
+    be->ops->close(be);
+}
+END_TEST
 #endif /* BFC_HAVE_CUDA */
 
 int main(void)
@@ -196,6 +299,8 @@ int main(void)
     if (!dev)
         tcase_add_test(sel, test_no_device_selection);
 #if BFC_HAVE_CUDA
+    if (!dev)
+        tcase_add_test(sel, test_no_driver_vmm);
     if (dev) {
         TCase *gpu = tcase_create("gpu");
 
@@ -203,6 +308,7 @@ int main(void)
         tcase_add_test(gpu, test_cuda_memory);
         tcase_add_test(gpu, test_cuda_events_streams);
         tcase_add_test(gpu, test_cuda_host_register);
+        tcase_add_test(gpu, test_cuda_vmm);
         tcase_set_timeout(gpu, 60);
         suite_add_tcase(s, gpu);
     }
@@ -220,8 +326,10 @@ int main(void)
         return EXIT_FAILURE;
     if (!dev) {
         /* The GPU tests did not run: say so, and skip (automake's 77). */
-        printf("%s: skipping the GPU tests (selection checks passed)\n",
-               BFC_HAVE_CUDA ? "no usable CUDA device" : "built without CUDA");
+        printf("%s: skipping the GPU tests, virtual memory included "
+               "(selection%s checks passed)\n",
+               BFC_HAVE_CUDA ? "no usable CUDA device" : "built without CUDA",
+               BFC_HAVE_CUDA ? " and no-driver virtual memory" : "");
         return 77;
     }
     return EXIT_SUCCESS;

@@ -1,0 +1,265 @@
+/*
+ * backend_vmm.c -- the book a backend keeps of its virtual memory.
+ *
+ * A backend with virtual memory (vmm_granule != 0) must answer questions its
+ * OS or driver answers badly or not at all: is this range inside one of my
+ * reservations, is every granule of it mapped (or none), what is still
+ * mapped in a reservation being released?  mmap happily maps over anything,
+ * and the CUDA driver reports a double map or a stray unmap as a generic
+ * error, if at all.  So each backend records its reservations here, sorted
+ * by base, each with one bit per granule (1: mapped), and checks every
+ * va_* call against the book before it acts.
+ *
+ * Cost: a lookup is a binary search over the reservations (an arena keeps a
+ * few), a range check or update is a pass over size / granule bits, a word
+ * at a time.  The bitmap of a 64 GiB reservation is 4 KiB with 2 MiB
+ * granules (2 MiB with the 4 KiB granules tests use); it comes from the
+ * metadata shim, whose large allocations are zero pages until touched.
+ *
+ * Locking: the caller holds bk->lock around a whole va_* call (check, act,
+ * record), except for bfc__vmm_book_mapped, which takes it itself.  Record
+ * pointers are valid until the next add or remove (the array moves).
+ */
+#include "backend.h"
+#include "meta.h"
+
+#include <string.h>
+
+#define WORD_BITS 64u
+
+/* ------------------------------------------------------------- bitmaps */
+
+static size_t words_for(size_t nbits)
+{
+    return (nbits + WORD_BITS - 1) / WORD_BITS;
+}
+
+/* The bits of word i that fall in [lo, hi) (lo inside word i). */
+static uint64_t word_mask(size_t lo, size_t hi, size_t *take)
+{
+    size_t b = lo % WORD_BITS;
+    size_t n = WORD_BITS - b < hi - lo ? WORD_BITS - b : hi - lo;
+
+    *take = n;
+    return (n == WORD_BITS ? ~(uint64_t)0 : (((uint64_t)1 << n) - 1)) << b;
+}
+
+/* Ones among bits [lo, hi). */
+static size_t bits_count(const uint64_t *w, size_t lo, size_t hi)
+{
+    size_t n = 0, take;
+
+    while (lo < hi) {
+        uint64_t m = word_mask(lo, hi, &take);
+
+        n += (size_t)__builtin_popcountll(w[lo / WORD_BITS] & m);
+        lo += take;
+    }
+    return n;
+}
+
+static void bits_fill(uint64_t *w, size_t lo, size_t hi, bool v)
+{
+    size_t take;
+
+    while (lo < hi) {
+        uint64_t m = word_mask(lo, hi, &take);
+
+        if (v)
+            w[lo / WORD_BITS] |= m;
+        else
+            w[lo / WORD_BITS] &= ~m;
+        lo += take;
+    }
+}
+
+/* The first bit in [lo, hi) equal to v, or hi. */
+static size_t bits_find(const uint64_t *w, size_t lo, size_t hi, bool v)
+{
+    while (lo < hi) {
+        size_t i = lo / WORD_BITS;
+        uint64_t x = (v ? w[i] : ~w[i]) & (~(uint64_t)0 << (lo % WORD_BITS));
+
+        if (x) {
+            size_t at = i * WORD_BITS + (size_t)__builtin_ctzll(x);
+
+            return at < hi ? at : hi;
+        }
+        lo = (i + 1) * WORD_BITS;
+    }
+    return hi;
+}
+
+/* ------------------------------------------------------------- the book */
+
+int bfc__vmm_book_init(bfc__vmm_book_t *bk, size_t granule)
+{
+    memset(bk, 0, sizeof(*bk));
+    if (pthread_mutex_init(&bk->lock, NULL) != 0)
+        return BFC_ENOMEM;
+    bk->granule = granule;
+    return BFC_OK;
+}
+
+void bfc__vmm_book_fini(bfc__vmm_book_t *bk)
+{
+    int e;
+
+    for (size_t i = 0; i < bk->n; i++)
+        bfc__meta_free(bk->res[i].bits,
+                       words_for(bk->res[i].size / bk->granule) * sizeof(uint64_t));
+    bfc__meta_free(bk->res, bk->cap * sizeof(*bk->res));
+    bk->res = NULL;
+    bk->n = bk->cap = 0;
+    e = pthread_mutex_destroy(&bk->lock);
+    if (e != 0) /* only a lock still held: a va_* call racing close */
+        bfc__fatal("pthread_mutex_destroy", e);
+}
+
+/* Index of the first reservation whose base is above addr. */
+static size_t upper(const bfc__vmm_book_t *bk, uintptr_t addr)
+{
+    size_t lo = 0, hi = bk->n;
+
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+
+        if (bk->res[mid].base <= addr)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* The reservation holding addr, or NULL. */
+static struct bfc__vmm_res *holder(bfc__vmm_book_t *bk, uintptr_t addr)
+{
+    size_t i = upper(bk, addr);
+    struct bfc__vmm_res *r;
+
+    if (i == 0)
+        return NULL;
+    r = &bk->res[i - 1];
+    return addr - r->base < r->size ? r : NULL;
+}
+
+int bfc__vmm_book_add(bfc__vmm_book_t *bk, uintptr_t base, size_t size)
+{
+    size_t g = bk->granule;
+    size_t i;
+    uint64_t *bits;
+
+    if (size == 0 || ((base | size) & (g - 1)) != 0 || base + size < base)
+        return BFC_EINVAL;
+    if (bk->n == bk->cap) {
+        size_t cap = bk->cap ? 2 * bk->cap : 8;
+        struct bfc__vmm_res *res =
+            bfc__meta_realloc(bk->res, bk->cap * sizeof(*res), cap * sizeof(*res));
+
+        if (!res)
+            return BFC_ENOMEM;
+        bk->res = res;
+        bk->cap = cap;
+    }
+    bits = bfc__meta_zalloc(words_for(size / g) * sizeof(uint64_t));
+    if (!bits)
+        return BFC_ENOMEM;
+    i = upper(bk, base);
+    memmove(&bk->res[i + 1], &bk->res[i], (bk->n - i) * sizeof(*bk->res));
+    bk->res[i] = (struct bfc__vmm_res){.base = base, .size = size, .n_mapped = 0, .bits = bits};
+    bk->n++;
+    return BFC_OK;
+}
+
+struct bfc__vmm_res *bfc__vmm_book_exact(bfc__vmm_book_t *bk, uintptr_t base, size_t size)
+{
+    struct bfc__vmm_res *r = holder(bk, base);
+
+    return r && r->base == base && r->size == size ? r : NULL;
+}
+
+void bfc__vmm_book_remove(bfc__vmm_book_t *bk, struct bfc__vmm_res *r)
+{
+    size_t i = (size_t)(r - bk->res);
+
+    bfc__meta_free(r->bits, words_for(r->size / bk->granule) * sizeof(uint64_t));
+    memmove(&bk->res[i], &bk->res[i + 1], (bk->n - i - 1) * sizeof(*bk->res));
+    bk->n--;
+}
+
+int bfc__vmm_book_check(bfc__vmm_book_t *bk, uintptr_t addr, size_t size, bool mapped,
+                        struct bfc__vmm_res **out)
+{
+    size_t g = bk->granule;
+    struct bfc__vmm_res *r;
+    size_t lo, hi, ones;
+
+    *out = NULL;
+    if (g == 0 || size == 0 || ((addr | size) & (g - 1)) != 0 || addr + size < addr)
+        return BFC_EINVAL;
+    r = holder(bk, addr);
+    if (!r || addr - r->base > r->size - size || size > r->size)
+        return BFC_EINVAL;
+    lo = (addr - r->base) / g;
+    hi = lo + size / g;
+    ones = bits_count(r->bits, lo, hi);
+    if (mapped ? ones != hi - lo : ones != 0)
+        return BFC_EINVAL;
+    *out = r;
+    return BFC_OK;
+}
+
+void bfc__vmm_book_mark(bfc__vmm_book_t *bk, struct bfc__vmm_res *r, uintptr_t addr,
+                        size_t size, bool mapped)
+{
+    size_t g = bk->granule;
+    size_t lo = (addr - r->base) / g;
+    size_t hi = lo + size / g;
+    size_t ones = bits_count(r->bits, lo, hi);
+
+    bits_fill(r->bits, lo, hi, mapped);
+    if (mapped)
+        r->n_mapped += (hi - lo) - ones;
+    else
+        r->n_mapped -= ones;
+}
+
+bool bfc__vmm_book_next_run(bfc__vmm_book_t *bk, const struct bfc__vmm_res *r,
+                            uintptr_t *addr, size_t *len)
+{
+    size_t g = bk->granule;
+    size_t n = r->size / g;
+    size_t from = *addr <= r->base ? 0 : (*addr - r->base + g - 1) / g;
+    size_t s, e;
+
+    if (from >= n)
+        return false;
+    s = bits_find(r->bits, from, n, true);
+    if (s == n)
+        return false;
+    e = bits_find(r->bits, s, n, false);
+    *addr = r->base + s * g;
+    *len = (e - s) * g;
+    return true;
+}
+
+int bfc__vmm_book_mapped(bfc__vmm_book_t *bk, uintptr_t addr, size_t n)
+{
+    size_t g = bk->granule;
+    struct bfc__vmm_res *r;
+    int yes = 0;
+
+    if (g == 0 || n == 0 || addr + n < addr)
+        return 0;
+    bfc__plock(&bk->lock);
+    r = holder(bk, addr);
+    if (r && n <= r->size - (addr - r->base)) {
+        size_t lo = (addr - r->base) / g;
+        size_t hi = (addr - r->base + n + g - 1) / g;
+
+        yes = bits_count(r->bits, lo, hi) == hi - lo;
+    }
+    bfc__punlock(&bk->lock);
+    return yes;
+}
