@@ -83,10 +83,11 @@ static int device_enter(int device, bfc_stream_t s, bool any, int *saved)
     int cur = -1;
     cudaError_t err;
 
-    if (device < 0 || !service_on_cuda())
-        return BFC_OK;
+    /* The common case first: an ordinary stream names its own device. */
     if (!any && s != NULL && s != (bfc_stream_t)cudaStreamLegacy &&
         s != (bfc_stream_t)cudaStreamPerThread)
+        return BFC_OK;
+    if (device < 0 || !service_on_cuda())
         return BFC_OK;
     err = cudaGetDevice(&cur);
     if (err != cudaSuccess) {
