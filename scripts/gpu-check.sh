@@ -523,16 +523,21 @@ st_perf() {
     rc=$?
     cap_log "$out/perf.log"
     [ $rc -eq 0 ] || { note="shardbfc-perf exit $rc (perf.log)"; return 1; }
+    # Every allocator asked for is in the JSON: measured, or skipped with
+    # its reason (a device that is there measures them; none skips them).
+    local a
+    for a in shardbfc cuda cuda-async torch; do
+        grep -qE "\"allocator\": \"$a\"" "$out/perf-gpu.json" ||
+            { note="$a was neither measured nor listed as skipped"; return 1; }
+    done
     if [ $sim -eq 1 ]; then
-        # The CUDA allocators must be skipped, each with its reason.
-        local a
-        for a in cuda cuda-async torch; do
-            grep -qE "skipped: $a " "$out/perf.log" ||
-                { note="$a was neither measured nor listed as skipped"; return 1; }
-        done
-        note="CUDA allocators skipped here: $(grep -E 'skipped: torch' "$out/perf.log" | head -n 1 |
-            sed 's/.*churn *//')"
-        return 77
+        if grep -qE 'skipped: cuda ' "$out/perf.log"; then
+            note="CUDA allocators skipped here: $(grep -E 'skipped: torch' "$out/perf.log" |
+                head -n 1 | sed 's/.*churn *//')"
+            return 77
+        fi
+        note="measured briefly on the device (--sim): $(grep -cE '"workload"' "$out/perf-gpu.json") rows"
+        return 0
     fi
     note="$(grep -E '^  cuda churn' "$out/perf.log" | sed 's/  */ /g; s/^ //' | paste -sd ';' -)"
 }

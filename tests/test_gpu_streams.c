@@ -184,7 +184,9 @@ START_TEST(test_control_detector)
     void *buf;
 
     CUDA_OK(cudaMalloc(&buf, n));
-    CUDA_OK(bfc_test_spin(a, spin_ns()));
+    /* Five spins long: only the host stalling that long between the two
+     * launches below (a loaded machine) could make this fail. */
+    CUDA_OK(bfc_test_spin(a, 5 * spin_ns()));
     CUDA_OK(bfc_test_fill(buf, n, 1, a));  /* runs when the spin ends */
     CUDA_OK(bfc_test_fill(buf, n, 2, c));  /* runs now */
     CUDA_OK(cudaDeviceSynchronize());
