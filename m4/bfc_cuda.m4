@@ -18,7 +18,8 @@
 #
 # Results: bfc_cuda_happy (yes/no), bfc_cuda_dir (the prefix used, or
 # "system"), bfc_cuda_version (the runtime's CUDART_VERSION as 13.0), the define BFC_HAVE_CUDA (always present, 0 or 1) and the
-# automake conditional HAVE_CUDA.
+# automake conditional HAVE_CUDA; bfc_nvcc_happy, NVCC, NVCC_GENCODE and the
+# conditional HAVE_NVCC for the GPU tests' kernels.
 #
 # "yes" or DIR without a usable CUDA is an error; "guess" without one builds
 # without CUDA.
@@ -98,6 +99,42 @@ AS_IF([test "x$with_cuda" != xno], [
                             bfc_cuda_dir=],
                [AC_MSG_ERROR([--with-cuda=$with_cuda: no usable CUDA runtime (need cuda_runtime.h and libcudart with cudaStreamGetId, CUDA >= 12)])])])
 ])
+
+# nvcc, for the GPU-only tests' kernels (tests/gpu/*.cu).  Looked for only
+# when the runtime was found, first beside it, so a --without-cuda build
+# never runs it.  NVCC_GENCODE picks the GPU architectures: native code for
+# Ampere (sm_80) and Hopper (sm_90, the H100/H200) plus compute_90 PTX that
+# the driver compiles for newer GPUs.  A toolkit without nvcc (a runtime-only
+# install) still builds the CUDA backend; its GPU tests then skip, saying so.
+AC_ARG_VAR([NVCC], [CUDA compiler for the GPU tests' kernels (default: nvcc beside the runtime)])
+AC_ARG_VAR([NVCCFLAGS], [extra flags for NVCC])
+AC_ARG_VAR([NVCC_GENCODE], [NVCC architecture flags (default: sm_80, sm_90 and compute_90 PTX)])
+bfc_nvcc_happy=no
+AS_IF([test $bfc_cuda_happy = yes], [
+    AS_IF([test "x$bfc_cuda_dir" != xsystem],
+          [AC_PATH_PROG([NVCC], [nvcc], [], [$bfc_cuda_dir/bin$PATH_SEPARATOR$PATH])],
+          [AC_PATH_PROG([NVCC], [nvcc], [])])
+    AS_IF([test -z "$NVCC_GENCODE"],
+          [NVCC_GENCODE="-gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_90,code=sm_90 -gencode=arch=compute_90,code=compute_90"])
+    AS_IF([test -n "$NVCC"], [
+        AC_MSG_CHECKING([whether $NVCC compiles a kernel for $NVCC_GENCODE])
+        cat > conftest.cu <<_BFCEOF
+__global__ void bfc_conftest(int *p) { p@<:@threadIdx.x@:>@ = 1; }
+_BFCEOF
+        AS_IF([$NVCC $NVCC_GENCODE $NVCCFLAGS -c conftest.cu -o conftest.$OBJEXT >&AS_MESSAGE_LOG_FD 2>&1],
+              [bfc_nvcc_happy=yes], [bfc_nvcc_happy=no])
+        rm -f conftest.cu conftest.$OBJEXT
+        AC_MSG_RESULT([$bfc_nvcc_happy])
+    ])
+])
+# Kernels compile as warning-free as the C code: the host compiler's -Wall
+# -Wextra (and -Werror unless --disable-werror), nvcc's own warnings too.
+NVCC_WARN_FLAGS="-Xcompiler -Wall,-Wextra"
+AS_IF([test "x$enable_werror" != xno],
+      [NVCC_WARN_FLAGS="-Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror"])
+AC_SUBST([NVCC_GENCODE])
+AC_SUBST([NVCC_WARN_FLAGS])
+AM_CONDITIONAL([HAVE_NVCC], [test $bfc_nvcc_happy = yes])
 
 AS_IF([test $bfc_cuda_happy = yes],
       [AC_DEFINE([BFC_HAVE_CUDA], [1], [Define to 1 when the CUDA backend is built.])],

@@ -19,9 +19,15 @@
  *   cuda-async   cudaMallocAsync / cudaFreeAsync on the device's default
  *                pool with cudaMemPoolAttrReleaseThreshold = UINT64_MAX, so
  *                the pool caches instead of returning memory at each sync.
- * The two CUDA allocators are compiled only when BFC_HAVE_CUDA, and init
+ *   torch        PyTorch's CUDA caching allocator driven from C++
+ *                (raw_alloc_with_stream / raw_delete), through
+ *                perf/libshardbfc_perf_torch.so (perf/torch_shim.cc), which
+ *                is built only where a libtorch with CUDA exists (`make
+ *                perf-torch TORCH_DIR=...`) and dlopen()ed at run time from
+ *                $SHARDBFC_PERF_TORCH or beside this program.
+ * The CUDA allocators are compiled only when BFC_HAVE_CUDA, and init
  * refuses (the run is listed as skipped, with the reason) when no device is
- * usable.
+ * usable, or for torch when the shim is not there.
  *
  * Memory reporting: libshardbfc's peak_bytes_reserved (bfc_ctx_stats, or
  * bfc_host_stats) from a fresh context per run; cudaMallocAsync's
@@ -37,9 +43,11 @@
 #include "perf.h"
 #include "perfutil.h"
 
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <jemalloc/jemalloc.h>
 #include <shardbfc_sim.h>
@@ -493,6 +501,157 @@ static const struct perf_alloc_ops ops_cuda_async = {
     .in_use = cuda_in_use_fn,
     .fini = cuda_fini,
 };
+
+/* PyTorch's caching allocator, through the shim (loaded once, by the main
+ * thread, at the first init; the measuring threads only call through the
+ * function pointers). */
+struct torch_shim {
+    bool tried, ok;
+    char why[200];
+    int (*init)(char *why, size_t len);
+    void *(*alloc)(size_t n, void *stream);
+    int (*free)(void *p);
+    int (*reset)(void);
+    int (*stats)(uint64_t *peak_reserved, uint64_t *in_use);
+};
+static struct torch_shim torch_shim;
+
+/* Where the shim is: $SHARDBFC_PERF_TORCH, else beside this program (where
+ * `make perf-torch` puts it).  false with the reason in t->why. */
+static bool torch_shim_path(char *path, size_t len)
+{
+    struct torch_shim *t = &torch_shim;
+    const char *env = getenv("SHARDBFC_PERF_TORCH");
+
+    if (env != NULL && *env != '\0') {
+        snprintf(path, len, "%s", env);
+    } else {
+        ssize_t n = readlink("/proc/self/exe", path, len - 1);
+        char *slash;
+        if (n <= 0) {
+            snprintf(t->why, sizeof(t->why), "cannot locate this program (/proc/self/exe)");
+            return false;
+        }
+        path[n] = '\0';
+        slash = strrchr(path, '/');
+        if (slash == NULL || (size_t)(slash - path) + 32 >= len) {
+            snprintf(t->why, sizeof(t->why), "cannot locate this program's directory");
+            return false;
+        }
+        snprintf(slash + 1, len - (size_t)(slash + 1 - path), "libshardbfc_perf_torch.so");
+    }
+    if (access(path, R_OK) != 0) {
+        snprintf(t->why, sizeof(t->why),
+                 "PyTorch allocator shim not built (make perf-torch TORCH_DIR=DIR)");
+        return false;
+    }
+    return true;
+}
+
+static void torch_shim_load(void)
+{
+    struct torch_shim *t = &torch_shim;
+    char path[4096];
+    void *dl;
+
+    t->tried = true;
+    if (!torch_shim_path(path, sizeof(path)))
+        return;
+    dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (dl == NULL) {
+        snprintf(t->why, sizeof(t->why), "dlopen: %.180s", dlerror());
+        return;
+    }
+    *(void **)&t->init = dlsym(dl, "shardbfc_perf_torch_init");
+    *(void **)&t->alloc = dlsym(dl, "shardbfc_perf_torch_alloc");
+    *(void **)&t->free = dlsym(dl, "shardbfc_perf_torch_free");
+    *(void **)&t->reset = dlsym(dl, "shardbfc_perf_torch_reset");
+    *(void **)&t->stats = dlsym(dl, "shardbfc_perf_torch_stats");
+    if (!t->init || !t->alloc || !t->free || !t->reset || !t->stats) {
+        snprintf(t->why, sizeof(t->why), "%.150s lacks the shim's entry points", path);
+        return; /* the handle stays open: harmless, and nothing is half-unloaded */
+    }
+    if (t->init(t->why, sizeof(t->why)) != 0)
+        return;
+    t->ok = true;
+}
+
+static const char *torch_init(struct perf_allocator *a, const struct perf_env *env,
+                              enum perf_mem mem, unsigned nstreams)
+{
+    static char both[400];
+    char path[4096];
+    a->mem = mem;
+    a->state = NULL;
+    if (mem == PERF_MEM_HOST)
+        return "PyTorch's host allocator is not measured (device memory only)";
+    if (!env->gpu) {
+        /* Say both when both are missing: the shim needs a build step too. */
+        if (torch_shim_path(path, sizeof(path)))
+            return env->no_gpu_reason;
+        snprintf(both, sizeof(both), "%s; %s", env->no_gpu_reason, torch_shim.why);
+        return both;
+    }
+    if (!torch_shim.tried)
+        torch_shim_load();
+    if (!torch_shim.ok)
+        return torch_shim.why;
+    (void)cudaDeviceSynchronize();
+    if (torch_shim.reset() != 0)
+        return "PyTorch's emptyCache/resetPeakStats failed";
+    a->state = &torch_shim;
+    return make_streams(a, NULL, true, nstreams, nstreams);
+}
+
+static void *torch_alloc_fn(struct perf_allocator *a, unsigned thread, bfc_stream_t s,
+                            size_t n)
+{
+    (void)a;
+    (void)thread;
+    return torch_shim.alloc(n, (void *)s);
+}
+
+static int torch_free_fn(struct perf_allocator *a, unsigned thread, void *p, bfc_stream_t s,
+                         size_t n)
+{
+    (void)a;
+    (void)thread;
+    (void)s;
+    (void)n;
+    return torch_shim.free(p);
+}
+
+static bool torch_stats_fn(struct perf_allocator *a, uint64_t *peak_reserved)
+{
+    uint64_t used;
+    return a->state != NULL && torch_shim.stats(peak_reserved, &used) == 0;
+}
+
+static bool torch_in_use_fn(struct perf_allocator *a, uint64_t *bytes)
+{
+    uint64_t peak;
+    return a->state != NULL && torch_shim.stats(&peak, bytes) == 0;
+}
+
+static void torch_fini(struct perf_allocator *a)
+{
+    (void)cudaDeviceSynchronize();
+    drop_streams(a, NULL, a->state != NULL, a->state != NULL ? a->nstreams : 0);
+    if (a->state != NULL)
+        (void)torch_shim.reset();
+    a->state = NULL;
+}
+
+static const struct perf_alloc_ops ops_torch = {
+    .name = "torch",
+    .desc = "PyTorch's CUDA caching allocator from C++ (raw_alloc_with_stream/raw_delete)",
+    .init = torch_init,
+    .alloc = torch_alloc_fn,
+    .free = torch_free_fn,
+    .stats = torch_stats_fn,
+    .in_use = torch_in_use_fn,
+    .fini = torch_fini,
+};
 #else
 /* Not built: init says why, nothing else is ever called. */
 static const char *nocuda_init(struct perf_allocator *a, const struct perf_env *env,
@@ -520,12 +679,17 @@ static const struct perf_alloc_ops ops_cuda_async = {
     .name = "cuda-async", .desc = "cudaMallocAsync/cudaFreeAsync (not built)",
     .init = nocuda_init, .stats = no_stats, .in_use = no_stats, .fini = nocuda_fini,
 };
+static const struct perf_alloc_ops ops_torch = {
+    .name = "torch", .desc = "PyTorch's CUDA caching allocator (not built)",
+    .init = nocuda_init, .stats = no_stats, .in_use = no_stats, .fini = nocuda_fini,
+};
 #endif
 
 /* ---------------------------------------------------------------- table */
 
 const struct perf_alloc_ops *const perf_allocators[] = {
     &ops_shardbfc, &ops_single_lock, &ops_jemalloc, &ops_malloc, &ops_cuda, &ops_cuda_async,
+    &ops_torch,
 };
 const unsigned perf_n_allocators = sizeof(perf_allocators) / sizeof(perf_allocators[0]);
 

@@ -4,7 +4,7 @@
  *
  *   shardbfc-perf [--quick] [--workload churn,cross,inference,host,replay]
  *                 [--threads 1,2,4,8] [--allocators shardbfc,single-lock,
- *                 jemalloc,malloc,cuda,cuda-async] [--seconds S]
+ *                 jemalloc,malloc,cuda,cuda-async,torch] [--seconds S]
  *                 [--backend sim|cuda] [--json FILE] [--svg FILE]
  *                 [--trace FILE] [--seed N]
  *
@@ -62,7 +62,7 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: " PROG " [--quick] [--workload churn,cross,inference,host,replay]\n"
             "       [--threads 1,2,4,8] [--allocators shardbfc,single-lock,jemalloc,malloc,"
-            "cuda,cuda-async]\n"
+            "cuda,cuda-async,torch]\n"
             "       [--seconds S] [--backend sim|cuda] [--json FILE] [--svg FILE]\n"
             "       [--trace FILE] [--seed N]\n"
             "  --quick       short suite (threads 1,2; 0.2 s windows): under 20 s\n"
@@ -406,6 +406,25 @@ static void report_targets(const struct perf_report *rp, const struct opts *o)
             snprintf(name, sizeof(name), "inference %u thr: shardbfc fragmentation",
                      o->threads[k]);
         add_target(name, s->fragmentation, s->have_mem, 1.15, true);
+    }
+    /* On the CUDA backend, against the device allocators a server would use
+     * instead: an alloc+free pair of the churn workload (ops/s ratios are
+     * pair-rate ratios), and libshardbfc's scaling to 16 threads. */
+    if (o->backend_cuda) {
+        const struct perf_result *one = perf_report_find(rp, "churn", "shardbfc", 1);
+        const struct perf_result *x;
+        x = perf_report_find(rp, "churn", "cuda-async", 1);
+        add_target("cuda churn 1 thread: shardbfc / cudaMallocAsync pairs/s",
+                   one && x && x->ops_per_sec > 0 ? one->ops_per_sec / x->ops_per_sec : 0,
+                   one && x, 10.0, false);
+        x = perf_report_find(rp, "churn", "torch", 1);
+        add_target("cuda churn 1 thread: shardbfc / PyTorch pairs/s",
+                   one && x && x->ops_per_sec > 0 ? one->ops_per_sec / x->ops_per_sec : 0,
+                   one && x, 5.0, false);
+        x = perf_report_find(rp, "churn", "shardbfc", 16);
+        add_target("cuda churn: shardbfc 16 threads / 1 thread pairs/s",
+                   one && x && one->ops_per_sec > 0 ? x->ops_per_sec / one->ops_per_sec : 0,
+                   one && x, 12.0, false);
     }
 }
 

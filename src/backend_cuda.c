@@ -774,7 +774,14 @@ int bfc__backend_cuda_open(const bfc_config_t *cfg, bfc__backend_t **out)
     if (!cfg || !out)
         return BFC_EINVAL;
     *out = NULL;
-    count = bfc__cuda_device_count();
+    /* Not bfc__cuda_device_count, which reads every failure as "no device":
+     * opening must tell a missing driver or device (BFC_ENODEV) from a
+     * runtime that fails, e.g. a context broken by an earlier kernel fault
+     * (BFC_EBACKEND). */
+    count = 0;
+    st = cuda_status(cudaGetDeviceCount(&count));
+    if (st != BFC_OK)
+        return st;
     if (cfg->device < 0 || cfg->device >= count)
         return BFC_ENODEV;
 

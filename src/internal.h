@@ -7,6 +7,20 @@
 
 #include "config.h" /* autoconf: BFC_HAVE_CUDA, BFC_META_JEMALLOC, BFC_DEBUG */
 
+/*
+ * The same sources are compiled a second time into the PyTorch plug-in
+ * (libshardbfc_torch.so), which a Python process dlopen()s long after it
+ * started.  Debian's jemalloc cannot be loaded that way (it needs static
+ * TLS and replaces malloc), so that build passes -DBFC_FORCE_META_LIBC and
+ * gets libc metadata whatever --with-metadata chose for the main library.
+ * The override sits here, right after config.h, because every translation
+ * unit reads the switch through this header.
+ */
+#ifdef BFC_FORCE_META_LIBC
+#undef BFC_META_JEMALLOC
+#define BFC_META_JEMALLOC 0
+#endif
+
 #include <stdalign.h>
 #include <stdatomic.h>
 #include <stdbool.h>

@@ -1,0 +1,651 @@
+#!/usr/bin/env bash
+# gpu-check.sh -- libshardbfc on a GPU machine in one command.
+#
+#   scripts/gpu-check.sh pack [--dir DIR] [--build DIR]
+#   scripts/gpu-check.sh run  [--dir DIR] [--out DIR] [--work DIR] [--jobs N]
+#                             [--skip STEP,...] [--sim] [--quick --build DIR]
+#
+# The GPU machine has CUDA, compute-sanitizer and a python3 with PyTorch,
+# but no Debian packages and no network: what the build needs must travel
+# with the working tree.  So the work is split in two halves.
+#
+# pack (here, on the Debian machine): `make dist` in a configured build tree
+# (DIR --build, default build/, configured first if it is not), then
+# `apt-get download` of the libraries the build needs -- liburcu, jemalloc,
+# hwloc, check, subunit -- and of the few things a stock GPU image may lack
+# (libudev1 for hwloc, pkgconf, make), all into one folder, gpu-pack/ by
+# default, which git ignores and which must stay under 64 MiB.  MANIFEST in
+# it lists every file with its size and checksum.
+#
+# run (there): unpack the .debs with `dpkg -x` (or ar + tar where dpkg is
+# missing) into a private prefix -- the optional ones only when the machine
+# lacks what they provide --, rewrite their pkg-config files, whose prefix
+# says /usr, to point into it, and put it on PKG_CONFIG_LIBDIR (the prefix
+# alone: a missing package fails here, not later), CPATH, LIBRARY_PATH and
+# LD_LIBRARY_PATH.  Then build the tarball with --with-cuda and run:
+#
+#   build      configure --with-cuda, make, make install (into the work dir)
+#   suite      the whole `make check` with SHARDBFC_CONF=backend=cuda
+#   gpu-tests  tests/test_gpu_streams and test_backend_cuda on the device
+#   memcheck   compute-sanitizer --tool memcheck over both
+#   racecheck  compute-sanitizer --tool racecheck over both
+#   torch      scripts/torch_check.py: a transformers model with PyTorch's
+#              allocator and with the installed libshardbfc_torch.so,
+#              identical results required, peaks reported
+#   torch-shim perf/libshardbfc_perf_torch.so against the machine's libtorch
+#   perf       perf/shardbfc-perf on the CUDA backend, 1..16 threads, against
+#              cudaMalloc, cudaMallocAsync and PyTorch's allocator
+#
+# Results go to --out (default $OUT when set, else ./gpu-check-out), at most
+# eight files, as the device tool brings back: summary.txt, suite.log,
+# gpu.log, torch.log, torch_check.json, perf.log, perf-gpu.json,
+# perf-gpu.svg.  The summary (also printed) has one line per step: PASS,
+# FAIL or SKIP with the reason and the time taken; it is rewritten after
+# every step, so a run cut short still says how far it got.  Exit status:
+# 0 when no step failed, 1 otherwise, 2 on a bad command line.  On the GPU
+# a step that finds no device FAILS: the point of the run is the device.
+#
+# run --sim: the same path on a machine without a GPU -- the libshardbfc
+# suite with SHARDBFC_CONF=backend=sim, every step that needs a device
+# reported as SKIP with the reason.
+#
+# run --sim --quick --build DIR: what `make check` runs (tests/gpu_check.sh)
+# so that this script cannot rot, in seconds: the argument handling, the
+# unpacking and pkg-config rewriting on the pack folder when there is one,
+# and the steps over an existing build tree instead of a fresh tarball
+# build (no build, no suite: make check is running those).
+set -u -o pipefail
+
+prog=gpu-check.sh
+top=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+
+usage() {
+    sed -n '3,5p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+    echo "(see the comment at the top of scripts/gpu-check.sh)" >&2
+    exit "${1:-2}"
+}
+
+die() {
+    echo "$prog: $*" >&2
+    exit 2
+}
+
+# Packages whose .debs travel.  Required: unpacked always.
+required_debs=(liburcu-dev liburcu8 libjemalloc-dev libjemalloc2 libhwloc-dev libhwloc15
+               check libsubunit-dev libsubunit0)
+# Optional: unpacked only where the machine lacks what they provide (see
+# need_optional).  The -dev packages' other dependencies (libnuma-dev and
+# libltdl-dev for hwloc, mawk for check's checkmk) are not needed to build.
+optional_debs=(libudev1 pkgconf-bin libpkgconf3 make)
+pack_limit=$((64 * 1024 * 1024))
+
+# ------------------------------------------------------------------ pack
+
+do_pack() {
+    local dir="$top/gpu-pack" build="$top/build"
+    while [ $# -gt 0 ]; do
+        case "$1" in
+            --dir) [ $# -ge 2 ] || die "--dir needs a value"; dir=$2; shift 2 ;;
+            --build) [ $# -ge 2 ] || die "--build needs a value"; build=$2; shift 2 ;;
+            -h | --help) usage 0 ;;
+            *) die "pack: unknown argument $1" ;;
+        esac
+    done
+    command -v apt-get >/dev/null || die "pack runs on the Debian machine (apt-get not found)"
+    mkdir -p "$dir/debs" || exit 1
+    dir=$(cd "$dir" && pwd)
+
+    echo "==> make dist (in $build)"
+    if [ ! -f "$build/Makefile" ]; then
+        [ -x "$top/configure" ] || (cd "$top" && ./autogen.sh) || exit 1
+        mkdir -p "$build" || exit 1
+        if ! (cd "$build" && "$top/configure" >configure.log 2>&1); then
+            tail -20 "$build/configure.log"
+            exit 1
+        fi
+    fi
+    rm -f "$dir"/shardbfc-*.tar.gz
+    (cd "$build" && make dist >"$dir/dist.log" 2>&1) || { tail -20 "$dir/dist.log"; exit 1; }
+    mv "$build"/shardbfc-*.tar.gz "$dir/" || exit 1
+    rm -f "$dir/dist.log"
+
+    echo "==> apt-get download ${required_debs[*]} ${optional_debs[*]}"
+    rm -f "$dir"/debs/*.deb
+    # _apt cannot write to every folder; apt then warns and downloads as root.
+    (cd "$dir/debs" && apt-get download "${required_debs[@]}" "${optional_debs[@]}" 2>&1 |
+        grep -v 'Download is performed unsandboxed') || true
+    for p in "${required_debs[@]}" "${optional_debs[@]}"; do
+        ls "$dir/debs/${p}_"*.deb >/dev/null 2>&1 ||
+            die "apt-get download did not fetch $p (apt-get update first?)"
+    done
+
+    # shellcheck disable=SC2094  # MANIFEST itself is left out of the listing
+    (cd "$dir" && {
+        echo "# libshardbfc GPU pack: scripts/gpu-check.sh run unpacks it"
+        echo "# made $(date -u +%Y-%m-%dT%H:%M:%SZ) from $(git -C "$top" rev-parse --short HEAD 2>/dev/null || echo '?')"
+        echo "# required: ${required_debs[*]}"
+        echo "# optional: ${optional_debs[*]}"
+        find . -type f ! -name MANIFEST | sort | while read -r f; do
+            printf '%s %10d %s\n' "$(sha256sum "$f" | cut -c1-16)" "$(stat -c %s "$f")" "$f"
+        done
+    } >MANIFEST)
+    local total
+    total=$(du -sb "$dir" | cut -f1)
+    cat "$dir/MANIFEST"
+    printf '==> %s: %d files, %d KiB (limit 64 MiB)\n' "$dir" \
+        "$(find "$dir" -type f | wc -l)" "$((total / 1024))"
+    if [ "$total" -ge "$pack_limit" ]; then
+        echo "$prog: the pack is over 64 MiB" >&2
+        exit 1
+    fi
+    echo "==> carry it: the device tool's carry list names '${dir#"$top"/}'; there run"
+    echo "    scripts/gpu-check.sh run"
+}
+
+# ------------------------------------------------------------------- run
+
+sim=0 quick=0 jobs="" skip_list="" dir="" out="" work="" build=""
+prefix="" cuda_dir=""
+names=() results=() notes=() times=()
+
+have_lib() {
+    ldconfig -p 2>/dev/null | grep -q "[[:space:]]$1 " && return 0
+    local d
+    for d in /lib/x86_64-linux-gnu /usr/lib/x86_64-linux-gnu /lib64 /usr/lib64 /usr/lib; do
+        [ -e "$d/$1" ] && return 0
+    done
+    return 1
+}
+
+# Whether an optional package must be unpacked on this machine.
+# SHARDBFC_GPU_CHECK_UNPACK_ALL=1 unpacks them all (to test that path here).
+need_optional() {
+    [ "${SHARDBFC_GPU_CHECK_UNPACK_ALL:-0}" = 1 ] && return 0
+    case "$1" in
+        libudev1) ! have_lib libudev.so.1 ;;
+        pkgconf-bin | libpkgconf3) ! command -v pkg-config >/dev/null ;;
+        make) ! command -v make >/dev/null ;;
+        *) return 0 ;;
+    esac
+}
+
+extract_deb() { # deb dest
+    if command -v dpkg-deb >/dev/null; then
+        dpkg-deb -x "$1" "$2"
+        return
+    fi
+    # A .deb is an ar archive holding data.tar.{xz,zst,gz}.
+    local member
+    member=$(ar t "$1" | grep '^data\.tar') || return 1
+    case "$member" in
+        *.xz) ar p "$1" "$member" | tar -xJ -C "$2" ;;
+        *.zst) ar p "$1" "$member" | tar --zstd -x -C "$2" ;;
+        *.gz) ar p "$1" "$member" | tar -xz -C "$2" ;;
+        *) ar p "$1" "$member" | tar -x -C "$2" ;;
+    esac
+}
+
+# Unpacks the pack's .debs into $prefix, rewrites their .pc files and
+# exports the paths.  Prints what it did; non-zero on failure.
+unpack() {
+    local deb name multi=x86_64-linux-gnu pc unpacked=0 skipped=""
+    rm -rf "$prefix" && mkdir -p "$prefix" || return 1
+    for deb in "$dir"/debs/*.deb; do
+        [ -e "$deb" ] || { echo "no .deb in $dir/debs"; return 1; }
+        name=$(basename "$deb")
+        name=${name%%_*}
+        case " ${optional_debs[*]} " in
+            *" $name "*)
+                if ! need_optional "$name"; then
+                    skipped="$skipped $name"
+                    continue
+                fi ;;
+        esac
+        extract_deb "$deb" "$prefix" || { echo "cannot unpack $deb"; return 1; }
+        unpacked=$((unpacked + 1))
+    done
+    echo "unpacked $unpacked packages into $prefix${skipped:+ (not needed here:$skipped)}"
+    # Debian's .pc files say prefix=/usr (and some name /usr/... directly).
+    for pc in "$prefix/usr/lib/$multi/pkgconfig/"*.pc "$prefix"/usr/share/pkgconfig/*.pc; do
+        [ -e "$pc" ] || continue
+        sed -i -E "s#(^|[=[:space:]])/usr(/|\$|[[:space:]])#\\1$prefix/usr\\2#g" "$pc" || return 1
+    done
+    export PKG_CONFIG_LIBDIR="$prefix/usr/lib/$multi/pkgconfig:$prefix/usr/share/pkgconfig"
+    unset PKG_CONFIG_PATH
+    export CPATH="$prefix/usr/include:$prefix/usr/include/$multi${CPATH:+:$CPATH}"
+    export LIBRARY_PATH="$prefix/usr/lib/$multi${LIBRARY_PATH:+:$LIBRARY_PATH}"
+    export LD_LIBRARY_PATH="$prefix/usr/lib/$multi:$prefix/lib/$multi${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    export PATH="$PATH:$prefix/usr/bin"
+    if [ -x "$prefix/usr/bin/pkgconf" ]; then
+        export PKG_CONFIG="$prefix/usr/bin/pkgconf"
+    else
+        export PKG_CONFIG=pkg-config
+    fi
+    local m
+    for m in liburcu-bp liburcu-cds jemalloc hwloc check; do
+        if ! "$PKG_CONFIG" --exists "$m"; then
+            echo "pkg-config finds no $m in the prefix"
+            return 1
+        fi
+        # (--cflags/--libs may print nothing: pkgconf leaves out the
+        # directories CPATH and LIBRARY_PATH already name.)
+        case "$("$PKG_CONFIG" --variable=libdir "$m")" in
+            "$prefix"/*) ;;
+            *) echo "pkg-config's $m does not point into the prefix:" \
+                "libdir=$("$PKG_CONFIG" --variable=libdir "$m")"; return 1 ;;
+        esac
+    done
+    echo "pkg-config ($PKG_CONFIG) finds liburcu-bp $("$PKG_CONFIG" --modversion liburcu-bp)," \
+        "jemalloc $("$PKG_CONFIG" --modversion jemalloc), hwloc $("$PKG_CONFIG" --modversion hwloc)," \
+        "check $("$PKG_CONFIG" --modversion check) in the prefix"
+}
+
+# ------------------------------------------------------------ bookkeeping
+
+skipped() { case ",$skip_list," in *",$1,"*) return 0 ;; esac; return 1; }
+
+write_summary() {
+    local i f="$out/summary.txt" nfail=0
+    {
+        echo "libshardbfc gpu-check: $mode_desc"
+        echo "started $started; machine: $machine"
+        for i in "${!names[@]}"; do
+            printf '  %-10s %-4s %6ss  %s\n' "${names[$i]}" "${results[$i]}" "${times[$i]}" \
+                "${notes[$i]}"
+            [ "${results[$i]}" = FAIL ] && nfail=$((nfail + 1))
+        done
+        if [ -n "${1:-}" ]; then
+            echo "$nfail step(s) failed"
+        fi
+    } >"$f"
+}
+
+# step NAME FUNCTION: runs it; 0 = PASS, 77 = SKIP, anything else = FAIL.
+# The function sets `note` (a one-line reason or result).
+step() {
+    local name=$1 fn=$2 rc t0 t1 res
+    note=""
+    if skipped "$name"; then
+        names+=("$name") results+=(SKIP) times+=(0) notes+=("--skip")
+        write_summary
+        return 0
+    fi
+    echo "==> $name"
+    t0=$(date +%s%N)
+    "$fn"
+    rc=$?
+    t1=$(date +%s%N)
+    case $rc in
+        0) res=PASS ;;
+        77) res=SKIP ;;
+        *) res=FAIL ;;
+    esac
+    names+=("$name") results+=("$res") notes+=("$note")
+    times+=("$(((t1 - t0) / 1000000000)).$((((t1 - t0) / 100000000) % 10))")
+    echo "    $res${note:+: $note}"
+    write_summary
+    return 0
+}
+
+# In a real run a step that found no device fails: that run is for the GPU.
+no_gpu() { # reason
+    if [ $sim -eq 1 ]; then
+        note="$1"
+        return 77
+    fi
+    note="no GPU: $1"
+    return 1
+}
+
+cap_log() { # file: keep the last 15 MiB (the device tool brings back 16 MiB a file)
+    local f=$1
+    if [ -f "$f" ] && [ "$(stat -c %s "$f")" -gt $((15 * 1024 * 1024)) ]; then
+        tail -c $((15 * 1024 * 1024)) "$f" >"$f.tmp" && mv "$f.tmp" "$f"
+    fi
+}
+
+# ------------------------------------------------------------------ steps
+
+st_unpack() {
+    if [ ! -d "$dir/debs" ]; then
+        if [ $quick -eq 1 ]; then
+            note="no pack folder at $dir (scripts/gpu-check.sh pack makes it)"
+            return 77
+        fi
+        note="no pack folder at $dir: run scripts/gpu-check.sh pack first and carry it"
+        return 1
+    fi
+    local rc
+    # In this shell, not a subshell: unpack exports the prefix's paths.
+    unpack >"$work/unpack.log" 2>&1
+    rc=$?
+    sed 's/^/    /' "$work/unpack.log"
+    note=$(tail -n 1 "$work/unpack.log")
+    return $rc
+}
+
+st_build() {
+    local tarball src
+    tarball=$(ls "$dir"/shardbfc-*.tar.gz 2>/dev/null | head -n 1)
+    [ -n "$tarball" ] || { note="no shardbfc-*.tar.gz in $dir"; return 1; }
+    rm -rf "$work/src" "$work/build" "$work/install"
+    mkdir -p "$work/src" "$work/build" || return 1
+    tar -xzf "$tarball" -C "$work/src" || { note="cannot unpack $tarball"; return 1; }
+    src=$(ls -d "$work"/src/shardbfc-*/ | head -n 1)
+    {
+        echo "### configure --with-cuda=${cuda_dir:-guess} --prefix=$work/install"
+        (cd "$work/build" && "$src/configure" --with-cuda="${cuda_dir:-guess}" \
+            --prefix="$work/install" PKG_CONFIG="$PKG_CONFIG") &&
+            echo "### make -j$jobs" && make -C "$work/build" -j"$jobs" &&
+            echo "### make install" && make -C "$work/build" install
+    } >"$out/suite.log" 2>&1
+    local rc=$?
+    if [ $rc -ne 0 ]; then
+        note="build failed (suite.log)"
+        tail -n 30 "$out/suite.log" | sed 's/^/    /'
+        return 1
+    fi
+    build="$work/build"
+    note="$(basename "$tarball"), $(grep -E '^  (CUDA backend|GPU test kernels):' "$out/suite.log" |
+        sed 's/^ *//; s/  */ /g' | paste -sd ';' -)"
+    return 0
+}
+
+st_suite() {
+    local conf=backend=cuda rc
+    [ $sim -eq 1 ] && conf=backend=sim
+    (
+        echo "### SHARDBFC_CONF=$conf make -j$jobs check"
+        SHARDBFC_CONF=$conf make -C "$build" -j"$jobs" check
+        rc=$?
+        echo "### test-suite.log"
+        cat "$build/test-suite.log" 2>/dev/null
+        for trs in "$build"/tests/*.trs; do
+            log=${trs%.trs}.log
+            # The Check summary, else (skips, scripts) the last line before
+            # automake's own, which says why.
+            line=$(grep -E '^[0-9]+%: Checks' "$log" | tail -n 1)
+            [ -n "$line" ] || line=$(grep -vE '^(PASS|FAIL|SKIP|ERROR|XFAIL|XPASS) ' "$log" | tail -n 1)
+            printf '%-26s %-5s %s\n' "$(basename "${trs%.trs}")" \
+                "$(sed -n 's/^:test-result: //p' "$trs" | head -n 1)" "$line"
+        done
+        exit $rc
+    ) >>"$out/suite.log" 2>&1
+    rc=$?
+    note="SHARDBFC_CONF=$conf: $(grep -E '^# (TOTAL|PASS|SKIP|FAIL|ERROR):' "$build/test-suite.log" 2>/dev/null |
+        sed 's/^# //; s/  */ /g' | paste -sd ',' -)"
+    cap_log "$out/suite.log"
+    return $rc
+}
+
+gpu_programs=(tests/test_gpu_streams tests/test_backend_cuda)
+
+st_gpu_tests() {
+    local t rc worst=0 skip_reason=""
+    for t in "${gpu_programs[@]}"; do
+        [ -x "$build/$t" ] || { note="$t not built"; return 1; }
+        echo "### $t" >>"$out/gpu.log"
+        # --quick (make check, which runs these programs itself): the
+        # control case only, to exercise this step in seconds.
+        if [ $quick -eq 1 ]; then
+            (cd "$build" && CK_VERBOSITY=normal CK_RUN_CASE=control "./$t") >>"$out/gpu.log" 2>&1
+        else
+            (cd "$build" && CK_VERBOSITY=normal "./$t") >>"$out/gpu.log" 2>&1
+        fi
+        rc=$?
+        if [ $rc -eq 77 ]; then
+            [ -n "$skip_reason" ] || skip_reason=$(tail -n 1 "$out/gpu.log")
+        elif [ $rc -ne 0 ]; then
+            worst=1
+        fi
+    done
+    if [ $worst -ne 0 ]; then
+        note="failed (gpu.log)"
+        return 1
+    fi
+    if [ -n "$skip_reason" ]; then
+        no_gpu "$skip_reason"
+        return
+    fi
+    note="$(grep -cE ': ok \(' "$out/gpu.log") paths ok; $(grep -E '^[0-9]+%: Checks' "$out/gpu.log" |
+        paste -sd ';' -)"
+}
+
+sanitizer() { # tool
+    local tool=$1 cs t rc worst=0
+    if [ $quick -eq 1 ]; then
+        note="--quick: left to the full run (minutes under the sanitizer)"
+        return 77
+    fi
+    cs=$(command -v compute-sanitizer || true)
+    [ -n "$cs" ] || [ ! -x "$cuda_dir/bin/compute-sanitizer" ] || cs="$cuda_dir/bin/compute-sanitizer"
+    if [ -z "$cs" ]; then
+        if [ $sim -eq 1 ]; then
+            note="compute-sanitizer not installed"
+            return 77
+        fi
+        note="compute-sanitizer not found"
+        return 1
+    fi
+    # The control case alone tells whether there is a device (77: none).
+    (cd "$build" && CK_RUN_CASE=control ./tests/test_gpu_streams) >/dev/null 2>&1
+    if [ $? -eq 77 ]; then
+        no_gpu "no usable CUDA device (test_gpu_streams skips)"
+        return
+    fi
+    for t in "${gpu_programs[@]}"; do
+        echo "### compute-sanitizer --tool $tool $t" >>"$out/gpu.log"
+        # The device-error test provokes a trap on purpose (BFC_GPU_NO_TRAP);
+        # the backend tests provoke API errors on purpose (--report-api-errors
+        # no); the spin is longer because instrumented kernels are slower.
+        (cd "$build" && BFC_GPU_NO_TRAP=1 BFC_GPU_SPIN_MS=1000 CK_TIMEOUT_MULTIPLIER=10 \
+            "$cs" --tool "$tool" --error-exitcode 99 --report-api-errors no "./$t") \
+            >>"$out/gpu.log" 2>&1
+        rc=$?
+        [ $rc -eq 0 ] || worst=$rc
+    done
+    cap_log "$out/gpu.log"
+    note="$(grep -E '^========= (ERROR SUMMARY|RACECHECK SUMMARY)' "$out/gpu.log" | tail -n 2 |
+        sed 's/^========= //' | paste -sd ';' -)"
+    [ $worst -eq 0 ] || { note="exit $worst: $note (gpu.log)"; return 1; }
+}
+
+st_memcheck() { sanitizer memcheck; }
+st_racecheck() { sanitizer racecheck; }
+
+plugin_path() {
+    if [ -f "$work/install/lib/libshardbfc_torch.so" ] && [ $quick -eq 0 ]; then
+        echo "$work/install/lib/libshardbfc_torch.so"
+    else
+        echo "$build/.libs/libshardbfc_torch.so"
+    fi
+}
+
+st_torch() {
+    local rc py=${PYTHON:-python3}
+    command -v "$py" >/dev/null || { no_gpu "no $py"; return; }
+    PYTHONPYCACHEPREFIX="$work/pycache" "$py" -m py_compile "$top/scripts/torch_check.py" \
+        >>"$out/torch.log" 2>&1 ||
+        { note="scripts/torch_check.py does not compile"; return 1; }
+    local args=(--plugin "$(plugin_path)" --out "$out")
+    [ $quick -eq 1 ] && args+=(--dry)
+    echo "### $py scripts/torch_check.py ${args[*]}" >>"$out/torch.log"
+    PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 "$py" "$top/scripts/torch_check.py" "${args[@]}" \
+        >>"$out/torch.log" 2>&1
+    rc=$?
+    cap_log "$out/torch.log"
+    case $rc in
+        0) note="$(grep -E 'peak reserved' "$out/torch.log" | tail -n 1 | sed 's/^ *//')" ;;
+        77) no_gpu "$(tail -n 1 "$out/torch.log")"; return ;;
+        *) note="$(grep -E 'FAIL|failed' "$out/torch.log" | head -n 1) (torch.log)" ;;
+    esac
+    return $rc
+}
+
+torch_dir=""
+
+st_torch_shim() {
+    local py=${PYTHON:-python3} abi
+    if [ $quick -eq 1 ]; then
+        note="--quick: left to the full run (a C++ build against libtorch)"
+        return 77
+    fi
+    torch_dir=$("$py" -c 'import torch, os; print(os.path.dirname(torch.__file__))' 2>/dev/null)
+    if [ -z "$torch_dir" ]; then
+        no_gpu "PyTorch is not importable here: the perf harness lists torch as skipped"
+        return
+    fi
+    abi=$("$py" -c 'import torch; print(int(torch.compiled_with_cxx11_abi()))' 2>/dev/null || echo 1)
+    {
+        echo "### make perf-torch TORCH_DIR=$torch_dir TORCH_CXX11_ABI=$abi"
+        make -C "$build" perf-torch TORCH_DIR="$torch_dir" TORCH_CXX11_ABI="$abi"
+    } >>"$out/perf.log" 2>&1 || { note="shim build failed (perf.log)"; return 1; }
+    note="against $torch_dir"
+}
+
+st_perf() {
+    local rc args
+    [ -x "$build/perf/shardbfc-perf" ] || { note="perf/shardbfc-perf not built"; return 1; }
+    # shellcheck disable=SC2054  # the commas are inside option values
+    if [ $sim -eq 1 ]; then
+        # What can run here: the harness, with the CUDA allocators listed as
+        # skipped (with their reasons) rather than failing.
+        args=(--quick --seconds 0.05 --workload churn --threads 1
+              --allocators shardbfc,cuda,cuda-async,torch)
+    else
+        args=(--backend cuda --workload churn,cross,inference --threads 1,2,4,8,16
+              --allocators shardbfc,single-lock,cuda,cuda-async,torch)
+    fi
+    echo "### perf/shardbfc-perf ${args[*]}" >>"$out/perf.log"
+    (cd "$build" && SHARDBFC_PERF_TORCH="$build/perf/libshardbfc_perf_torch.so" \
+        ./perf/shardbfc-perf "${args[@]}" --json "$out/perf-gpu.json" --svg "$out/perf-gpu.svg") \
+        >>"$out/perf.log" 2>&1
+    rc=$?
+    cap_log "$out/perf.log"
+    [ $rc -eq 0 ] || { note="shardbfc-perf exit $rc (perf.log)"; return 1; }
+    # Every allocator asked for is in the JSON: measured, or skipped with
+    # its reason (a device that is there measures them; none skips them).
+    local a
+    for a in shardbfc cuda cuda-async torch; do
+        grep -qE "\"allocator\": \"$a\"" "$out/perf-gpu.json" ||
+            { note="$a was neither measured nor listed as skipped"; return 1; }
+    done
+    if [ $sim -eq 1 ]; then
+        if grep -qE 'skipped: cuda ' "$out/perf.log"; then
+            note="CUDA allocators skipped here: $(grep -E 'skipped: torch' "$out/perf.log" |
+                head -n 1 | sed 's/.*churn *//')"
+            return 77
+        fi
+        note="measured briefly on the device (--sim): $(grep -cE '"workload"' "$out/perf-gpu.json") rows"
+        return 0
+    fi
+    note="$(grep -E '^  cuda churn' "$out/perf.log" | sed 's/  */ /g; s/^ //' | paste -sd ';' -)"
+}
+
+do_run() {
+    while [ $# -gt 0 ]; do
+        case "$1" in
+            --dir) [ $# -ge 2 ] || die "--dir needs a value"; dir=$2; shift 2 ;;
+            --out) [ $# -ge 2 ] || die "--out needs a value"; out=$2; shift 2 ;;
+            --work) [ $# -ge 2 ] || die "--work needs a value"; work=$2; shift 2 ;;
+            --build) [ $# -ge 2 ] || die "--build needs a value"; build=$2; shift 2 ;;
+            --jobs) [ $# -ge 2 ] || die "--jobs needs a value"; jobs=$2; shift 2 ;;
+            --skip) [ $# -ge 2 ] || die "--skip needs a value"; skip_list=$2; shift 2 ;;
+            --sim) sim=1; shift ;;
+            --quick) quick=1; shift ;;
+            -h | --help) usage 0 ;;
+            *) die "run: unknown argument $1" ;;
+        esac
+    done
+    case "$jobs" in
+        "") jobs=$(nproc 2>/dev/null || echo 2) ;;
+        *[!0-9]* | 0) die "--jobs expects a positive number" ;;
+    esac
+    local s
+    for s in ${skip_list//,/ }; do
+        case "$s" in
+            unpack | build | suite | gpu-tests | memcheck | racecheck | torch | torch-shim | perf) ;;
+            *) die "--skip: unknown step $s" ;;
+        esac
+    done
+    if [ $quick -eq 1 ]; then
+        [ $sim -eq 1 ] || die "--quick goes with --sim (it runs no GPU step)"
+        [ -n "$build" ] || die "--quick needs --build DIR (an existing build tree)"
+    fi
+    if [ -n "$build" ]; then
+        [ -f "$build/Makefile" ] || die "--build $build: not a configured build tree"
+        build=$(cd "$build" && pwd)
+        [ $quick -eq 1 ] || die "--build goes with --quick (a full run builds the tarball)"
+    fi
+    dir=${dir:-$top/gpu-pack}
+    out=${out:-${OUT:-$PWD/gpu-check-out}}
+    work=${work:-${TMPDIR:-/tmp}/shardbfc-gpu-check}
+    mkdir -p "$out" "$work" || exit 1
+    out=$(cd "$out" && pwd)
+    work=$(cd "$work" && pwd)
+    [ -d "$dir" ] && dir=$(cd "$dir" && pwd)
+    prefix="$work/prefix"
+    rm -f "$out/summary.txt" "$out/suite.log" "$out/gpu.log" "$out/torch.log" \
+        "$out/torch_check.json" "$out/perf.log" "$out/perf-gpu.json" "$out/perf-gpu.svg"
+
+    if [ -n "${CUDA_HOME:-}" ]; then
+        cuda_dir=$CUDA_HOME
+    elif command -v nvcc >/dev/null; then
+        cuda_dir=$(dirname "$(dirname "$(command -v nvcc)")")
+    elif [ -d /usr/local/cuda ]; then
+        cuda_dir=/usr/local/cuda
+    fi
+    if [ $sim -eq 0 ] && [ -z "$cuda_dir" ]; then
+        echo "$prog: no CUDA toolkit (set CUDA_HOME)" >&2
+    fi
+
+    mode_desc="run$([ $sim -eq 1 ] && echo ' --sim')$([ $quick -eq 1 ] && echo ' --quick')"
+    mode_desc="$mode_desc; pack $dir; out $out; work $work; jobs $jobs"
+    started=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+    machine="$(nproc 2>/dev/null) cores, $(uname -m); CUDA ${cuda_dir:-none}"
+    if command -v nvidia-smi >/dev/null; then
+        machine="$machine; $(nvidia-smi --query-gpu=name,driver_version,memory.total \
+            --format=csv,noheader 2>/dev/null | head -n 1)"
+    fi
+    echo "$prog: $mode_desc"
+    echo "$prog: $machine"
+
+    step unpack st_unpack
+    if [ $quick -eq 0 ]; then
+        if [ "${results[0]}" != PASS ]; then
+            write_summary final
+            cat "$out/summary.txt"
+            return 1
+        fi
+        step build st_build
+        if [ "${results[${#results[@]} - 1]}" != PASS ]; then
+            write_summary final
+            cat "$out/summary.txt"
+            return 1
+        fi
+        step suite st_suite
+    fi
+    step gpu-tests st_gpu_tests
+    step memcheck st_memcheck
+    step racecheck st_racecheck
+    step torch st_torch
+    step torch-shim st_torch_shim
+    step perf st_perf
+    write_summary final
+    echo
+    cat "$out/summary.txt"
+    for s in "${results[@]}"; do
+        [ "$s" != FAIL ] || return 1
+    done
+    return 0
+}
+
+[ $# -ge 1 ] || usage 2
+cmd=$1
+shift
+case "$cmd" in
+    pack) do_pack "$@" ;;
+    run) do_run "$@" ;;
+    -h | --help | help) usage 0 ;;
+    *) echo "$prog: unknown command $cmd" >&2; usage 2 ;;
+esac

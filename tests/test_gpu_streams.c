@@ -1,0 +1,628 @@
+/*
+ * test_gpu_streams.c -- on a real GPU: no block is reused by a stream while
+ * another stream may still write it.  GPU only: built with CUDA and nvcc
+ * (the kernels are tests/gpu/kernels.cu); without them, or without a
+ * device, it exits 77 and says why.
+ *
+ * The method.  Kernels make the streams' order visible in the data.  A spin
+ * kernel keeps stream A busy for SPIN (200 ms; BFC_GPU_SPIN_MS), and a fill
+ * kernel queued behind it writes A's pattern into the first set of blocks
+ * only when the spin ends.  The blocks then leave A by one of the paths
+ * below, a second set of the same sizes is allocated -- on another stream,
+ * idle, whose fills run at once, or on A itself -- and each block of it is
+ * filled with a pattern of its own.  After a device synchronisation every
+ * block of the second set must hold its own pattern: a block handed out
+ * while A (or a stream that used it after A) could still write it holds
+ * the late writer's pattern instead.  The control case shows that this
+ * detector detects: the same two writes to one cudaMalloc'ed buffer,
+ * without any allocator between them, leave the late writer's data.
+ *
+ * Where the limit is tight the second set cannot be served from fresh
+ * memory: the allocator must move the first set's memory between streams,
+ * which these cases also assert (address ranges overlap), and wait for its
+ * fences (retry_ms) rather than fail.  The paths, one case each, in
+ * `paths[]` -- a new path (virtual-memory arenas unmapping pages, say) is
+ * one more row:
+ *
+ *   same_stream      free on A, reallocate on A (stream order makes it safe)
+ *   reclaim          free on A; an idle stream's shard needs the limit:
+ *                    A's fully free region moves to it (departure fence)
+ *   cross_other      B waits for A, writes, frees on B (fenced on B);
+ *                    an idle stream takes the memory
+ *   cross_owner      the same, A itself reallocates: its new writes run
+ *                    as soon as its spin ends, B's later
+ *   record_stream    B uses A's blocks (record_stream), A frees and
+ *                    reallocates at once
+ *   large            blocks >= large_alloc: their regions go back to the
+ *                    pool on free and another stream takes them
+ *   release          free on A, bfc_ctx_stream_release(A): A's regions go
+ *                    to the pool, another stream takes them
+ *   no_growth        allow_growth=false: one reservation shared through
+ *                    the pool
+ *   legacy_owner     as reclaim, with the legacy default stream as A
+ *   trim             free on A, bfc_ctx_trim, another stream allocates
+ *   vmm              as reclaim with vmm=on: skipped while the build has
+ *                    no virtual-memory arenas (the key is refused)
+ *
+ * Besides: cudaStreamPerThread used from two threads gets two shards; the
+ * legacy default stream (NULL and cudaStreamLegacy) allocates and frees;
+ * device errors surface as BFC_EBACKEND (a child process whose context a
+ * trapping kernel broke: a sticky error cannot be undone in-process).
+ * BFC_GPU_NO_TRAP=1 leaves that child out (compute-sanitizer reports the
+ * trap it provokes).
+ *
+ * Check runs the tests in-process (CK_NOFORK): the device probe in main()
+ * initialised CUDA, and a forked child cannot use its parent's context.
+ */
+#include "config.h"
+
+#include <check.h>
+#include <errno.h>
+#include <limits.h>
+#include <pthread.h>
+#include <spawn.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <shardbfc.h>
+
+#ifndef BFC_TEST_KERNELS
+#define BFC_TEST_KERNELS 0
+#endif
+
+#if BFC_HAVE_CUDA && BFC_TEST_KERNELS
+#include <cuda_runtime_api.h>
+
+#include "gpu/kernels.h"
+
+extern char **environ;
+
+#define MiB ((size_t)1 << 20)
+#define KiB ((size_t)1 << 10)
+#define MAXB 8
+
+#define CUDA_OK(call)                                                          \
+    do {                                                                       \
+        cudaError_t e_ = (call);                                               \
+        ck_assert_msg(e_ == cudaSuccess, "%s: %s", #call, cudaGetErrorString(e_)); \
+    } while (0)
+
+static uint64_t spin_ns(void)
+{
+    const char *s = getenv("BFC_GPU_SPIN_MS");
+    long ms = s ? strtol(s, NULL, 10) : 0;
+
+    return (uint64_t)(ms > 0 ? ms : 200) * 1000000ull;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static cudaStream_t new_stream(void)
+{
+    cudaStream_t s;
+
+    /* Non-blocking: no implicit ordering with the legacy default stream. */
+    CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    return s;
+}
+
+static bfc_ctx_t *ctx_from(const char *spec)
+{
+    bfc_config_t cfg;
+    bfc_ctx_t *ctx = NULL;
+
+    bfc_config_init(&cfg);
+    ck_assert_int_eq(bfc_config_parse(&cfg, "backend=cuda"), BFC_OK);
+    ck_assert_msg(bfc_config_parse(&cfg, spec) == BFC_OK, "config %s refused", spec);
+    ck_assert_int_eq(bfc_ctx_create(&cfg, &ctx), BFC_OK);
+    return ctx;
+}
+
+/* Words of [p, p+n) not holding tag's pattern (after a full
+ * synchronisation); ULLONG_MAX when the device calls fail.  Asserts
+ * nothing, so it may run where an assertion must not unwind. */
+static unsigned long long count_bad_raw(const void *p, size_t n, uint32_t tag)
+{
+    static unsigned long long *bad; /* device counter, outside the allocator */
+    unsigned long long h = 0;
+
+    if (!bad && cudaMalloc((void **)&bad, sizeof(*bad)) != cudaSuccess) {
+        bad = NULL;
+        return ULLONG_MAX;
+    }
+    if (cudaMemset(bad, 0, sizeof(*bad)) != cudaSuccess ||
+        bfc_test_count_bad(p, n, tag, bad, cudaStreamLegacy) != cudaSuccess ||
+        cudaMemcpy(&h, bad, sizeof(h), cudaMemcpyDeviceToHost) != cudaSuccess)
+        return ULLONG_MAX;
+    return h;
+}
+
+static unsigned long long count_bad(const void *p, size_t n, uint32_t tag)
+{
+    unsigned long long h = count_bad_raw(p, n, tag);
+
+    ck_assert_msg(h != ULLONG_MAX, "reading back %p failed: %s", p,
+                  cudaGetErrorString(cudaGetLastError()));
+    return h;
+}
+
+static bool overlaps(void *const *a, const size_t *an, unsigned na, void *const *b,
+                     const size_t *bn, unsigned nb)
+{
+    for (unsigned i = 0; i < na; i++)
+        for (unsigned j = 0; j < nb; j++) {
+            uintptr_t a0 = (uintptr_t)a[i], b0 = (uintptr_t)b[j];
+
+            if (a0 < b0 + bn[j] && b0 < a0 + an[i])
+                return true;
+        }
+    return false;
+}
+
+/* ------------------------------------------------------------ control */
+
+/*
+ * The detector detects: a write queued behind A's spin lands after a write
+ * queued later on an idle stream, so a block reused too early would hold
+ * the late writer's pattern.
+ */
+START_TEST(test_control_detector)
+{
+    cudaStream_t a = new_stream(), c = new_stream();
+    size_t n = 4 * MiB;
+    void *buf;
+
+    CUDA_OK(cudaMalloc(&buf, n));
+    /* Five spins long: only the host stalling that long between the two
+     * launches below (a loaded machine) could make this fail. */
+    CUDA_OK(bfc_test_spin(a, 5 * spin_ns()));
+    CUDA_OK(bfc_test_fill(buf, n, 1, a));  /* runs when the spin ends */
+    CUDA_OK(bfc_test_fill(buf, n, 2, c));  /* runs now */
+    CUDA_OK(cudaDeviceSynchronize());
+    ck_assert_msg(count_bad(buf, n, 2) == n / 4,
+                  "the late write on the busy stream did not land last: "
+                  "the spin kernel does not delay A, and every case below is blind");
+    CUDA_OK(cudaFree(buf));
+    CUDA_OK(cudaStreamDestroy(a));
+    CUDA_OK(cudaStreamDestroy(c));
+}
+END_TEST
+
+/* ------------------------------------------------------------- paths */
+
+enum departure {
+    DEP_FREE_OWNER, /* free on A */
+    DEP_FREE_OTHER, /* B waits for A, writes, frees on B */
+    DEP_RECORD,     /* B waits for A, writes; record_stream(B); free on A */
+    DEP_RELEASE,    /* free on A; bfc_ctx_stream_release(A) */
+    DEP_TRIM,       /* free on A; bfc_ctx_trim */
+};
+
+enum taker {
+    TAKE_OTHER, /* an idle stream allocates the second set */
+    TAKE_OWNER, /* A allocates the second set */
+};
+
+struct path {
+    const char *name;
+    const char *conf;         /* on top of backend=cuda */
+    size_t sizes[MAXB];       /* first and second set, 0-terminated */
+    enum departure dep;
+    enum taker take;
+    bool owner_legacy;        /* A is the legacy default stream */
+    bool expect_overlap;      /* the second set must reuse first-set memory */
+    const char *skip_if_refused; /* conf may be refused: skip, saying this */
+};
+
+/* Tight: one 32 MiB region holds the whole limit, so a second stream can
+ * only be served from the memory the first one gave up. */
+#define TIGHT "memory_limit=32M,initial_region=32M,retry_ms=20000"
+
+static const struct path paths[] = {
+    {"same_stream", "memory_limit=64M", {MiB, 256 * KiB, 4 * MiB, 64 * KiB},
+     DEP_FREE_OWNER, TAKE_OWNER, false, true, NULL},
+    {"reclaim", TIGHT, {24 * MiB, 4 * MiB, MiB}, DEP_FREE_OWNER, TAKE_OTHER, false, true, NULL},
+    {"cross_other", TIGHT, {24 * MiB, 4 * MiB, MiB}, DEP_FREE_OTHER, TAKE_OTHER, false, true,
+     NULL},
+    {"cross_owner", TIGHT, {24 * MiB, 4 * MiB, MiB}, DEP_FREE_OTHER, TAKE_OWNER, false, true,
+     NULL},
+    {"record_stream", TIGHT, {24 * MiB, 4 * MiB, MiB}, DEP_RECORD, TAKE_OWNER, false, true,
+     NULL},
+    {"large", "memory_limit=160M,large_alloc=32M,retry_ms=20000", {64 * MiB, 64 * MiB},
+     DEP_FREE_OWNER, TAKE_OTHER, false, true, NULL},
+    {"release", TIGHT, {24 * MiB, 4 * MiB, MiB}, DEP_RELEASE, TAKE_OTHER, false, true, NULL},
+    {"no_growth", "allow_growth=false,memory_limit=32M,retry_ms=20000",
+     {24 * MiB, 4 * MiB, MiB}, DEP_FREE_OWNER, TAKE_OTHER, false, true, NULL},
+    {"legacy_owner", TIGHT, {24 * MiB, 4 * MiB, MiB}, DEP_FREE_OWNER, TAKE_OTHER, true, true,
+     NULL},
+    {"trim", "memory_limit=64M", {24 * MiB, 4 * MiB, MiB}, DEP_TRIM, TAKE_OTHER, false, false,
+     NULL},
+    /* Pages of a virtual-memory arena are remapped at other addresses, so
+     * no address overlap is asserted; an early unmap shows as a fault of
+     * A's late fill, a wrong remap as corrupted data. */
+    {"vmm", TIGHT ",vmm=on,release_threshold=0", {24 * MiB, 4 * MiB, MiB}, DEP_FREE_OWNER,
+     TAKE_OTHER, false, false, "this build has no virtual-memory arenas (vmm=on refused)"},
+};
+
+static void run_path(const struct path *pt)
+{
+    bfc_config_t cfg;
+    bfc_ctx_t *ctx;
+    cudaStream_t a, b = new_stream(), c = new_stream(), t;
+    cudaEvent_t a_done;
+    void *first[MAXB], *second[MAXB];
+    size_t n[MAXB];
+    unsigned nb = 0;
+    bfc_stats_t st;
+    double t0, waited;
+
+    bfc_config_init(&cfg);
+    if (pt->skip_if_refused && bfc_config_parse(&cfg, pt->conf) != BFC_OK) {
+        printf("test_gpu_streams: %s: SKIP: %s\n", pt->name, pt->skip_if_refused);
+        CUDA_OK(cudaStreamDestroy(b));
+        CUDA_OK(cudaStreamDestroy(c));
+        return;
+    }
+    ctx = ctx_from(pt->conf);
+    a = pt->owner_legacy ? cudaStreamLegacy : new_stream();
+    t = pt->take == TAKE_OWNER ? a : c;
+    while (nb < MAXB && pt->sizes[nb]) {
+        n[nb] = pt->sizes[nb];
+        nb++;
+    }
+
+    /* First set on A: written at once, and again when A's spin ends. */
+    for (unsigned i = 0; i < nb; i++) {
+        first[i] = bfc_ctx_alloc(ctx, (bfc_stream_t)a, n[i]);
+        ck_assert_msg(first[i] != NULL, "%s: first alloc(%zu): %s", pt->name, n[i],
+                      bfc_err_name(bfc_last_error()));
+        CUDA_OK(bfc_test_fill(first[i], n[i], 0x100 + i, a));
+    }
+    CUDA_OK(bfc_test_spin(a, spin_ns()));
+    for (unsigned i = 0; i < nb; i++)
+        CUDA_OK(bfc_test_fill(first[i], n[i], 0x200 + i, a));
+
+    /* The blocks leave A. */
+    switch (pt->dep) {
+    case DEP_FREE_OTHER:
+    case DEP_RECORD:
+        CUDA_OK(cudaEventCreateWithFlags(&a_done, cudaEventDisableTiming));
+        CUDA_OK(cudaEventRecord(a_done, a));
+        CUDA_OK(cudaStreamWaitEvent(b, a_done, 0));
+        CUDA_OK(bfc_test_spin(b, spin_ns())); /* B writes later still */
+        for (unsigned i = 0; i < nb; i++)
+            CUDA_OK(bfc_test_fill(first[i], n[i], 0x300 + i, b));
+        CUDA_OK(cudaEventDestroy(a_done));
+        for (unsigned i = 0; i < nb; i++) {
+            if (pt->dep == DEP_RECORD) {
+                ck_assert_int_eq(bfc_ctx_record_stream(ctx, first[i], (bfc_stream_t)b), BFC_OK);
+                ck_assert_int_eq(bfc_ctx_free(ctx, first[i], (bfc_stream_t)a), BFC_OK);
+            } else {
+                ck_assert_int_eq(bfc_ctx_free(ctx, first[i], (bfc_stream_t)b), BFC_OK);
+            }
+        }
+        break;
+    case DEP_FREE_OWNER:
+    case DEP_RELEASE:
+    case DEP_TRIM:
+        for (unsigned i = 0; i < nb; i++)
+            ck_assert_int_eq(bfc_ctx_free(ctx, first[i], (bfc_stream_t)a), BFC_OK);
+        if (pt->dep == DEP_RELEASE)
+            ck_assert_int_eq(bfc_ctx_stream_release(ctx, (bfc_stream_t)a), BFC_OK);
+        if (pt->dep == DEP_TRIM)
+            ck_assert_int_eq(bfc_ctx_trim(ctx), BFC_OK);
+        break;
+    }
+
+    /* Second set on the taker: each block gets a pattern of its own, written
+     * as soon as the taker's queue allows (at once on an idle stream). */
+    t0 = now_s();
+    for (unsigned i = 0; i < nb; i++) {
+        second[i] = bfc_ctx_alloc(ctx, (bfc_stream_t)t, n[i]);
+        ck_assert_msg(second[i] != NULL,
+                      "%s: alloc(%zu) on the taking stream failed (%s), though the memory "
+                      "given up frees within %.0f ms (retry_ms)",
+                      pt->name, n[i], bfc_err_name(bfc_last_error()), spin_ns() * 2e-6);
+        CUDA_OK(bfc_test_fill(second[i], n[i], 0x400 + i, t));
+    }
+    waited = now_s() - t0;
+    CUDA_OK(cudaDeviceSynchronize());
+
+    for (unsigned i = 0; i < nb; i++) {
+        unsigned long long bad = count_bad(second[i], n[i], 0x400 + i);
+
+        ck_assert_msg(bad == 0,
+                      "%s: block %u (%zu bytes at %p) has %llu words overwritten by a "
+                      "stream that still used its memory: reused too early",
+                      pt->name, i, n[i], second[i], bad);
+    }
+    if (pt->expect_overlap)
+        ck_assert_msg(overlaps(first, n, nb, second, n, nb),
+                      "%s: the second set got fresh memory: the path was not exercised",
+                      pt->name);
+    printf("test_gpu_streams: %s: ok (second set %s first-set memory; allocating it took "
+           "%.1f ms)\n",
+           pt->name, overlaps(first, n, nb, second, n, nb) ? "reuses" : "does not reuse",
+           waited * 1e3);
+
+    for (unsigned i = 0; i < nb; i++)
+        ck_assert_int_eq(bfc_ctx_free(ctx, second[i], (bfc_stream_t)t), BFC_OK);
+    CUDA_OK(cudaDeviceSynchronize());
+    ck_assert_int_eq(bfc_ctx_stats(ctx, &st), BFC_OK);
+    ck_assert_uint_eq(st.bytes_in_use, 0);
+    ck_assert_uint_le(st.peak_bytes_reserved, st.bytes_limit);
+    ck_assert_int_eq(bfc_ctx_check(ctx), BFC_OK);
+    bfc_ctx_destroy(ctx);
+    if (!pt->owner_legacy)
+        CUDA_OK(cudaStreamDestroy(a));
+    CUDA_OK(cudaStreamDestroy(b));
+    CUDA_OK(cudaStreamDestroy(c));
+}
+
+START_TEST(test_paths)
+{
+    run_path(&paths[_i]);
+}
+END_TEST
+
+/* ------------------------------------------------- special streams */
+
+struct pt_arg {
+    bfc_ctx_t *ctx;
+    pthread_barrier_t *bar;
+    uint32_t tag;
+    void *p;
+    uint64_t shard_allocs;
+    int status;
+};
+
+static bool barrier_ok(int e)
+{
+    return e == 0 || e == PTHREAD_BARRIER_SERIAL_THREAD;
+}
+
+/* No Check assertion here: a failed one would unwind the wrong thread.  The
+ * thread reports in *x; the main thread asserts. */
+static void *per_thread_main(void *arg)
+{
+    struct pt_arg *x = arg;
+    bfc_stats_t s;
+
+    x->p = bfc_ctx_alloc(x->ctx, (bfc_stream_t)cudaStreamPerThread, MiB);
+    if (!x->p) {
+        x->status = bfc_last_error();
+    } else {
+        if (bfc_test_fill(x->p, MiB, x->tag, cudaStreamPerThread) != cudaSuccess ||
+            cudaStreamSynchronize(cudaStreamPerThread) != cudaSuccess)
+            x->status = BFC_EBACKEND;
+        if (bfc_ctx_stream_stats(x->ctx, (bfc_stream_t)cudaStreamPerThread, &s) == BFC_OK)
+            x->shard_allocs = s.num_allocs;
+    }
+    /* 1: both blocks are live and written; the main thread counts the
+     * shards and reads the blocks.  2: it is done; free on our stream. */
+    if (!barrier_ok(pthread_barrier_wait(x->bar)) || !barrier_ok(pthread_barrier_wait(x->bar)))
+        x->status = BFC_EBACKEND;
+    if (x->p && bfc_ctx_free(x->ctx, x->p, (bfc_stream_t)cudaStreamPerThread) != BFC_OK)
+        x->status = BFC_ECORRUPT;
+    return NULL;
+}
+
+/* cudaStreamPerThread is one handle but a different stream on each
+ * thread: two threads get two shards. */
+START_TEST(test_per_thread_streams)
+{
+    bfc_ctx_t *ctx = ctx_from("memory_limit=256M");
+    pthread_barrier_t bar;
+    pthread_t th[2];
+    struct pt_arg x[2];
+    unsigned long long bad[2] = {0, 0};
+    bfc_stats_t s;
+    int sst;
+
+    ck_assert_int_eq(pthread_barrier_init(&bar, NULL, 3), 0);
+    for (int i = 0; i < 2; i++) {
+        memset(&x[i], 0, sizeof(x[i]));
+        x[i].ctx = ctx;
+        x[i].bar = &bar;
+        x[i].tag = 0x500 + (uint32_t)i;
+        ck_assert_int_eq(pthread_create(&th[i], NULL, per_thread_main, &x[i]), 0);
+    }
+    /* Between the barriers nothing may unwind this thread (the workers
+     * would wait forever): read, then assert after the second barrier. */
+    ck_assert(barrier_ok(pthread_barrier_wait(&bar)));
+    sst = bfc_ctx_stats(ctx, &s);
+    for (int i = 0; i < 2; i++)
+        if (x[i].p && x[i].status == BFC_OK)
+            bad[i] = count_bad_raw(x[i].p, MiB, x[i].tag);
+    ck_assert(barrier_ok(pthread_barrier_wait(&bar)));
+    for (int i = 0; i < 2; i++)
+        ck_assert_int_eq(pthread_join(th[i], NULL), 0);
+    ck_assert_int_eq(sst, BFC_OK);
+    ck_assert_uint_eq(s.num_shards, 2);
+    ck_assert_uint_eq(s.num_allocs, 2);
+    for (int i = 0; i < 2; i++) {
+        ck_assert_msg(x[i].status == BFC_OK, "thread %d: %s", i, bfc_err_name(x[i].status));
+        ck_assert_uint_eq(x[i].shard_allocs, 1); /* its own shard */
+        ck_assert_uint_eq(bad[i], 0);
+    }
+    ck_assert_ptr_ne(x[0].p, x[1].p);
+    ck_assert_int_eq(pthread_barrier_destroy(&bar), 0);
+    ck_assert_int_eq(bfc_ctx_stats(ctx, &s), BFC_OK);
+    ck_assert_uint_eq(s.bytes_in_use, 0);
+    ck_assert_int_eq(bfc_ctx_check(ctx), BFC_OK);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
+/* The legacy default stream, as NULL and as cudaStreamLegacy. */
+START_TEST(test_legacy_stream)
+{
+    bfc_ctx_t *ctx = ctx_from("memory_limit=64M");
+    void *p, *q, *r;
+
+    p = bfc_ctx_alloc(ctx, NULL, MiB);
+    q = bfc_ctx_alloc(ctx, (bfc_stream_t)cudaStreamLegacy, MiB);
+    ck_assert_ptr_nonnull(p);
+    ck_assert_ptr_nonnull(q);
+    ck_assert_ptr_ne(p, q);
+    CUDA_OK(bfc_test_fill(p, MiB, 0x600, NULL));
+    CUDA_OK(bfc_test_fill(q, MiB, 0x601, cudaStreamLegacy));
+    ck_assert_int_eq(bfc_ctx_free(ctx, p, NULL), BFC_OK);
+    r = bfc_ctx_alloc(ctx, NULL, MiB); /* same stream: reusable at once */
+    ck_assert_ptr_nonnull(r);
+    CUDA_OK(bfc_test_fill(r, MiB, 0x602, NULL));
+    CUDA_OK(cudaDeviceSynchronize());
+    ck_assert_uint_eq(count_bad(q, MiB, 0x601), 0);
+    ck_assert_uint_eq(count_bad(r, MiB, 0x602), 0);
+    ck_assert_int_eq(bfc_ctx_free(ctx, q, (bfc_stream_t)cudaStreamLegacy), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_free(ctx, r, NULL), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_check(ctx), BFC_OK);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
+/* -------------------------------------------------------- device errors */
+
+/*
+ * In a child process (its context will be broken for good): a trapping
+ * kernel gives the context a sticky error; from then on every device call
+ * fails, and the library must say BFC_EBACKEND -- not BFC_ENOMEM, not a
+ * crash.  Exit 0 when every status is as expected.
+ */
+static int sticky_child(void)
+{
+    bfc_config_t cfg;
+    bfc_ctx_t *ctx = NULL, *ctx2 = NULL;
+    cudaStream_t a, b;
+    cudaError_t e;
+    void *p, *q;
+    int st, fails = 0;
+
+    bfc_config_init(&cfg);
+    cfg.backend = BFC_BACKEND_CUDA;
+    cfg.memory_limit = 64 * MiB;
+    if (bfc_ctx_create(&cfg, &ctx) != BFC_OK ||
+        cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking) != cudaSuccess ||
+        cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking) != cudaSuccess) {
+        printf("sticky child: set-up failed\n");
+        return 2;
+    }
+    p = bfc_ctx_alloc(ctx, (bfc_stream_t)a, MiB); /* fits the first region */
+    if (!p) {
+        printf("sticky child: first alloc failed\n");
+        return 2;
+    }
+    e = bfc_test_trap(a);
+    if (e == cudaSuccess)
+        e = cudaStreamSynchronize(a);
+    printf("sticky child: after the trap: %s\n", cudaGetErrorName(e));
+    if (e == cudaSuccess) {
+        printf("sticky child: the trap did not break the context\n");
+        return 2;
+    }
+
+#define EXPECT(what, got, want)                                                \
+    do {                                                                       \
+        int g_ = (got);                                                        \
+        printf("sticky child: %-44s %s%s\n", what, bfc_err_name(g_),          \
+               g_ == (want) ? "" : "   <-- expected " #want);                 \
+        fails += g_ != (want);                                                 \
+    } while (0)
+
+    q = bfc_ctx_alloc(ctx, (bfc_stream_t)a, 16 * MiB); /* needs a new region */
+    EXPECT("alloc needing a new region", q ? BFC_OK : bfc_last_error(), BFC_EBACKEND);
+    st = bfc_ctx_free(ctx, p, (bfc_stream_t)b); /* needs an event on b */
+    EXPECT("cross-stream free", st, BFC_EBACKEND);
+    st = bfc_ctx_free(ctx, p, (bfc_stream_t)a); /* no device call: still fine */
+    EXPECT("same-stream free after the failed one", st, BFC_OK);
+    EXPECT("context creation", bfc_ctx_create(&cfg, &ctx2), BFC_EBACKEND);
+#undef EXPECT
+    /* No bfc_ctx_destroy: returning memory to a broken context only fails. */
+    return fails ? 1 : 0;
+}
+
+START_TEST(test_device_errors)
+{
+    char *argv[] = {(char *)"test_gpu_streams", (char *)"--sticky-error-child", NULL};
+    pid_t pid;
+    int status = 0, rc;
+
+    if (getenv("BFC_GPU_NO_TRAP")) {
+        printf("test_gpu_streams: device errors: SKIP (BFC_GPU_NO_TRAP is set)\n");
+        return;
+    }
+    fflush(stdout);
+    rc = posix_spawn(&pid, "/proc/self/exe", NULL, NULL, argv, environ);
+    ck_assert_msg(rc == 0, "posix_spawn: %s", strerror(rc));
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+                  "the sticky-error child failed (status %d): see its lines above", status);
+}
+END_TEST
+
+static int run_suite(void)
+{
+    Suite *s = suite_create("gpu_streams");
+    TCase *ctl = tcase_create("control");
+    TCase *tp = tcase_create("paths");
+    TCase *sp = tcase_create("streams");
+    SRunner *sr;
+    int failed;
+
+    tcase_add_test(ctl, test_control_detector);
+    tcase_add_loop_test(tp, test_paths, 0, (int)(sizeof(paths) / sizeof(paths[0])));
+    tcase_add_test(sp, test_per_thread_streams);
+    tcase_add_test(sp, test_legacy_stream);
+    tcase_add_test(sp, test_device_errors);
+    tcase_set_timeout(tp, 120);
+    tcase_set_timeout(sp, 120);
+    suite_add_tcase(s, ctl);
+    suite_add_tcase(s, tp);
+    suite_add_tcase(s, sp);
+    sr = srunner_create(s);
+    srunner_set_fork_status(sr, CK_NOFORK);
+    srunner_run_all(sr, CK_ENV);
+    failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
+#endif /* BFC_HAVE_CUDA && BFC_TEST_KERNELS */
+
+int main(int argc, char **argv)
+{
+#if !BFC_HAVE_CUDA
+    (void)argc;
+    (void)argv;
+    printf("test_gpu_streams: built without CUDA: skipping the GPU tests\n");
+    return 77;
+#elif !BFC_TEST_KERNELS
+    (void)argc;
+    (void)argv;
+    printf("test_gpu_streams: built without nvcc (no test kernels): skipping the GPU tests\n");
+    return 77;
+#else
+    int n = 0;
+    cudaError_t e;
+
+    if (argc > 1 && strcmp(argv[1], "--sticky-error-child") == 0)
+        return sticky_child();
+    e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0) {
+        printf("test_gpu_streams: no usable CUDA device (%s): skipping the GPU tests\n",
+               e != cudaSuccess ? cudaGetErrorName(e) : "cudaGetDeviceCount found none");
+        return 77;
+    }
+    return run_suite();
+#endif
+}
