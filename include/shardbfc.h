@@ -135,12 +135,37 @@ BFC_API void bfc_config_init(bfc_config_t *cfg);
  * "host_numa" (thread|gpu|N).  Sizes take an optional K/M/G suffix (KiB, MiB,
  * GiB); booleans are true/false/1/0 (also yes/no/on/off).  Paths (oom_dump,
  * trace) are taken verbatim (no commas, no control characters, at most 255
- * bytes).  An unknown key, a
- * malformed, negative or out-of-range value returns BFC_EINVAL and leaves *cfg
- * exactly as it was.  An empty or NULL spec is BFC_OK.
+ * bytes).  An unknown key, a malformed, negative or out-of-range value
+ * returns BFC_EINVAL and leaves *cfg exactly as it was.  An empty or NULL
+ * spec is BFC_OK.
+ *
+ * Limits of the values:
+ *   memory_limit      0 (the backend's default) or at least 256 bytes
+ *   initial_region    at least 1 byte (rounded up to 256 when used)
+ *   large_alloc       any size; 0 turns the large-request rule off
+ *   fragmentation_fraction   a decimal number from 0 to 1
+ *   retry_ms          0 to 3600000 (one hour)
+ *   device, host_numa node   0 to 2147483647
+ *   sim_fail_*_every  0 to 4294967295
+ *   oom_dump, trace   at most 255 bytes
+ *   one item          at most 4096 bytes (the spec itself is unbounded)
  * Context: thread-safe (touches only *cfg), never blocks.
  */
 BFC_API int bfc_config_parse(bfc_config_t *cfg, const char *spec);
+
+/*
+ * bfc_config_parse, plus a reason: on BFC_EINVAL, err receives one line
+ * that quotes the first bad item and says why it was refused, e.g.
+ *   memory_limt=1G: unknown key 'memory_limt' (keys: backend, device, ...)
+ *   memory_limit=1X: invalid value for memory_limit: expected a size: ...
+ * (key and value quoted up to 64 bytes each, unprintable bytes as '?', so
+ * the line is safe to log).  On BFC_OK err is "".  err is always
+ * NUL-terminated when errlen > 0 and truncated to fit; err == NULL or
+ * errlen == 0 asks for no message.  512 bytes hold any message.  *cfg
+ * follows bfc_config_parse's contract exactly.
+ * Context: thread-safe (touches only *cfg and err), never blocks.
+ */
+BFC_API int bfc_config_parse_err(bfc_config_t *cfg, const char *spec, char *err, size_t errlen);
 
 /*
  * Checks a configuration for consistency (non-zero initial_region, fraction in
@@ -249,6 +274,20 @@ BFC_API int bfc_ctx_config(bfc_ctx_t *ctx, bfc_config_t *out);
  * from SHARDBFC_CONF (read once) on first use.  The stream's own device picks
  * the context; NULL means the calling thread's current device (device 0 on
  * SIM).  A pointer finds its context by itself.
+ *
+ * SHARDBFC_CONF (bfc_config_parse syntax) is read once, at the first call.
+ * If it is invalid (an unknown key, a malformed or out-of-range value) the
+ * service does not start: it never falls back to the defaults, which on
+ * CUDA would mean the device's whole free memory.  Every call of this
+ * section and of the host section below then fails with BFC_EINVAL
+ * (pointer-returning calls return NULL with bfc_last_error() ==
+ * BFC_EINVAL; freeing NULL is still BFC_OK), and stderr says once, e.g.
+ *   libshardbfc: SHARDBFC_CONF is invalid: memory_limt=1G: unknown key
+ *   'memory_limt' (keys: ...); the allocator will not start (every call
+ *   fails with BFC_EINVAL)
+ * A trace= path that cannot be created stops the service the same way
+ * (the context cannot be created: BFC_EINVAL).  Contexts made with
+ * bfc_ctx_create do not read SHARDBFC_CONF and are not affected.
  *
  * bfc_stream_alloc / bfc_stream_free / bfc_record_stream / bfc_stream_release
  * behave exactly as their bfc_ctx_* counterparts on that context.

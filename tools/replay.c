@@ -228,8 +228,9 @@ int bfc_replay_run(const bfc_trace_event_t *ev, size_t n, const char *spec, cons
 
     memset(out, 0, sizeof(*out));
     bfc_config_init(&cfg);
-    if (spec && bfc_config_parse(&cfg, spec) != BFC_OK) {
-        set_err(err, errlen, "bad configuration '%s'", spec);
+    char why[512];
+    if (spec && bfc_config_parse_err(&cfg, spec, why, sizeof(why)) != BFC_OK) {
+        set_err(err, errlen, "bad configuration: %s", why);
         return -1;
     }
     cfg.backend = BFC_BACKEND_SIM;
