@@ -14,6 +14,21 @@
  * BFC_E* code; bfc_strerror() describes it.  Functions returning a pointer
  * return NULL on failure; bfc_last_error() then gives the calling thread's
  * status for its most recent failed call.
+ *
+ * After fork(): the library's fork handlers take every allocator lock
+ * around the fork, so no lock another parent thread held is left locked in
+ * the child.  On the SIM backend the child may go on using the library:
+ * every context, stream, block and statistic of the parent is there as a
+ * copy of its own (a block allocated before the fork is the child's copy;
+ * freeing it in the child does not free it in the parent), and it may
+ * create new contexts.  On CUDA a forked child cannot use the parent's CUDA
+ * context at all -- CUDA does not survive fork() -- so it must not call any
+ * bfc_ function on a context, stream or block inherited from the parent
+ * (device or pinned host memory), nor use the process-wide service the
+ * parent had started; a child that needs the GPU must exec() (or be
+ * spawned) and start afresh.  In every case a trace the parent started
+ * stays the parent's: the child writes nothing to it, and its exit does not
+ * close it for the parent.  SHARDBFC_CONF is not read again in the child.
  */
 #ifndef SHARDBFC_H
 #define SHARDBFC_H
@@ -449,15 +464,23 @@ BFC_API int bfc_ctx_set_oom_callback(bfc_ctx_t *ctx, bfc_oom_fn fn, void *arg);
  * in RMM's logging format: header "Thread,Time,Action,Pointer,Size,Stream",
  * one row per event (doc/trace.md).  Events go to per-thread buffers and
  * reach the file in batches; everything recorded is in the file when
- * bfc_ctx_trace_stop returns.  Config trace=PATH starts a trace at
- * bfc_ctx_create.  With no trace running the allocation paths test one flag.
+ * bfc_ctx_trace_stop returns.  A trace still running when the process exits
+ * (return from main, exit()) or the library is unloaded is stopped the same
+ * way by an exit handler, so nothing is lost without bfc_shutdown;
+ * _exit() and crashes lose each thread's unwritten tail.  After fork() the
+ * child writes nothing to a trace its parent started (see "After fork()"
+ * at the top of this header).  Config trace=PATH starts a trace at
+ * bfc_ctx_create.  With no trace running the allocation paths test one
+ * flag.
  * bfc_ctx_trace_start: BFC_OK, BFC_EBUSY (a trace is already running),
- * BFC_EINVAL (path cannot be created), BFC_ENOMEM.
+ * BFC_EINVAL (path cannot be created), BFC_ENOMEM (no memory, or the exit
+ * handler could not be registered).
  * bfc_ctx_trace_stop: BFC_OK, BFC_ESTATE (no trace running), BFC_EBACKEND
  * (a write to the file failed: the trace is incomplete).
  * Context: thread-safe; start/stop serialise on a per-context lock; stop
  * blocks for an RCU grace period (the moment every thread has left the
- * allocator's lock-free sections) and for the file writes.
+ * allocator's lock-free sections) and for the file writes; so does the
+ * exit handler, once, for all running traces.
  */
 BFC_API int bfc_ctx_trace_start(bfc_ctx_t *ctx, const char *path);
 BFC_API int bfc_ctx_trace_stop(bfc_ctx_t *ctx);
