@@ -337,8 +337,8 @@ static void print_params(const struct opts *o, const struct perf_prog *replay, c
                HOST_MIN >> 10, HOST_MAX >> 20, CHURN_PAIRS, o->seed);
     if (o->wl[W_REPLAY] && replay != NULL)
         printf("  replay:    %s: %zu events, %u slots, %u streams; each thread replays its own"
-               " copy in file order\n", o->trace, replay->nev, replay->nslots,
-               replay->nstreams);
+               " copy in shardbfc-replay's order (time order when each thread's rows are)\n",
+               o->trace, replay->nev, replay->nslots, replay->nstreams);
     snprintf(pj, pjlen,
              "\"quick\": %s, \"seed\": %" PRIu64 ", \"seconds\": %.3f, "
              "\"churn\": {\"live\": %u, \"size_min\": %u, \"size_max\": %u, \"pairs\": %u}, "

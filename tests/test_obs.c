@@ -997,6 +997,85 @@ START_TEST(test_replay_reproduces_peaks_and_addresses)
 }
 END_TEST
 
+/* Two threads' batches written out of time order, as libshardbfc writes
+ * them: thread 2's block lives across thread 1's whole batch.  File order
+ * would show one block live at a time and a free before its allocation. */
+static const char batches_csv[] =
+    "Thread,Time,Action,Pointer,Size,Stream\n"
+    "1,10,allocate,0x1000,1048576,0x0\n"
+    "1,40,free,0x1000,1048576,0x0\n"
+    "1,50,allocate,0x3000,1048576,0x0\n"
+    "1,60,free,0x3000,1048576,0x0\n"
+    "2,20,allocate,0x2000,2097152,0x0\n"
+    "2,30,allocate,0x4000,1048576,0x0\n"
+    "2,45,free,0x2000,2097152,0x0\n"
+    "2,70,free,0x4000,1048576,0x0\n";
+
+START_TEST(test_replay_order_shared)
+{
+    tmp_setup();
+    char path[400];
+    tmp_path(path, sizeof path, "batches.csv");
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs(batches_csv, f);
+    fclose(f);
+
+    /* The index order and the in-place sort agree, by time, ties kept. */
+    bfc_trace_event_t *ev, *sorted;
+    size_t n, ns;
+    int was_sorted = -1;
+    char err[300];
+    read_trace(path, &ev, &n);
+    ck_assert_uint_eq(n, 8);
+    size_t order[8];
+    ck_assert_int_eq(bfc_trace_order(ev, n, order), 1);
+    ck_assert_msg(bfc_trace_csv_read_ordered(path, &sorted, &ns, &was_sorted, err, sizeof err) == 0, "%s", err);
+    ck_assert_int_eq(was_sorted, 1);
+    ck_assert_uint_eq(ns, n);
+    for (size_t i = 0; i < n; i++) {
+        ck_assert_uint_eq(sorted[i].time_ns, ev[order[i]].time_ns);
+        if (i)
+            ck_assert_uint_le(sorted[i - 1].time_ns, sorted[i].time_ns);
+    }
+    ck_assert_uint_eq(sorted[1].ptr, 0x2000);
+
+    /* Replayed in that order: 2 MiB + 1 MiB + 1 MiB live at t=30..40, and
+     * every free matches an allocation. */
+    bfc_replay_result_t r;
+    ck_assert_msg(bfc_replay_run(ev, n, "memory_limit=64M", NULL, &r, err, sizeof err) == 0, "%s", err);
+    ck_assert_uint_eq(r.peak_live, 4 * MiB);
+    ck_assert_uint_eq(r.skipped, 0);
+    ck_assert_uint_eq(r.unmatched_frees, 0);
+
+    /* One thread's rows out of time order (an edited file): file order is
+     * kept, and a free that comes before its allocation is unmatched. */
+    ev[0].time_ns = 100; /* thread 1: 100, 40, ... */
+    ck_assert_int_eq(bfc_trace_order(ev, n, order), 0);
+    for (size_t i = 0; i < n; i++)
+        ck_assert_uint_eq(order[i], i);
+    bfc_trace_event_t swapped[8];
+    memcpy(swapped, ev, sizeof swapped);
+    swapped[0] = ev[1]; /* free 0x1000 first ... */
+    swapped[1] = ev[0]; /* ... then its allocation: it stays live */
+    ck_assert_msg(bfc_replay_run(swapped, n, "memory_limit=64M", NULL, &r, err, sizeof err) == 0, "%s", err);
+    ck_assert_uint_eq(r.unmatched_frees, 1);
+    ck_assert_uint_eq(r.skipped, 1);
+
+    /* A free whose allocation failed in the replay is skipped but is not
+     * unmatched: the trace itself is fine. */
+    ck_assert_msg(bfc_replay_run(ev, n, "memory_limit=1M,initial_region=1M,large_alloc=0", NULL, &r, err,
+                                 sizeof err) == 0,
+                  "%s", err);
+    ck_assert_uint_gt(r.ooms, 0);
+    ck_assert_uint_eq(r.unmatched_frees, 0);
+    ck_assert_uint_eq(r.skipped, r.ooms);
+    free(ev);
+    free(sorted);
+    tmp_teardown();
+}
+END_TEST
+
 /* --------------------------------------------------------------- view */
 
 START_TEST(test_view_html)
@@ -1174,6 +1253,7 @@ static Suite *obs_suite(void)
     tcase_add_test(tc, test_trace_from_config);
     tcase_add_test(tc, test_rmm_csv_edge_cases);
     tcase_add_test(tc, test_replay_reproduces_peaks_and_addresses);
+    tcase_add_test(tc, test_replay_order_shared);
     tcase_add_test(tc, test_view_html);
     tcase_add_test(tc, test_view_in_chromium);
     tcase_add_test(tc, test_json_mini_strict);

@@ -345,6 +345,42 @@ START_TEST(replay_maps_pointers)
 }
 END_TEST
 
+START_TEST(replay_in_time_order)
+{
+    /* libshardbfc writes per-thread batches: thread 2's rows come after
+     * thread 1's whole batch although its block was live across it.  The
+     * harness must see them in time order, as shardbfc-replay does: the
+     * 2 MiB block is allocated before thread 1's first free. */
+    char path[] = "/tmp/test_perf_trace.XXXXXX", err[256];
+    int fd = mkstemp(path);
+    FILE *f;
+    struct perf_prog p;
+    ck_assert_int_ge(fd, 0);
+    f = fdopen(fd, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs("Thread,Time,Action,Pointer,Size,Stream\n"
+          "1,10,allocate,0x1000,1048576,0x0\n"
+          "1,40,free,0x1000,1048576,0x0\n"
+          "2,20,allocate,0x2000,2097152,0x0\n"
+          "2,45,free,0x2000,2097152,0x0\n",
+          f);
+    fclose(f);
+    ck_assert_int_eq(perf_gen_replay(path, &p, err, sizeof(err)), 0);
+    unlink(path);
+    ck_assert_uint_eq(p.nev, 4);
+    ck_assert_int_eq(p.ev[0].op, PERF_OP_ALLOC);
+    ck_assert_uint_eq(p.ev[0].size, 1048576);
+    ck_assert_int_eq(p.ev[1].op, PERF_OP_ALLOC);
+    ck_assert_uint_eq(p.ev[1].size, 2097152);
+    ck_assert_int_eq(p.ev[2].op, PERF_OP_FREE);
+    ck_assert_uint_eq(p.ev[2].slot, p.ev[0].slot);
+    ck_assert_int_eq(p.ev[3].op, PERF_OP_FREE);
+    ck_assert_uint_eq(p.ev[3].slot, p.ev[1].slot);
+    ck_assert_uint_eq(p.nslots, 2); /* both live at once */
+    perf_prog_free(&p);
+}
+END_TEST
+
 /* ----------------------------------------------------------------- JSON */
 
 START_TEST(json_parses_with_nulls)
@@ -449,6 +485,7 @@ static Suite *perf_suite(void)
     tcase_add_test(tc, inference_invariants);
     tcase_add_test(tc, inference_seeded);
     tcase_add_test(tc, replay_maps_pointers);
+    tcase_add_test(tc, replay_in_time_order);
     tcase_add_test(tc, json_parses_with_nulls);
     suite_add_tcase(s, tc);
     return s;
