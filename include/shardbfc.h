@@ -436,8 +436,11 @@ BFC_API int bfc_ctx_snapshot_json(bfc_ctx_t *ctx, FILE *f);
  * Out-of-memory callback (RMM's failure callback): called when an allocation
  * of `size` bytes on `stream` fails for lack of memory (BFC_ENOMEM), with the
  * context's statistics at that moment in *summary, and the arg given to the
- * setter.  No allocator lock is held during the call, so the callback may
- * free memory (bfc_ctx_free, bfc_ctx_trim) or log; it must not destroy ctx.
+ * setter.  The full report -- the request, each part's free memory and a
+ * one-line diagnosis of why it failed -- is bfc_ctx_oom_info(ctx, &info)
+ * from inside the callback.  No allocator lock is held during the call, so
+ * the callback may free memory (bfc_ctx_free, bfc_ctx_trim) or log; it must
+ * not destroy ctx.
  * A non-zero return asks for the allocation to be retried, once: the retry's
  * outcome is final (a second failure calls the callback no more).  Zero:
  * the allocation fails (NULL, BFC_ENOMEM) at once.
@@ -446,11 +449,86 @@ typedef int (*bfc_oom_fn)(bfc_ctx_t *ctx, size_t size, bfc_stream_t stream,
                           const bfc_stats_t *summary, void *arg);
 
 /*
+ * Why an allocation failed, as the OOM report diagnoses it (first match):
+ *   BFC_OOM_TOO_LARGE   the request alone is larger than the limit;
+ *   BFC_OOM_LIMIT       the limit is reached: live blocks plus the request
+ *                       exceed it, so only freeing live blocks helps;
+ *   BFC_OOM_BACKEND     the limit has room for it, but the device (or the
+ *                       SIM ceiling) refused the memory;
+ *   BFC_OOM_TRANSIENT   by the time the report looked, memory this stream
+ *                       could use was free (freed concurrently): a retry
+ *                       may succeed;
+ *   BFC_OOM_HELD        memory free but held by other streams: another
+ *                       shard has a free chunk large enough, or pool spans
+ *                       or pending frees large enough are still fenced by
+ *                       streams whose work may be running;
+ *   BFC_OOM_FRAGMENTED  enough bytes are free in total, but no free piece
+ *                       (chunk, pool span, unreserved limit) is large enough.
+ */
+typedef enum {
+    BFC_OOM_NONE = 0, /* no allocation of the context has failed yet */
+    BFC_OOM_TOO_LARGE,
+    BFC_OOM_LIMIT,
+    BFC_OOM_BACKEND,
+    BFC_OOM_TRANSIENT,
+    BFC_OOM_HELD,
+    BFC_OOM_FRAGMENTED
+} bfc_oom_cause_t;
+
+/*
+ * The OOM report: the failed request, where free memory was, and a one-line
+ * diagnosis.  Gathered right after the failure with no allocator lock held
+ * across it (each shard and the pool are read under their own locks in
+ * turn), so it is a consistent picture of each part, not of the whole.
+ * Byte figures are chunk bytes (multiples of 256).
+ */
+typedef struct bfc_oom_info {
+    size_t size;                  /* bytes requested */
+    size_t rounded;               /* chunk bytes the request needs */
+    bfc_stream_t stream;          /* the stream it was requested on */
+    bfc_oom_cause_t cause;
+    char diagnosis[320];          /* one line, e.g. "memory free but held by other
+                                     streams: stream 0x... has a free chunk of
+                                     64.0 MiB; ..." */
+    uint64_t bytes_limit;
+    uint64_t bytes_reserved;      /* held from the backend (shards and pool) */
+    uint64_t bytes_unreserved;    /* limit - reserved: room to take from the backend */
+    uint64_t bytes_in_use;        /* live chunk bytes, all shards */
+    uint64_t bytes_pending;       /* freed blocks still waiting for fences, all shards */
+    uint64_t stream_free;         /* free chunk bytes of the requesting stream's shard */
+    uint64_t stream_largest_free; /* its largest free chunk */
+    uint64_t other_free;          /* free chunk bytes of every other shard */
+    uint64_t other_largest_free;  /* the largest free chunk of any other shard */
+    bfc_stream_t other_largest_stream; /* the stream of that shard */
+    uint64_t pool_free;           /* free spans of the region pool (lent to no shard) */
+    uint64_t pool_largest_span;   /* its largest span */
+    uint64_t pool_fenced;         /* pool bytes free but still fenced by a stream */
+    uint64_t num_pool_spans;
+    uint64_t num_shards;
+} bfc_oom_info_t;
+
+/*
+ * The OOM report of ctx.  Called from inside the OOM callback, it returns
+ * the report of the failure the callback is about; elsewhere, the report of
+ * the context's most recent failure.  Every failed allocation (BFC_ENOMEM
+ * for lack of memory) makes a report, callback or not; the oom_dump file
+ * and bfc_ctx_snapshot_json carry it too, with each shard's largest free
+ * chunk and the pool's spans (doc/snapshot.md, "oom").  BFC_OK;
+ * BFC_ESTATE when no allocation of ctx has failed yet (*out then has cause
+ * BFC_OOM_NONE); BFC_EINVAL for NULL arguments.
+ * Context: thread-safe; takes the context's observability lock (not inside
+ * the callback, where it reads the calling thread's report); never blocks
+ * on allocator locks.
+ */
+BFC_API int bfc_ctx_oom_info(bfc_ctx_t *ctx, bfc_oom_info_t *out);
+
+/*
  * Sets (fn != NULL) or removes (fn == NULL) the context's OOM callback.
  * Independently, with config oom_dump=PATH the snapshot JSON
- * (bfc_ctx_snapshot_json) is written to PATH when an allocation finally
- * fails: at most once a second per context, each dump replacing the file
- * (written to PATH.tmp, then renamed).  BFC_OK or BFC_EINVAL (ctx NULL).
+ * (bfc_ctx_snapshot_json, whose "oom" object is the report) is written to
+ * PATH when an allocation finally fails: at most once a second per
+ * context, each dump replacing the file (written to PATH.tmp, then
+ * renamed).  BFC_OK or BFC_EINVAL (ctx NULL).
  * Context: thread-safe; a call racing an OOM may or may not see the new
  * callback.
  */

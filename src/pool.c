@@ -248,6 +248,17 @@ void bfc__pool_stats(struct bfc_ctx *ctx, size_t *held, size_t *peak, size_t *co
     bfc__unlock(&p->lock);
 }
 
+size_t bfc__pool_spans(struct bfc_ctx *ctx, struct bfc__span_info *out, size_t max)
+{
+    size_t n = 0;
+    bfc__lock(&ctx->pool.lock);
+    for (struct bfc__span *s = ctx->pool.spans; s; s = s->next, n++)
+        if (n < max)
+            out[n] = (struct bfc__span_info){s->base, s->size, false, 0};
+    bfc__unlock(&ctx->pool.lock);
+    return n;
+}
+
 void bfc__pool_clear_peak(struct bfc_ctx *ctx)
 {
     bfc__lock(&ctx->pool.lock);

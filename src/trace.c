@@ -523,6 +523,7 @@ void bfc__obs_fini(struct bfc_ctx *ctx)
         return;
     if (atomic_load_explicit(&ctx->obs.trace, memory_order_relaxed))
         (void)bfc_ctx_trace_stop(ctx);
+    bfc__oom_fini(ctx);
     ctx->obs.lock_ready = false;
     int e = pthread_mutex_destroy(&ctx->obs.lock);
     if (e != 0)
