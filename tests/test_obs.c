@@ -522,6 +522,36 @@ START_TEST(test_oom_dump)
 }
 END_TEST
 
+START_TEST(test_fenced_free_counted_when_issued)
+{
+    /* The header and doc/snapshot.md say the same thing, and this holds
+     * them to it: a fenced free is in num_frees as soon as bfc_ctx_free
+     * returns, while its block is still pending. */
+    tmp_setup();
+    bfc_ctx_t *ctx = mkctx("memory_limit=64M");
+    bfc_stream_t s = bfc_sim_stream_create(ctx), t = bfc_sim_stream_create(ctx);
+    void *p = xalloc(ctx, s, 4096);
+    bfc_sim_stream_hold(ctx, t);
+    xfree(ctx, p, t);
+    bfc_stats_t st = stats(ctx);
+    ck_assert_uint_eq(st.num_frees, 1);
+    ck_assert_uint_eq(st.num_pending_frees, 1);
+    bfc_json_t *v = snapshot(ctx);
+    ck_assert_uint_eq(bfc_json_u64(bfc_json_get(v, "totals"), "num_frees", 0), 1);
+    ck_assert_uint_eq(bfc_json_u64(bfc_json_get(shard_of(v, s), "stats"), "num_frees", 0), 1);
+    bfc_json_free(v);
+    /* Completing the fence does not count it again. */
+    bfc_sim_stream_drain(ctx, t);
+    st = stats(ctx);
+    ck_assert_uint_eq(st.num_frees, 1);
+    ck_assert_uint_eq(st.num_pending_frees, 0);
+    bfc_sim_stream_destroy(ctx, s);
+    bfc_sim_stream_destroy(ctx, t);
+    bfc_ctx_destroy(ctx);
+    tmp_teardown();
+}
+END_TEST
+
 /* ------------------------------------------------------- OOM report */
 
 static bfc_oom_info_t oom_info(bfc_ctx_t *ctx, bfc_oom_cause_t want)
@@ -1561,6 +1591,7 @@ static Suite *obs_suite(void)
     tcase_add_test(tc, test_oom_callback_args_and_no_retry);
     tcase_add_test(tc, test_oom_callback_frees_and_retry_succeeds);
     tcase_add_test(tc, test_oom_dump);
+    tcase_add_test(tc, test_fenced_free_counted_when_issued);
     tcase_add_test(tc, test_oom_report_limit_and_too_large);
     tcase_add_test(tc, test_oom_report_fragmented);
     tcase_add_test(tc, test_oom_report_pool_spans);
