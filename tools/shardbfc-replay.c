@@ -34,6 +34,35 @@ static void usage(FILE *f)
                "       shardbfc-replay [--json] --compare SPEC... TRACE\n");
 }
 
+static void help(void)
+{
+    usage(stdout);
+    printf("\n"
+           "Replays an allocation trace against configurations of libshardbfc on the\n"
+           "simulated device and compares them.  TRACE is a libshardbfc trace\n"
+           "(SHARDBFC_CONF=trace=PATH) or an RMM logging_resource_adaptor CSV log.\n"
+           "\n"
+           "  --config SPEC     one run with SPEC (SHARDBFC_CONF syntax, e.g.\n"
+           "                    memory_limit=4G,allow_growth=false); repeat to compare;\n"
+           "                    none: one run on the defaults\n"
+           "  --compare SPEC... the same, every argument but the last is a SPEC\n"
+           "  --json            a JSON list instead of the table\n"
+           "  --trace-out PATH  trace the (single) replay itself to PATH\n"
+           "  -h, --help        this text\n"
+           "\n"
+           "Events are replayed in time order when each thread's rows are in time\n"
+           "order (libshardbfc writes per-thread batches), else in file order.  The\n"
+           "table gives peak_reserved, peak_in_use, peak_live (exact peak of live\n"
+           "bytes), frag (fragmentation at that peak), ooms, skipped (frees of blocks\n"
+           "the replay never handed out, allocate failure rows) and seconds; frees\n"
+           "that match no earlier allocation are also warned about on stderr, since\n"
+           "the blocks they would free stay live and the peaks may be overstated.\n"
+           "\n"
+           "Exit status: 0; 1 when a run failed (bad SPEC, unreadable trace); 2 on a\n"
+           "usage error.  See shardbfc-replay(1) and trace.md\n"
+           "(share/doc/shardbfc).\n");
+}
+
 static void json_string(const char *s)
 {
     putchar('"');
@@ -72,7 +101,7 @@ int main(int argc, char **argv)
         } else if (strcmp(a, "--compare") == 0) {
             compare = true;
         } else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
-            usage(stdout);
+            help();
             free(specs);
             return 0;
         } else if (a[0] == '-' && a[1] == '-') {

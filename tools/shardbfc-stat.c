@@ -5,6 +5,7 @@
  * (the layout of bfc_ctx_dump) and non-empty bins.
  *
  *   shardbfc-stat [--summary] SNAPSHOT.json      ("-" reads stdin)
+ *   shardbfc-stat --help
  *
  * --summary leaves out regions, chunks and bins.  Exit status: 0, 1 on a
  * bad input, 2 on a usage error.
@@ -35,6 +36,25 @@ static void print_stats(const char *indent, const bfc_json_t *s)
            bfc_json_u64(s, "num_remote_frees", 0), bfc_json_u64(s, "num_ooms", 0),
            bfc_json_u64(s, "num_regions", 0), bfc_json_u64(s, "num_chunks", 0),
            bfc_json_u64(s, "largest_alloc_size", 0));
+}
+
+static void help(void)
+{
+    printf("usage: shardbfc-stat [--summary] SNAPSHOT.json\n"
+           "\n"
+           "Prints a libshardbfc snapshot (bfc_ctx_snapshot_json, or the file that\n"
+           "SHARDBFC_CONF=oom_dump=PATH writes when an allocation fails) as text:\n"
+           "the OOM report first when there is one (the diagnosis, the request, each\n"
+           "shard's largest free chunk, the pool's free spans), the context totals,\n"
+           "the pool, then per shard its statistics, regions with their chunks in\n"
+           "address order (the layout of bfc_ctx_dump) and non-empty bins.\n"
+           "\n"
+           "  --summary    leave out regions, chunks and bins\n"
+           "  -h, --help   this text\n"
+           "\n"
+           "SNAPSHOT.json may be \"-\" (standard input).  Exit status: 0; 1 on a bad\n"
+           "input; 2 on a usage error.  See shardbfc-stat(1) and snapshot.md\n"
+           "(share/doc/shardbfc).\n");
 }
 
 /* The OOM report of an oom_dump file (or any snapshot after a failure). */
@@ -80,8 +100,14 @@ int main(int argc, char **argv)
     bool summary = false;
     const char *in = NULL;
     for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
+            help();
+            return 0;
+        }
         if (strcmp(argv[i], "--summary") == 0)
             summary = true;
+        else if (argv[i][0] == '-' && argv[i][1] != '\0')
+            in = NULL, i = argc; /* an unknown option: usage, not a file name */
         else if (!in)
             in = argv[i];
         else
