@@ -122,7 +122,7 @@ typedef struct bfc_config {
                                      sized to the request rounded to 2 MiB (default 32 MiB; 0 = off) */
     unsigned retry_ms;            /* on OOM, wait up to this long for memory other threads free
                                      before failing (TensorFlow's allow_retry_on_failure; default 0) */
-    /* ---- fields beyond API.md's minimum ---- */
+    /* ---- libshardbfc's own additions (bfc_config_init sets them too) ---- */
     bool debug_check;             /* run bfc_ctx_check after every operation (slow) */
     bool poison;                  /* SIM: fill freed memory with 0xDB, verify on reuse */
     int host_numa;                /* bfc_host_numa_t or a node number (host arenas) */
@@ -366,7 +366,7 @@ typedef struct bfc_stats {
     uint64_t num_remote_frees;   /* frees issued on a stream other than the owner's */
     uint64_t num_pending_frees;  /* freed blocks still waiting for their fence */
     uint64_t num_ooms;           /* allocations that failed for lack of memory */
-    /* ---- beyond API.md's minimum ---- */
+    /* ---- libshardbfc's own additions ---- */
     uint64_t bytes_free;         /* free chunk bytes in bins */
     uint64_t largest_free_chunk;
     uint64_t bytes_pending;      /* bytes of blocks waiting for fences */
@@ -413,7 +413,17 @@ BFC_API int bfc_host_numa_nodes(void);
 BFC_API int bfc_ctx_clear_peaks(bfc_ctx_t *ctx);
 
 /*
- * Verifies every invariant of DESIGN.md.  Returns BFC_OK or BFC_ECORRUPT;
+ * Verifies every invariant of the allocator:
+ *   1. the chunks of a region tile it exactly, in address order, with
+ *      consistent prev/next links;
+ *   2. no two adjacent chunks are both free and reusable (they would have
+ *      merged);
+ *   3. every free chunk is in exactly the bin for its size, and no chunk
+ *      in use is in a bin;
+ *   4. the statistics equal the sums over the chunks;
+ *   5. the region map resolves the start of every chunk in use to it;
+ *   6. every region belongs to exactly one shard or to the region pool.
+ * Returns BFC_OK or BFC_ECORRUPT;
  * bfc_ctx_check_report() also writes which invariant broke and where
  * ("invariant 3: free chunk 0x... (size 512) not in bin 1") into buf.
  * Context: thread-safe; takes each arena lock in turn and the pool lock.

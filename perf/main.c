@@ -1,6 +1,6 @@
 /*
  * main.c -- perf/shardbfc-perf: libshardbfc against what a user would pick
- * instead, in one run, on the same workloads (issue 6).
+ * instead, in one run, on the same workloads.
  *
  *   shardbfc-perf [--quick] [--workload churn,cross,inference,host,replay]
  *                 [--threads 1,2,4,8] [--allocators shardbfc,single-lock,
@@ -14,8 +14,8 @@
  * (workloads.c), read its peak reservation, release it.  An allocator that
  * cannot run here (no GPU, not built) is listed as skipped with the reason.
  * Every sequence comes from --seed (default 42) and is printed with its
- * parameters.  Targets of the issue are printed (MET / NOT MET), never
- * asserted: the exit status is 1 only when an allocation or a verification
+ * parameters.  The performance targets (perf/README.md) are printed (MET /
+ * NOT MET), never asserted: the exit status is 1 only when an allocation or a verification
  * fails, 2 on a bad command line.
  */
 #define _GNU_SOURCE

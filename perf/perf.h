@@ -1,5 +1,5 @@
 /*
- * perf.h -- the pieces of perf/shardbfc-perf (issue 6) and how they meet.
+ * perf.h -- the pieces of perf/shardbfc-perf and how they meet.
  *
  *   allocators.c  every allocator behind one small interface (struct
  *                 perf_alloc_ops): libshardbfc sharded, the same library

@@ -1,7 +1,7 @@
 /*
  * arena.c -- one shard's allocator: TensorFlow's Best-Fit with Coalescing.
  *
- * The algorithm (DESIGN.md, "The BFC arena"):
+ * The algorithm (TensorFlow's BFC allocator, as this library defines it):
  *   - sizes are rounded up to 256 bytes; chunks tile regions without gaps;
  *   - allocation takes the best fit from the bins (bins.c: smallest free chunk
  *     >= the rounded size, lowest address among equals, found in O(log n));

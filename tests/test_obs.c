@@ -1,5 +1,5 @@
 /*
- * test_obs.c -- observability (issue 7): the JSON snapshot against the
+ * test_obs.c -- observability: the JSON snapshot against the
  * statistics, the fragmentation metric, the OOM callback (size, stream,
  * summary, one retry) and oom_dump, the config paths, the allocation trace
  * (round trip through tools/trace_csv.c, fenced frees, threads, RMM edge
