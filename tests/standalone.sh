@@ -20,8 +20,10 @@ status=0
 
 # ------------------------------------------------------------ 1. paths
 docs="README.md doc/trace.md doc/snapshot.md perf/README.md"
-paths=$(cd "$srcdir" && grep -ohE '(\.ci|include|src|tests|perf|tools|doc|scripts|m4)/[A-Za-z0-9_.{},/-]*[A-Za-z0-9_}]' \
-        $docs | sort -u)
+# A path starts the text or follows a character that cannot be part of one
+# (so share/doc/shardbfc is not taken for doc/shardbfc).
+paths=$(cd "$srcdir" && grep -ohE '(^|[^A-Za-z0-9_./-])(\.ci|include|src|tests|perf|tools|doc|scripts|m4)/[A-Za-z0-9_.{},/-]*[A-Za-z0-9_}]' \
+        $docs | sed 's|^[^A-Za-z0-9_.]||' | sort -u)
 for p in $paths; do
     case $p in
         *'{'*) # tools/x-{a,b}.c: each alternative
