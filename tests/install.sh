@@ -122,11 +122,15 @@ case " $static_libs " in
     *" -ludev "*) fail "pkg-config --static pulls -ludev (hwloc's private library)";;
 esac
 if [ -f "$libdir/libshardbfc.a" ]; then
+    # libshardbfc.a itself, then everything else --static names (its own
+    # -lshardbfc left out, so that the shared library cannot stand in).
+    static_deps=$(echo " $static_libs " | sed 's/ -lshardbfc / /')
     # shellcheck disable=SC2086
-    $cc ${BFC_TEST_CFLAGS:-} $cflags "$tmp/prog.c" "$libdir/libshardbfc.a" ${BFC_TEST_LDFLAGS:-} $static_libs \
+    $cc ${BFC_TEST_CFLAGS:-} $cflags "$tmp/prog.c" "$libdir/libshardbfc.a" ${BFC_TEST_LDFLAGS:-} $static_deps \
         -o "$tmp/prog-static" 2>"$tmp/cc.log" ||
         { cat "$tmp/cc.log" >&2; fail "cannot link libshardbfc.a with pkg-config --static --libs shardbfc"; }
-    "$tmp/prog-static" >/dev/null 2>&1 || fail "the statically linked program failed"
+    env -u LD_LIBRARY_PATH "$tmp/prog-static" >"$tmp/static.out" 2>&1 ||
+        { cat "$tmp/static.out" >&2; fail "the statically linked program failed"; }
     echo "static link against libshardbfc.a: ok"
 else
     echo "libshardbfc.a not installed (--disable-static): static link not tried"
