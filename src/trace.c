@@ -495,6 +495,23 @@ int bfc_ctx_trace_stop(bfc_ctx_t *ctx)
     return st;
 }
 
+/* -------------------------------------------------------------- fork */
+
+void bfc__trace_fork_lock(void)
+{
+    bfc__plock(&reg_lock);
+    for (struct bfc__trace *t = running; t; t = t->run_next)
+        bfc__plock(&t->flock);
+}
+
+void bfc__trace_fork_unlock(void)
+{
+    /* `running` cannot have changed: reg_lock was held since the lock. */
+    for (struct bfc__trace *t = running; t; t = t->run_next)
+        bfc__punlock(&t->flock);
+    bfc__punlock(&reg_lock);
+}
+
 /* ------------------------------------------------------------ set-up */
 
 int bfc__obs_init(struct bfc_ctx *ctx)
