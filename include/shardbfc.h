@@ -14,6 +14,21 @@
  * BFC_E* code; bfc_strerror() describes it.  Functions returning a pointer
  * return NULL on failure; bfc_last_error() then gives the calling thread's
  * status for its most recent failed call.
+ *
+ * After fork(): the library's fork handlers take every allocator lock
+ * around the fork, so no lock another parent thread held is left locked in
+ * the child.  On the SIM backend the child may go on using the library:
+ * every context, stream, block and statistic of the parent is there as a
+ * copy of its own (a block allocated before the fork is the child's copy;
+ * freeing it in the child does not free it in the parent), and it may
+ * create new contexts.  On CUDA a forked child cannot use the parent's CUDA
+ * context at all -- CUDA does not survive fork() -- so it must not call any
+ * bfc_ function on a context, stream or block inherited from the parent
+ * (device or pinned host memory), nor use the process-wide service the
+ * parent had started; a child that needs the GPU must exec() (or be
+ * spawned) and start afresh.  In every case a trace the parent started
+ * stays the parent's: the child writes nothing to it, and its exit does not
+ * close it for the parent.  SHARDBFC_CONF is not read again in the child.
  */
 #ifndef SHARDBFC_H
 #define SHARDBFC_H
@@ -109,7 +124,7 @@ typedef struct bfc_config {
                                      sized to the request rounded to 2 MiB (default 32 MiB; 0 = off) */
     unsigned retry_ms;            /* on OOM, wait up to this long for memory other threads free
                                      before failing (TensorFlow's allow_retry_on_failure; default 0) */
-    /* ---- fields beyond API.md's minimum ---- */
+    /* ---- libshardbfc's own additions (bfc_config_init sets them too) ---- */
     bool debug_check;             /* run bfc_ctx_check after every operation (slow) */
     bool poison;                  /* SIM: fill freed memory with 0xDB, verify on reuse */
     int host_numa;                /* bfc_host_numa_t or a node number (host arenas) */
@@ -138,12 +153,37 @@ BFC_API void bfc_config_init(bfc_config_t *cfg);
  * "host_numa" (thread|gpu|N).  Sizes take an optional K/M/G suffix (KiB, MiB,
  * GiB); booleans are true/false/1/0 (also yes/no/on/off).  Paths (oom_dump,
  * trace) are taken verbatim (no commas, no control characters, at most 255
- * bytes).  An unknown key, a
- * malformed, negative or out-of-range value returns BFC_EINVAL and leaves *cfg
- * exactly as it was.  An empty or NULL spec is BFC_OK.
+ * bytes).  An unknown key, a malformed, negative or out-of-range value
+ * returns BFC_EINVAL and leaves *cfg exactly as it was.  An empty or NULL
+ * spec is BFC_OK.
+ *
+ * Limits of the values:
+ *   memory_limit      0 (the backend's default) or at least 256 bytes
+ *   initial_region    at least 1 byte (rounded up to 256 when used)
+ *   large_alloc       any size; 0 turns the large-request rule off
+ *   fragmentation_fraction   a decimal number from 0 to 1
+ *   retry_ms          0 to 3600000 (one hour)
+ *   device, host_numa node   0 to 2147483647
+ *   sim_fail_*_every  0 to 4294967295
+ *   oom_dump, trace   at most 255 bytes
+ *   one item          at most 4096 bytes (the spec itself is unbounded)
  * Context: thread-safe (touches only *cfg), never blocks.
  */
 BFC_API int bfc_config_parse(bfc_config_t *cfg, const char *spec);
+
+/*
+ * bfc_config_parse, plus a reason: on BFC_EINVAL, err receives one line
+ * that quotes the first bad item and says why it was refused, e.g.
+ *   memory_limt=1G: unknown key 'memory_limt' (keys: backend, device, ...)
+ *   memory_limit=1X: invalid value for memory_limit: expected a size: ...
+ * (key and value quoted up to 64 bytes each, unprintable bytes as '?', so
+ * the line is safe to log).  On BFC_OK err is "".  err is always
+ * NUL-terminated when errlen > 0 and truncated to fit; err == NULL or
+ * errlen == 0 asks for no message.  512 bytes hold any message.  *cfg
+ * follows bfc_config_parse's contract exactly.
+ * Context: thread-safe (touches only *cfg and err), never blocks.
+ */
+BFC_API int bfc_config_parse_err(bfc_config_t *cfg, const char *spec, char *err, size_t errlen);
 
 /*
  * Checks a configuration for consistency (non-zero initial_region, fraction in
@@ -294,6 +334,20 @@ BFC_API int bfc_ctx_config(bfc_ctx_t *ctx, bfc_config_t *out);
  * the context; NULL means the calling thread's current device (device 0 on
  * SIM).  A pointer finds its context by itself.
  *
+ * SHARDBFC_CONF (bfc_config_parse syntax) is read once, at the first call.
+ * If it is invalid (an unknown key, a malformed or out-of-range value) the
+ * service does not start: it never falls back to the defaults, which on
+ * CUDA would mean the device's whole free memory.  Every call of this
+ * section and of the host section below then fails with BFC_EINVAL
+ * (pointer-returning calls return NULL with bfc_last_error() ==
+ * BFC_EINVAL; freeing NULL is still BFC_OK), and stderr says once, e.g.
+ *   libshardbfc: SHARDBFC_CONF is invalid: memory_limt=1G: unknown key
+ *   'memory_limt' (keys: ...); the allocator will not start (every call
+ *   fails with BFC_EINVAL)
+ * A trace= path that cannot be created stops the service the same way
+ * (the context cannot be created: BFC_EINVAL).  Contexts made with
+ * bfc_ctx_create do not read SHARDBFC_CONF and are not affected.
+ *
  * bfc_stream_alloc / bfc_stream_free / bfc_record_stream / bfc_stream_release
  * behave exactly as their bfc_ctx_* counterparts on that context.
  * bfc_free(p) frees on the stream p was allocated on (immediately reusable by
@@ -356,7 +410,7 @@ typedef struct bfc_stats {
     uint64_t num_remote_frees;   /* frees issued on a stream other than the owner's */
     uint64_t num_pending_frees;  /* freed blocks still waiting for their fence */
     uint64_t num_ooms;           /* allocations that failed for lack of memory */
-    /* ---- beyond API.md's minimum ---- */
+    /* ---- libshardbfc's own additions ---- */
     uint64_t bytes_free;         /* free chunk bytes in bins */
     uint64_t largest_free_chunk;
     uint64_t bytes_pending;      /* bytes of blocks waiting for fences */
@@ -403,7 +457,17 @@ BFC_API int bfc_host_numa_nodes(void);
 BFC_API int bfc_ctx_clear_peaks(bfc_ctx_t *ctx);
 
 /*
- * Verifies every invariant of DESIGN.md.  Returns BFC_OK or BFC_ECORRUPT;
+ * Verifies every invariant of the allocator:
+ *   1. the chunks of a region tile it exactly, in address order, with
+ *      consistent prev/next links;
+ *   2. no two adjacent chunks are both free and reusable (they would have
+ *      merged);
+ *   3. every free chunk is in exactly the bin for its size, and no chunk
+ *      in use is in a bin;
+ *   4. the statistics equal the sums over the chunks;
+ *   5. the region map resolves the start of every chunk in use to it;
+ *   6. every region belongs to exactly one shard or to the region pool.
+ * Returns BFC_OK or BFC_ECORRUPT;
  * bfc_ctx_check_report() also writes which invariant broke and where
  * ("invariant 3: free chunk 0x... (size 512) not in bin 1") into buf.
  * Context: thread-safe; takes each arena lock in turn and the pool lock.
@@ -426,8 +490,11 @@ BFC_API int bfc_ctx_snapshot_json(bfc_ctx_t *ctx, FILE *f);
  * Out-of-memory callback (RMM's failure callback): called when an allocation
  * of `size` bytes on `stream` fails for lack of memory (BFC_ENOMEM), with the
  * context's statistics at that moment in *summary, and the arg given to the
- * setter.  No allocator lock is held during the call, so the callback may
- * free memory (bfc_ctx_free, bfc_ctx_trim) or log; it must not destroy ctx.
+ * setter.  The full report -- the request, each part's free memory and a
+ * one-line diagnosis of why it failed -- is bfc_ctx_oom_info(ctx, &info)
+ * from inside the callback.  No allocator lock is held during the call, so
+ * the callback may free memory (bfc_ctx_free, bfc_ctx_trim) or log; it must
+ * not destroy ctx.
  * A non-zero return asks for the allocation to be retried, once: the retry's
  * outcome is final (a second failure calls the callback no more).  Zero:
  * the allocation fails (NULL, BFC_ENOMEM) at once.
@@ -436,11 +503,86 @@ typedef int (*bfc_oom_fn)(bfc_ctx_t *ctx, size_t size, bfc_stream_t stream,
                           const bfc_stats_t *summary, void *arg);
 
 /*
+ * Why an allocation failed, as the OOM report diagnoses it (first match):
+ *   BFC_OOM_TOO_LARGE   the request alone is larger than the limit;
+ *   BFC_OOM_LIMIT       the limit is reached: live blocks plus the request
+ *                       exceed it, so only freeing live blocks helps;
+ *   BFC_OOM_BACKEND     the limit has room for it, but the device (or the
+ *                       SIM ceiling) refused the memory;
+ *   BFC_OOM_TRANSIENT   by the time the report looked, memory this stream
+ *                       could use was free (freed concurrently): a retry
+ *                       may succeed;
+ *   BFC_OOM_HELD        memory free but held by other streams: another
+ *                       shard has a free chunk large enough, or pool spans
+ *                       or pending frees large enough are still fenced by
+ *                       streams whose work may be running;
+ *   BFC_OOM_FRAGMENTED  enough bytes are free in total, but no free piece
+ *                       (chunk, pool span, unreserved limit) is large enough.
+ */
+typedef enum {
+    BFC_OOM_NONE = 0, /* no allocation of the context has failed yet */
+    BFC_OOM_TOO_LARGE,
+    BFC_OOM_LIMIT,
+    BFC_OOM_BACKEND,
+    BFC_OOM_TRANSIENT,
+    BFC_OOM_HELD,
+    BFC_OOM_FRAGMENTED
+} bfc_oom_cause_t;
+
+/*
+ * The OOM report: the failed request, where free memory was, and a one-line
+ * diagnosis.  Gathered right after the failure with no allocator lock held
+ * across it (each shard and the pool are read under their own locks in
+ * turn), so it is a consistent picture of each part, not of the whole.
+ * Byte figures are chunk bytes (multiples of 256).
+ */
+typedef struct bfc_oom_info {
+    size_t size;                  /* bytes requested */
+    size_t rounded;               /* chunk bytes the request needs */
+    bfc_stream_t stream;          /* the stream it was requested on */
+    bfc_oom_cause_t cause;
+    char diagnosis[320];          /* one line, e.g. "memory free but held by other
+                                     streams: stream 0x... has a free chunk of
+                                     64.0 MiB; ..." */
+    uint64_t bytes_limit;
+    uint64_t bytes_reserved;      /* held from the backend (shards and pool) */
+    uint64_t bytes_unreserved;    /* limit - reserved: room to take from the backend */
+    uint64_t bytes_in_use;        /* live chunk bytes, all shards */
+    uint64_t bytes_pending;       /* freed blocks still waiting for fences, all shards */
+    uint64_t stream_free;         /* free chunk bytes of the requesting stream's shard */
+    uint64_t stream_largest_free; /* its largest free chunk */
+    uint64_t other_free;          /* free chunk bytes of every other shard */
+    uint64_t other_largest_free;  /* the largest free chunk of any other shard */
+    bfc_stream_t other_largest_stream; /* the stream of that shard */
+    uint64_t pool_free;           /* free spans of the region pool (lent to no shard) */
+    uint64_t pool_largest_span;   /* its largest span */
+    uint64_t pool_fenced;         /* pool bytes free but still fenced by a stream */
+    uint64_t num_pool_spans;
+    uint64_t num_shards;
+} bfc_oom_info_t;
+
+/*
+ * The OOM report of ctx.  Called from inside the OOM callback, it returns
+ * the report of the failure the callback is about; elsewhere, the report of
+ * the context's most recent failure.  Every failed allocation (BFC_ENOMEM
+ * for lack of memory) makes a report, callback or not; the oom_dump file
+ * and bfc_ctx_snapshot_json carry it too, with each shard's largest free
+ * chunk and the pool's spans (doc/snapshot.md, "oom").  BFC_OK;
+ * BFC_ESTATE when no allocation of ctx has failed yet (*out then has cause
+ * BFC_OOM_NONE); BFC_EINVAL for NULL arguments.
+ * Context: thread-safe; takes the context's observability lock (not inside
+ * the callback, where it reads the calling thread's report); never blocks
+ * on allocator locks.
+ */
+BFC_API int bfc_ctx_oom_info(bfc_ctx_t *ctx, bfc_oom_info_t *out);
+
+/*
  * Sets (fn != NULL) or removes (fn == NULL) the context's OOM callback.
  * Independently, with config oom_dump=PATH the snapshot JSON
- * (bfc_ctx_snapshot_json) is written to PATH when an allocation finally
- * fails: at most once a second per context, each dump replacing the file
- * (written to PATH.tmp, then renamed).  BFC_OK or BFC_EINVAL (ctx NULL).
+ * (bfc_ctx_snapshot_json, whose "oom" object is the report) is written to
+ * PATH when an allocation finally fails: at most once a second per
+ * context, each dump replacing the file (written to PATH.tmp, then
+ * renamed).  BFC_OK or BFC_EINVAL (ctx NULL).
  * Context: thread-safe; a call racing an OOM may or may not see the new
  * callback.
  */
@@ -454,15 +596,23 @@ BFC_API int bfc_ctx_set_oom_callback(bfc_ctx_t *ctx, bfc_oom_fn fn, void *arg);
  * in RMM's logging format: header "Thread,Time,Action,Pointer,Size,Stream",
  * one row per event (doc/trace.md).  Events go to per-thread buffers and
  * reach the file in batches; everything recorded is in the file when
- * bfc_ctx_trace_stop returns.  Config trace=PATH starts a trace at
- * bfc_ctx_create.  With no trace running the allocation paths test one flag.
+ * bfc_ctx_trace_stop returns.  A trace still running when the process exits
+ * (return from main, exit()) or the library is unloaded is stopped the same
+ * way by an exit handler, so nothing is lost without bfc_shutdown;
+ * _exit() and crashes lose each thread's unwritten tail.  After fork() the
+ * child writes nothing to a trace its parent started (see "After fork()"
+ * at the top of this header).  Config trace=PATH starts a trace at
+ * bfc_ctx_create.  With no trace running the allocation paths test one
+ * flag.
  * bfc_ctx_trace_start: BFC_OK, BFC_EBUSY (a trace is already running),
- * BFC_EINVAL (path cannot be created), BFC_ENOMEM.
+ * BFC_EINVAL (path cannot be created), BFC_ENOMEM (no memory, or the exit
+ * handler could not be registered).
  * bfc_ctx_trace_stop: BFC_OK, BFC_ESTATE (no trace running), BFC_EBACKEND
  * (a write to the file failed: the trace is incomplete).
  * Context: thread-safe; start/stop serialise on a per-context lock; stop
  * blocks for an RCU grace period (the moment every thread has left the
- * allocator's lock-free sections) and for the file writes.
+ * allocator's lock-free sections) and for the file writes; so does the
+ * exit handler, once, for all running traces.
  */
 BFC_API int bfc_ctx_trace_start(bfc_ctx_t *ctx, const char *path);
 BFC_API int bfc_ctx_trace_stop(bfc_ctx_t *ctx);

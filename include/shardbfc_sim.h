@@ -6,6 +6,18 @@
  * simulated stream is idle unless held: events recorded on an idle stream are
  * complete at once; events recorded while it is held stay incomplete until the
  * stream is drained.
+ *
+ * Stream handles are checked as strictly as CUDA would need them to be
+ * valid: on a SIM context the only streams are NULL (the default stream)
+ * and handles made by bfc_sim_stream_create (by any SIM context: streams
+ * belong to the process) and not yet destroyed.  Any other handle -- made
+ * up, (bfc_stream_t)0x1234, a pointer to something else, a destroyed
+ * stream -- makes every call that names it fail with BFC_EINVAL and change
+ * nothing: bfc_ctx_alloc (NULL, bfc_last_error() == BFC_EINVAL),
+ * bfc_ctx_free on a stream other than the block's own, bfc_ctx_record_stream,
+ * bfc_ctx_stream_release, bfc_ctx_stream_stats, and the process-wide and
+ * host equivalents.  On CUDA the same mistake is undefined behaviour, so a
+ * test that makes it fails here first.
  */
 #ifndef SHARDBFC_SIM_H
 #define SHARDBFC_SIM_H
@@ -25,9 +37,15 @@ BFC_API bfc_stream_t bfc_sim_stream_create(bfc_ctx_t *ctx);
 
 /*
  * Destroys a simulated stream: its queued work is considered complete (as by
- * bfc_sim_stream_drain) before it goes.  Does not release its shard (see
- * bfc_ctx_stream_release).  NULL or an unknown stream is a no-op.
- * Context: thread-safe; the stream must not be used afterwards.
+ * bfc_sim_stream_drain) before it goes.  Does not release its shard: call
+ * bfc_ctx_stream_release first, as with cudaStreamDestroy (afterwards the
+ * handle is refused, BFC_EINVAL).  From now on every call naming the stream
+ * fails with BFC_EINVAL; blocks allocated on it stay valid and are freed as
+ * usual (bfc_free, or bfc_ctx_free on that same stream, which needs no
+ * stream operation), and fences that named it complete.  NULL or an unknown
+ * stream is a no-op.
+ * Context: thread-safe; lock-free (it also makes every thread's cached
+ * stream lookup miss once).
  */
 BFC_API void bfc_sim_stream_destroy(bfc_ctx_t *ctx, bfc_stream_t s);
 

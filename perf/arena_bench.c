@@ -1,6 +1,6 @@
 /*
- * arena_bench.c -- the performance figures of issues 3 and 4: how fast one
- * BFC arena serves alloc+free pairs, how the sharded service scales with
+ * arena_bench.c -- the arena's and the shards' own performance figures:
+ * how fast one BFC arena serves alloc+free pairs, how the sharded service scales with
  * threads against the same arena behind one mutex, and how fast a consumer
  * frees blocks another stream allocated.
  *
@@ -1327,7 +1327,7 @@ int main(int argc, char **argv)
     perf_machine_read(&mach);
     t_start = (double)perf_now_ns();
 
-    printf("arena_bench: libshardbfc performance (issues 3 and 4), SIM backend\n");
+    printf("arena_bench: libshardbfc arena and shard performance, SIM backend\n");
     printf("  machine: %ld online CPUs, %s; loadavg at start: %s\n", mach.cores, mach.cpu,
            mach.loadavg);
     printf("  mode: %s; clock CLOCK_MONOTONIC; nothing pinned\n",

@@ -403,7 +403,9 @@ int perf_gen_replay(const char *path, struct perf_prog *out, char *err, size_t e
     unsigned nstreams = 0, rr = 0;
     uint8_t *slot_stream;
 
-    if (bfc_trace_csv_read(path, &tev, &ntev, err, errlen) != 0)
+    /* The same reader and order as shardbfc-replay: libshardbfc writes
+     * per-thread batches, so file order is not time order. */
+    if (bfc_trace_csv_read_ordered(path, &tev, &ntev, NULL, err, errlen) != 0)
         return -1;
     memset(&b, 0, sizeof(b));
     pm.cap = 1024;

@@ -1,6 +1,6 @@
 /*
  * main.c -- perf/shardbfc-perf: libshardbfc against what a user would pick
- * instead, in one run, on the same workloads (issue 6).
+ * instead, in one run, on the same workloads.
  *
  *   shardbfc-perf [--quick] [--workload churn,cross,inference,host,replay]
  *                 [--threads 1,2,4,8] [--allocators shardbfc,single-lock,
@@ -14,8 +14,8 @@
  * (workloads.c), read its peak reservation, release it.  An allocator that
  * cannot run here (no GPU, not built) is listed as skipped with the reason.
  * Every sequence comes from --seed (default 42) and is printed with its
- * parameters.  Targets of the issue are printed (MET / NOT MET), never
- * asserted: the exit status is 1 only when an allocation or a verification
+ * parameters.  The performance targets (perf/README.md) are printed (MET /
+ * NOT MET), never asserted: the exit status is 1 only when an allocation or a verification
  * fails, 2 on a bad command line.
  */
 #define _GNU_SOURCE
@@ -337,8 +337,8 @@ static void print_params(const struct opts *o, const struct perf_prog *replay, c
                HOST_MIN >> 10, HOST_MAX >> 20, CHURN_PAIRS, o->seed);
     if (o->wl[W_REPLAY] && replay != NULL)
         printf("  replay:    %s: %zu events, %u slots, %u streams; each thread replays its own"
-               " copy in file order\n", o->trace, replay->nev, replay->nslots,
-               replay->nstreams);
+               " copy in shardbfc-replay's order (time order when each thread's rows are)\n",
+               o->trace, replay->nev, replay->nslots, replay->nstreams);
     snprintf(pj, pjlen,
              "\"quick\": %s, \"seed\": %" PRIu64 ", \"seconds\": %.3f, "
              "\"churn\": {\"live\": %u, \"size_min\": %u, \"size_max\": %u, \"pairs\": %u}, "

@@ -1,5 +1,5 @@
 /*
- * perf.h -- the pieces of perf/shardbfc-perf (issue 6) and how they meet.
+ * perf.h -- the pieces of perf/shardbfc-perf and how they meet.
  *
  *   allocators.c  every allocator behind one small interface (struct
  *                 perf_alloc_ops): libshardbfc sharded, the same library
@@ -109,7 +109,9 @@ void perf_gen_inference(const struct perf_model *m, uint64_t seed, unsigned step
                         unsigned *nreqs);
 
 /* The events of an RMM CSV trace (tools/trace_csv.h): allocations and frees
- * in file order, pointers mapped to slots, each distinct stream to one of up
+ * in replay order (bfc_trace_csv_read_ordered, as shardbfc-replay: by time
+ * when each thread's events are in time order, else file order), pointers
+ * mapped to slots, each distinct stream to one of up
  * to PERF_MAX_STREAMS_PER_THREAD streams (round robin beyond), frees of
  * pointers allocated before the trace began dropped, blocks still live at
  * the end freed by appended events.  0, or -1 with a message in err. */

@@ -4,7 +4,8 @@
  * the progress line on stderr, a JSON string writer, a thread-count list
  * parser and a single-producer/single-consumer ring.
  *
- * perf/arena_bench (issues 3-4) and perf/shardbfc-perf (issue 6) both link
+ * perf/arena_bench (the arena and shard micro-benchmarks) and
+ * perf/shardbfc-perf (the side-by-side harness) both link
  * perf/perfutil.c, so a sequence drawn from a seed is the same in both
  * programs and the machine is described the same way in both JSON files.
  *

@@ -3,7 +3,11 @@
  * libshardbfc), the JSON file other tools read (its `machine` and `results`
  * members are a stable contract, see perf/README.md), and an SVG chart drawn
  * here, with no external tool: churn throughput against threads (one line
- * per allocator) and churn latency percentiles (bars, log scale).
+ * per allocator) and churn latency percentiles (bars, log scale).  Both
+ * axes are fitted to the data: the linear one ends at the first nice
+ * gridline above the largest rate (not up to a decade above it), the log
+ * one spans the decades from the smallest percentile to the largest (not
+ * from 1 ns), so the bars and lines use the height of their panel.
  *
  * Pure functions of a struct perf_report; called by the main thread after
  * all measurements.  Numbers that an allocator cannot report are null in
@@ -200,20 +204,60 @@ static void svg_text(FILE *f, double x, double y, const char *anchor, int size,
     fputs("</text>\n", f);
 }
 
-/* A "nice" axis maximum >= v: 1, 2 or 5 times a power of ten. */
-static double nice_max(double v)
+/* The smallest "nice" step >= v: 1, 2, 2.5 or 5 times a power of ten. */
+static double nice_step(double v)
 {
     double p;
-    if (v <= 0)
+    if (!(v > 0))
         return 1;
     p = pow(10, floor(log10(v)));
     if (v <= p)
         return p;
     if (v <= 2 * p)
         return 2 * p;
+    if (v <= 2.5 * p)
+        return 2.5 * p;
     if (v <= 5 * p)
         return 5 * p;
     return 10 * p;
+}
+
+/*
+ * A linear axis from 0 that fits v (the largest value, plus 5% headroom so
+ * no point sits on the frame): at most 5 gridlines at a nice step, and the
+ * top the first gridline at or above v -- never a whole decade above the
+ * data, as "round up to 1, 2 or 5 x 10^k" would give (57 M -> 100 M).
+ * *nsteps receives the number of steps (1..5).
+ */
+static double axis_linear(double v, unsigned *nsteps)
+{
+    double top = v * 1.05, step;
+    if (!(top > 0)) {
+        *nsteps = 5;
+        return 5;
+    }
+    step = nice_step(top / 5);
+    *nsteps = (unsigned)ceil(top / step - 1e-9);
+    if (*nsteps < 1)
+        *nsteps = 1;
+    return step * *nsteps;
+}
+
+/* A log axis of whole decades that fits [lo, hi]: from the decade below
+ * the smallest value (strictly, so that its bar has a height; never below
+ * 1 ns) to the one at or above the largest, at least one decade. */
+static void axis_log(double lo, double hi, double *lmin, double *lmax)
+{
+    if (!(lo >= 1))
+        lo = 1;
+    if (hi < lo)
+        hi = lo;
+    *lmin = pow(10, floor(log10(lo) - 1e-9));
+    if (*lmin < 1)
+        *lmin = 1;
+    *lmax = pow(10, ceil(log10(hi) - 1e-9));
+    if (*lmax <= *lmin)
+        *lmax = *lmin * 10;
 }
 
 int perf_report_svg(const struct perf_report *rp, FILE *f)
@@ -268,17 +312,18 @@ int perf_report_svg(const struct perf_report *rp, FILE *f)
     }
 
     /* Panel 1: throughput against threads. */
-    ymax = nice_max(ymax * 1.05);
+    unsigned ysteps;
+    ymax = axis_linear(ymax, &ysteps);
     svg_text(f, (L + W - R) / 2, T1 - 16, "middle", 15,
              "churn: calls per second (alloc + free) vs threads");
     fprintf(f, "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"black\"/>\n", L,
             B1, W - R, B1);
     fprintf(f, "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"black\"/>\n", L,
             T1, L, B1);
-    for (int g = 0; g <= 5; g++) {
-        double y = B1 - (B1 - T1) * g / 5.0;
+    for (unsigned g = 0; g <= ysteps; g++) {
+        double y = B1 - (B1 - T1) * g / ysteps;
         char lab[32];
-        fmt_rate(lab, sizeof(lab), ymax * g / 5.0);
+        fmt_rate(lab, sizeof(lab), ymax * g / ysteps);
         fprintf(f, "<line x1=\"%.0f\" y1=\"%.1f\" x2=\"%.0f\" y2=\"%.1f\" stroke=\"#ddd\"/>\n",
                 L, y, W - R, y);
         svg_text(f, L - 6, y + 4, "end", 11, lab);
@@ -316,14 +361,21 @@ int perf_report_svg(const struct perf_report *rp, FILE *f)
     {
         const char *pname[3] = {"p50", "p99", "p99.9"};
         const double shade[3] = {1.0, 0.65, 0.35};
-        double lmin = 1, lmax = 10;
+        double lmin, lmax, lo = 0, hi = 0;
         double gw = (W - R - L) / na, bw = gw / 4.5;
         for (unsigned a = 0; a < na; a++) {
             const struct perf_result *r = perf_report_find(rp, wl, allocs[a], lat_threads);
-            if (r != NULL && (double)r->p999_ns > lmax)
-                lmax = (double)r->p999_ns;
+            if (r == NULL)
+                continue;
+            const uint64_t v[3] = {r->p50_ns, r->p99_ns, r->p999_ns};
+            for (int q = 0; q < 3; q++) {
+                if (lo == 0 || (double)v[q] < lo)
+                    lo = (double)v[q];
+                if ((double)v[q] > hi)
+                    hi = (double)v[q];
+            }
         }
-        lmax = pow(10, ceil(log10(lmax)));
+        axis_log(lo, hi, &lmin, &lmax);
         snprintf(buf, sizeof(buf), "churn, %u thread%s: latency per call (ns, log scale)",
                  lat_threads, lat_threads == 1 ? "" : "s");
         svg_text(f, (L + W - R) / 2, T2 - 16, "middle", 15, buf);
@@ -348,7 +400,7 @@ int perf_report_svg(const struct perf_report *rp, FILE *f)
             v[1] = r->p99_ns;
             v[2] = r->p999_ns;
             for (int q = 0; q < 3; q++) {
-                double val = v[q] < 1 ? 1 : (double)v[q];
+                double val = (double)v[q] < lmin ? lmin : (double)v[q];
                 double y = B2 - (B2 - T2) * log10(val / lmin) / log10(lmax / lmin);
                 double x = L + gw * a + bw * (0.75 + q);
                 char lab[32];

@@ -7,6 +7,15 @@
  * the configured device).  A pointer finds its context by itself through the
  * process-wide region map, so frees need no device argument.
  *
+ * An invalid SHARDBFC_CONF stops the service before it starts: every call
+ * returns BFC_EINVAL (NULL with bfc_last_error() == BFC_EINVAL for the
+ * pointer-returning ones; freeing NULL stays the no-op it always is), and config.c has said once on stderr which item
+ * is wrong and why.  Falling back to the defaults instead would turn a typo
+ * in memory_limit into "take the whole device".  The check is the
+ * pthread_once that reads the configuration anyway, so it costs the
+ * allocation path nothing new; the pointer-only calls (bfc_free,
+ * bfc_stream_free, bfc_record_stream) pay one pthread_once fast path.
+ *
  * Locking: `create_lock` is taken only when a device's context does not exist
  * yet (once per device) and by bfc_shutdown; every other call reads the
  * context table with an acquire load.
@@ -22,24 +31,35 @@ static pthread_mutex_t create_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static pthread_once_t env_once = PTHREAD_ONCE_INIT;
 static bfc_config_t env_cfg;
+static int env_status; /* BFC_OK, or why the service refuses to start */
 static bool env_use_cuda;
 
 static void env_init(void)
 {
-    if (bfc__config_from_env(&env_cfg) != BFC_OK)
-        fprintf(stderr, "libshardbfc: SHARDBFC_CONF is invalid; using defaults\n");
+    /* The message naming the bad item is config.c's (printed once). */
+    env_status = bfc__config_from_env(&env_cfg) == BFC_OK ? BFC_OK : BFC_EINVAL;
     env_use_cuda = false;
 #if BFC_HAVE_CUDA
-    if (env_cfg.backend != BFC_BACKEND_SIM && bfc__cuda_device_count() > 0)
+    if (env_status == BFC_OK && env_cfg.backend != BFC_BACKEND_SIM && bfc__cuda_device_count() > 0)
         env_use_cuda = true;
 #endif
 }
 
-static int device_of(bfc_stream_t s, int *dev)
+/* BFC_OK when the service may run; pthread_once orders env_init's writes
+ * before every return. */
+static int service_status(void)
 {
     int e = pthread_once(&env_once, env_init);
     if (e != 0)
         bfc__fatal("pthread_once", e);
+    return env_status;
+}
+
+static int device_of(bfc_stream_t s, int *dev)
+{
+    int st = service_status();
+    if (st != BFC_OK)
+        return st;
     *dev = env_cfg.device;
 #if BFC_HAVE_CUDA
     if (env_use_cuda) {
@@ -128,6 +148,9 @@ int bfc_stream_free(void *p, bfc_stream_t stream)
 {
     if (!p)
         return BFC_OK;
+    int st0 = service_status();
+    if (st0 != BFC_OK)
+        return st0;
     bfc_ctx_t *ctx;
     bfc_stream_t owner;
     int st = owner_of(p, &ctx, &owner);
@@ -138,6 +161,9 @@ int bfc_free(void *p)
 {
     if (!p)
         return BFC_OK;
+    int st0 = service_status();
+    if (st0 != BFC_OK)
+        return st0;
     bfc_ctx_t *ctx;
     bfc_stream_t owner;
     int st = owner_of(p, &ctx, &owner);
@@ -148,6 +174,9 @@ int bfc_record_stream(void *p, bfc_stream_t stream)
 {
     if (!p)
         return BFC_EINVAL;
+    int st0 = service_status();
+    if (st0 != BFC_OK)
+        return st0;
     bfc_ctx_t *ctx;
     bfc_stream_t owner;
     int st = owner_of(p, &ctx, &owner);

@@ -931,3 +931,33 @@ int bfc__arena_check_locked(struct bfc__arena *a, char *buf, size_t len)
     }
     return 0;
 }
+
+/* ------------------------------------------------------- OOM report */
+
+size_t bfc__arenas_free_info(struct bfc_ctx *ctx, struct bfc__shard_free *out, size_t max)
+{
+    size_t n = 0;
+    bfc__lock(&ctx->arenas_lock);
+    for (struct bfc__arena *a = ctx->arenas; a; a = a->all_next) {
+        bfc__lock(&a->lock);
+        /* A dead shard still listed holds nothing; a retired one may still
+         * hold free chunks next to live blocks, which is worth showing. */
+        if (!a->dead) {
+            bfc__arena_drain_locked(a, true);
+            if (n < max)
+                out[n] = (struct bfc__shard_free){
+                    .stream_id = a->stream_id,
+                    .stream = a->stream,
+                    .free_bytes = a->bins.total_bytes,
+                    .largest_free = bfc__bins_largest(&a->bins),
+                    .pending_bytes = a->st.pending_bytes,
+                    .in_use = a->st.bytes_in_use,
+                    .reserved = a->st.bytes_reserved,
+                };
+            n++;
+        }
+        bfc__unlock(&a->lock);
+    }
+    bfc__unlock(&ctx->arenas_lock);
+    return n;
+}

@@ -228,6 +228,21 @@ int bfc__arena_classify_locked(struct bfc__arena *a, struct bfc__region *r, uint
 struct bfc__chunk *bfc__region_find_containing(struct bfc__region *r, uintptr_t p);
 int bfc__arena_check_locked(struct bfc__arena *a, char *buf, size_t len);
 
+/* What one shard could give, as the OOM report shows it. */
+struct bfc__shard_free {
+    uint64_t stream_id;
+    bfc_stream_t stream;
+    size_t free_bytes;      /* in its bins */
+    size_t largest_free;    /* its largest free chunk */
+    size_t pending_bytes;   /* freed blocks still waiting for their fences */
+    size_t in_use;          /* live chunk bytes */
+    size_t reserved;        /* its regions */
+};
+/* Each live shard of ctx in turn (arenas_lock, then each arena's lock, never
+ * two; the remote-free queue drained first, as bfc_ctx_stats does): the
+ * first `max` into out.  Returns the number of live shards. */
+size_t bfc__arenas_free_info(struct bfc_ctx *ctx, struct bfc__shard_free *out, size_t max);
+
 /* remote.c: cross-stream free of chunk c (claimed: FREEING) of owner a. */
 int bfc__remote_free(struct bfc__arena *a, struct bfc__chunk *c, bfc_stream_t s);
 /* The owner arena's pool of fence records (with events): get (NULL when

@@ -37,10 +37,23 @@
  * MAP_NORESERVE (only records in use are ever touched) and never unmapped.  A
  * stream handle is the address of its record, so validating a handle is a
  * range check: no hash, no lock.  Record 0 is the default stream (the NULL
- * handle).  A non-NULL handle outside the table (or not yet handed out) is an
- * "unknown" stream: always idle, id = handle | 1 << 63, so it cannot collide
- * with a table index.  Records are never reused: a destroyed stream stays in
- * the table, drained and marked dead, so events that still name it stay valid.
+ * handle).  Records are never reused: a destroyed stream stays in the table,
+ * drained and marked dead, so events that still name it stay valid.
+ *
+ * Handles SIM never made are refused.  On CUDA a made-up handle
+ * ((bfc_stream_t)0x1234) or a destroyed stream is undefined behaviour -- a
+ * crash at best -- so the simulated device must not paper over it: a test
+ * that passes such a handle has to fail here.  stream_id answers BFC_EINVAL
+ * for a handle outside the table (or not yet handed out) and for a
+ * destroyed stream, and every public call that names a stream asks for its
+ * id first (allocation, a free on another stream, record_stream, release),
+ * so they all return BFC_EINVAL.  Destroying a stream also advances the
+ * shard directory's epoch, so that no thread's cached (stream, shard) pair
+ * serves the dead handle.  Internal uses of a stream recorded earlier, when
+ * it was alive, stay lenient: an event recorded on a destroyed stream is
+ * complete at once and synchronising it succeeds (its work is all done), so
+ * a block fenced on a stream that went away is not stranded.  Event record
+ * and sync on a handle never made are BFC_EINVAL.
  *
  * The model of one stream: `state` packs hold_gen << 1 | held; `done_gen` is
  * the last generation known complete.  hold: if not held, hold_gen++ and set
@@ -58,6 +71,7 @@
  * in step (a check and its mprotect cannot be split by another map).
  */
 #include "backend.h"
+#include "ctx.h" /* bfc__dir_epoch: destroying a stream invalidates cached lookups */
 #include "meta.h"
 
 #include <errno.h>
@@ -70,7 +84,6 @@
 #define SIM_DEFAULT_LIMIT (16 * BFC__GiB)
 #define SIM_VMM_GRANULE (2 * BFC__MiB)
 #define SIM_MAX_STREAMS 65536u
-#define SIM_UNKNOWN_BIT (1ull << 63)
 /* Event word: (stream index + 1) << SIM_EV_GEN_BITS | hold_gen; 0 = complete. */
 #define SIM_EV_GEN_BITS 44
 #define SIM_EV_GEN_MASK ((1ull << SIM_EV_GEN_BITS) - 1)
@@ -455,14 +468,15 @@ static int sim_event_record(bfc__backend_t *be, bfc__event_t evp, bfc_stream_t s
     if (every_nth(&b->fail_event_every, &b->event_calls))
         return BFC_EBACKEND;
     st = sim_lookup(b, s, &idx);
-    if (st) {
-        /* acquire: pairs with the acq_rel CAS in hold, so the generation
-         * read is the one the holder published. */
-        state = atomic_load_explicit(&st->state, memory_order_acquire);
-        if (state & 1)
-            word = ((uint64_t)idx + 1) << SIM_EV_GEN_BITS |
-                   ((state >> 1) & SIM_EV_GEN_MASK);
-    }
+    if (!st)
+        return BFC_EINVAL; /* a handle SIM never made */
+    /* A destroyed stream was drained and can hold no more: the state read
+     * below has its held bit clear, so the event is complete at once.
+     * acquire: pairs with the acq_rel CAS in hold, so the generation read is
+     * the one the holder published. */
+    state = atomic_load_explicit(&st->state, memory_order_acquire);
+    if (state & 1)
+        word = ((uint64_t)idx + 1) << SIM_EV_GEN_BITS | ((state >> 1) & SIM_EV_GEN_MASK);
     /* release: pairs with the acquire load in sim_event_done. */
     atomic_store_explicit(&ev->word, word, memory_order_release);
     return BFC_OK;
@@ -528,16 +542,21 @@ static int sim_event_wait(bfc__backend_t *be, bfc__event_t ev, uint32_t timeout_
 
 /* ------------------------------------------------------------- streams */
 
+/* Unknown and destroyed handles: BFC_EINVAL (see the top of this file). */
 static int sim_stream_id(bfc__backend_t *be, bfc_stream_t s, uint64_t *id)
 {
     uint32_t idx = 0;
+    struct sim_stream *st;
 
     if (!id)
         return BFC_EINVAL;
-    if (sim_lookup(sim_of(be), s, &idx))
-        *id = idx;
-    else
-        *id = (uint64_t)(uintptr_t)s | SIM_UNKNOWN_BIT;
+    st = sim_lookup(sim_of(be), s, &idx);
+    /* acquire: pairs with the release store of `dead` in
+     * bfc__sim_stream_destroy (a destroy that happened before this call,
+     * e.g. in the same thread, is seen). */
+    if (!st || atomic_load_explicit(&st->dead, memory_order_acquire))
+        return BFC_EINVAL;
+    *id = idx;
     return BFC_OK;
 }
 
@@ -548,8 +567,9 @@ static int sim_stream_sync(bfc__backend_t *be, bfc_stream_t s)
     struct sim_stream *st = sim_lookup(sim_of(be), s, &idx);
 
     if (!st)
-        return BFC_OK; /* unknown streams are always idle */
-    /* acquire: pairs with the acq_rel RMWs of hold and drain. */
+        return BFC_EINVAL; /* a handle SIM never made */
+    /* A destroyed stream reads idle (it was drained and holds no more).
+     * acquire: pairs with the acq_rel RMWs of hold and drain. */
     return (atomic_load_explicit(&st->state, memory_order_acquire) & 1) ? BFC_EBUSY
                                                                          : BFC_OK;
 }
@@ -639,9 +659,16 @@ void bfc__sim_stream_destroy(bfc__backend_t *be, bfc_stream_t s)
     st = sim_lookup(sim_of(be), s, &idx);
     if (!st || idx == 0)
         return; /* unknown, or the default stream: nothing to destroy */
+    /* dead first, then drain: a hold racing with the destroy either sees
+     * dead and does nothing, or holds before the drain, which clears it.
+     * release: pairs with the acquire load in sim_stream_id. */
+    atomic_store_explicit(&st->dead, true, memory_order_release);
     sim_drain(st);
-    /* relaxed: `dead` only stops later holds; events need done_gen alone. */
-    atomic_store_explicit(&st->dead, true, memory_order_relaxed);
+    /* Threads cache (stream, shard) pairs keyed by handle; a new epoch
+     * makes every cache miss once, and the lookup then asks stream_id,
+     * which refuses the dead handle.  release: pairs with the acquire
+     * loads of the epoch in shard.c's cache check. */
+    atomic_fetch_add_explicit(&bfc__dir_epoch, 1, memory_order_release);
 }
 
 void bfc__sim_stream_hold(bfc__backend_t *be, bfc_stream_t s)

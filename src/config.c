@@ -28,6 +28,15 @@
  * made by the parser too, so a spec applied to a valid config yields a valid
  * config; bfc_config_validate repeats them for structs filled in by hand.
  *
+ * Errors say which item failed and why (bfc_config_parse_err): the first
+ * bad item is quoted back as key=value (at most 64 bytes of each, anything
+ * unprintable shown as '?', so the message itself is safe to log) with one
+ * reason.  A misspelt key must never go unnoticed: a server that started
+ * on the defaults instead of "memory_limt=1G" would take the whole device.
+ * That is why the process-wide service refuses to start on an invalid
+ * SHARDBFC_CONF (api.c, host.c) and why the message is printed here, once
+ * per process, when the variable is first read.
+ *
  * Locking: bfc_config_* touch only the caller's struct.  The SHARDBFC_CONF
  * cache is written once inside pthread_once and only read afterwards;
  * pthread_once orders the write before every reader's return.
@@ -36,6 +45,8 @@
 
 #include <limits.h>
 #include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -281,8 +292,11 @@ static bool parse_fraction(struct span s, double *out)
     return true;
 }
 
-/* Applies one value to the field `k` names in *cfg.  false: bad value. */
-static bool apply(bfc_config_t *cfg, const struct key *k, struct span v)
+/*
+ * Applies one value to the field `k` names in *cfg.  Returns NULL, or why
+ * the value is refused (a phrase that completes "invalid value: ...").
+ */
+static const char *apply(bfc_config_t *cfg, const struct key *k, struct span v)
 {
     char *field = (char *)cfg + k->off;
     uint64_t u;
@@ -297,43 +311,47 @@ static bool apply(bfc_config_t *cfg, const struct key *k, struct span v)
         else if (eq_nocase(v, "sim"))
             b = BFC_BACKEND_SIM;
         else
-            return false;
+            return "expected auto, cuda or sim";
         *(bfc_backend_t *)(void *)field = b;
-        return true;
+        return NULL;
     }
     case K_DEVICE:
         if (!parse_uint(v, INT_MAX, &u))
-            return false;
+            return "expected a device ordinal from 0 to 2147483647";
         *(int *)(void *)field = (int)u;
-        return true;
+        return NULL;
     case K_SIZE: {
         size_t sz;
         if (!parse_size(v, &sz))
-            return false;
-        if (sz == 0 ? !k->zero_ok : sz < k->lo)
-            return false;
+            return "expected a size: decimal digits with an optional K, M or G suffix (KiB, MiB, GiB), "
+                   "at most 2^64 - 1 bytes";
+        if (sz == 0 && !k->zero_ok)
+            return "must be at least 1 byte";
+        if (sz != 0 && sz < k->lo)
+            return "below the smallest memory_limit, 256 bytes (0 means the backend's default)";
         *(size_t *)(void *)field = sz;
-        return true;
+        return NULL;
     }
     case K_BOOL: {
         bool b;
         if (!parse_bool(v, &b))
-            return false;
+            return "expected true/false, 1/0, yes/no or on/off";
         *(bool *)(void *)field = b;
-        return true;
+        return NULL;
     }
     case K_FRACTION: {
         double d;
         if (!parse_fraction(v, &d))
-            return false;
+            return "expected a decimal number from 0 to 1";
         *(double *)(void *)field = d;
-        return true;
+        return NULL;
     }
     case K_UINT:
         if (!parse_uint(v, k->hi, &u))
-            return false;
+            return k->hi == MAX_RETRY_MS ? "expected milliseconds from 0 to 3600000 (one hour)"
+                                         : "expected a count from 0 to 4294967295";
         *(unsigned *)(void *)field = (unsigned)u;
-        return true;
+        return NULL;
     case K_HOST_NUMA: {
         int node;
         if (eq_nocase(v, "thread"))
@@ -343,43 +361,112 @@ static bool apply(bfc_config_t *cfg, const struct key *k, struct span v)
         else if (parse_uint(v, INT_MAX, &u))
             node = (int)u;
         else
-            return false;
+            return "expected thread, gpu or a NUMA node number";
         *(int *)(void *)field = node;
-        return true;
+        return NULL;
     }
     case K_PATH:
         /* Taken verbatim (UTF-8 allowed), but no control character can be
          * part of a path a user meant; ',' never reaches here. */
         if (v.n >= k->hi)
-            return false;
+            return "path longer than 255 bytes";
         for (size_t i = 0; i < v.n; i++)
             if ((unsigned char)v.p[i] < 0x20 || v.p[i] == 0x7f)
-                return false;
+                return "control character in a path";
         memset(field, 0, k->hi);
         memcpy(field, v.p, v.n);
-        return true;
+        return NULL;
     }
-    return false;
+    return "unsupported key";
 }
 
-/* One comma-free item.  BFC_OK (also for an empty item) or BFC_EINVAL. */
-static int parse_item(bfc_config_t *cfg, struct span item)
+/* Where a message goes: NULL/0 when the caller wants none. */
+struct errbuf {
+    char *p;
+    size_t n;
+};
+
+/* Appends at most `max` bytes of s to *o (bounded by end), unprintable
+ * bytes as '?', "..." when cut. */
+static char *put_quoted(char *o, char *end, struct span s, size_t max)
 {
-    if (item.n > MAX_ITEM)
+    size_t n = s.n < max ? s.n : max;
+    for (size_t i = 0; i < n && o < end; i++) {
+        unsigned char c = (unsigned char)s.p[i];
+        *o++ = (c < 0x20 || c >= 0x7f) ? '?' : (char)c;
+    }
+    for (const char *dots = "..."; n < s.n && *dots && o < end; dots++)
+        *o++ = *dots;
+    return o;
+}
+
+/*
+ * Writes "KEY=VALUE: reason" (either part may be empty) into e.  KEY and
+ * VALUE are quoted back from the spec, 64 bytes at most each.
+ */
+static void set_err(struct errbuf *e, struct span key, struct span val, bool has_eq, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static void set_err(struct errbuf *e, struct span key, struct span val, bool has_eq, const char *fmt, ...)
+{
+    if (!e->p || e->n == 0)
+        return;
+    char line[512];
+    char *o = line, *end = line + 200;
+    o = put_quoted(o, end, key, 64);
+    if (has_eq && o < end)
+        *o++ = '=';
+    o = put_quoted(o, end, val, 64);
+    *o = '\0';
+    char reason[400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(reason, sizeof reason, fmt, ap);
+    va_end(ap);
+    snprintf(e->p, e->n, "%s%s%s", line, line[0] ? ": " : "", reason);
+}
+
+/* One comma-free item, the `index`th (from 1).  BFC_OK (also for an empty
+ * item) or BFC_EINVAL with the reason in e. */
+static int parse_item(bfc_config_t *cfg, struct span item, size_t index, struct errbuf *e)
+{
+    static const struct span none = {"", 0};
+    if (item.n > MAX_ITEM) {
+        set_err(e, none, none, false, "item %zu is longer than %d bytes", index, MAX_ITEM);
         return BFC_EINVAL;
+    }
     item = trim(item);
     if (item.n == 0)
         return BFC_OK;
     const char *eqsign = memchr(item.p, '=', item.n);
-    if (eqsign == NULL)
+    if (eqsign == NULL) {
+        set_err(e, item, none, false,
+                "expected key=value (',' separates items, so no value contains one)");
         return BFC_EINVAL;
+    }
     struct span key = trim((struct span){item.p, (size_t)(eqsign - item.p)});
     struct span val = trim((struct span){eqsign + 1, item.n - (size_t)(eqsign - item.p) - 1});
-    if (key.n == 0 || val.n == 0)
+    if (key.n == 0) {
+        set_err(e, key, val, true, "empty key");
         return BFC_EINVAL;
+    }
+    if (val.n == 0) {
+        set_err(e, key, val, true, "empty value");
+        return BFC_EINVAL;
+    }
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
-        if (eq(key, keys[i].name))
-            return apply(cfg, &keys[i], val) ? BFC_OK : BFC_EINVAL;
+        if (eq(key, keys[i].name)) {
+            const char *why = apply(cfg, &keys[i], val);
+            if (!why)
+                return BFC_OK;
+            set_err(e, key, val, true, "invalid value for %s: %s", keys[i].name, why);
+            return BFC_EINVAL;
+        }
+    char known[400], *o = known;
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+        o += snprintf(o, sizeof known - (size_t)(o - known), "%s%s", i ? ", " : "", keys[i].name);
+    char kq[80];
+    *put_quoted(kq, kq + sizeof kq - 1, key, 64) = '\0';
+    set_err(e, key, val, true, "unknown key '%s' (keys: %s)", kq, known);
     return BFC_EINVAL;
 }
 
@@ -405,19 +492,24 @@ void bfc_config_init(bfc_config_t *cfg)
     cfg->sim_fail_event_every = 0;
 }
 
-int bfc_config_parse(bfc_config_t *cfg, const char *spec)
+static int parse(bfc_config_t *cfg, const char *spec, struct errbuf *e)
 {
-    if (cfg == NULL)
+    if (e->p && e->n)
+        e->p[0] = '\0';
+    if (cfg == NULL) {
+        static const struct span none = {"", 0};
+        set_err(e, none, none, false, "no configuration to apply the spec to (cfg is NULL)");
         return BFC_EINVAL;
+    }
     if (spec == NULL)
         return BFC_OK;
 
     bfc_config_t tmp;
     memcpy(&tmp, cfg, sizeof tmp);
     const char *p = spec;
-    for (;;) {
+    for (size_t index = 1;; index++) {
         size_t n = strcspn(p, ",");
-        if (parse_item(&tmp, (struct span){p, n}) != BFC_OK)
+        if (parse_item(&tmp, (struct span){p, n}, index, e) != BFC_OK)
             return BFC_EINVAL;
         if (p[n] == '\0')
             break;
@@ -425,6 +517,18 @@ int bfc_config_parse(bfc_config_t *cfg, const char *spec)
     }
     memcpy(cfg, &tmp, sizeof tmp);
     return BFC_OK;
+}
+
+int bfc_config_parse(bfc_config_t *cfg, const char *spec)
+{
+    struct errbuf e = {NULL, 0};
+    return parse(cfg, spec, &e);
+}
+
+int bfc_config_parse_err(bfc_config_t *cfg, const char *spec, char *err, size_t errlen)
+{
+    struct errbuf e = {err, err ? errlen : 0};
+    return parse(cfg, spec, &e);
 }
 
 int bfc_config_validate(const bfc_config_t *cfg)
@@ -445,6 +549,8 @@ int bfc_config_validate(const bfc_config_t *cfg)
         return BFC_EINVAL;
     if (cfg->memory_limit != 0 && cfg->memory_limit < MIN_LIMIT)
         return BFC_EINVAL;
+    if (cfg->retry_ms > MAX_RETRY_MS)
+        return BFC_EINVAL;
     if (cfg->host_numa < BFC_HOST_NUMA_GPU)
         return BFC_EINVAL;
     /* Filled in by hand, a path must still be a C string. */
@@ -463,12 +569,20 @@ static int env_status;
  * Runs once per process.  getenv is read here and never again, so a later
  * setenv (which may race with getenv) cannot affect a running service.
  * A bad spec leaves the defaults in env_cfg, since the parse is
- * all-or-nothing.
+ * all-or-nothing, but the status says BFC_EINVAL and the callers refuse to
+ * run on it: the one message below is all the user sees, so it names the
+ * item and the reason.
  */
 static void env_load(void)
 {
+    char err[512];
     bfc_config_init(&env_cfg);
-    env_status = bfc_config_parse(&env_cfg, getenv("SHARDBFC_CONF"));
+    env_status = bfc_config_parse_err(&env_cfg, getenv("SHARDBFC_CONF"), err, sizeof err);
+    if (env_status != BFC_OK)
+        fprintf(stderr,
+                "libshardbfc: SHARDBFC_CONF is invalid: %s; the allocator will not start "
+                "(every call fails with BFC_EINVAL)\n",
+                err);
 }
 
 int bfc__config_from_env(bfc_config_t *out)
@@ -477,8 +591,8 @@ int bfc__config_from_env(bfc_config_t *out)
         return BFC_EINVAL;
     int rc = pthread_once(&env_once, env_load);
     if (rc != 0) {
-        /* pthread_once cannot fail on glibc; if it ever does, run on the
-         * defaults rather than read a half-initialised cache. */
+        /* pthread_once cannot fail on glibc; if it ever does, refuse
+         * rather than read a half-initialised cache. */
         bfc_config_init(out);
         return BFC_ESTATE;
     }

@@ -64,8 +64,12 @@ static void thread_exit(void *arg);
 
 static void host_init(void)
 {
-    if (bfc__config_from_env(&g_cfg) != BFC_OK)
-        bfc_config_init(&g_cfg);
+    /* An invalid SHARDBFC_CONF stops host memory as it stops device
+     * memory (api.c): config.c has printed why. */
+    if (bfc__config_from_env(&g_cfg) != BFC_OK) {
+        g_status = BFC_EINVAL;
+        return;
+    }
     if (hwloc_topology_init(&g_topo) != 0) {
         g_status = BFC_EBACKEND;
         return;
@@ -255,9 +259,10 @@ void *bfc_host_alloc(size_t n)
 /* The host context holding p and the stream a free from this thread uses. */
 static int host_owner(const void *p, bfc_ctx_t **ctx, bfc_stream_t *owner)
 {
-    if (init() != BFC_OK)
-        return BFC_ENOTOWNED;
-    int st = BFC_ENOTOWNED;
+    int st = init();
+    if (st != BFC_OK)
+        return st;
+    st = BFC_ENOTOWNED;
     bfc__rcu_lock();
     struct bfc__region *r = bfc__regionmap_lookup((uintptr_t)p);
     if (r && r->ctx->is_host) {

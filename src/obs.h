@@ -14,6 +14,7 @@
 
 struct bfc_ctx;
 struct bfc__trace; /* trace.c */
+struct bfc__oom_report; /* obs_oom.c */
 
 struct bfc__obs {
     /* Non-NULL while a trace runs.  Set (release) by trace_start after the
@@ -25,6 +26,8 @@ struct bfc__obs {
     bfc_oom_fn oom_fn;     /* under lock */
     void *oom_arg;
     uint64_t last_dump_ns; /* under lock: oom_dump rate limit (0: never dumped) */
+    bool dumping;          /* under lock: an oom_dump file is being written */
+    struct bfc__oom_report *last_oom; /* under lock: the most recent OOM report */
 };
 
 /* Trace actions; the CSV spellings are in trace.c (and tools/trace_csv.c). */
@@ -52,16 +55,30 @@ int bfc__obs_init(struct bfc_ctx *ctx);
 /* Context destruction: stops a running trace (flushing it). */
 void bfc__obs_fini(struct bfc_ctx *ctx);
 
+/* Fork: the trace registry lock and every running trace's file lock, so
+ * that a child never inherits one held by another thread (its exit handler
+ * and its own traces take them).  They are the innermost locks of the
+ * library -- an event is recorded under an arena lock, never the other way
+ * round -- so the prepare handler takes them after every other lock. */
+void bfc__trace_fork_lock(void);
+void bfc__trace_fork_unlock(void);
+
 /* Records one event of the calling thread (trace.c).  Call with or without
  * an arena lock held (the trace's locks nest inside arena locks); never with
  * the trace registry lock.  A no-op when no trace runs. */
 void bfc__trace_event(struct bfc_ctx *ctx, enum bfc__trace_action action, uintptr_t ptr, size_t size,
                       bfc_stream_t stream);
 
-/* OOM report (stats.c), called with no allocator lock held.  Calls the
- * callback: true when it asks for a retry. */
+/* OOM report (obs_oom.c), called with no allocator lock held: makes the
+ * report (bfc_ctx_oom_info), then calls the callback: true when it asks for
+ * a retry. */
 bool bfc__oom_callback(struct bfc_ctx *ctx, size_t n, bfc_stream_t stream);
 /* Writes the snapshot to cfg.oom_dump if set (rate-limited). */
 void bfc__oom_dump(struct bfc_ctx *ctx);
+/* The "oom" member of the snapshot: `,"oom":{...}` or `,"oom":null`.  Takes
+ * obs.lock; call with no allocator lock held. */
+void bfc__oom_json(struct bfc_ctx *ctx, FILE *f);
+/* Context destruction: frees the last report. */
+void bfc__oom_fini(struct bfc_ctx *ctx);
 
 #endif /* BFC_OBS_H */

@@ -146,7 +146,7 @@ struct bfc__span_info {
     uintptr_t base;
     size_t size;
     bool fenced;                 /* behind an incomplete departure fence */
-    uint64_t sid;                /* ... of this stream's shard */
+    uint64_t stream_id;          /* ... of this stream's shard */
 };
 size_t bfc__pool_spans(struct bfc__pool *p, struct bfc__span_info *out, size_t max);
 

@@ -12,10 +12,9 @@
  * pool's figures: memory held from the backend.
  *
  * The snapshot (schema: doc/snapshot.md) walks the same structures under
- * the same locks as the dump.  The OOM report runs with no allocator lock
- * held (ctx.c calls it after releasing the arena): it reads the callback
- * under obs.lock, calls it unlocked, and writes the oom_dump file under
- * obs.lock (rate-limited there).
+ * the same locks as the dump; its "oom" object is the context's latest OOM
+ * report (obs_oom.c), printed under obs.lock before any allocator lock is
+ * taken.
  *
  * Locking: ctx->arenas_lock, then each arena lock in turn (never two), then
  * the pool lock.  These are rare, observational paths.  bfc_ctx_check is the
@@ -27,7 +26,6 @@
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "ctx.h"
 
@@ -341,9 +339,11 @@ int bfc_ctx_snapshot_json(bfc_ctx_t *ctx, FILE *f)
     json_stats(f, &s);
     fprintf(f,
             ",\"pool\":{\"held\":%zu,\"peak_held\":%zu,\"committed\":%zu,\"free\":%zu,\"fenced\":%zu,"
-            "\"departures\":%" PRIu64 ",\"fenced_departures\":%" PRIu64 ",\"fence_waits\":%" PRIu64 "},\"shards\":[",
+            "\"departures\":%" PRIu64 ",\"fenced_departures\":%" PRIu64 ",\"fence_waits\":%" PRIu64 "}",
             ps.held, ps.peak_held, ps.committed, ps.free_bytes, ps.fenced_bytes, ps.departures, ps.fenced_departures,
             ps.fence_waits);
+    bfc__oom_json(ctx, f); /* obs.lock only: no allocator lock is held here */
+    fprintf(f, ",\"shards\":[");
     bool first = true;
     bfc__lock(&ctx->arenas_lock);
     for (struct bfc__arena *a = ctx->arenas; a; a = a->all_next) {
@@ -359,59 +359,4 @@ int bfc_ctx_snapshot_json(bfc_ctx_t *ctx, FILE *f)
     bfc__unlock(&ctx->arenas_lock);
     fprintf(f, "]}\n");
     return ferror(f) ? BFC_EBACKEND : BFC_OK;
-}
-
-/* ----------------------------------------------------------- OOM report */
-
-int bfc_ctx_set_oom_callback(bfc_ctx_t *ctx, bfc_oom_fn fn, void *arg)
-{
-    if (!ctx || !ctx->obs.lock_ready)
-        return BFC_EINVAL;
-    bfc__plock(&ctx->obs.lock);
-    ctx->obs.oom_fn = fn;
-    ctx->obs.oom_arg = fn ? arg : NULL;
-    bfc__punlock(&ctx->obs.lock);
-    return BFC_OK;
-}
-
-bool bfc__oom_callback(struct bfc_ctx *ctx, size_t n, bfc_stream_t stream)
-{
-    if (!ctx->obs.lock_ready)
-        return false;
-    bfc__plock(&ctx->obs.lock);
-    bfc_oom_fn fn = ctx->obs.oom_fn;
-    void *arg = ctx->obs.oom_arg;
-    bfc__punlock(&ctx->obs.lock);
-    if (!fn)
-        return false;
-    bfc_stats_t s;
-    bfc_ctx_stats(ctx, &s);
-    /* No lock held: the callback may free (or allocate) on this context. */
-    return fn(ctx, n, stream, &s, arg) != 0;
-}
-
-void bfc__oom_dump(struct bfc_ctx *ctx)
-{
-    if (!ctx->cfg.oom_dump[0] || ctx->is_host || !ctx->obs.lock_ready)
-        return;
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    uint64_t now = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-    bfc__plock(&ctx->obs.lock);
-    /* At most one dump a second: an OOM storm must not turn into a storm
-     * of multi-megabyte writes, and the newest state is what matters. */
-    if (ctx->obs.last_dump_ns == 0 || now - ctx->obs.last_dump_ns >= 1000000000u) {
-        ctx->obs.last_dump_ns = now ? now : 1;
-        char tmp[sizeof(ctx->cfg.oom_dump) + 8];
-        snprintf(tmp, sizeof(tmp), "%s.tmp", ctx->cfg.oom_dump);
-        FILE *f = fopen(tmp, "w");
-        if (f) {
-            int st = bfc_ctx_snapshot_json(ctx, f);
-            if (fclose(f) == 0 && st == BFC_OK)
-                (void)rename(tmp, ctx->cfg.oom_dump);
-            else
-                (void)unlink(tmp);
-        }
-    }
-    bfc__punlock(&ctx->obs.lock);
 }

@@ -25,17 +25,43 @@
  * a generation number, never by address, so a trace record freed and
  * reallocated at the same address cannot be confused with its predecessor.
  *
+ * Exit.  A program that returns from main (or calls exit) without
+ * bfc_shutdown or bfc_ctx_trace_stop must still get every event: the main
+ * thread's buffer is never flushed by a thread-exit destructor (pthread key
+ * destructors run only for threads that exit themselves), and idle worker
+ * threads still hold theirs.  So the first trace start registers an atexit
+ * handler (and the library's destructor does the same work when the
+ * library is unloaded), which stops every trace still running exactly as
+ * bfc_ctx_trace_stop would: clear the pointer, wait for a grace period
+ * (threads still inside an allocation finish recording first), flush every
+ * buffer, close the file.  Each running trace is on `running` (reg_lock);
+ * whoever takes it off that list -- bfc_ctx_trace_stop or the exit handler
+ * -- finishes it, so the two can race without a double close.  A trace on
+ * the list has a live context: context destruction stops (and unlists) it
+ * first.
+ *
+ * Output goes through write(2) on a plain descriptor, in whole batches, not
+ * through stdio: a stdio buffer would be copied by fork() and written twice
+ * (once by each process's exit), and it is one more buffer an exit would
+ * have to reach.  After fork() the child's copy of a trace belongs to the
+ * parent: it writes nothing (flush_to compares the process id), and the
+ * exit handler leaves it alone.
+ *
  * Locking, outermost first: obs.lock (start/stop) -> reg_lock (buffer lists,
- * attachment) -> trace->flock (the FILE).  An event may be recorded under an
- * arena lock: arena lock -> reg_lock / flock.  Nothing here takes an arena
- * lock.  tb->gen is written under reg_lock and read lock-free by its owner
- * thread (see trace_event for why a stale read is harmless).
+ * attachment, the running list) -> trace->flock (the file).  An event may be
+ * recorded under an arena lock: arena lock -> reg_lock / flock.  Nothing
+ * here takes an arena lock, and no one waits for a grace period holding
+ * reg_lock (a reader may be waiting for it in attach).  tb->gen is written
+ * under reg_lock and read lock-free by its owner thread (see trace_event for
+ * why a stale read is harmless).
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -66,10 +92,13 @@ struct tev {
 struct bfc__trace {
     uint64_t gen;            /* unique per trace, never 0 */
     uint64_t t0;             /* CLOCK_MONOTONIC ns at start: times are relative to it */
-    FILE *f;
-    pthread_mutex_t flock;   /* f and werr */
+    int fd;
+    pid_t pid;               /* the process that started it: the only one that writes */
+    pthread_mutex_t flock;   /* fd and werr */
     bool werr;               /* a write failed */
     struct tbuf *bufs;       /* attached buffers (reg_lock) */
+    struct bfc_ctx *ctx;     /* traced context (alive while listed) */
+    struct bfc__trace *run_next, *run_prev; /* `running` (reg_lock) */
     _Atomic uint64_t dropped;/* events lost for want of a buffer */
 };
 
@@ -84,6 +113,9 @@ struct tbuf {
 };
 
 static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct bfc__trace *running; /* traces not yet claimed by a stopper (reg_lock) */
+static pthread_once_t exit_once = PTHREAD_ONCE_INIT;
+static int exit_status;            /* BFC_OK once the exit handler is registered */
 static _Atomic uint64_t next_gen = 1;
 static __thread struct tbuf *tls_tb;
 static pthread_key_t tb_key;
@@ -135,6 +167,22 @@ static char *put_str(char *o, const char *s)
     return o;
 }
 
+/* write(2) until done; false on an error (EINTR is retried). */
+static bool write_all(int fd, const char *p, size_t len)
+{
+    while (len > 0) {
+        ssize_t w = write(fd, p, len);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            return false;
+        }
+        p += w;
+        len -= (size_t)w;
+    }
+    return true;
+}
+
 /* Formats and writes tb's events to t; empties tb.  Caller is tb's owner
  * (or holds reg_lock after a grace period, when the owner cannot write). */
 static void flush_to(struct tbuf *tb, struct bfc__trace *t)
@@ -161,8 +209,12 @@ static void flush_to(struct tbuf *tb, struct bfc__trace *t)
     }
     size_t len = (size_t)(o - tb->out);
     tb->n = 0;
+    /* A forked child's copy of the trace (and of the buffers) is the
+     * parent's: writing it would duplicate the parent's events. */
+    if (getpid() != t->pid)
+        return;
     bfc__plock(&t->flock);
-    if (fwrite(tb->out, 1, len, t->f) != len)
+    if (!write_all(t->fd, tb->out, len))
         t->werr = true;
     bfc__punlock(&t->flock);
 }
@@ -271,10 +323,104 @@ void bfc__trace_event(struct bfc_ctx *ctx, enum bfc__trace_action action, uintpt
     bfc__rcu_unlock();
 }
 
+static void run_unlink(struct bfc__trace *t)
+{
+    if (t->run_prev)
+        t->run_prev->run_next = t->run_next;
+    else
+        running = t->run_next;
+    if (t->run_next)
+        t->run_next->run_prev = t->run_prev;
+    t->run_next = t->run_prev = NULL;
+}
+
+/*
+ * Finishes traces already taken off `running` (and whose contexts no longer
+ * point at them): after one grace period no thread writes into a buffer for
+ * any of them; their buffers are flushed and detached, their files closed.
+ * BFC_OK, or BFC_EBACKEND when a write of any of them failed.  Call without
+ * reg_lock.
+ */
+static int finish(struct bfc__trace *list)
+{
+    if (!list)
+        return BFC_OK;
+    /* Every section that saw one of them has ended: its events are in the
+     * buffers, and no thread will write into a buffer for them again. */
+    synchronize_rcu();
+    bfc__rcu_reclaim();
+    int st = BFC_OK;
+    while (list) {
+        struct bfc__trace *t = list;
+        list = t->run_next;
+        bfc__plock(&reg_lock);
+        while (t->bufs) {
+            struct tbuf *tb = t->bufs;
+            flush_to(tb, t);
+            unlink_buf(tb);
+        }
+        bfc__punlock(&reg_lock);
+        if (t->werr)
+            st = BFC_EBACKEND;
+        if (close(t->fd) != 0 && errno != EINTR)
+            st = BFC_EBACKEND;
+        int e = pthread_mutex_destroy(&t->flock);
+        if (e != 0)
+            bfc__fatal("pthread_mutex_destroy", e);
+        bfc__meta_free(t, sizeof(*t));
+    }
+    return st;
+}
+
+/*
+ * The process is exiting (atexit), or the library is being unloaded (its
+ * destructor): stop every trace this process started and that is still
+ * running, so that the file holds every event up to here.  Idempotent.
+ */
+static void stop_all_at_exit(void)
+{
+    struct bfc__trace *mine = NULL, *last = NULL;
+    pid_t self = getpid();
+    bfc__plock(&reg_lock);
+    for (struct bfc__trace *t = running, *next; t; t = next) {
+        next = t->run_next;
+        if (t->pid != self)
+            continue; /* a parent's trace inherited through fork */
+        run_unlink(t);
+        /* relaxed: the grace period in finish orders this store before
+         * every buffer access that follows (as in bfc_ctx_trace_stop). */
+        atomic_store_explicit(&t->ctx->obs.trace, NULL, memory_order_relaxed);
+        if (last)
+            last->run_next = t;
+        else
+            mine = t;
+        last = t;
+    }
+    bfc__punlock(&reg_lock);
+    (void)finish(mine); /* nothing left to report a write error to */
+}
+
+static void exit_register(void)
+{
+    exit_status = atexit(stop_all_at_exit) == 0 ? BFC_OK : BFC_ENOMEM;
+}
+
+/* Unloading the library (dlclose) without exit: the same flush.  At exit
+ * the atexit handler has already run and this finds nothing to do. */
+__attribute__((destructor)) static void trace_unload(void)
+{
+    stop_all_at_exit();
+}
+
 int bfc_ctx_trace_start(bfc_ctx_t *ctx, const char *path)
 {
     if (!ctx || !path || !path[0] || !ctx->obs.lock_ready)
         return BFC_EINVAL;
+    int e = pthread_once(&exit_once, exit_register);
+    if (e != 0)
+        bfc__fatal("pthread_once", e);
+    if (exit_status != BFC_OK)
+        return exit_status; /* a trace that would lose its tail at exit */
     bfc__plock(&ctx->obs.lock);
     int st = BFC_OK;
     if (atomic_load_explicit(&ctx->obs.trace, memory_order_relaxed)) {
@@ -286,26 +432,41 @@ int bfc_ctx_trace_start(bfc_ctx_t *ctx, const char *path)
         st = BFC_ENOMEM;
         goto out;
     }
-    int e = pthread_mutex_init(&t->flock, NULL);
+    e = pthread_mutex_init(&t->flock, NULL);
     if (e != 0) {
         bfc__meta_free(t, sizeof(*t));
         st = BFC_ENOMEM;
         goto out;
     }
-    t->f = fopen(path, "w");
-    if (!t->f || fputs("Thread,Time,Action,Pointer,Size,Stream\n", t->f) == EOF) {
-        if (t->f)
-            fclose(t->f);
-        pthread_mutex_destroy(&t->flock);
+    static const char header[] = "Thread,Time,Action,Pointer,Size,Stream\n";
+    do
+        t->fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+    while (t->fd < 0 && errno == EINTR);
+    if (t->fd < 0 || !write_all(t->fd, header, sizeof header - 1)) {
+        if (t->fd >= 0)
+            (void)close(t->fd);
+        e = pthread_mutex_destroy(&t->flock);
+        if (e != 0)
+            bfc__fatal("pthread_mutex_destroy", e);
         bfc__meta_free(t, sizeof(*t));
         st = BFC_EINVAL;
         goto out;
     }
+    t->pid = getpid();
+    t->ctx = ctx;
     /* relaxed: uniqueness is all that matters. */
     t->gen = atomic_fetch_add_explicit(&next_gen, 1, memory_order_relaxed);
     t->t0 = now_ns();
-    /* release: pairs with the acquire load in bfc__trace_event. */
+    bfc__plock(&reg_lock);
+    t->run_next = running;
+    if (running)
+        running->run_prev = t;
+    running = t;
+    /* release: pairs with the acquire load in bfc__trace_event.  Under
+     * reg_lock, so the exit handler sees the trace listed and published
+     * together. */
     atomic_store_explicit(&ctx->obs.trace, t, memory_order_release);
+    bfc__punlock(&reg_lock);
 out:
     bfc__punlock(&ctx->obs.lock);
     return st;
@@ -317,33 +478,38 @@ int bfc_ctx_trace_stop(bfc_ctx_t *ctx)
         return BFC_EINVAL;
     bfc__plock(&ctx->obs.lock);
     struct bfc__trace *t = atomic_load_explicit(&ctx->obs.trace, memory_order_relaxed);
-    if (!t) {
-        bfc__punlock(&ctx->obs.lock);
-        return BFC_ESTATE;
+    if (t) {
+        /* Claim it, unless the exit handler did first (it clears the
+         * pointer under reg_lock when it takes a trace). */
+        bfc__plock(&reg_lock);
+        if (atomic_load_explicit(&ctx->obs.trace, memory_order_relaxed) == t) {
+            run_unlink(t);
+            atomic_store_explicit(&ctx->obs.trace, NULL, memory_order_relaxed);
+        } else {
+            t = NULL;
+        }
+        bfc__punlock(&reg_lock);
     }
-    atomic_store_explicit(&ctx->obs.trace, NULL, memory_order_relaxed);
-    /* Every section that saw t has ended: its events are in the buffers,
-     * and no thread will write into a buffer for t again. */
-    synchronize_rcu();
-    bfc__rcu_reclaim();
-    bfc__plock(&reg_lock);
-    while (t->bufs) {
-        struct tbuf *tb = t->bufs;
-        flush_to(tb, t);
-        unlink_buf(tb);
-    }
-    bfc__punlock(&reg_lock);
-    int st = BFC_OK;
-    if (t->werr || fflush(t->f) != 0)
-        st = BFC_EBACKEND;
-    if (fclose(t->f) != 0)
-        st = BFC_EBACKEND;
-    int e = pthread_mutex_destroy(&t->flock);
-    if (e != 0)
-        bfc__fatal("pthread_mutex_destroy", e);
-    bfc__meta_free(t, sizeof(*t));
+    int st = t ? finish(t) : BFC_ESTATE;
     bfc__punlock(&ctx->obs.lock);
     return st;
+}
+
+/* -------------------------------------------------------------- fork */
+
+void bfc__trace_fork_lock(void)
+{
+    bfc__plock(&reg_lock);
+    for (struct bfc__trace *t = running; t; t = t->run_next)
+        bfc__plock(&t->flock);
+}
+
+void bfc__trace_fork_unlock(void)
+{
+    /* `running` cannot have changed: reg_lock was held since the lock. */
+    for (struct bfc__trace *t = running; t; t = t->run_next)
+        bfc__punlock(&t->flock);
+    bfc__punlock(&reg_lock);
 }
 
 /* ------------------------------------------------------------ set-up */
@@ -374,6 +540,7 @@ void bfc__obs_fini(struct bfc_ctx *ctx)
         return;
     if (atomic_load_explicit(&ctx->obs.trace, memory_order_relaxed))
         (void)bfc_ctx_trace_stop(ctx);
+    bfc__oom_fini(ctx);
     ctx->obs.lock_ready = false;
     int e = pthread_mutex_destroy(&ctx->obs.lock);
     if (e != 0)

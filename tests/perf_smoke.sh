@@ -1,5 +1,5 @@
 #!/bin/sh
-# perf_smoke.sh -- `make check` smoke test of the perf harness (issue 6):
+# perf_smoke.sh -- `make check` smoke test of the perf harness:
 # runs `perf/shardbfc-perf --quick --json FILE --svg FILE` and validates
 # the JSON with a real parser (jq, which scripts/bootstrap.sh installs;
 # python3 -m json.tool when jq is missing): the `machine` and `results`

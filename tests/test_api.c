@@ -9,10 +9,10 @@
  * CK_FORK=no the tests that need their own configuration are left out.
  *
  * Observed behaviour pinned down here (SIM, no GPU):
- *   - an invalid SHARDBFC_CONF is ignored as a whole (the parse is
- *     all-or-nothing) and the service runs on the defaults: backend AUTO,
- *     which resolves to SIM without a device, and the SIM default limit of
- *     16 GiB; one line goes to stderr;
+ *   - an invalid SHARDBFC_CONF stops the service: every call, device and
+ *     host, fails with BFC_EINVAL (freeing NULL stays BFC_OK), private
+ *     contexts are unaffected; tests/test_ops checks the stderr line in a
+ *     child process;
  *   - backend=cuda without a usable device: allocations fail with
  *     BFC_ENODEV and bfc_default_ctx() is NULL, nothing crashes;
  *   - after bfc_shutdown(), an old pointer is BFC_ENOTOWNED for bfc_free /
@@ -376,42 +376,67 @@ END_TEST
 
 /* ----------------------------------------------------- configuration */
 
-START_TEST(test_bad_conf_defaults)
+/* Every call of the service fails with BFC_EINVAL: nothing runs on the
+ * defaults behind the user's back. */
+static void expect_refused(void)
 {
-    /* One bad item spoils the whole spec: all-or-nothing. */
-    conf("backend=sim,memory_limit=banana");
-    void *p = xalloc(NULL, 1 * KiB);
-    bfc_ctx_t *ctx = dctx();
-    bfc_config_t c, d;
-    ck_assert_int_eq(bfc_ctx_config(ctx, &c), BFC_OK);
-    bfc_config_init(&d);
-    /* AUTO resolves to SIM on a machine without a usable GPU. */
-    if (c.backend != BFC_BACKEND_SIM) {
-        ck_assert_int_eq(bfc_free(p), BFC_OK);
-        bfc_shutdown();
-        return;
-    }
-    ck_assert_uint_eq(c.memory_limit, 16 * GiB); /* the SIM default */
-    ck_assert_int_eq(c.allow_growth, d.allow_growth);
-    ck_assert_uint_eq(c.initial_region, d.initial_region);
-    ck_assert_uint_eq(c.large_alloc, d.large_alloc);
-    ck_assert_uint_eq(st(ctx).bytes_limit, 16 * GiB);
-    ck_assert_int_eq(bfc_free(p), BFC_OK);
+    ck_assert_ptr_null(bfc_stream_alloc(NULL, 1 * KiB));
+    ck_assert_int_eq(bfc_last_error(), BFC_EINVAL);
+    ck_assert_ptr_null(bfc_default_ctx());
+    ck_assert_int_eq(bfc_last_error(), BFC_EINVAL);
+    ck_assert_ptr_null(bfc_host_alloc(1 * KiB));
+    ck_assert_int_eq(bfc_last_error(), BFC_EINVAL);
+    ck_assert_int_eq(bfc_stream_release(NULL), BFC_EINVAL);
+    /* Pointer calls too, even for a pointer of a private context (which the
+     * service would otherwise find by itself). */
+    bfc_config_t c;
+    bfc_config_init(&c);
+    c.backend = BFC_BACKEND_SIM;
+    bfc_ctx_t *own;
+    ck_assert_int_eq(bfc_ctx_create(&c, &own), BFC_OK); /* SHARDBFC_CONF is not its business */
+    void *q = bfc_ctx_alloc(own, NULL, 512);
+    ck_assert_ptr_nonnull(q);
+    ck_assert_int_eq(bfc_free(q), BFC_EINVAL);
+    ck_assert_int_eq(bfc_stream_free(q, NULL), BFC_EINVAL);
+    ck_assert_int_eq(bfc_record_stream(q, NULL), BFC_EINVAL);
+    ck_assert_int_eq(bfc_host_free(q), BFC_EINVAL);
+    ck_assert_int_eq(bfc_host_record_stream(q, NULL), BFC_EINVAL);
+    ck_assert_int_eq(bfc_host_numa_node(q), BFC_EINVAL);
+    bfc_stats_t s;
+    ck_assert_int_eq(bfc_host_stats(&s), BFC_EINVAL);
+    ck_assert_int_eq(bfc_host_numa_nodes(), BFC_EINVAL);
+    /* Freeing NULL stays a no-op; the private context still works. */
+    ck_assert_int_eq(bfc_free(NULL), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_free(own, q, NULL), BFC_OK);
+    bfc_ctx_destroy(own);
+    /* Still refused later: the decision is cached with the configuration. */
+    ck_assert_ptr_null(bfc_stream_alloc(NULL, 1));
+    ck_assert_int_eq(bfc_last_error(), BFC_EINVAL);
     bfc_shutdown();
+    ck_assert_ptr_null(bfc_stream_alloc(NULL, 1));
+    ck_assert_int_eq(bfc_last_error(), BFC_EINVAL);
+}
+
+START_TEST(test_bad_conf_refuses)
+{
+    /* One bad item spoils the whole spec, and the service does not start:
+     * falling back to the defaults would turn this typo into "no limit". */
+    conf("backend=sim,memory_limit=banana");
+    expect_refused();
 }
 END_TEST
 
 START_TEST(test_bad_conf_negative)
 {
     conf("memory_limit=-5");
-    bfc_ctx_t *ctx = dctx();
-    bfc_config_t c;
-    ck_assert_int_eq(bfc_ctx_config(ctx, &c), BFC_OK);
-    if (c.backend == BFC_BACKEND_SIM)
-        ck_assert_uint_eq(c.memory_limit, 16 * GiB);
-    void *p = xalloc(NULL, 300);
-    ck_assert_int_eq(bfc_free(p), BFC_OK);
-    bfc_shutdown();
+    expect_refused();
+}
+END_TEST
+
+START_TEST(test_bad_conf_misspelt_key)
+{
+    conf("backend=sim,memory_limt=1G");
+    expect_refused();
 }
 END_TEST
 
@@ -520,7 +545,8 @@ static Suite *api_suite(void)
     tcase_add_test(tc, test_concurrent_first_use);
     suite_add_tcase(s, tc);
     TCase *cf = tcase_create("conf");
-    tcase_add_test(cf, test_bad_conf_defaults);
+    tcase_add_test(cf, test_bad_conf_refuses);
+    tcase_add_test(cf, test_bad_conf_misspelt_key);
     tcase_add_test(cf, test_bad_conf_negative);
     tcase_add_test(cf, test_no_conf_defaults);
     tcase_add_test(cf, test_conf_cuda_without_device);

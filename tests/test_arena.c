@@ -8,7 +8,7 @@
  * verdict of bfc_ctx_check.  Many tests use the "TensorFlow" configuration
  * (allow_growth=false, large_alloc=0, initial_region == memory_limit), in
  * which the context is one region of the whole limit and every address is
- * predictable from the algorithm of DESIGN.md ("The BFC arena"): best fit,
+ * predictable from the BFC algorithm (src/arena.c's opening comment): best fit,
  * lowest address among equal sizes, split when the chunk is >= 2x the rounded
  * size or the leftover >= the max internal fragmentation, coalescing with both
  * neighbours.  The growth tests follow TensorFlow's Extend() to the byte.
@@ -1056,7 +1056,9 @@ END_TEST
 
 /* ---------------------------------------------------------- growth */
 
-/* DESIGN.md's example: 1 MiB, 1 MiB, 256 B, 4 MiB hold regions of 2, 4, 8 MiB. */
+/* TensorFlow's Extend() by the numbers: requests of 1 MiB, 1 MiB, 256 B and
+ * 4 MiB leave regions of 2, 4 and 8 MiB (each new region doubles the last
+ * unless the request needed the doubling already). */
 START_TEST(test_growth_schedule)
 {
     bfc_config_t c = cfg_grow(1 * GiB);

@@ -1,8 +1,10 @@
 /*
  * test_backend_sim.c -- the SIM backend's contract (src/backend_sim.c):
  * memory (alignment, NORESERVE, ceiling, fault injection), the stream/event
- * model (hold/drain generations, default and unknown streams, ids, table
- * exhaustion), event_wait timeouts, and concurrent use.
+ * model (hold/drain generations, default, unknown and destroyed streams,
+ * ids, table exhaustion), event_wait timeouts, and concurrent use; and, at
+ * the public API, that a handle SIM never made or has destroyed is refused
+ * by every call that names a stream.
  */
 #include "backend.h"
 #include "meta.h"
@@ -334,8 +336,11 @@ START_TEST(test_stream_ids)
     ck_assert_int_eq(be->ops->stream_id(be, a, &idu2), BFC_OK);
     ck_assert_uint_eq(idu2, ida); /* stable */
 
-    ck_assert_int_eq(be->ops->stream_id(be, unknown, &idu), BFC_OK);
-    ck_assert_uint_eq(idu, (uint64_t)0x1000 | 1ull << 63);
+    /* A handle SIM never made is refused (on CUDA it would be undefined
+     * behaviour, so a test must not get away with it). */
+    idu = 77;
+    ck_assert_int_eq(be->ops->stream_id(be, unknown, &idu), BFC_EINVAL);
+    ck_assert_uint_eq(idu, 77); /* untouched */
     /* Streams are process-wide: one made through another SIM backend is
      * known here, with the same id it has there. */
     ck_assert_int_eq(be->ops->stream_id(be, foreign, &idf), BFC_OK);
@@ -343,23 +348,38 @@ START_TEST(test_stream_ids)
     ck_assert_uint_ne(idf, ida);
     ck_assert_int_eq(other->ops->stream_id(other, foreign, &idu2), BFC_OK);
     ck_assert_uint_eq(idu2, idf);
-    /* A pointer inside the table but not on a record boundary is unknown. */
-    ck_assert_int_eq(be->ops->stream_id(be, (bfc_stream_t)((char *)a + 8), &idu2), BFC_OK);
-    ck_assert_uint_eq(idu2 >> 63, 1);
+    /* A pointer inside the table but not on a record boundary is unknown,
+     * and so is a record not handed out yet. */
+    ck_assert_int_eq(be->ops->stream_id(be, (bfc_stream_t)((char *)a + 8), &idu2), BFC_EINVAL);
+    ck_assert_int_eq(be->ops->stream_id(be, (bfc_stream_t)((char *)foreign + 64 * 1000), &idu2), BFC_EINVAL);
 
-    /* Unknown streams are always idle: hold is a no-op. */
+    /* Unknown streams: hold is a no-op, record and sync refuse. */
     ck_assert_int_eq(be->ops->event_create(be, &ev), BFC_OK);
     bfc__sim_stream_hold(be, unknown);
-    ck_assert_int_eq(be->ops->event_record(be, ev, unknown), BFC_OK);
-    ck_assert_int_eq(be->ops->event_query(be, ev), BFC_OK);
-    ck_assert_int_eq(be->ops->stream_sync(be, unknown), BFC_OK);
-    be->ops->event_destroy(be, ev);
+    ck_assert_int_eq(be->ops->event_record(be, ev, unknown), BFC_EINVAL);
+    ck_assert_int_eq(be->ops->stream_sync(be, unknown), BFC_EINVAL);
 
-    /* Destroy does not recycle an index. */
+    /* Destroy does not recycle an index, and the handle is refused from
+     * then on; an event recorded on it (a fence naming a stream that went
+     * away) is complete at once, and syncing it succeeds. */
+    bfc__sim_stream_hold(be, a);
+    bfc__event_t ev_a;
+    ck_assert_int_eq(be->ops->event_create(be, &ev_a), BFC_OK);
+    ck_assert_int_eq(be->ops->event_record(be, ev_a, a), BFC_OK);
+    ck_assert_int_eq(be->ops->event_query(be, ev_a), BFC_EBUSY);
     bfc__sim_stream_destroy(be, a);
+    ck_assert_int_eq(be->ops->event_query(be, ev_a), BFC_OK); /* destroy drains */
     ck_assert_ptr_ne(bfc__sim_stream_create(be), a);
-    ck_assert_int_eq(be->ops->stream_id(be, a, &idu2), BFC_OK);
-    ck_assert_uint_eq(idu2, ida);
+    ck_assert_int_eq(be->ops->stream_id(be, a, &idu2), BFC_EINVAL);
+    bfc__sim_stream_hold(be, a); /* a no-op on a dead stream */
+    ck_assert_int_eq(be->ops->event_record(be, ev, a), BFC_OK);
+    ck_assert_int_eq(be->ops->event_query(be, ev), BFC_OK);
+    ck_assert_int_eq(be->ops->stream_sync(be, a), BFC_OK);
+    /* The others are unaffected. */
+    ck_assert_int_eq(be->ops->stream_id(be, b, &idu2), BFC_OK);
+    ck_assert_uint_eq(idu2, idb);
+    be->ops->event_destroy(be, ev);
+    be->ops->event_destroy(be, ev_a);
 
     /* SIM controls refuse a NULL backend without crashing. */
     ck_assert_ptr_null(bfc__sim_stream_create(NULL));
@@ -529,6 +549,101 @@ START_TEST(test_concurrency)
 }
 END_TEST
 
+/* ----------------------------------------- handles through the public API */
+
+#include <shardbfc_sim.h>
+
+static bfc_ctx_t *sim_ctx(void)
+{
+    bfc_config_t c;
+    bfc_config_init(&c);
+    c.backend = BFC_BACKEND_SIM;
+    c.memory_limit = 64 * BFC__MiB;
+    bfc_ctx_t *ctx = NULL;
+    ck_assert_int_eq(bfc_ctx_create(&c, &ctx), BFC_OK);
+    return ctx;
+}
+
+/* Every call that names `bad` fails with BFC_EINVAL and changes nothing. */
+static void expect_refused(bfc_ctx_t *ctx, bfc_stream_t bad, void *live)
+{
+    bfc_stats_t before, after;
+    ck_assert_int_eq(bfc_ctx_stats(ctx, &before), BFC_OK);
+    ck_assert_ptr_null(bfc_ctx_alloc(ctx, bad, 4096));
+    ck_assert_int_eq(bfc_last_error(), BFC_EINVAL);
+    ck_assert_int_eq(bfc_ctx_free(ctx, live, bad), BFC_EINVAL);
+    ck_assert_int_eq(bfc_ctx_record_stream(ctx, live, bad), BFC_EINVAL);
+    ck_assert_int_eq(bfc_ctx_stream_release(ctx, bad), BFC_EINVAL);
+    bfc_stats_t ss;
+    ck_assert_int_eq(bfc_ctx_stream_stats(ctx, bad, &ss), BFC_EINVAL);
+    ck_assert_int_eq(bfc_ctx_stats(ctx, &after), BFC_OK);
+    ck_assert_uint_eq(after.num_allocs, before.num_allocs);
+    ck_assert_uint_eq(after.num_frees, before.num_frees);
+    ck_assert_uint_eq(after.num_shards, before.num_shards);
+    /* The block is still live and whole. */
+    ck_assert_uint_eq(bfc_ctx_requested_size(ctx, live), 1000);
+    ck_assert_int_eq(bfc_ctx_check(ctx), BFC_OK);
+}
+
+START_TEST(test_public_unknown_handle)
+{
+    bfc_ctx_t *ctx = sim_ctx();
+    void *p = bfc_ctx_alloc(ctx, NULL, 1000);
+    ck_assert_ptr_nonnull(p);
+    expect_refused(ctx, (bfc_stream_t)(uintptr_t)0x1234, p);
+    int local;
+    expect_refused(ctx, (bfc_stream_t)(void *)&local, p);
+    /* NULL is still the default stream. */
+    ck_assert_int_eq(bfc_ctx_free(ctx, p, NULL), BFC_OK);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
+START_TEST(test_public_destroyed_handle)
+{
+    bfc_ctx_t *ctx = sim_ctx();
+    bfc_stream_t s = bfc_sim_stream_create(ctx);
+    bfc_stream_t t = bfc_sim_stream_create(ctx);
+    ck_assert_ptr_nonnull(s);
+    ck_assert_ptr_nonnull(t);
+    /* The last stream this thread used, destroyed without a release: the
+     * thread's cached (stream, shard) pair must not outlive the stream. */
+    bfc_stream_t u = bfc_sim_stream_create(ctx);
+    void *q = bfc_ctx_alloc(ctx, u, 500);
+    ck_assert_ptr_nonnull(q);
+    bfc_sim_stream_destroy(ctx, u);
+    ck_assert_ptr_null(bfc_ctx_alloc(ctx, u, 500));
+    ck_assert_int_eq(bfc_last_error(), BFC_EINVAL);
+    ck_assert_int_eq(bfc_ctx_free(ctx, q, u), BFC_OK);
+
+    void *own = bfc_ctx_alloc(ctx, s, 2000);
+    void *p = bfc_ctx_alloc(ctx, t, 1000);
+    void *r = bfc_ctx_alloc(ctx, t, 3000);
+    ck_assert_ptr_nonnull(own);
+    ck_assert_ptr_nonnull(p);
+    ck_assert_ptr_nonnull(r);
+    /* r is used on s too; s goes away before r is freed. */
+    ck_assert_int_eq(bfc_ctx_record_stream(ctx, r, s), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_stream_release(ctx, s), BFC_OK);
+    bfc_sim_stream_destroy(ctx, s);
+    expect_refused(ctx, s, p);
+    /* Blocks allocated on s stay valid and are freed as always: on their
+     * own stream (no stream operation is needed for that) or with bfc_free;
+     * a fence naming the dead stream does not strand r. */
+    ck_assert_int_eq(bfc_ctx_free(ctx, own, s), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_free(ctx, r, t), BFC_OK);
+    bfc_stats_t st;
+    ck_assert_int_eq(bfc_ctx_stats(ctx, &st), BFC_OK);
+    ck_assert_uint_eq(st.num_pending_frees, 0);
+    ck_assert_int_eq(bfc_ctx_free(ctx, p, t), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_stats(ctx, &st), BFC_OK);
+    ck_assert_uint_eq(st.bytes_in_use, 0);
+    ck_assert_int_eq(bfc_ctx_check(ctx), BFC_OK);
+    bfc_sim_stream_destroy(ctx, t);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
 static Suite *sim_suite(void)
 {
     Suite *s = suite_create("backend_sim");
@@ -550,6 +665,8 @@ static Suite *sim_suite(void)
     tcase_add_test(ev, test_event_wait_timeout);
     tcase_add_test(ev, test_event_wait_released_by_drain);
     tcase_add_test(ev, test_concurrency);
+    tcase_add_test(ev, test_public_unknown_handle);
+    tcase_add_test(ev, test_public_destroyed_handle);
     tcase_set_timeout(ev, 30);
     suite_add_tcase(s, ev);
     return s;

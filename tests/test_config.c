@@ -288,6 +288,16 @@ static void expect_bad(const char *spec)
     memcpy(&before, &c, sizeof c);
     ck_assert_msg(bfc_config_parse(&c, spec) == BFC_EINVAL, "accepted: \"%s\"", spec);
     ck_assert_msg(memcmp(&c, &before, sizeof c) == 0, "changed by: \"%s\"", spec);
+    /* The explaining variant agrees, leaves *cfg alone too, and always
+     * says something printable. */
+    char err[512];
+    memset(err, 'x', sizeof err);
+    ck_assert_msg(bfc_config_parse_err(&c, spec, err, sizeof err) == BFC_EINVAL, "accepted: \"%s\"", spec);
+    ck_assert_msg(memcmp(&c, &before, sizeof c) == 0, "changed by: \"%s\"", spec);
+    ck_assert_msg(memchr(err, '\0', sizeof err) != NULL, "unterminated message for \"%s\"", spec);
+    ck_assert_msg(strlen(err) > 10, "no reason for \"%s\": \"%s\"", spec, err);
+    for (const char *q = err; *q; q++)
+        ck_assert_msg((unsigned char)*q >= 0x20 && (unsigned char)*q < 0x7f, "unprintable byte in \"%s\"", err);
 }
 
 static void expect_bad_kv(const char *key, const char *val)
@@ -613,6 +623,119 @@ START_TEST(test_validate)
 }
 END_TEST
 
+/* ------------------------------------------------------- error messages */
+
+/* parse_err on spec fails and its message contains every one of parts. */
+static void expect_msg(const char *spec, const char *const *parts)
+{
+    bfc_config_t c;
+    bfc_config_init(&c);
+    char err[512];
+    ck_assert_int_eq(bfc_config_parse_err(&c, spec, err, sizeof err), BFC_EINVAL);
+    for (; *parts; parts++)
+        ck_assert_msg(strstr(err, *parts) != NULL, "\"%s\": message \"%s\" lacks \"%s\"", spec, err, *parts);
+}
+
+#define MSG(spec, ...) expect_msg(spec, (const char *const[]){__VA_ARGS__, NULL})
+
+START_TEST(test_err_names_key_value_reason)
+{
+    /* A typo in a key: key and value quoted, the reason, the keys known. */
+    MSG("memory_limt=1G", "memory_limt=1G", "unknown key 'memory_limt'", "memory_limit", "retry_ms");
+    /* The first bad item is the one reported, wherever it is. */
+    MSG("backend=sim, memory_limit=1X ,retry_ms=5", "memory_limit=1X", "invalid value for memory_limit",
+        "expected a size", "K, M or G");
+    MSG("memory_limit=100", "memory_limit=100", "256 bytes");
+    MSG("retry_ms=3600001", "retry_ms=3600001", "3600000", "one hour");
+    MSG("initial_region=0", "initial_region=0", "at least 1 byte");
+    MSG("backend=gpu", "backend=gpu", "auto, cuda or sim");
+    MSG("device=-1", "device=-1", "device ordinal");
+    MSG("host_numa=near", "host_numa=near", "thread, gpu or a NUMA node");
+    MSG("fragmentation_fraction=1.5", "fragmentation_fraction=1.5", "from 0 to 1");
+    MSG("poison=maybe", "poison=maybe", "true/false");
+    MSG("sim_fail_alloc_every=4294967296", "sim_fail_alloc_every=4294967296", "4294967295");
+    MSG("oom_dump=/tmp/a\tb", "oom_dump=/tmp/a?b", "control character");
+    MSG("trace=/tmp/a,b", "b: expected key=value", "separates items");
+    MSG("=5", "=5", "empty key");
+    MSG("retry_ms=", "retry_ms=", "empty value");
+    MSG("allow_growth", "allow_growth", "expected key=value");
+}
+END_TEST
+
+START_TEST(test_err_bounded_and_quoted)
+{
+    char err[512];
+    bfc_config_t c;
+    bfc_config_init(&c);
+
+    /* Long keys and values are cut at 64 bytes with "...", so the message
+     * fits and still starts with what the user wrote. */
+    static char spec[1000];
+    memset(spec, 'k', 300);
+    spec[300] = '=';
+    memset(spec + 301, 'v', 300);
+    spec[601] = '\0';
+    ck_assert_int_eq(bfc_config_parse_err(&c, spec, err, sizeof err), BFC_EINVAL);
+    ck_assert_uint_lt(strlen(err), sizeof err - 1);
+    ck_assert_msg(strspn(err, "k") == 64 && strncmp(err + 64, "...=", 4) == 0, "%s", err);
+    ck_assert_msg(strspn(err + 68, "v") == 64 && strncmp(err + 132, "...: ", 5) == 0, "%s", err);
+    ck_assert_ptr_nonnull(strstr(err, "unknown key"));
+
+    /* An over-long item says so (and which item). */
+    static char big[6000];
+    memcpy(big, "retry_ms=1,", 11);
+    memset(big + 11, ' ', 4200);
+    memcpy(big + 4211, "retry_ms=2", 11);
+    ck_assert_int_eq(bfc_config_parse_err(&c, big, err, sizeof err), BFC_EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "item 2 is longer than 4096 bytes"));
+
+    /* Non-ASCII bytes come back as '?'. */
+    ck_assert_int_eq(bfc_config_parse_err(&c, "m\xc3\xa9moire=1", err, sizeof err), BFC_EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "m??moire=1"));
+
+    /* Truncated to errlen, always terminated; errlen 0 / NULL: no write. */
+    char small[16];
+    memset(small, 'x', sizeof small);
+    ck_assert_int_eq(bfc_config_parse_err(&c, "memory_limt=1G", small, sizeof small), BFC_EINVAL);
+    ck_assert_uint_eq(strlen(small), sizeof small - 1);
+    ck_assert_int_eq(strncmp(small, "memory_limt=1G:", 15), 0);
+    char one = 'x';
+    ck_assert_int_eq(bfc_config_parse_err(&c, "bogus=1", &one, 0), BFC_EINVAL);
+    ck_assert_int_eq(one, 'x');
+    ck_assert_int_eq(bfc_config_parse_err(&c, "bogus=1", NULL, 100), BFC_EINVAL);
+    ck_assert_int_eq(bfc_config_parse_err(NULL, "retry_ms=1", err, sizeof err), BFC_EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "NULL"));
+
+    /* Success: the message is empty and the result is bfc_config_parse's. */
+    bfc_config_t a, b;
+    nondefault(&a);
+    nondefault(&b);
+    strcpy(err, "stale");
+    ck_assert_int_eq(bfc_config_parse_err(&a, "memory_limit=4G,retry_ms=9", err, sizeof err), BFC_OK);
+    ck_assert_str_eq(err, "");
+    ck_assert_int_eq(bfc_config_parse(&b, "memory_limit=4G,retry_ms=9"), BFC_OK);
+    ck_assert_int_eq(memcmp(&a, &b, sizeof a), 0);
+    strcpy(err, "stale");
+    ck_assert_int_eq(bfc_config_parse_err(&a, NULL, err, sizeof err), BFC_OK);
+    ck_assert_str_eq(err, "");
+}
+END_TEST
+
+START_TEST(test_validate_retry_limit)
+{
+    /* The struct filled in by hand is held to the parser's limits. */
+    bfc_config_t c;
+    bfc_config_init(&c);
+    c.retry_ms = 3600000;
+    ck_assert_int_eq(bfc_config_validate(&c), BFC_OK);
+    c.retry_ms = 3600001;
+    ck_assert_int_eq(bfc_config_validate(&c), BFC_EINVAL);
+    bfc_ctx_t *ctx = (bfc_ctx_t *)&c;
+    ck_assert_int_eq(bfc_ctx_create(&c, &ctx), BFC_EINVAL);
+    ck_assert_ptr_null(ctx);
+}
+END_TEST
+
 /* ------------------------------------------------------ SHARDBFC_CONF */
 
 START_TEST(test_env_good_and_cached)
@@ -770,6 +893,14 @@ START_TEST(test_fuzz)
         memcpy(&before, &c, sizeof c);
         int rc = bfc_config_parse(&c, buf);
         ck_assert_msg(rc == BFC_OK || rc == BFC_EINVAL, "rc %d for iteration %d", rc, iter);
+        /* The explaining variant is the same parser: same status, same
+         * result, and a message exactly when it fails. */
+        bfc_config_t c2;
+        char err[512];
+        memcpy(&c2, &before, sizeof c2);
+        ck_assert_int_eq(bfc_config_parse_err(&c2, buf, err, sizeof err), rc);
+        ck_assert_int_eq(memcmp(&c2, &c, sizeof c), 0);
+        ck_assert_int_eq(err[0] != '\0', rc != BFC_OK);
         if (rc == BFC_EINVAL)
             ck_assert_msg(memcmp(&c, &before, sizeof c) == 0, "changed on EINVAL, iter %d",
                           iter);
@@ -816,6 +947,9 @@ static Suite *config_suite(bool with_env)
     tcase_add_test(tc, test_item_length_limit);
     tcase_add_test(tc, test_long_spec);
     tcase_add_test(tc, test_validate);
+    tcase_add_test(tc, test_err_names_key_value_reason);
+    tcase_add_test(tc, test_err_bounded_and_quoted);
+    tcase_add_test(tc, test_validate_retry_limit);
     tcase_add_test(tc, test_fuzz);
     suite_add_tcase(s, tc);
 

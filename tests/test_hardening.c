@@ -1,5 +1,5 @@
 /*
- * test_hardening.c -- the bad-input table of the hardening issue in one
+ * test_hardening.c -- the table of bad inputs a caller can pass, in one
  * place, each case checked for its documented status AND for leaving the
  * allocator exactly as it was.
  *

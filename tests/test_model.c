@@ -16,7 +16,7 @@
  *    return must come with BFC_ENOMEM and leave the model unchanged.
  *
  *  - The exact model (test_exact_model): in the TensorFlow configuration (one
- *    region of the whole limit), the algorithm of DESIGN.md fixes every
+ *    region of the whole limit), the BFC algorithm (src/arena.c) fixes every
  *    address.  A brute-force reimplementation (chunk list in address order,
  *    best fit with lowest address among equals, TensorFlow's split rule,
  *    coalescing with both neighbours) predicts the pointer, the allocated

@@ -1,5 +1,5 @@
 /*
- * test_obs.c -- observability (issue 7): the JSON snapshot against the
+ * test_obs.c -- observability: the JSON snapshot against the
  * statistics, the fragmentation metric, the OOM callback (size, stream,
  * summary, one retry) and oom_dump, the config paths, the allocation trace
  * (round trip through tools/trace_csv.c, fenced frees, threads, RMM edge
@@ -522,6 +522,257 @@ START_TEST(test_oom_dump)
 }
 END_TEST
 
+START_TEST(test_fenced_free_counted_when_issued)
+{
+    /* The header and doc/snapshot.md say the same thing, and this holds
+     * them to it: a fenced free is in num_frees as soon as bfc_ctx_free
+     * returns, while its block is still pending. */
+    tmp_setup();
+    bfc_ctx_t *ctx = mkctx("memory_limit=64M");
+    bfc_stream_t s = bfc_sim_stream_create(ctx), t = bfc_sim_stream_create(ctx);
+    void *p = xalloc(ctx, s, 4096);
+    bfc_sim_stream_hold(ctx, t);
+    xfree(ctx, p, t);
+    bfc_stats_t st = stats(ctx);
+    ck_assert_uint_eq(st.num_frees, 1);
+    ck_assert_uint_eq(st.num_pending_frees, 1);
+    bfc_json_t *v = snapshot(ctx);
+    ck_assert_uint_eq(bfc_json_u64(bfc_json_get(v, "totals"), "num_frees", 0), 1);
+    ck_assert_uint_eq(bfc_json_u64(bfc_json_get(shard_of(v, s), "stats"), "num_frees", 0), 1);
+    bfc_json_free(v);
+    /* Completing the fence does not count it again. */
+    bfc_sim_stream_drain(ctx, t);
+    st = stats(ctx);
+    ck_assert_uint_eq(st.num_frees, 1);
+    ck_assert_uint_eq(st.num_pending_frees, 0);
+    bfc_sim_stream_destroy(ctx, s);
+    bfc_sim_stream_destroy(ctx, t);
+    bfc_ctx_destroy(ctx);
+    tmp_teardown();
+}
+END_TEST
+
+/* ------------------------------------------------------- OOM report */
+
+static bfc_oom_info_t oom_info(bfc_ctx_t *ctx, bfc_oom_cause_t want)
+{
+    bfc_oom_info_t i;
+    ck_assert_int_eq(bfc_ctx_oom_info(ctx, &i), BFC_OK);
+    ck_assert_msg(i.cause == want, "cause %d, want %d: %s", (int)i.cause, (int)want, i.diagnosis);
+    ck_assert_msg(memchr(i.diagnosis, '\0', sizeof i.diagnosis) && strlen(i.diagnosis) > 20, "diagnosis: %s",
+                  i.diagnosis);
+    ck_assert_ptr_null(strchr(i.diagnosis, '\n')); /* one line */
+    return i;
+}
+
+START_TEST(test_oom_report_limit_and_too_large)
+{
+    tmp_setup();
+    bfc_ctx_t *ctx = mkctx("memory_limit=4M,initial_region=4M");
+    bfc_oom_info_t i;
+    /* Nothing failed yet. */
+    ck_assert_int_eq(bfc_ctx_oom_info(ctx, &i), BFC_ESTATE);
+    ck_assert_int_eq(i.cause, BFC_OOM_NONE);
+    ck_assert_int_eq(bfc_ctx_oom_info(NULL, &i), BFC_EINVAL);
+    ck_assert_int_eq(bfc_ctx_oom_info(ctx, NULL), BFC_EINVAL);
+    bfc_json_t *v = snapshot(ctx);
+    ck_assert_int_eq(bfc_json_get(v, "oom")->type, BFC_JSON_NULL);
+    bfc_json_free(v);
+
+    /* 3 MiB of the 4 MiB region is not split (TensorFlow's rule): 4 MiB in
+     * use, so 2 MiB more cannot fit however memory is arranged. */
+    void *p = xalloc(ctx, NULL, 3 * MiB);
+    ck_assert_ptr_null(bfc_ctx_alloc(ctx, NULL, 2 * MiB + 5));
+    i = oom_info(ctx, BFC_OOM_LIMIT);
+    ck_assert_uint_eq(i.size, 2 * MiB + 5);
+    ck_assert_uint_eq(i.rounded, 2 * MiB + 256);
+    ck_assert_ptr_null(i.stream);
+    ck_assert_uint_eq(i.bytes_limit, 4 * MiB);
+    ck_assert_uint_eq(i.bytes_in_use, 4 * MiB);
+    ck_assert_uint_eq(i.num_shards, 1);
+    ck_assert_ptr_nonnull(strstr(i.diagnosis, "limit reached: 4.0 MiB in use + 2.0 MiB requested > 4.0 MiB limit"));
+
+    ck_assert_ptr_null(bfc_ctx_alloc(ctx, NULL, 5 * MiB));
+    i = oom_info(ctx, BFC_OOM_TOO_LARGE);
+    ck_assert_uint_eq(i.size, 5 * MiB);
+    ck_assert_ptr_nonnull(strstr(i.diagnosis, "request too large"));
+    xfree(ctx, p, NULL);
+    bfc_ctx_destroy(ctx);
+    tmp_teardown();
+}
+END_TEST
+
+START_TEST(test_oom_report_fragmented)
+{
+    /* Every other 1 MiB block of an 8 MiB region freed: 4 MiB free, in
+     * pieces of 1 MiB. */
+    bfc_ctx_t *ctx = mkctx("memory_limit=8M,initial_region=8M");
+    void *b[8];
+    for (int k = 0; k < 8; k++)
+        b[k] = xalloc(ctx, NULL, MiB);
+    for (int k = 0; k < 8; k += 2)
+        xfree(ctx, b[k], NULL);
+    ck_assert_ptr_null(bfc_ctx_alloc(ctx, NULL, 2 * MiB));
+    bfc_oom_info_t i = oom_info(ctx, BFC_OOM_FRAGMENTED);
+    ck_assert_uint_eq(i.stream_free, 4 * MiB);
+    ck_assert_uint_eq(i.stream_largest_free, MiB);
+    ck_assert_uint_eq(i.bytes_unreserved, 0);
+    ck_assert_ptr_nonnull(strstr(i.diagnosis, "too fragmented: 4.0 MiB free"));
+    ck_assert_ptr_nonnull(strstr(i.diagnosis, "largest piece is 1.0 MiB, 2.0 MiB needed"));
+    for (int k = 1; k < 8; k += 2)
+        xfree(ctx, b[k], NULL);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
+START_TEST(test_oom_report_pool_spans)
+{
+    /* The whole limit reserved at create; two streams take a 2 MiB region
+     * each and the pool keeps 4 MiB.  5 MiB fits in the 6 MiB that are free
+     * in all, but no piece is that large: the pool's spans say so. */
+    tmp_setup();
+    bfc_ctx_t *ctx = mkctx("memory_limit=8M,allow_growth=false,initial_region=2M");
+    bfc_stream_t a = bfc_sim_stream_create(ctx), b = bfc_sim_stream_create(ctx);
+    void *pa = xalloc(ctx, a, MiB), *pb = xalloc(ctx, b, MiB);
+    ck_assert_ptr_null(bfc_ctx_alloc(ctx, a, 5 * MiB));
+    bfc_oom_info_t i = oom_info(ctx, BFC_OOM_FRAGMENTED);
+    ck_assert_ptr_eq(i.stream, a);
+    ck_assert_uint_eq(i.num_shards, 2);
+    ck_assert_uint_eq(i.stream_largest_free, MiB);
+    ck_assert_uint_eq(i.other_largest_free, MiB);
+    ck_assert_ptr_eq(i.other_largest_stream, b);
+    ck_assert_uint_eq(i.pool_free, 4 * MiB);
+    ck_assert_uint_eq(i.pool_largest_span, 4 * MiB);
+    ck_assert_uint_eq(i.num_pool_spans, 1);
+    ck_assert_uint_eq(i.pool_fenced, 0);
+
+    /* The snapshot (and so the oom_dump file) carries the same report, with
+     * each shard's largest free chunk and the pool's spans. */
+    bfc_json_t *v = snapshot(ctx);
+    const bfc_json_t *o = bfc_json_get(v, "oom");
+    ck_assert_ptr_nonnull(o);
+    ck_assert_int_eq(o->type, BFC_JSON_OBJ);
+    ck_assert_str_eq(bfc_json_str(o, "cause", ""), "fragmented");
+    ck_assert_str_eq(bfc_json_str(o, "diagnosis", ""), i.diagnosis);
+    ck_assert_uint_eq(bfc_json_u64(o, "size", 0), 5 * MiB);
+    ck_assert_uint_eq(bfc_json_u64(o, "pool_free", 0), 4 * MiB);
+    char want[32];
+    snprintf(want, sizeof want, "0x%" PRIxPTR, (uintptr_t)a);
+    ck_assert_str_eq(bfc_json_str(o, "stream", ""), want);
+    const bfc_json_t *sh = bfc_json_get(o, "shards");
+    ck_assert_uint_eq(sh->n, 2);
+    int requesting = 0;
+    for (size_t k = 0; k < sh->n; k++) {
+        const bfc_json_t *e = bfc_json_at(sh, k);
+        ck_assert_uint_eq(bfc_json_u64(e, "largest_free", 0), MiB);
+        ck_assert_uint_eq(bfc_json_u64(e, "in_use", 0), MiB);
+        if (bfc_json_get(e, "requesting")->b) {
+            requesting++;
+            ck_assert_str_eq(bfc_json_str(e, "stream", ""), want);
+        }
+    }
+    ck_assert_int_eq(requesting, 1);
+    const bfc_json_t *sp = bfc_json_get(o, "pool_spans");
+    ck_assert_uint_eq(sp->n, 1);
+    ck_assert_uint_eq(bfc_json_u64(bfc_json_at(sp, 0), "size", 0), 4 * MiB);
+    ck_assert_int_eq(bfc_json_get(bfc_json_at(sp, 0), "fenced")->b, false);
+    ck_assert_uint_eq(bfc_json_u64(o, "spans_omitted", 9), 0);
+    bfc_json_free(v);
+    xfree(ctx, pa, a);
+    xfree(ctx, pb, b);
+    bfc_sim_stream_destroy(ctx, a);
+    bfc_sim_stream_destroy(ctx, b);
+    bfc_ctx_destroy(ctx);
+    tmp_teardown();
+}
+END_TEST
+
+START_TEST(test_oom_report_held_and_backend)
+{
+    /* Stream a's region holds one small live block and 8 MiB - 1 KiB free:
+     * not fully free, so it is not reclaimed for stream b. */
+    bfc_ctx_t *ctx = mkctx("memory_limit=8M,initial_region=8M");
+    bfc_stream_t a = bfc_sim_stream_create(ctx), b = bfc_sim_stream_create(ctx);
+    void *keep = xalloc(ctx, a, KiB);
+    xfree(ctx, xalloc(ctx, a, 6 * MiB), a);
+    ck_assert_ptr_null(bfc_ctx_alloc(ctx, b, 4 * MiB));
+    bfc_oom_info_t i = oom_info(ctx, BFC_OOM_HELD);
+    ck_assert_ptr_eq(i.stream, b);
+    ck_assert_uint_eq(i.stream_largest_free, 0);
+    ck_assert_uint_eq(i.other_largest_free, 8 * MiB - KiB);
+    ck_assert_ptr_eq(i.other_largest_stream, a);
+    char want[64];
+    snprintf(want, sizeof want, "stream %p's shard has a free chunk of 8.0 MiB", (void *)a);
+    ck_assert_msg(strstr(i.diagnosis, "memory free but held by other streams") && strstr(i.diagnosis, want), "%s",
+                  i.diagnosis);
+    xfree(ctx, keep, a);
+    bfc_sim_stream_destroy(ctx, a);
+    bfc_sim_stream_destroy(ctx, b);
+    bfc_ctx_destroy(ctx);
+
+    /* The limit has room but the device does not. */
+    ctx = mkctx("memory_limit=64M,initial_region=1M");
+    void *p = xalloc(ctx, NULL, 512 * KiB);
+    bfc_sim_set_alloc_ceiling(ctx, MiB);
+    ck_assert_ptr_null(bfc_ctx_alloc(ctx, NULL, 2 * MiB));
+    i = oom_info(ctx, BFC_OOM_BACKEND);
+    ck_assert_uint_eq(i.bytes_unreserved, 63 * MiB);
+    ck_assert_ptr_nonnull(strstr(i.diagnosis, "the device refused"));
+    xfree(ctx, p, NULL);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
+struct oom_seen {
+    int calls, rc;
+    size_t size;
+    bfc_stream_t stream;
+    bfc_oom_info_t info;
+    bfc_ctx_t *other;
+    int rc_other;
+};
+
+static int oom_report_cb(bfc_ctx_t *ctx, size_t size, bfc_stream_t stream, const bfc_stats_t *summary, void *arg)
+{
+    (void)summary;
+    struct oom_seen *r = arg;
+    r->calls++;
+    r->size = size;
+    r->stream = stream;
+    r->rc = bfc_ctx_oom_info(ctx, &r->info);
+    /* The thread-local report is ctx's only: another context has none. */
+    bfc_oom_info_t o;
+    r->rc_other = bfc_ctx_oom_info(r->other, &o);
+    return 0;
+}
+
+START_TEST(test_oom_report_in_callback)
+{
+    bfc_ctx_t *ctx = mkctx("memory_limit=4M,initial_region=4M");
+    bfc_ctx_t *other = mkctx("memory_limit=4M");
+    bfc_stream_t s = bfc_sim_stream_create(ctx);
+    struct oom_seen r = {.other = other};
+    ck_assert_int_eq(bfc_ctx_set_oom_callback(ctx, oom_report_cb, &r), BFC_OK);
+    void *p = xalloc(ctx, s, 3 * MiB);
+    ck_assert_ptr_null(bfc_ctx_alloc(ctx, s, 3 * MiB));
+    ck_assert_int_eq(r.calls, 1);
+    ck_assert_int_eq(r.rc, BFC_OK);
+    ck_assert_int_eq(r.rc_other, BFC_ESTATE);
+    /* The report is about this failure: the callback's own arguments. */
+    ck_assert_uint_eq(r.info.size, r.size);
+    ck_assert_ptr_eq(r.info.stream, r.stream);
+    ck_assert_ptr_eq(r.info.stream, s);
+    ck_assert_int_eq(r.info.cause, BFC_OOM_LIMIT);
+    /* Outside the callback: the context's latest report, the same one. */
+    bfc_oom_info_t i = oom_info(ctx, BFC_OOM_LIMIT);
+    ck_assert_int_eq(memcmp(&i, &r.info, sizeof i), 0);
+    xfree(ctx, p, s);
+    bfc_sim_stream_destroy(ctx, s);
+    bfc_ctx_destroy(ctx);
+    bfc_ctx_destroy(other);
+}
+END_TEST
+
 /* ------------------------------------------------------------- config */
 
 START_TEST(test_config_paths)
@@ -997,6 +1248,85 @@ START_TEST(test_replay_reproduces_peaks_and_addresses)
 }
 END_TEST
 
+/* Two threads' batches written out of time order, as libshardbfc writes
+ * them: thread 2's block lives across thread 1's whole batch.  File order
+ * would show one block live at a time and a free before its allocation. */
+static const char batches_csv[] =
+    "Thread,Time,Action,Pointer,Size,Stream\n"
+    "1,10,allocate,0x1000,1048576,0x0\n"
+    "1,40,free,0x1000,1048576,0x0\n"
+    "1,50,allocate,0x3000,1048576,0x0\n"
+    "1,60,free,0x3000,1048576,0x0\n"
+    "2,20,allocate,0x2000,2097152,0x0\n"
+    "2,30,allocate,0x4000,1048576,0x0\n"
+    "2,45,free,0x2000,2097152,0x0\n"
+    "2,70,free,0x4000,1048576,0x0\n";
+
+START_TEST(test_replay_order_shared)
+{
+    tmp_setup();
+    char path[400];
+    tmp_path(path, sizeof path, "batches.csv");
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs(batches_csv, f);
+    fclose(f);
+
+    /* The index order and the in-place sort agree, by time, ties kept. */
+    bfc_trace_event_t *ev, *sorted;
+    size_t n, ns;
+    int was_sorted = -1;
+    char err[300];
+    read_trace(path, &ev, &n);
+    ck_assert_uint_eq(n, 8);
+    size_t order[8];
+    ck_assert_int_eq(bfc_trace_order(ev, n, order), 1);
+    ck_assert_msg(bfc_trace_csv_read_ordered(path, &sorted, &ns, &was_sorted, err, sizeof err) == 0, "%s", err);
+    ck_assert_int_eq(was_sorted, 1);
+    ck_assert_uint_eq(ns, n);
+    for (size_t i = 0; i < n; i++) {
+        ck_assert_uint_eq(sorted[i].time_ns, ev[order[i]].time_ns);
+        if (i)
+            ck_assert_uint_le(sorted[i - 1].time_ns, sorted[i].time_ns);
+    }
+    ck_assert_uint_eq(sorted[1].ptr, 0x2000);
+
+    /* Replayed in that order: 2 MiB + 1 MiB + 1 MiB live at t=30..40, and
+     * every free matches an allocation. */
+    bfc_replay_result_t r;
+    ck_assert_msg(bfc_replay_run(ev, n, "memory_limit=64M", NULL, &r, err, sizeof err) == 0, "%s", err);
+    ck_assert_uint_eq(r.peak_live, 4 * MiB);
+    ck_assert_uint_eq(r.skipped, 0);
+    ck_assert_uint_eq(r.unmatched_frees, 0);
+
+    /* One thread's rows out of time order (an edited file): file order is
+     * kept, and a free that comes before its allocation is unmatched. */
+    ev[0].time_ns = 100; /* thread 1: 100, 40, ... */
+    ck_assert_int_eq(bfc_trace_order(ev, n, order), 0);
+    for (size_t i = 0; i < n; i++)
+        ck_assert_uint_eq(order[i], i);
+    bfc_trace_event_t swapped[8];
+    memcpy(swapped, ev, sizeof swapped);
+    swapped[0] = ev[1]; /* free 0x1000 first ... */
+    swapped[1] = ev[0]; /* ... then its allocation: it stays live */
+    ck_assert_msg(bfc_replay_run(swapped, n, "memory_limit=64M", NULL, &r, err, sizeof err) == 0, "%s", err);
+    ck_assert_uint_eq(r.unmatched_frees, 1);
+    ck_assert_uint_eq(r.skipped, 1);
+
+    /* A free whose allocation failed in the replay is skipped but is not
+     * unmatched: the trace itself is fine. */
+    ck_assert_msg(bfc_replay_run(ev, n, "memory_limit=1M,initial_region=1M,large_alloc=0", NULL, &r, err,
+                                 sizeof err) == 0,
+                  "%s", err);
+    ck_assert_uint_gt(r.ooms, 0);
+    ck_assert_uint_eq(r.unmatched_frees, 0);
+    ck_assert_uint_eq(r.skipped, r.ooms);
+    free(ev);
+    free(sorted);
+    tmp_teardown();
+}
+END_TEST
+
 /* --------------------------------------------------------------- view */
 
 START_TEST(test_view_html)
@@ -1134,6 +1464,99 @@ START_TEST(test_view_in_chromium)
 }
 END_TEST
 
+/* The page's own script, run by node when it is installed (not a build
+ * dependency: without it this test says so and checks nothing) against a
+ * minimal stand-in for the DOM: it must draw every part without a script
+ * error, the OOM report first when the snapshot has one. */
+static const char node_dom_js[] =
+    "const fs = require('fs');\n"
+    "const html = fs.readFileSync(process.argv[2], 'utf8');\n"
+    "const json = /<script type=\"application\\/json\" id=\"snapshot\">([\\s\\S]*?)<\\/script>/.exec(html)[1];\n"
+    "const code = /<\\/script>\\n<script>\\n([\\s\\S]*?)<\\/script>/.exec(html)[1];\n"
+    "class Node {\n"
+    "  constructor(tag) { this.tag = tag; this.children = []; this.attrs = {}; this.style = {};\n"
+    "                     this.own = ''; this.className = ''; }\n"
+    "  appendChild(c) { this.children.push(c); return c; }\n"
+    "  setAttribute(k, v) { this.attrs[k] = String(v); }\n"
+    "  addEventListener() {}\n"
+    "  get textContent() { return this.own + this.children.map(c => ' ' + c.textContent).join(''); }\n"
+    "  set textContent(v) { this.own = String(v); this.children = []; }\n"
+    "  get offsetWidth() { return 0; }\n"
+    "  get offsetHeight() { return 0; }\n"
+    "}\n"
+    "const ids = {};\n"
+    "function byId(id) {\n"
+    "  if (!ids[id]) { ids[id] = new Node('div'); if (id === 'snapshot') ids[id].own = json; }\n"
+    "  return ids[id];\n"
+    "}\n"
+    "global.Node = Node;\n"
+    "global.document = { getElementById: byId, createElement: t => new Node(t),\n"
+    "                    createTextNode: t => { const n = new Node('#text'); n.own = String(t); return n; } };\n"
+    "global.window = { addEventListener() {}, innerWidth: 1200, innerHeight: 800 };\n"
+    "try { eval(code); } catch (e) { console.log('error=' + e.stack); }\n"
+    "console.log('state=' + byId('status').attrs['data-state']);\n"
+    "console.log('oom=' + byId('oom').textContent);\n";
+
+static char *render_in_node(bfc_ctx_t *ctx)
+{
+    char snap[400], page[400], js[400], out[400], cmd[1600];
+    tmp_path(snap, sizeof snap, "n.json");
+    tmp_path(page, sizeof page, "n.html");
+    tmp_path(js, sizeof js, "dom.js");
+    tmp_path(out, sizeof out, "n.out");
+    FILE *f = fopen(snap, "w");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_int_eq(bfc_ctx_snapshot_json(ctx, f), BFC_OK);
+    ck_assert_int_eq(fclose(f), 0);
+    size_t len;
+    char *json = read_file(snap, &len), err[300];
+    f = fopen(page, "w");
+    ck_assert_int_eq(bfc_view_write_html(json, len, NULL, f, err, sizeof err), 0);
+    ck_assert_int_eq(fclose(f), 0);
+    free(json);
+    f = fopen(js, "w");
+    ck_assert_int_eq(fputs(node_dom_js, f) >= 0, 1);
+    ck_assert_int_eq(fclose(f), 0);
+    snprintf(cmd, sizeof cmd, "timeout 60 node '%s' '%s' > '%s' 2>&1", js, page, out);
+    ck_assert_int_eq(system(cmd), 0);
+    char *text = read_file(out, &len);
+    ck_assert_ptr_nonnull(text);
+    ck_assert_msg(strstr(text, "state=ok") && !strstr(text, "error="), "page script failed:\n%s", text);
+    return text;
+}
+
+START_TEST(test_view_script_in_node)
+{
+    if (system("command -v node >/dev/null 2>&1") != 0) {
+        fprintf(stderr, "test_obs: node not installed, the page's script not run\n");
+        return;
+    }
+    tmp_setup();
+    bfc_ctx_t *ctx = mkctx("memory_limit=8M,allow_growth=false,initial_region=2M");
+    bfc_stream_t a = bfc_sim_stream_create(ctx), b = bfc_sim_stream_create(ctx);
+    void *pa = xalloc(ctx, a, MiB), *pb = xalloc(ctx, b, MiB);
+    /* No failure yet: no OOM section. */
+    char *text = render_in_node(ctx);
+    ck_assert_msg(strstr(text, "oom=\n") != NULL, "%s", text);
+    free(text);
+    /* After one, the page opens with the report. */
+    ck_assert_ptr_null(bfc_ctx_alloc(ctx, a, 5 * MiB));
+    bfc_oom_info_t i = oom_info(ctx, BFC_OOM_FRAGMENTED);
+    text = render_in_node(ctx);
+    ck_assert_msg(strstr(text, "Out of memory") && strstr(text, i.diagnosis), "%s", text);
+    char want[64];
+    snprintf(want, sizeof want, "0x%" PRIxPTR, (uintptr_t)a);
+    ck_assert_msg(strstr(text, want) && strstr(text, "largest free chunk") && strstr(text, "4.00 MiB"), "%s", text);
+    free(text);
+    xfree(ctx, pa, a);
+    xfree(ctx, pb, b);
+    bfc_sim_stream_destroy(ctx, a);
+    bfc_sim_stream_destroy(ctx, b);
+    bfc_ctx_destroy(ctx);
+    tmp_teardown();
+}
+END_TEST
+
 START_TEST(test_json_mini_strict)
 {
     char err[200];
@@ -1168,14 +1591,22 @@ static Suite *obs_suite(void)
     tcase_add_test(tc, test_oom_callback_args_and_no_retry);
     tcase_add_test(tc, test_oom_callback_frees_and_retry_succeeds);
     tcase_add_test(tc, test_oom_dump);
+    tcase_add_test(tc, test_fenced_free_counted_when_issued);
+    tcase_add_test(tc, test_oom_report_limit_and_too_large);
+    tcase_add_test(tc, test_oom_report_fragmented);
+    tcase_add_test(tc, test_oom_report_pool_spans);
+    tcase_add_test(tc, test_oom_report_held_and_backend);
+    tcase_add_test(tc, test_oom_report_in_callback);
     tcase_add_test(tc, test_config_paths);
     tcase_add_test(tc, test_trace_round_trip);
     tcase_add_test(tc, test_trace_threads);
     tcase_add_test(tc, test_trace_from_config);
     tcase_add_test(tc, test_rmm_csv_edge_cases);
     tcase_add_test(tc, test_replay_reproduces_peaks_and_addresses);
+    tcase_add_test(tc, test_replay_order_shared);
     tcase_add_test(tc, test_view_html);
     tcase_add_test(tc, test_view_in_chromium);
+    tcase_add_test(tc, test_view_script_in_node);
     tcase_add_test(tc, test_json_mini_strict);
     suite_add_tcase(s, tc);
     return s;

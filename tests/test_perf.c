@@ -345,6 +345,42 @@ START_TEST(replay_maps_pointers)
 }
 END_TEST
 
+START_TEST(replay_in_time_order)
+{
+    /* libshardbfc writes per-thread batches: thread 2's rows come after
+     * thread 1's whole batch although its block was live across it.  The
+     * harness must see them in time order, as shardbfc-replay does: the
+     * 2 MiB block is allocated before thread 1's first free. */
+    char path[] = "/tmp/test_perf_trace.XXXXXX", err[256];
+    int fd = mkstemp(path);
+    FILE *f;
+    struct perf_prog p;
+    ck_assert_int_ge(fd, 0);
+    f = fdopen(fd, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs("Thread,Time,Action,Pointer,Size,Stream\n"
+          "1,10,allocate,0x1000,1048576,0x0\n"
+          "1,40,free,0x1000,1048576,0x0\n"
+          "2,20,allocate,0x2000,2097152,0x0\n"
+          "2,45,free,0x2000,2097152,0x0\n",
+          f);
+    fclose(f);
+    ck_assert_int_eq(perf_gen_replay(path, &p, err, sizeof(err)), 0);
+    unlink(path);
+    ck_assert_uint_eq(p.nev, 4);
+    ck_assert_int_eq(p.ev[0].op, PERF_OP_ALLOC);
+    ck_assert_uint_eq(p.ev[0].size, 1048576);
+    ck_assert_int_eq(p.ev[1].op, PERF_OP_ALLOC);
+    ck_assert_uint_eq(p.ev[1].size, 2097152);
+    ck_assert_int_eq(p.ev[2].op, PERF_OP_FREE);
+    ck_assert_uint_eq(p.ev[2].slot, p.ev[0].slot);
+    ck_assert_int_eq(p.ev[3].op, PERF_OP_FREE);
+    ck_assert_uint_eq(p.ev[3].slot, p.ev[1].slot);
+    ck_assert_uint_eq(p.nslots, 2); /* both live at once */
+    perf_prog_free(&p);
+}
+END_TEST
+
 /* ----------------------------------------------------------------- JSON */
 
 START_TEST(json_parses_with_nulls)
@@ -434,6 +470,125 @@ START_TEST(json_parses_with_nulls)
 }
 END_TEST
 
+/* ------------------------------------------------------------------ SVG */
+
+struct svg_axes {
+    double p1_max, p2_min, p2_max;   /* tick labels: panel 1's top, panel 2's ends */
+    double cy_min, cy_max;           /* panel 1 points */
+    double bar_top, bar_min_height;  /* panel 2 bars */
+    unsigned ncircles, nbars;
+};
+
+/* A rate label as fmt_rate writes it: "0", "950", "500.0k", "20.00M". */
+static double rate_label(const char *t)
+{
+    char *end;
+    double v = strtod(t, &end);
+    return *end == 'M' ? v * 1e6 : *end == 'k' ? v * 1e3 : v;
+}
+
+static void svg_scan(const char *svg, struct svg_axes *ax)
+{
+    memset(ax, 0, sizeof(*ax));
+    ax->cy_min = ax->bar_top = ax->bar_min_height = ax->p2_min = 1e300;
+    for (const char *l = svg; l && *l; l = strchr(l, '\n'), l = l ? l + 1 : NULL) {
+        double x, y, w, h;
+        char lab[64];
+        if (sscanf(l, "<text x=\"%lf\" y=\"%lf\" text-anchor=\"end\" font-size=\"11\">%63[^<]", &x, &y,
+                   lab) == 3) {
+            double v = rate_label(lab);
+            if (y < 420) { /* panel 1: T1 = 70 .. B1 = 380 */
+                if (v > ax->p1_max)
+                    ax->p1_max = v;
+            } else {
+                if (v < ax->p2_min)
+                    ax->p2_min = v;
+                if (v > ax->p2_max)
+                    ax->p2_max = v;
+            }
+        } else if (sscanf(l, "<circle cx=\"%lf\" cy=\"%lf\"", &x, &y) == 2) {
+            ax->ncircles++;
+            if (y < ax->cy_min)
+                ax->cy_min = y;
+            if (y > ax->cy_max)
+                ax->cy_max = y;
+        } else if (sscanf(l, "<rect x=\"%lf\" y=\"%lf\" width=\"%lf\" height=\"%lf\" fill=\"#", &x, &y, &w,
+                          &h) == 4 &&
+                   strstr(l, "<title>") && strstr(l, "<title>") < strchr(l, '\n')) {
+            ax->nbars++;
+            if (y < ax->bar_top)
+                ax->bar_top = y;
+            if (h < ax->bar_min_height)
+                ax->bar_min_height = h;
+        }
+    }
+}
+
+START_TEST(svg_axes_fit_data)
+{
+    static const char *const al[4] = {"shardbfc", "single-lock", "jemalloc", "glibc"};
+    static const double rate[4][3] = {{1.5e7, 2.6e7, 2.4e7}, {8e6, 4e6, 3e6}, {3e7, 5.5e7, 5e7}, {2e7, 3.5e7, 3.4e7}};
+    static const uint64_t lat[4][3] = {{60, 250, 1800}, {90, 9000, 250000}, {40, 180, 3000}, {50, 200, 2500}};
+    static const unsigned th[3] = {1, 2, 4};
+    /* Two data sets: today's magnitudes, and a slow machine's (kilo-rates,
+     * latencies of a few ns up to milliseconds). */
+    for (int set = 0; set < 2; set++) {
+        struct perf_result res[12];
+        struct perf_report rp;
+        double rmax = 0, lmin = 1e300, lmax = 0;
+        memset(res, 0, sizeof(res));
+        memset(&rp, 0, sizeof(rp));
+        for (int a = 0, n = 0; a < 4; a++)
+            for (int t = 0; t < 3; t++, n++) {
+                struct perf_result *r = &res[n];
+                snprintf(r->workload, sizeof(r->workload), "churn");
+                snprintf(r->allocator, sizeof(r->allocator), "%s", al[a]);
+                r->threads = th[t];
+                r->ops_per_sec = set ? rate[a][t] / 9000 : rate[a][t];
+                r->p50_ns = set ? 3 + (uint64_t)a : lat[a][0] * (t + 1);
+                r->p99_ns = lat[a][1] * (t + 1);
+                r->p999_ns = set ? lat[a][2] * 40 : lat[a][2] * (t + 1);
+                if (r->ops_per_sec > rmax)
+                    rmax = r->ops_per_sec;
+                if (t == 1) { /* the latency panel shows 2 threads */
+                    lmin = fmin(lmin, (double)r->p50_ns);
+                    lmax = fmax(lmax, (double)r->p999_ns);
+                }
+            }
+        rp.program = "test";
+        rp.backend = "sim";
+        rp.res = res;
+        rp.nres = 12;
+        char *buf = NULL;
+        size_t len = 0;
+        FILE *f = open_memstream(&buf, &len);
+        ck_assert_int_eq(perf_report_svg(&rp, f), 0);
+        fclose(f);
+        struct svg_axes ax;
+        svg_scan(buf, &ax);
+        /* Panel 1: the top gridline covers the fastest point without a
+         * decade of empty space, and the points use the panel's height. */
+        ck_assert_uint_eq(ax.ncircles, 12);
+        ck_assert_msg(ax.p1_max >= rmax && ax.p1_max <= 1.5 * rmax, "set %d: axis top %g for data max %g", set,
+                      ax.p1_max, rmax);
+        ck_assert_msg(ax.cy_min >= 70 && ax.cy_max <= 380, "set %d: points outside the panel", set);
+        ck_assert_msg(ax.cy_min <= 70 + 0.35 * 310, "set %d: the fastest point sits at y %.1f, low in the panel",
+                      set, ax.cy_min);
+        /* Panel 2: the log axis spans the decades of the data, from just
+         * below the smallest percentile (not from 1 ns whatever the data)
+         * to at or above the largest; every bar inside, none of zero height. */
+        ck_assert_uint_eq(ax.nbars, 12);
+        ck_assert_msg(ax.p2_min <= lmin && ax.p2_min * 10 >= lmin, "set %d: axis from %g for data from %g", set,
+                      ax.p2_min, lmin);
+        ck_assert_msg(ax.p2_max >= lmax && ax.p2_max < lmax * 10, "set %d: axis to %g for data to %g", set,
+                      ax.p2_max, lmax);
+        ck_assert_msg(ax.bar_top >= 470 - 0.01, "set %d: a bar above the panel (y %.1f)", set, ax.bar_top);
+        ck_assert_msg(ax.bar_min_height > 1, "set %d: a bar of height %.1f", set, ax.bar_min_height);
+        free(buf);
+    }
+}
+END_TEST
+
 static Suite *perf_suite(void)
 {
     Suite *s = suite_create("perf");
@@ -449,7 +604,9 @@ static Suite *perf_suite(void)
     tcase_add_test(tc, inference_invariants);
     tcase_add_test(tc, inference_seeded);
     tcase_add_test(tc, replay_maps_pointers);
+    tcase_add_test(tc, replay_in_time_order);
     tcase_add_test(tc, json_parses_with_nulls);
+    tcase_add_test(tc, svg_axes_fit_data);
     suite_add_tcase(s, tc);
     return s;
 }

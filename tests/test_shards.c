@@ -16,7 +16,8 @@
  * unique exact fit for the next request of N, so "the next alloc of N returns
  * p" is the reuse test and "no alloc of N returns p" the fence test.
  *
- * Every scenario ends with bfc_ctx_check (all six invariants of DESIGN.md).
+ * Every scenario ends with bfc_ctx_check (all six invariants listed at
+ * bfc_ctx_check in include/shardbfc.h).
  * The fork test relies on Check's default CK_FORK mode only in that the test
  * body may fork again; the grandchild always leaves with _exit.
  */

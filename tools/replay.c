@@ -5,8 +5,9 @@
  * configuration gives the same sequence of operations, hence the same
  * addresses relative to the regions, the same peaks and the same OOMs.
  * Threads of the trace are not re-created: what shards memory is the stream,
- * and the order within each thread is kept because the replay order is
- * either the file order or a stable sort by time of per-thread monotone
+ * and the order within each thread is kept because the replay order
+ * (bfc_trace_order in trace_csv.c, shared with the perf harness) is either
+ * the file order or a stable sort by time of per-thread monotone
  * sequences.
  *
  * Two open-addressing hash tables (linear probing, power-of-two sizes, no
@@ -161,54 +162,6 @@ static bfc_stream_t stream_for(bfc_ctx_t *ctx, struct smap *m, uint64_t key, boo
     }
 }
 
-/* ---------------------------------------------------------- order */
-
-struct ord {
-    uint64_t time;
-    size_t idx;
-};
-
-static int ord_cmp(const void *a, const void *b)
-{
-    const struct ord *x = a, *y = b;
-    if (x->time != y->time)
-        return x->time < y->time ? -1 : 1;
-    return x->idx < y->idx ? -1 : x->idx > y->idx;
-}
-
-/* Is every thread's sequence non-decreasing in time?  (Threads are few;
- * a small table of last times per thread.) */
-static bool per_thread_monotone(const bfc_trace_event_t *ev, size_t n)
-{
-    enum { CAP = 1 << 12 };
-    uint64_t *tid = calloc(CAP, sizeof(*tid));
-    uint64_t *last = calloc(CAP, sizeof(*last));
-    bool *used = calloc(CAP, sizeof(*used));
-    bool ok = tid && last && used;
-    size_t distinct = 0;
-    for (size_t i = 0; ok && i < n; i++) {
-        size_t j = mix(ev[i].thread) & (CAP - 1);
-        while (used[j] && tid[j] != ev[i].thread)
-            j = (j + 1) & (CAP - 1);
-        if (!used[j]) {
-            if (++distinct >= CAP / 2) {
-                ok = false;
-                break;
-            }
-            used[j] = true;
-            tid[j] = ev[i].thread;
-        } else if (ev[i].time_ns < last[j]) {
-            ok = false;
-            break;
-        }
-        last[j] = ev[i].time_ns;
-    }
-    free(tid);
-    free(last);
-    free(used);
-    return ok;
-}
-
 static double now_s(void)
 {
     struct timespec ts;
@@ -223,13 +176,14 @@ int bfc_replay_run(const bfc_trace_event_t *ev, size_t n, const char *spec, cons
     bfc_ctx_t *ctx = NULL;
     struct pmap pm = {0};
     struct smap *sm = NULL;
-    struct ord *order = NULL;
+    size_t *order = NULL;
     int rc = -1;
 
     memset(out, 0, sizeof(*out));
     bfc_config_init(&cfg);
-    if (spec && bfc_config_parse(&cfg, spec) != BFC_OK) {
-        set_err(err, errlen, "bad configuration '%s'", spec);
+    char why[512];
+    if (spec && bfc_config_parse_err(&cfg, spec, why, sizeof(why)) != BFC_OK) {
+        set_err(err, errlen, "bad configuration: %s", why);
         return -1;
     }
     cfg.backend = BFC_BACKEND_SIM;
@@ -245,19 +199,15 @@ int bfc_replay_run(const bfc_trace_event_t *ev, size_t n, const char *spec, cons
     }
     sm = calloc(1, sizeof(*sm));
     order = malloc((n ? n : 1) * sizeof(*order));
-    if (!sm || !order) {
+    if (!sm || !order || bfc_trace_order(ev, n, order) < 0) {
         set_err(err, errlen, "out of memory");
         goto done;
     }
-    for (size_t i = 0; i < n; i++)
-        order[i] = (struct ord){ev[i].time_ns, i};
-    if (per_thread_monotone(ev, n))
-        qsort(order, n, sizeof(*order), ord_cmp);
 
     uint64_t live = 0;
     double t0 = now_s();
     for (size_t k = 0; k < n; k++) {
-        const bfc_trace_event_t *e = &ev[order[k].idx];
+        const bfc_trace_event_t *e = &ev[order[k]];
         bool ok;
         if (e->action == BFC_TRACE_ALLOC) {
             bfc_stream_t s = stream_for(ctx, sm, e->stream, &ok);
@@ -269,6 +219,12 @@ int bfc_replay_run(const bfc_trace_event_t *ev, size_t n, const char *spec, cons
             if (!p) {
                 if (e->size)
                     out->ooms++;
+                /* Remember the pointer (with no block), so that its free is
+                 * known to be skipped for a failure here, not unmatched. */
+                if (e->ptr && !pmap_put(&pm, e->ptr, NULL, 0)) {
+                    set_err(err, errlen, "out of memory");
+                    goto done;
+                }
                 continue;
             }
             out->allocs++;
@@ -291,6 +247,12 @@ int bfc_replay_run(const bfc_trace_event_t *ev, size_t n, const char *spec, cons
             struct pslot *sl = e->ptr ? pmap_find(&pm, e->ptr) : NULL;
             if (!sl) {
                 out->skipped++;
+                out->unmatched_frees++;
+                continue;
+            }
+            if (!sl->val) {
+                out->skipped++; /* its allocation failed in this replay */
+                pmap_del(&pm, sl);
                 continue;
             }
             bfc_stream_t s = stream_for(ctx, sm, e->stream, &ok);

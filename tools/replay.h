@@ -21,6 +21,10 @@ typedef struct bfc_replay_result {
     uint64_t ooms;            /* trace allocations the replay could not serve */
     uint64_t allocs, frees;   /* operations replayed */
     uint64_t skipped;         /* frees of pointers the replay never handed out, failure rows */
+    uint64_t unmatched_frees; /* of those, frees whose pointer no earlier allocate row (in
+                                 replay order) returned: the trace began after the block was
+                                 allocated, or its rows are out of order.  Those blocks stay
+                                 live in the trace's program, so figures may be off. */
     uint64_t streams;         /* distinct streams of the trace */
     double seconds;           /* wall time of the replay loop */
 } bfc_replay_result_t;

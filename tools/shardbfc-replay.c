@@ -10,8 +10,13 @@
  * "memory_limit=4G,allow_growth=false") is one run on a fresh SIM context;
  * no SPEC means one run on the defaults.  The table (or, with --json, a list
  * of objects with config, peak_reserved, peak_in_use, peak_live,
- * fragmentation, fragmentation_max, ooms, allocs, frees, skipped, seconds)
- * goes to stdout.  --trace-out traces the (single) replay itself.
+ * fragmentation, fragmentation_max, ooms, allocs, frees, skipped,
+ * unmatched_frees, seconds) goes to stdout.  Events are read in replay order
+ * (bfc_trace_csv_read_ordered: time order when each thread's rows are in
+ * time order).  Frees of pointers no earlier allocate row returned are
+ * skipped, counted in the table, and warned about on stderr: the blocks
+ * they would have freed stay live in the replay.  --trace-out traces the
+ * (single) replay itself.  A bad SPEC is reported with the item and reason.
  * Exit status: 0, 1 when a run failed, 2 on a usage error.
  */
 #include <inttypes.h>
@@ -27,6 +32,35 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: shardbfc-replay [--config SPEC]... [--json] [--trace-out PATH] TRACE\n"
                "       shardbfc-replay [--json] --compare SPEC... TRACE\n");
+}
+
+static void help(void)
+{
+    usage(stdout);
+    printf("\n"
+           "Replays an allocation trace against configurations of libshardbfc on the\n"
+           "simulated device and compares them.  TRACE is a libshardbfc trace\n"
+           "(SHARDBFC_CONF=trace=PATH) or an RMM logging_resource_adaptor CSV log.\n"
+           "\n"
+           "  --config SPEC     one run with SPEC (SHARDBFC_CONF syntax, e.g.\n"
+           "                    memory_limit=4G,allow_growth=false); repeat to compare;\n"
+           "                    none: one run on the defaults\n"
+           "  --compare SPEC... the same, every argument but the last is a SPEC\n"
+           "  --json            a JSON list instead of the table\n"
+           "  --trace-out PATH  trace the (single) replay itself to PATH\n"
+           "  -h, --help        this text\n"
+           "\n"
+           "Events are replayed in time order when each thread's rows are in time\n"
+           "order (libshardbfc writes per-thread batches), else in file order.  The\n"
+           "table gives peak_reserved, peak_in_use, peak_live (exact peak of live\n"
+           "bytes), frag (fragmentation at that peak), ooms, skipped (frees of blocks\n"
+           "the replay never handed out, allocate failure rows) and seconds; frees\n"
+           "that match no earlier allocation are also warned about on stderr, since\n"
+           "the blocks they would free stay live and the peaks may be overstated.\n"
+           "\n"
+           "Exit status: 0; 1 when a run failed (bad SPEC, unreadable trace); 2 on a\n"
+           "usage error.  See shardbfc-replay(1) and trace.md\n"
+           "(share/doc/shardbfc).\n");
 }
 
 static void json_string(const char *s)
@@ -67,7 +101,7 @@ int main(int argc, char **argv)
         } else if (strcmp(a, "--compare") == 0) {
             compare = true;
         } else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
-            usage(stdout);
+            help();
             free(specs);
             return 0;
         } else if (a[0] == '-' && a[1] == '-') {
@@ -105,7 +139,8 @@ int main(int argc, char **argv)
     bfc_trace_event_t *ev;
     size_t n;
     char err[512];
-    if (bfc_trace_csv_read(trace, &ev, &n, err, sizeof(err)) != 0) {
+    int sorted = 0;
+    if (bfc_trace_csv_read_ordered(trace, &ev, &n, &sorted, err, sizeof(err)) != 0) {
         fprintf(stderr, "shardbfc-replay: %s\n", err);
         free(specs);
         return 1;
@@ -114,8 +149,9 @@ int main(int argc, char **argv)
     if (json)
         printf("[");
     else
-        printf("%-40s %14s %14s %14s %8s %8s %9s\n", "config", "peak_reserved", "peak_in_use", "peak_live",
-               "frag", "ooms", "seconds");
+        printf("%-40s %14s %14s %14s %8s %8s %8s %9s\n", "config", "peak_reserved", "peak_in_use", "peak_live",
+               "frag", "ooms", "skipped", "seconds");
+    uint64_t unmatched_max = 0;
     for (size_t i = 0; i < nspecs; i++) {
         bfc_replay_result_t r;
         if (bfc_replay_run(ev, n, specs[i], trace_out, &r, err, sizeof(err)) != 0) {
@@ -123,24 +159,38 @@ int main(int argc, char **argv)
             status = 1;
             continue;
         }
+        if (r.unmatched_frees > unmatched_max)
+            unmatched_max = r.unmatched_frees;
         if (json) {
             printf("%s{\"config\":", i ? "," : "");
             json_string(specs[i]);
             printf(",\"peak_reserved\":%" PRIu64 ",\"peak_in_use\":%" PRIu64 ",\"peak_live\":%" PRIu64
                    ",\"fragmentation\":%.6f,\"fragmentation_max\":%.6f,\"ooms\":%" PRIu64 ",\"allocs\":%" PRIu64
-                   ",\"frees\":%" PRIu64 ",\"skipped\":%" PRIu64 ",\"seconds\":%.6f}",
+                   ",\"frees\":%" PRIu64 ",\"skipped\":%" PRIu64 ",\"unmatched_frees\":%" PRIu64
+                   ",\"seconds\":%.6f}",
                    r.peak_reserved, r.peak_in_use, r.peak_live, r.fragmentation, r.fragmentation_max, r.ooms,
-                   r.allocs, r.frees, r.skipped, r.seconds);
+                   r.allocs, r.frees, r.skipped, r.unmatched_frees, r.seconds);
         } else {
-            printf("%-40s %14" PRIu64 " %14" PRIu64 " %14" PRIu64 " %8.4f %8" PRIu64 " %9.4f\n",
+            printf("%-40s %14" PRIu64 " %14" PRIu64 " %14" PRIu64 " %8.4f %8" PRIu64 " %8" PRIu64 " %9.4f\n",
                    specs[i][0] ? specs[i] : "(defaults)", r.peak_reserved, r.peak_in_use, r.peak_live,
-                   r.fragmentation, r.ooms, r.seconds);
+                   r.fragmentation, r.ooms, r.skipped, r.seconds);
         }
     }
     if (json)
         printf("]\n");
     else
-        printf("%zu events; frag = 1 - largest free chunk / free bytes at the peak of live bytes\n", n);
+        printf("%zu events (%s); frag = 1 - largest free chunk / free bytes at the peak of live bytes;\n"
+               "skipped = allocate failure rows + frees of blocks the replay never handed out\n",
+               n, sorted ? "in time order" : "in file order: some thread's rows are not in time order");
+    /* Skipped frees leave blocks live that the traced program had freed:
+     * every peak above may be overstated, and that must not hide in --json. */
+    if (unmatched_max > 0)
+        fprintf(stderr,
+                "shardbfc-replay: warning: %" PRIu64 " free%s of pointers no earlier allocate row returned %s "
+                "skipped: those blocks stay live in the replay, so peaks may be overstated (the trace "
+                "started after they were allocated, or its rows are out of order%s)\n",
+                unmatched_max, unmatched_max == 1 ? "" : "s", unmatched_max == 1 ? "was" : "were",
+                sorted ? "" : "; they were replayed in file order");
     free(ev);
     free(specs);
     return status;

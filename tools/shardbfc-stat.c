@@ -5,6 +5,7 @@
  * (the layout of bfc_ctx_dump) and non-empty bins.
  *
  *   shardbfc-stat [--summary] SNAPSHOT.json      ("-" reads stdin)
+ *   shardbfc-stat --help
  *
  * --summary leaves out regions, chunks and bins.  Exit status: 0, 1 on a
  * bad input, 2 on a usage error.
@@ -37,13 +38,76 @@ static void print_stats(const char *indent, const bfc_json_t *s)
            bfc_json_u64(s, "largest_alloc_size", 0));
 }
 
+static void help(void)
+{
+    printf("usage: shardbfc-stat [--summary] SNAPSHOT.json\n"
+           "\n"
+           "Prints a libshardbfc snapshot (bfc_ctx_snapshot_json, or the file that\n"
+           "SHARDBFC_CONF=oom_dump=PATH writes when an allocation fails) as text:\n"
+           "the OOM report first when there is one (the diagnosis, the request, each\n"
+           "shard's largest free chunk, the pool's free spans), the context totals,\n"
+           "the pool, then per shard its statistics, regions with their chunks in\n"
+           "address order (the layout of bfc_ctx_dump) and non-empty bins.\n"
+           "\n"
+           "  --summary    leave out regions, chunks and bins\n"
+           "  -h, --help   this text\n"
+           "\n"
+           "SNAPSHOT.json may be \"-\" (standard input).  Exit status: 0; 1 on a bad\n"
+           "input; 2 on a usage error.  See shardbfc-stat(1) and snapshot.md\n"
+           "(share/doc/shardbfc).\n");
+}
+
+/* The OOM report of an oom_dump file (or any snapshot after a failure). */
+static void print_oom(const bfc_json_t *o)
+{
+    if (!o || o->type != BFC_JSON_OBJ)
+        return;
+    printf("Out of memory: %s\n", bfc_json_str(o, "diagnosis", "?"));
+    printf("  request %" PRIu64 " bytes (%" PRIu64 " chunk bytes) on stream %s; cause %s\n",
+           bfc_json_u64(o, "size", 0), bfc_json_u64(o, "rounded", 0), bfc_json_str(o, "stream", "?"),
+           bfc_json_str(o, "cause", "?"));
+    printf("  limit %" PRIu64 ", reserved %" PRIu64 ", unreserved %" PRIu64 ", in use %" PRIu64
+           ", pending %" PRIu64 "\n",
+           bfc_json_u64(o, "bytes_limit", 0), bfc_json_u64(o, "bytes_reserved", 0),
+           bfc_json_u64(o, "bytes_unreserved", 0), bfc_json_u64(o, "bytes_in_use", 0),
+           bfc_json_u64(o, "bytes_pending", 0));
+    const bfc_json_t *sh = bfc_json_get(o, "shards");
+    for (size_t i = 0; sh && i < sh->n; i++) {
+        const bfc_json_t *s = bfc_json_at(sh, i);
+        const bfc_json_t *req = bfc_json_get(s, "requesting");
+        printf("  shard stream_id=%" PRIu64 " stream=%s%s: free %" PRIu64 ", largest free chunk %" PRIu64
+               ", pending %" PRIu64 ", in use %" PRIu64 ", reserved %" PRIu64 "\n",
+               bfc_json_u64(s, "stream_id", 0), bfc_json_str(s, "stream", "?"),
+               req && req->b ? " (requesting)" : "", bfc_json_u64(s, "free", 0), bfc_json_u64(s, "largest_free", 0),
+               bfc_json_u64(s, "pending", 0), bfc_json_u64(s, "in_use", 0), bfc_json_u64(s, "reserved", 0));
+    }
+    const bfc_json_t *sp = bfc_json_get(o, "pool_spans");
+    printf("  pool: %" PRIu64 " free in %" PRIu64 " spans, largest %" PRIu64 ", fenced %" PRIu64 "\n",
+           bfc_json_u64(o, "pool_free", 0), bfc_json_u64(o, "num_pool_spans", 0),
+           bfc_json_u64(o, "pool_largest_span", 0), bfc_json_u64(o, "pool_fenced", 0));
+    for (size_t i = 0; sp && i < sp->n; i++) {
+        const bfc_json_t *s = bfc_json_at(sp, i);
+        const bfc_json_t *fenced = bfc_json_get(s, "fenced");
+        printf("    span %s size %" PRIu64 "%s", bfc_json_str(s, "base", "?"), bfc_json_u64(s, "size", 0),
+               fenced && fenced->b ? " fenced by stream_id " : "\n");
+        if (fenced && fenced->b)
+            printf("%" PRIu64 "\n", bfc_json_u64(s, "stream_id", 0));
+    }
+}
+
 int main(int argc, char **argv)
 {
     bool summary = false;
     const char *in = NULL;
     for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
+            help();
+            return 0;
+        }
         if (strcmp(argv[i], "--summary") == 0)
             summary = true;
+        else if (argv[i][0] == '-' && argv[i][1] != '\0')
+            in = NULL, i = argc; /* an unknown option: usage, not a file name */
         else if (!in)
             in = argv[i];
         else
@@ -96,6 +160,7 @@ int main(int argc, char **argv)
     printf("Pool: held %" PRIu64 " (peak %" PRIu64 "), lent to shards %" PRIu64 ", free %" PRIu64 "\n",
            bfc_json_u64(pool, "held", 0), bfc_json_u64(pool, "peak_held", 0), bfc_json_u64(pool, "committed", 0),
            bfc_json_u64(pool, "free", 0));
+    print_oom(bfc_json_get(v, "oom"));
     for (size_t i = 0; i < shards->n; i++) {
         const bfc_json_t *s = bfc_json_at(shards, i);
         const bfc_json_t *ret = bfc_json_get(s, "retired");

@@ -42,10 +42,34 @@ static char *slurp(FILE *f, size_t *len)
     return buf;
 }
 
+static void help(void)
+{
+    printf("usage: shardbfc-view SNAPSHOT.json -o PAGE.html\n"
+           "\n"
+           "Turns a libshardbfc snapshot (bfc_ctx_snapshot_json, or the file that\n"
+           "SHARDBFC_CONF=oom_dump=PATH writes when an allocation fails) into one\n"
+           "self-contained HTML page: the context and each shard in tables, every\n"
+           "region drawn to scale with its chunks coloured by state, and, for a\n"
+           "snapshot taken after an allocation failed, the OOM report first (why it\n"
+           "failed, each shard's largest free chunk, the pool's free spans).  The\n"
+           "page needs no network; open it in any browser.\n"
+           "\n"
+           "  -o PAGE.html   where to write the page (\"-\": standard output)\n"
+           "  -h, --help     this text\n"
+           "\n"
+           "SNAPSHOT.json may be \"-\" (standard input).  Exit status: 0; 1 on a bad\n"
+           "input or a write error; 2 on a usage error.  See shardbfc-view(1) and\n"
+           "snapshot.md (share/doc/shardbfc).\n");
+}
+
 int main(int argc, char **argv)
 {
     const char *in = NULL, *outp = NULL;
     for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
+            help();
+            return 0;
+        }
         if (strcmp(argv[i], "-o") == 0 && i + 1 < argc)
             outp = argv[++i];
         else if (!in)

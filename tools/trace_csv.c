@@ -288,3 +288,116 @@ int bfc_trace_csv_read(const char *path, bfc_trace_event_t **out, size_t *n, cha
     fclose(f);
     return rc;
 }
+
+/* ------------------------------------------------------------ replay order */
+
+static uint64_t mix(uint64_t x)
+{
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ull;
+    x ^= x >> 33;
+    return x;
+}
+
+/* Is every thread's sequence non-decreasing in time?  Threads are few: an
+ * open-addressing table of last times per thread (more than 2,047 distinct
+ * threads: answered "no", and the file order is kept).  -1: out of memory. */
+static int per_thread_monotone(const bfc_trace_event_t *ev, size_t n)
+{
+    enum { CAP = 1 << 12 };
+    uint64_t *tid = calloc(CAP, sizeof(*tid));
+    uint64_t *last = calloc(CAP, sizeof(*last));
+    bool *used = calloc(CAP, sizeof(*used));
+    int ok = tid && last && used ? 1 : -1;
+    size_t distinct = 0;
+    for (size_t i = 0; ok == 1 && i < n; i++) {
+        size_t j = mix(ev[i].thread) & (CAP - 1);
+        while (used[j] && tid[j] != ev[i].thread)
+            j = (j + 1) & (CAP - 1);
+        if (!used[j]) {
+            if (++distinct >= CAP / 2) {
+                ok = 0;
+                break;
+            }
+            used[j] = true;
+            tid[j] = ev[i].thread;
+        } else if (ev[i].time_ns < last[j]) {
+            ok = 0;
+            break;
+        }
+        last[j] = ev[i].time_ns;
+    }
+    free(tid);
+    free(last);
+    free(used);
+    return ok;
+}
+
+struct ord {
+    uint64_t time;
+    size_t idx;
+};
+
+static int ord_cmp(const void *a, const void *b)
+{
+    const struct ord *x = a, *y = b;
+    if (x->time != y->time)
+        return x->time < y->time ? -1 : 1;
+    return x->idx < y->idx ? -1 : x->idx > y->idx;
+}
+
+int bfc_trace_order(const bfc_trace_event_t *ev, size_t n, size_t *order)
+{
+    for (size_t i = 0; i < n; i++)
+        order[i] = i;
+    int mono = per_thread_monotone(ev, n);
+    if (mono != 1)
+        return mono;
+    struct ord *o = malloc((n ? n : 1) * sizeof(*o));
+    if (!o)
+        return -1;
+    for (size_t i = 0; i < n; i++)
+        o[i] = (struct ord){ev[i].time_ns, i};
+    /* Ties keep file order (the index is the second key), so events of one
+     * thread with equal times stay in the order they were recorded. */
+    qsort(o, n, sizeof(*o), ord_cmp);
+    for (size_t i = 0; i < n; i++)
+        order[i] = o[i].idx;
+    free(o);
+    return 1;
+}
+
+int bfc_trace_sort(bfc_trace_event_t *ev, size_t n)
+{
+    size_t *order = malloc((n ? n : 1) * sizeof(*order));
+    bfc_trace_event_t *tmp = malloc((n ? n : 1) * sizeof(*tmp));
+    int rc = order && tmp ? bfc_trace_order(ev, n, order) : -1;
+    if (rc == 1) {
+        for (size_t i = 0; i < n; i++)
+            tmp[i] = ev[order[i]];
+        memcpy(ev, tmp, n * sizeof(*ev));
+    }
+    free(order);
+    free(tmp);
+    return rc;
+}
+
+int bfc_trace_csv_read_ordered(const char *path, bfc_trace_event_t **out, size_t *n, int *sorted,
+                               char *err, size_t errlen)
+{
+    if (bfc_trace_csv_read(path, out, n, err, errlen) != 0)
+        return -1;
+    int rc = bfc_trace_sort(*out, *n);
+    if (rc < 0) {
+        set_err(err, errlen, "%s: out of memory sorting %zu events", path, *n);
+        free(*out);
+        *out = NULL;
+        *n = 0;
+        return -1;
+    }
+    if (sorted)
+        *sorted = rc;
+    return 0;
+}

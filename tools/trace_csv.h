@@ -59,6 +59,33 @@ int bfc_trace_csv_read_stream(FILE *f, const char *name,
                               bfc_trace_event_t **out, size_t *n,
                               char *err, size_t errlen);
 
+/*
+ * Replay order.  libshardbfc writes each thread's events in batches, so a
+ * trace of several threads is in time order per thread but not across
+ * threads (one thread's batch of 512 events can follow another's that
+ * started later).  Read top to bottom, such a file overstates what was live
+ * at once (a thread's frees show up before the allocations other threads
+ * made meanwhile, or after).  The replay order is therefore a stable sort
+ * by Time when every thread's events are in time order -- libshardbfc's
+ * traces -- and the file order otherwise (RMM logs, whose wall-clock times
+ * wrap at midnight; files edited by hand).  shardbfc-replay, the perf
+ * harness's replay workload and the tests all use these functions, so they
+ * all see the same sequence.
+ *
+ * bfc_trace_order fills order[0..n) with the indices of ev in replay order.
+ * bfc_trace_sort puts ev itself in replay order.  Both return 1 when the
+ * events were sorted by time, 0 when the file order was kept, -1 when out
+ * of memory (order is then the identity; ev unchanged).
+ */
+int bfc_trace_order(const bfc_trace_event_t *ev, size_t n, size_t *order);
+int bfc_trace_sort(bfc_trace_event_t *ev, size_t n);
+
+/* bfc_trace_csv_read followed by bfc_trace_sort: the events a replay must
+ * follow, in that order.  *sorted (when not NULL) receives the sort's 1 or
+ * 0.  Returns 0, or -1 with a message in err. */
+int bfc_trace_csv_read_ordered(const char *path, bfc_trace_event_t **out, size_t *n, int *sorted,
+                               char *err, size_t errlen);
+
 /* The CSV spelling of an action ("allocate", ...), or "?" when unknown. */
 const char *bfc_trace_action_name(int action);
 

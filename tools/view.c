@@ -7,7 +7,10 @@
  * an absolutely positioned box to scale within it, coloured by state (in
  * use: the owning shard's hue; free: grey; pending fence: hatched orange;
  * freeing: red); hovering a chunk shows its address, allocation id, sizes
- * and state; tables summarise the context and each shard.  The only
+ * and state; tables summarise the context and each shard.  A snapshot
+ * that carries an OOM report ("oom", an oom_dump file) opens with it: the
+ * diagnosis line, the request, each shard's free bytes and largest free
+ * chunk, and the pool's free spans.  The only
  * transformation of the JSON is escaping "</" (and "<!--") so the text cannot
  * close or confuse the script element; "<\/" is the same JSON string.
  *
@@ -61,11 +64,13 @@ static const char page_style[] =
     "font:12px monospace;display:none;white-space:pre;z-index:10;box-shadow:1px 1px 4px rgba(0,0,0,.2)}\n"
     ".legend{margin:6px 0}.legend .sw{margin-left:12px}\n"
     "#status{color:#777;font-size:12px}\n"
+    "#oom .diag{border-left:5px solid #d02828;background:#fff1f1;padding:6px 10px;margin:6px 0;font-weight:600}\n"
     "</style>\n</head>\n<body>\n";
 
 static const char page_body[] =
     "<div id=\"status\" data-state=\"loading\">rendering&hellip;</div>\n"
     "<div id=\"summary\"></div>\n"
+    "<div id=\"oom\"></div>\n"
     "<h2>Shards</h2>\n<div id=\"shards\"></div>\n"
     "<h2>Regions</h2>\n"
     "<div class=\"legend\">in use: <i>shard colour</i>"
@@ -140,6 +145,33 @@ static const char page_script[] =
     "      tot.num_ooms]]));\n"
     "  sum.appendChild(table(['pool', 'held', 'peak held', 'lent to shards', 'free in pool'],\n"
     "    [['pool', bytes(pool.held), bytes(pool.peak_held), bytes(pool.committed), bytes(pool.free)]]));\n"
+    "  /* The OOM report (oom_dump files, or any snapshot taken after a failure):\n"
+    "   * why the request failed, then where the free memory was. */\n"
+    "  var oom = snap.oom;\n"
+    "  if (oom) {\n"
+    "    var ob = document.getElementById('oom');\n"
+    "    ob.appendChild(el('h2', '', 'Out of memory'));\n"
+    "    ob.appendChild(el('div', 'diag', oom.diagnosis));\n"
+    "    ob.appendChild(table(['request', 'size', 'chunk bytes', 'stream', 'cause', 'limit', 'reserved',\n"
+    "        'unreserved', 'in use', 'pending fences', 'free in this shard', 'its largest',\n"
+    "        'free in other shards', 'their largest', 'free in pool', 'largest span', 'fenced in pool'],\n"
+    "      [['failed', bytes(oom.size), bytes(oom.rounded), oom.stream, oom.cause, bytes(oom.bytes_limit),\n"
+    "        bytes(oom.bytes_reserved), bytes(oom.bytes_unreserved), bytes(oom.bytes_in_use),\n"
+    "        bytes(oom.bytes_pending), bytes(oom.stream_free), bytes(oom.stream_largest_free),\n"
+    "        bytes(oom.other_free), bytes(oom.other_largest_free), bytes(oom.pool_free),\n"
+    "        bytes(oom.pool_largest_span), bytes(oom.pool_fenced)]]));\n"
+    "    ob.appendChild(el('div', '', 'Each shard at the failure (' + oom.num_shards + ')' +\n"
+    "      (oom.shards_omitted ? ', ' + oom.shards_omitted + ' not listed' : '') + ':'));\n"
+    "    ob.appendChild(table(['stream id', 'stream', 'requesting', 'free', 'largest free chunk', 'pending',\n"
+    "        'in use', 'reserved'], (oom.shards || []).map(function (s) {\n"
+    "      return [s.stream_id, s.stream, s.requesting ? 'yes' : '', bytes(s.free), bytes(s.largest_free),\n"
+    "        bytes(s.pending), bytes(s.in_use), bytes(s.reserved)]; })));\n"
+    "    ob.appendChild(el('div', '', 'Free spans of the pool (' + oom.num_pool_spans + ')' +\n"
+    "      (oom.spans_omitted ? ', ' + oom.spans_omitted + ' not listed' : '') + ':'));\n"
+    "    ob.appendChild(table(['base', 'size', 'state'], (oom.pool_spans || []).map(function (s) {\n"
+    "      return [s.base, bytes(s.size), s.fenced ? 'free, still fenced by stream id ' + s.stream_id :\n"
+    "        'free']; })));\n"
+    "  }\n"
     "  var rows = shards.map(function (s) {\n"
     "    var st = s.stats || {}, sw = el('span', 'sw');\n"
     "    sw.style.background = shardColour(s.stream_id);\n"

@@ -1,0 +1,492 @@
+/*
+ * obs_oom.c -- the out-of-memory report: what was asked, where the free
+ * memory was, and one line saying why the request could not be served.
+ *
+ * "Out of memory" alone does not tell a user what to change.  With 270 MiB
+ * free in the pool a 50 MB request can still fail, and the remedy depends on
+ * why: the limit is simply reached (free live blocks or raise the limit),
+ * the free memory sits in other streams' shards or behind fences on streams
+ * still running (release idle streams, synchronise), it is cut into pieces
+ * none of which is large enough (garbage_collection, fewer streams, a
+ * larger initial_region), or the device itself refused (other processes
+ * hold the GPU).  So every failed allocation builds a report, right after
+ * the failure and before the callback runs:
+ *
+ *   - the request: size, chunk bytes needed, stream;
+ *   - every live shard's free bytes, largest free chunk, pending (fenced)
+ *     bytes, in-use and reserved bytes (bfc__arenas_free_info, arena.c);
+ *   - the pool's free spans, with the stream still fencing each where the
+ *     pool records one (bfc__pool_spans, pool.c);
+ *   - limit, reserved and unreserved bytes, and the diagnosis.
+ *
+ * The diagnosis is the first of these that holds (R = chunk bytes needed):
+ *   R > limit                                     too large
+ *   in use + R > limit                            limit reached
+ *   limit - reserved >= R                         the backend refused
+ *   own largest chunk or an unfenced span >= R    memory was freed meanwhile
+ *   another shard's largest chunk, a fenced span
+ *     or the pending bytes >= R                   held by other streams
+ *   otherwise                                     too fragmented
+ * The last case is sound because limit - in use = unreserved + free in
+ * shards + pending + free in the pool: when none of the pieces is as large
+ * as R but their sum is, the bytes exist, only not in one piece.
+ *
+ * The report is gathered with no allocator lock held across it: each shard
+ * and the pool are read under their own locks in turn (as bfc_ctx_stats
+ * does), so each part is exact but the whole is not one instant.  That is
+ * the price of never stopping the other streams to explain one failure.
+ *
+ * Where it goes: the callback reads it with bfc_ctx_oom_info (a pointer to
+ * the caller's own copy, thread-local, so a concurrent failure elsewhere
+ * cannot swap it); the context keeps the latest one (obs.lock) for
+ * bfc_ctx_oom_info outside a callback and for the snapshot's "oom" object,
+ * which the oom_dump file, shardbfc-stat and shardbfc-view show.
+ *
+ * Locking: obs.lock guards the callback, the latest report and the dump's
+ * rate limit; it is never held while an allocator lock is taken, nor while
+ * the callback runs or a dump is written.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ctx.h"
+
+/* Entries kept when the report's own arrays cannot be allocated. */
+#define OOM_FALLBACK 16
+/* Extra room for shards or spans that appear between counting and copying. */
+#define OOM_SLACK 8
+
+struct bfc__oom_report {
+    bfc_oom_info_t info;
+    uint64_t time_unix_ns;
+    size_t nshards, nshards_total; /* copied, and live when gathered */
+    size_t nspans, nspans_total;
+    struct bfc__shard_free *shards; /* meta-allocated (heap reports) */
+    struct bfc__span_info *spans;
+    size_t shards_cap, spans_cap;   /* bytes freed with them: cap entries */
+    bool heap;                      /* the record itself is meta-allocated */
+};
+
+/* The report the calling thread's OOM callback is about (its own copy). */
+static __thread const bfc_oom_info_t *tls_info;
+static __thread const struct bfc_ctx *tls_info_ctx;
+
+static void fmt_bytes(char *buf, size_t len, uint64_t v)
+{
+    static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double d = (double)v;
+    int i = 0;
+    while (d >= 1024.0 && i < 4) {
+        d /= 1024.0;
+        i++;
+    }
+    if (i == 0)
+        snprintf(buf, len, "%" PRIu64 " B", v);
+    else
+        snprintf(buf, len, "%.1f %s", d, unit[i]);
+}
+
+static const char *cause_name(bfc_oom_cause_t c)
+{
+    switch (c) {
+    case BFC_OOM_TOO_LARGE:
+        return "too_large";
+    case BFC_OOM_LIMIT:
+        return "limit";
+    case BFC_OOM_BACKEND:
+        return "backend";
+    case BFC_OOM_TRANSIENT:
+        return "transient";
+    case BFC_OOM_HELD:
+        return "held";
+    case BFC_OOM_FRAGMENTED:
+        return "fragmented";
+    default:
+        return "none";
+    }
+}
+
+static void report_free(struct bfc__oom_report *r)
+{
+    if (!r || !r->heap)
+        return;
+    if (r->shards_cap)
+        bfc__meta_free(r->shards, r->shards_cap * sizeof(*r->shards));
+    if (r->spans_cap)
+        bfc__meta_free(r->spans, r->spans_cap * sizeof(*r->spans));
+    bfc__meta_free(r, sizeof(*r));
+}
+
+/* Fills r's lists: sized to what is there (plus slack) when the arrays can
+ * be allocated, else the caller's fallback arrays of OOM_FALLBACK. */
+static void gather(struct bfc_ctx *ctx, struct bfc__oom_report *r, struct bfc__shard_free *fb_shards,
+                   struct bfc__span_info *fb_spans)
+{
+    size_t cap = bfc__arenas_free_info(ctx, NULL, 0) + OOM_SLACK;
+    r->shards = r->heap ? bfc__meta_alloc(cap * sizeof(*r->shards)) : NULL;
+    if (r->shards) {
+        r->shards_cap = cap;
+    } else {
+        cap = OOM_FALLBACK;
+        r->shards_cap = 0;
+    }
+    struct bfc__shard_free *sh = r->shards ? r->shards : fb_shards;
+    r->nshards_total = bfc__arenas_free_info(ctx, sh, cap);
+    r->nshards = r->nshards_total < cap ? r->nshards_total : cap;
+    if (!r->shards)
+        r->shards = fb_shards;
+
+    cap = bfc__pool_spans(&ctx->pool, NULL, 0) + OOM_SLACK;
+    r->spans = r->heap ? bfc__meta_alloc(cap * sizeof(*r->spans)) : NULL;
+    if (r->spans) {
+        r->spans_cap = cap;
+    } else {
+        cap = OOM_FALLBACK;
+        r->spans_cap = 0;
+    }
+    struct bfc__span_info *sp = r->spans ? r->spans : fb_spans;
+    r->nspans_total = bfc__pool_spans(&ctx->pool, sp, cap);
+    r->nspans = r->nspans_total < cap ? r->nspans_total : cap;
+    if (!r->spans)
+        r->spans = fb_spans;
+}
+
+/* The figures of r->info from the lists, and the diagnosis. */
+static void diagnose(struct bfc_ctx *ctx, struct bfc__oom_report *r)
+{
+    bfc_oom_info_t *in = &r->info;
+    size_t held, peak, committed, pool_free;
+    bfc__pool_stats(ctx, &held, &peak, &committed, &pool_free);
+    (void)peak;
+    (void)committed;
+    (void)pool_free; /* summed from the spans below, to match the list */
+    in->bytes_limit = ctx->limit;
+    in->bytes_reserved = held;
+    in->bytes_unreserved = ctx->limit > held ? ctx->limit - held : 0;
+    in->num_shards = r->nshards_total;
+    in->num_pool_spans = r->nspans_total;
+    uint64_t own_pending = 0;
+    for (size_t i = 0; i < r->nshards; i++) {
+        const struct bfc__shard_free *s = &r->shards[i];
+        in->bytes_in_use += s->in_use;
+        in->bytes_pending += s->pending_bytes;
+        if (s->stream == in->stream) {
+            in->stream_free += s->free_bytes;
+            if (s->largest_free > in->stream_largest_free)
+                in->stream_largest_free = s->largest_free;
+            own_pending += s->pending_bytes;
+        } else {
+            in->other_free += s->free_bytes;
+            if (s->largest_free > in->other_largest_free) {
+                in->other_largest_free = s->largest_free;
+                in->other_largest_stream = s->stream;
+            }
+        }
+    }
+    uint64_t open_largest = 0, fenced_largest = 0, fenced_stream = 0;
+    for (size_t i = 0; i < r->nspans; i++) {
+        const struct bfc__span_info *s = &r->spans[i];
+        in->pool_free += s->size;
+        if (s->size > in->pool_largest_span)
+            in->pool_largest_span = s->size;
+        if (s->fenced) {
+            in->pool_fenced += s->size;
+            if (s->size > fenced_largest) {
+                fenced_largest = s->size;
+                fenced_stream = s->stream_id;
+            }
+        } else if (s->size > open_largest) {
+            open_largest = s->size;
+        }
+    }
+
+    const uint64_t R = in->rounded;
+    char need[32], lim[32], a[32], b[32], c[32], d[32], e[32];
+    fmt_bytes(need, sizeof need, R);
+    fmt_bytes(lim, sizeof lim, in->bytes_limit);
+    char *o = in->diagnosis;
+    size_t len = sizeof in->diagnosis;
+    if (R == 0 || R > in->bytes_limit) {
+        in->cause = BFC_OOM_TOO_LARGE;
+        fmt_bytes(a, sizeof a, in->size);
+        snprintf(o, len, "request too large: %s (%zu bytes) is more than the whole %s limit", a, in->size, lim);
+    } else if (in->bytes_in_use + R > in->bytes_limit) {
+        in->cause = BFC_OOM_LIMIT;
+        fmt_bytes(a, sizeof a, in->bytes_in_use);
+        snprintf(o, len,
+                 "limit reached: %s in use + %s requested > %s limit; only freeing live blocks (or a higher "
+                 "memory_limit) helps",
+                 a, need, lim);
+    } else if (in->bytes_unreserved >= R) {
+        in->cause = BFC_OOM_BACKEND;
+        fmt_bytes(a, sizeof a, in->bytes_unreserved);
+        snprintf(o, len,
+                 "the device refused: %s of the limit is unreserved, but the backend could not provide a "
+                 "region for %s (device memory taken by others?)",
+                 a, need);
+    } else if (in->stream_largest_free >= R || open_largest >= R) {
+        in->cause = BFC_OOM_TRANSIENT;
+        fmt_bytes(a, sizeof a, in->stream_largest_free > open_largest ? in->stream_largest_free : open_largest);
+        snprintf(o, len,
+                 "memory was freed meanwhile: %s in one piece is usable by this stream now; a retry may "
+                 "succeed",
+                 a);
+    } else if (in->other_largest_free >= R || fenced_largest >= R || in->bytes_pending >= R) {
+        in->cause = BFC_OOM_HELD;
+        int w = snprintf(o, len, "memory free but held by other streams:");
+        const char *sep = " ";
+        if (in->other_largest_free >= R) {
+            fmt_bytes(a, sizeof a, in->other_largest_free);
+            fmt_bytes(b, sizeof b, in->other_free);
+            w += snprintf(o + w, len > (size_t)w ? len - (size_t)w : 0,
+                          "%sstream %p's shard has a free chunk of %s (%s free in other shards)", sep,
+                          (void *)in->other_largest_stream, a, b);
+            sep = "; ";
+        }
+        if (fenced_largest >= R && (size_t)w < len) {
+            fmt_bytes(a, sizeof a, fenced_largest);
+            w += snprintf(o + w, len - (size_t)w, "%sa pool span of %s is still fenced by stream id %" PRIu64,
+                          sep, a, fenced_stream);
+            sep = "; ";
+        }
+        if (in->bytes_pending >= R && (size_t)w < len) {
+            fmt_bytes(a, sizeof a, in->bytes_pending);
+            fmt_bytes(b, sizeof b, own_pending);
+            w += snprintf(o + w, len - (size_t)w,
+                          "%s%s of freed blocks wait for other streams' work to finish (%s of it in this "
+                          "stream's shard)",
+                          sep, a, b);
+        }
+        if ((size_t)w < len) {
+            fmt_bytes(a, sizeof a, in->stream_largest_free);
+            snprintf(o + w, len - (size_t)w, "; this stream's largest free chunk is %s, %s needed", a, need);
+        }
+    } else {
+        in->cause = BFC_OOM_FRAGMENTED;
+        uint64_t largest = in->stream_largest_free;
+        if (in->other_largest_free > largest)
+            largest = in->other_largest_free;
+        if (in->pool_largest_span > largest)
+            largest = in->pool_largest_span;
+        if (in->bytes_unreserved > largest)
+            largest = in->bytes_unreserved;
+        fmt_bytes(a, sizeof a, in->stream_free + in->other_free + in->pool_free + in->bytes_unreserved);
+        fmt_bytes(b, sizeof b, in->stream_free);
+        fmt_bytes(c, sizeof c, in->other_free);
+        fmt_bytes(d, sizeof d, in->pool_free);
+        fmt_bytes(e, sizeof e, largest);
+        snprintf(o, len,
+                 "free memory too fragmented: %s free (this stream %s, other streams %s, pool %s, the rest "
+                 "unreserved) but the largest piece is %s, %s needed",
+                 a, b, c, d, e, need);
+    }
+}
+
+/* A report of the failure just seen.  Heap-allocated when it can be, else
+ * built in *local with the caller's fallback arrays (and not kept). */
+static struct bfc__oom_report *report_make(struct bfc_ctx *ctx, size_t n, bfc_stream_t stream,
+                                           struct bfc__oom_report *local, struct bfc__shard_free *fb_shards,
+                                           struct bfc__span_info *fb_spans)
+{
+    struct bfc__oom_report *r = bfc__meta_zalloc(sizeof(*r));
+    if (r) {
+        r->heap = true;
+    } else {
+        r = local;
+        memset(r, 0, sizeof(*r));
+    }
+    struct timespec ts;
+    if (clock_gettime(CLOCK_REALTIME, &ts) == 0)
+        r->time_unix_ns = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+    r->info.size = n;
+    r->info.rounded = bfc__round256(n);
+    r->info.stream = stream;
+    gather(ctx, r, fb_shards, fb_spans);
+    diagnose(ctx, r);
+    /* A kept report must not point at the caller's stack: a list that
+     * could not be allocated is left out (its totals still count). */
+    if (r->heap && !r->shards_cap) {
+        r->shards = NULL;
+        r->nshards = 0;
+    }
+    if (r->heap && !r->spans_cap) {
+        r->spans = NULL;
+        r->nspans = 0;
+    }
+    return r;
+}
+
+int bfc_ctx_set_oom_callback(bfc_ctx_t *ctx, bfc_oom_fn fn, void *arg)
+{
+    if (!ctx || !ctx->obs.lock_ready)
+        return BFC_EINVAL;
+    bfc__plock(&ctx->obs.lock);
+    ctx->obs.oom_fn = fn;
+    ctx->obs.oom_arg = fn ? arg : NULL;
+    bfc__punlock(&ctx->obs.lock);
+    return BFC_OK;
+}
+
+bool bfc__oom_callback(struct bfc_ctx *ctx, size_t n, bfc_stream_t stream)
+{
+    if (!ctx->obs.lock_ready)
+        return false;
+    struct bfc__oom_report local;
+    struct bfc__shard_free fb_shards[OOM_FALLBACK];
+    struct bfc__span_info fb_spans[OOM_FALLBACK];
+    struct bfc__oom_report *r = report_make(ctx, n, stream, &local, fb_shards, fb_spans);
+    bfc_oom_info_t info = r->info; /* the callback's own copy */
+    struct bfc__oom_report *old = NULL;
+
+    bfc__plock(&ctx->obs.lock);
+    if (r->heap) {
+        old = ctx->obs.last_oom;
+        ctx->obs.last_oom = r;
+    }
+    bfc_oom_fn fn = ctx->obs.oom_fn;
+    void *arg = ctx->obs.oom_arg;
+    bfc__punlock(&ctx->obs.lock);
+    report_free(old);
+    if (!fn)
+        return false;
+    bfc_stats_t s;
+    bfc_ctx_stats(ctx, &s);
+    /* No lock held: the callback may free (or allocate) on this context,
+     * and may fail again inside (its own report nests). */
+    const bfc_oom_info_t *prev_info = tls_info;
+    const struct bfc_ctx *prev_ctx = tls_info_ctx;
+    tls_info = &info;
+    tls_info_ctx = ctx;
+    int retry = fn(ctx, n, stream, &s, arg);
+    tls_info = prev_info;
+    tls_info_ctx = prev_ctx;
+    return retry != 0;
+}
+
+int bfc_ctx_oom_info(bfc_ctx_t *ctx, bfc_oom_info_t *out)
+{
+    if (!ctx || !out)
+        return BFC_EINVAL;
+    if (tls_info && tls_info_ctx == ctx) {
+        *out = *tls_info;
+        return BFC_OK;
+    }
+    memset(out, 0, sizeof(*out));
+    if (!ctx->obs.lock_ready)
+        return BFC_ESTATE;
+    bfc__plock(&ctx->obs.lock);
+    const struct bfc__oom_report *r = ctx->obs.last_oom;
+    if (r)
+        *out = r->info;
+    bfc__punlock(&ctx->obs.lock);
+    return r ? BFC_OK : BFC_ESTATE;
+}
+
+/* A JSON string of our own making (printable ASCII): quotes and
+ * backslashes escaped all the same. */
+static void json_str(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (; *s; s++) {
+        if (*s == '"' || *s == '\\')
+            fputc('\\', f);
+        if ((unsigned char)*s >= 0x20)
+            fputc(*s, f);
+    }
+    fputc('"', f);
+}
+
+void bfc__oom_json(struct bfc_ctx *ctx, FILE *f)
+{
+    if (!ctx->obs.lock_ready) {
+        fputs(",\"oom\":null", f);
+        return;
+    }
+    bfc__plock(&ctx->obs.lock);
+    const struct bfc__oom_report *r = ctx->obs.last_oom;
+    if (!r) {
+        bfc__punlock(&ctx->obs.lock);
+        fputs(",\"oom\":null", f);
+        return;
+    }
+    const bfc_oom_info_t *in = &r->info;
+    fprintf(f,
+            ",\"oom\":{\"time_unix_ns\":%" PRIu64 ",\"size\":%zu,\"rounded\":%zu,\"stream\":\"0x%" PRIxPTR
+            "\",\"cause\":\"%s\",\"diagnosis\":",
+            r->time_unix_ns, in->size, in->rounded, (uintptr_t)in->stream, cause_name(in->cause));
+    json_str(f, in->diagnosis);
+    fprintf(f,
+            ",\"bytes_limit\":%" PRIu64 ",\"bytes_reserved\":%" PRIu64 ",\"bytes_unreserved\":%" PRIu64
+            ",\"bytes_in_use\":%" PRIu64 ",\"bytes_pending\":%" PRIu64 ",\"stream_free\":%" PRIu64
+            ",\"stream_largest_free\":%" PRIu64 ",\"other_free\":%" PRIu64 ",\"other_largest_free\":%" PRIu64
+            ",\"other_largest_stream\":\"0x%" PRIxPTR "\",\"pool_free\":%" PRIu64 ",\"pool_largest_span\":%" PRIu64
+            ",\"pool_fenced\":%" PRIu64 ",\"num_pool_spans\":%" PRIu64 ",\"num_shards\":%" PRIu64 ",\"shards\":[",
+            in->bytes_limit, in->bytes_reserved, in->bytes_unreserved, in->bytes_in_use, in->bytes_pending,
+            in->stream_free, in->stream_largest_free, in->other_free, in->other_largest_free,
+            (uintptr_t)in->other_largest_stream, in->pool_free, in->pool_largest_span, in->pool_fenced,
+            in->num_pool_spans, in->num_shards);
+    for (size_t i = 0; i < r->nshards; i++) {
+        const struct bfc__shard_free *s = &r->shards[i];
+        fprintf(f,
+                "%s{\"stream_id\":%" PRIu64 ",\"stream\":\"0x%" PRIxPTR "\",\"requesting\":%s,\"free\":%zu"
+                ",\"largest_free\":%zu,\"pending\":%zu,\"in_use\":%zu,\"reserved\":%zu}",
+                i ? "," : "", s->stream_id, (uintptr_t)s->stream, s->stream == in->stream ? "true" : "false",
+                s->free_bytes, s->largest_free, s->pending_bytes, s->in_use, s->reserved);
+    }
+    fputs("],\"pool_spans\":[", f);
+    for (size_t i = 0; i < r->nspans; i++) {
+        const struct bfc__span_info *s = &r->spans[i];
+        fprintf(f, "%s{\"base\":\"0x%" PRIxPTR "\",\"size\":%zu,\"fenced\":%s,\"stream_id\":%" PRIu64 "}",
+                i ? "," : "", s->base, s->size, s->fenced ? "true" : "false", s->stream_id);
+    }
+    fprintf(f, "],\"shards_omitted\":%zu,\"spans_omitted\":%zu}", r->nshards_total - r->nshards,
+            r->nspans_total - r->nspans);
+    bfc__punlock(&ctx->obs.lock);
+}
+
+void bfc__oom_dump(struct bfc_ctx *ctx)
+{
+    if (!ctx->cfg.oom_dump[0] || ctx->is_host || !ctx->obs.lock_ready)
+        return;
+    struct timespec ts;
+    if (clock_gettime(CLOCK_MONOTONIC, &ts) != 0)
+        return;
+    uint64_t now = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+    /* At most one dump a second, and one at a time: an OOM storm must not
+     * turn into a storm of multi-megabyte writes, and the newest state is
+     * what matters.  The file is written without obs.lock, because the
+     * snapshot takes it to print the report. */
+    bfc__plock(&ctx->obs.lock);
+    bool go = !ctx->obs.dumping && (ctx->obs.last_dump_ns == 0 || now - ctx->obs.last_dump_ns >= 1000000000u);
+    if (go) {
+        ctx->obs.dumping = true;
+        ctx->obs.last_dump_ns = now ? now : 1;
+    }
+    bfc__punlock(&ctx->obs.lock);
+    if (!go)
+        return;
+    char tmp[sizeof(ctx->cfg.oom_dump) + 8];
+    snprintf(tmp, sizeof(tmp), "%s.tmp", ctx->cfg.oom_dump);
+    FILE *f = fopen(tmp, "w");
+    if (f) {
+        int st = bfc_ctx_snapshot_json(ctx, f);
+        if (fclose(f) == 0 && st == BFC_OK) {
+            if (rename(tmp, ctx->cfg.oom_dump) != 0)
+                (void)unlink(tmp);
+        } else {
+            (void)unlink(tmp);
+        }
+    }
+    bfc__plock(&ctx->obs.lock);
+    ctx->obs.dumping = false;
+    bfc__punlock(&ctx->obs.lock);
+}
+
+void bfc__oom_fini(struct bfc_ctx *ctx)
+{
+    report_free(ctx->obs.last_oom);
+    ctx->obs.last_oom = NULL;
+}

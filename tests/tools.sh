@@ -1,0 +1,73 @@
+#!/bin/sh
+# tools.sh -- `make check`: the command-line tools of the build tree on
+# crafted inputs (their installed copies are tried by tests/install.sh).
+#
+#   shardbfc-replay  a trace whose free comes before its allocation: the
+#                    table's skipped column counts it and stderr warns; a
+#                    misspelt --config key is named with the reason;
+#                    per-thread batches out of time order are replayed in
+#                    time order (nothing skipped);
+#   shardbfc-stat    --help / -h, an unknown option is a usage error (not a
+#                    file name), a missing file is exit 1;
+#   shardbfc-view    --help, a missing -o is a usage error.
+set -u
+
+fail() { echo "tools.sh: $*" >&2; exit 1; }
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/shardbfc-tools.XXXXXX") || exit 1
+trap 'rm -rf "$tmp"' EXIT
+replay=./tools/shardbfc-replay stat=./tools/shardbfc-stat view=./tools/shardbfc-view
+for t in "$replay" "$stat" "$view"; do [ -x "$t" ] || fail "$t not built"; done
+
+# ----------------------------------------------------------- replay
+# Thread 1's rows are out of time order (an edited file), so the file order
+# is kept, and the free of 0x1000 comes before its allocation.
+cat > "$tmp/bad.csv" <<'CSV'
+Thread,Time,Action,Pointer,Size,Stream
+1,50,free,0x1000,4096,0x0
+1,10,allocate,0x1000,4096,0x0
+1,60,allocate,0x2000,8192,0x0
+1,70,free,0x2000,8192,0x0
+CSV
+"$replay" "$tmp/bad.csv" >"$tmp/out" 2>"$tmp/err" || { cat "$tmp/out" "$tmp/err" >&2; fail "replay failed"; }
+grep -q 'skipped' "$tmp/out" || fail "no skipped column: $(cat "$tmp/out")"
+# config, peak_reserved, peak_in_use, peak_live, frag, ooms, skipped, seconds
+awk '$1 == "(defaults)" && $7 == 1 {ok = 1} END {exit !ok}' "$tmp/out" ||
+    { cat "$tmp/out" >&2; fail "the table does not show 1 skipped event"; }
+grep -q 'warning: 1 free of pointers no earlier allocate row returned was skipped' "$tmp/err" ||
+    { cat "$tmp/err" >&2; fail "no warning about the skipped free"; }
+grep -q 'in file order' "$tmp/out" || fail "the table does not say the file order was kept"
+"$replay" --json "$tmp/bad.csv" 2>/dev/null | grep -q '"skipped":1,"unmatched_frees":1' ||
+    fail "--json lacks skipped/unmatched_frees"
+
+# Two threads' batches, out of order across threads only: time order, so
+# every free matches and there is no warning.
+cat > "$tmp/batches.csv" <<'CSV'
+Thread,Time,Action,Pointer,Size,Stream
+1,10,allocate,0x1000,1048576,0x0
+1,40,free,0x1000,1048576,0x0
+2,20,allocate,0x2000,2097152,0x0
+2,45,free,0x2000,2097152,0x0
+CSV
+"$replay" "$tmp/batches.csv" >"$tmp/out" 2>"$tmp/err" || fail "replay of batches failed"
+[ ! -s "$tmp/err" ] || { cat "$tmp/err" >&2; fail "a warning for a well-formed trace"; }
+awk '$1 == "(defaults)" && $4 == 3145728 && $7 == 0 {ok = 1} END {exit !ok}' "$tmp/out" ||
+    { cat "$tmp/out" >&2; fail "batches not replayed in time order (peak_live should be 3 MiB)"; }
+
+"$replay" --config memory_limt=1G "$tmp/batches.csv" >"$tmp/out" 2>"$tmp/err"
+[ $? -eq 1 ] || fail "a bad --config does not exit 1"
+grep -q "memory_limt=1G: unknown key 'memory_limt'" "$tmp/err" || { cat "$tmp/err" >&2; fail "bad --config not explained"; }
+
+# -------------------------------------------------------------- stat
+"$stat" --help >"$tmp/out" 2>&1 || fail "shardbfc-stat --help exits non-zero"
+grep -q '^usage: shardbfc-stat' "$tmp/out" || fail "shardbfc-stat --help prints no usage"
+"$stat" --bogus >/dev/null 2>&1
+[ $? -eq 2 ] || fail "shardbfc-stat --bogus is not a usage error"
+"$stat" "$tmp/none.json" >/dev/null 2>&1
+[ $? -eq 1 ] || fail "shardbfc-stat on a missing file does not exit 1"
+
+# -------------------------------------------------------------- view
+"$view" --help >"$tmp/out" 2>&1 || fail "shardbfc-view --help exits non-zero"
+grep -q '^usage: shardbfc-view' "$tmp/out" || fail "shardbfc-view --help prints no usage"
+"$view" "$tmp/none.json" >/dev/null 2>&1
+[ $? -eq 2 ] || fail "shardbfc-view without -o is not a usage error"
+echo "tools.sh: ok"
