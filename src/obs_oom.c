@@ -158,11 +158,9 @@ static void gather(struct bfc_ctx *ctx, struct bfc__oom_report *r, struct bfc__s
 static void diagnose(struct bfc_ctx *ctx, struct bfc__oom_report *r)
 {
     bfc_oom_info_t *in = &r->info;
-    size_t held, peak, committed, pool_free;
-    bfc__pool_stats(ctx, &held, &peak, &committed, &pool_free);
-    (void)peak;
-    (void)committed;
-    (void)pool_free; /* summed from the spans below, to match the list */
+    struct bfc__pool_stats ps;
+    bfc__pool_stats(&ctx->pool, &ps); /* free bytes are summed from the spans below, to match the list */
+    size_t held = ps.held;
     in->bytes_limit = ctx->limit;
     in->bytes_reserved = held;
     in->bytes_unreserved = ctx->limit > held ? ctx->limit - held : 0;

@@ -79,11 +79,12 @@ int main(int argc, char **argv)
         return 1;
     }
     bfc_stream_t a = bfc_sim_stream_create(ctx), b = bfc_sim_stream_create(ctx);
+    void *big = bfc_ctx_alloc(ctx, a, 4 << 20);
     void *keep = bfc_ctx_alloc(ctx, a, 1024);
-    void *big = bfc_ctx_alloc(ctx, a, 6 << 20);
     if (!keep || !big || bfc_ctx_free(ctx, big, a) != BFC_OK)
         return 1;
-    /* Stream b cannot have the memory stream a holds: an OOM, reported. */
+    /* Stream b cannot have the memory stream a holds (a free chunk before a
+     * live block; the free tail after it is too small): an OOM, reported. */
     if (bfc_ctx_alloc(ctx, b, 4 << 20) != NULL || bfc_last_error() != BFC_ENOMEM)
         return 1;
     bfc_oom_info_t why;

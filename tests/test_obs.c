@@ -625,25 +625,42 @@ START_TEST(test_oom_report_fragmented)
 }
 END_TEST
 
+/*
+ * A fragmented pool (allow_growth=false, the whole 8 MiB reserved): stream a
+ * takes the one region of everything and a 3 MiB block; stream b's first
+ * block makes a give its free tail back, and b's region is half of that
+ * (2.5 MiB, [3, 5.5) MiB); a's block is freed.  Then 5 MiB on b: a's fully
+ * free region goes back to the pool, which then holds [0, 3) and [5.5, 8)
+ * MiB -- 5.5 MiB, no piece of 5 -- and b's own free tail (1.5 MiB) would
+ * not join them into one.  The pool's spans say so.
+ */
+static bfc_ctx_t *fragmented_pool(bfc_stream_t *a, bfc_stream_t *b, void **pb)
+{
+    bfc_ctx_t *ctx = mkctx("memory_limit=8M,allow_growth=false");
+    *a = bfc_sim_stream_create(ctx);
+    *b = bfc_sim_stream_create(ctx);
+    void *pa = xalloc(ctx, *a, 3 * MiB);
+    *pb = xalloc(ctx, *b, MiB);
+    ck_assert_ptr_eq(*pb, (char *)pa + 3 * MiB);
+    xfree(ctx, pa, *a);
+    return ctx;
+}
+
 START_TEST(test_oom_report_pool_spans)
 {
-    /* The whole limit reserved at create; two streams take a 2 MiB region
-     * each and the pool keeps 4 MiB.  5 MiB fits in the 6 MiB that are free
-     * in all, but no piece is that large: the pool's spans say so. */
     tmp_setup();
-    bfc_ctx_t *ctx = mkctx("memory_limit=8M,allow_growth=false,initial_region=2M");
-    bfc_stream_t a = bfc_sim_stream_create(ctx), b = bfc_sim_stream_create(ctx);
-    void *pa = xalloc(ctx, a, MiB), *pb = xalloc(ctx, b, MiB);
-    ck_assert_ptr_null(bfc_ctx_alloc(ctx, a, 5 * MiB));
+    bfc_stream_t a, b;
+    void *pb;
+    bfc_ctx_t *ctx = fragmented_pool(&a, &b, &pb);
+    ck_assert_ptr_null(bfc_ctx_alloc(ctx, b, 5 * MiB));
     bfc_oom_info_t i = oom_info(ctx, BFC_OOM_FRAGMENTED);
-    ck_assert_ptr_eq(i.stream, a);
+    ck_assert_ptr_eq(i.stream, b);
     ck_assert_uint_eq(i.num_shards, 2);
-    ck_assert_uint_eq(i.stream_largest_free, MiB);
-    ck_assert_uint_eq(i.other_largest_free, MiB);
-    ck_assert_ptr_eq(i.other_largest_stream, b);
-    ck_assert_uint_eq(i.pool_free, 4 * MiB);
-    ck_assert_uint_eq(i.pool_largest_span, 4 * MiB);
-    ck_assert_uint_eq(i.num_pool_spans, 1);
+    ck_assert_uint_eq(i.stream_largest_free, 3 * MiB / 2);
+    ck_assert_uint_eq(i.other_largest_free, 0);
+    ck_assert_uint_eq(i.pool_free, 11 * MiB / 2);
+    ck_assert_uint_eq(i.pool_largest_span, 3 * MiB);
+    ck_assert_uint_eq(i.num_pool_spans, 2);
     ck_assert_uint_eq(i.pool_fenced, 0);
 
     /* The snapshot (and so the oom_dump file) carries the same report, with
@@ -655,30 +672,33 @@ START_TEST(test_oom_report_pool_spans)
     ck_assert_str_eq(bfc_json_str(o, "cause", ""), "fragmented");
     ck_assert_str_eq(bfc_json_str(o, "diagnosis", ""), i.diagnosis);
     ck_assert_uint_eq(bfc_json_u64(o, "size", 0), 5 * MiB);
-    ck_assert_uint_eq(bfc_json_u64(o, "pool_free", 0), 4 * MiB);
+    ck_assert_uint_eq(bfc_json_u64(o, "pool_free", 0), 11 * MiB / 2);
     char want[32];
-    snprintf(want, sizeof want, "0x%" PRIxPTR, (uintptr_t)a);
+    snprintf(want, sizeof want, "0x%" PRIxPTR, (uintptr_t)b);
     ck_assert_str_eq(bfc_json_str(o, "stream", ""), want);
     const bfc_json_t *sh = bfc_json_get(o, "shards");
     ck_assert_uint_eq(sh->n, 2);
     int requesting = 0;
     for (size_t k = 0; k < sh->n; k++) {
         const bfc_json_t *e = bfc_json_at(sh, k);
-        ck_assert_uint_eq(bfc_json_u64(e, "largest_free", 0), MiB);
-        ck_assert_uint_eq(bfc_json_u64(e, "in_use", 0), MiB);
         if (bfc_json_get(e, "requesting")->b) {
             requesting++;
             ck_assert_str_eq(bfc_json_str(e, "stream", ""), want);
+            ck_assert_uint_eq(bfc_json_u64(e, "largest_free", 0), 3 * MiB / 2);
+            ck_assert_uint_eq(bfc_json_u64(e, "in_use", 0), MiB);
+        } else {
+            ck_assert_uint_eq(bfc_json_u64(e, "largest_free", 1), 0);
+            ck_assert_uint_eq(bfc_json_u64(e, "in_use", 1), 0);
         }
     }
     ck_assert_int_eq(requesting, 1);
     const bfc_json_t *sp = bfc_json_get(o, "pool_spans");
-    ck_assert_uint_eq(sp->n, 1);
-    ck_assert_uint_eq(bfc_json_u64(bfc_json_at(sp, 0), "size", 0), 4 * MiB);
+    ck_assert_uint_eq(sp->n, 2);
+    ck_assert_uint_eq(bfc_json_u64(bfc_json_at(sp, 0), "size", 0), 3 * MiB);
+    ck_assert_uint_eq(bfc_json_u64(bfc_json_at(sp, 1), "size", 0), 5 * MiB / 2);
     ck_assert_int_eq(bfc_json_get(bfc_json_at(sp, 0), "fenced")->b, false);
     ck_assert_uint_eq(bfc_json_u64(o, "spans_omitted", 9), 0);
     bfc_json_free(v);
-    xfree(ctx, pa, a);
     xfree(ctx, pb, b);
     bfc_sim_stream_destroy(ctx, a);
     bfc_sim_stream_destroy(ctx, b);
@@ -689,20 +709,22 @@ END_TEST
 
 START_TEST(test_oom_report_held_and_backend)
 {
-    /* Stream a's region holds one small live block and 8 MiB - 1 KiB free:
-     * not fully free, so it is not reclaimed for stream b. */
+    /* Stream a's one region (8 MiB) holds a small live block after a free
+     * 4 MiB chunk: the region is not fully free and its free tail (4 MiB -
+     * 1 KiB) is too small to help, so nothing of a's reaches stream b. */
     bfc_ctx_t *ctx = mkctx("memory_limit=8M,initial_region=8M");
     bfc_stream_t a = bfc_sim_stream_create(ctx), b = bfc_sim_stream_create(ctx);
+    void *big = xalloc(ctx, a, 4 * MiB);
     void *keep = xalloc(ctx, a, KiB);
-    xfree(ctx, xalloc(ctx, a, 6 * MiB), a);
+    xfree(ctx, big, a);
     ck_assert_ptr_null(bfc_ctx_alloc(ctx, b, 4 * MiB));
     bfc_oom_info_t i = oom_info(ctx, BFC_OOM_HELD);
     ck_assert_ptr_eq(i.stream, b);
     ck_assert_uint_eq(i.stream_largest_free, 0);
-    ck_assert_uint_eq(i.other_largest_free, 8 * MiB - KiB);
+    ck_assert_uint_eq(i.other_largest_free, 4 * MiB);
     ck_assert_ptr_eq(i.other_largest_stream, a);
     char want[64];
-    snprintf(want, sizeof want, "stream %p's shard has a free chunk of 8.0 MiB", (void *)a);
+    snprintf(want, sizeof want, "stream %p's shard has a free chunk of 4.0 MiB", (void *)a);
     ck_assert_msg(strstr(i.diagnosis, "memory free but held by other streams") && strstr(i.diagnosis, want), "%s",
                   i.diagnosis);
     xfree(ctx, keep, a);
@@ -1532,23 +1554,22 @@ START_TEST(test_view_script_in_node)
         return;
     }
     tmp_setup();
-    bfc_ctx_t *ctx = mkctx("memory_limit=8M,allow_growth=false,initial_region=2M");
-    bfc_stream_t a = bfc_sim_stream_create(ctx), b = bfc_sim_stream_create(ctx);
-    void *pa = xalloc(ctx, a, MiB), *pb = xalloc(ctx, b, MiB);
+    bfc_stream_t a, b;
+    void *pb;
+    bfc_ctx_t *ctx = fragmented_pool(&a, &b, &pb);
     /* No failure yet: no OOM section. */
     char *text = render_in_node(ctx);
     ck_assert_msg(strstr(text, "oom=\n") != NULL, "%s", text);
     free(text);
     /* After one, the page opens with the report. */
-    ck_assert_ptr_null(bfc_ctx_alloc(ctx, a, 5 * MiB));
+    ck_assert_ptr_null(bfc_ctx_alloc(ctx, b, 5 * MiB));
     bfc_oom_info_t i = oom_info(ctx, BFC_OOM_FRAGMENTED);
     text = render_in_node(ctx);
     ck_assert_msg(strstr(text, "Out of memory") && strstr(text, i.diagnosis), "%s", text);
     char want[64];
-    snprintf(want, sizeof want, "0x%" PRIxPTR, (uintptr_t)a);
-    ck_assert_msg(strstr(text, want) && strstr(text, "largest free chunk") && strstr(text, "4.00 MiB"), "%s", text);
+    snprintf(want, sizeof want, "0x%" PRIxPTR, (uintptr_t)b);
+    ck_assert_msg(strstr(text, want) && strstr(text, "largest free chunk") && strstr(text, "3.00 MiB"), "%s", text);
     free(text);
-    xfree(ctx, pa, a);
     xfree(ctx, pb, b);
     bfc_sim_stream_destroy(ctx, a);
     bfc_sim_stream_destroy(ctx, b);
