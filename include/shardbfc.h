@@ -48,6 +48,30 @@ extern "C" {
 #define BFC_API
 #endif
 
+/* -------------------------------------------------------------- version */
+
+/*
+ * The version of this header; bfc_version() gives the library's ("0.9.0").
+ * A program can compare the two at run time to notice a mismatch.
+ *
+ * ABI rules (what 1.0 will promise): functions are only ever added, never
+ * changed or removed; bfc_config_t and bfc_stats_t keep their size and
+ * layout, and new fields take space from their `reserved` words, which
+ * bfc_config_init and the stats calls zero, so a program built against an
+ * older header keeps working with a newer library (its new settings get
+ * their defaults, which are always what a zero means).  The shared
+ * library's libtool -version-info follows these rules (Makefile.am).
+ */
+#define BFC_VERSION_MAJOR 0
+#define BFC_VERSION_MINOR 9
+#define BFC_VERSION_PATCH 0
+
+/*
+ * The library's version, "MAJOR.MINOR.PATCH".  Never NULL.
+ * Context: thread-safe, lock-free, never blocks.
+ */
+BFC_API const char *bfc_version(void);
+
 /* ---------------------------------------------------------------- types */
 
 typedef struct CUstream_st *bfc_stream_t; /* == cudaStream_t; NULL = default stream */
@@ -128,12 +152,11 @@ typedef struct bfc_config {
     bool debug_check;             /* run bfc_ctx_check after every operation (slow) */
     bool poison;                  /* SIM: fill freed memory with 0xDB, verify on reuse */
     int host_numa;                /* bfc_host_numa_t or a node number (host arenas) */
-    unsigned sim_fail_alloc_every;/* SIM fault injection: every Nth device allocation fails (0 = off) */
-    unsigned sim_fail_event_every;/* SIM fault injection: every Nth event record/query fails (0 = off) */
     char oom_dump[256];           /* "": off; else on OOM the snapshot JSON is written to this path
                                      (see bfc_ctx_set_oom_callback) */
     char trace[256];              /* "": off; else every context traces to this path from its
                                      creation (see bfc_ctx_trace_start) */
+    uint64_t reserved[16];        /* room for the settings of later versions: zero (see "version") */
 } bfc_config_t;
 
 /*
@@ -142,7 +165,8 @@ typedef struct bfc_config {
  * allow_growth true, initial_region 2 MiB, fragmentation_fraction 0,
  * garbage_collection true (as TensorFlow, whose TF_ENABLE_GPU_GARBAGE_COLLECTION
  * defaults to true), large_alloc 32 MiB, retry_ms 0, debug off,
- * host_numa thread, no fault injection, no oom_dump, no trace.
+ * host_numa thread, no oom_dump, no trace, reserved words zero.  (Fault
+ * injection, a test facility, is set on a context through shardbfc_sim.h.)
  * Context: thread-safe (touches only *cfg), never blocks.
  */
 BFC_API void bfc_config_init(bfc_config_t *cfg);
@@ -164,7 +188,6 @@ BFC_API void bfc_config_init(bfc_config_t *cfg);
  *   fragmentation_fraction   a decimal number from 0 to 1
  *   retry_ms          0 to 3600000 (one hour)
  *   device, host_numa node   0 to 2147483647
- *   sim_fail_*_every  0 to 4294967295
  *   oom_dump, trace   at most 255 bytes
  *   one item          at most 4096 bytes (the spec itself is unbounded)
  * Context: thread-safe (touches only *cfg), never blocks.
@@ -395,27 +418,46 @@ BFC_API int bfc_host_record_stream(void *p, bfc_stream_t stream);
 
 /* ------------------------------------------------------- introspection */
 
+/*
+ * The statistics, one table: X(name, combine, description).  bfc_stats_t is
+ * generated from it, and every place that sums, prints or serialises stats
+ * (the context's totals over shards, host stats over NUMA nodes, the dump,
+ * the JSON snapshot, the tools) walks it, so a field added here is added
+ * everywhere.  combine: how figures of several shards or nodes make one --
+ * SUM, MAX, or SAME (a setting, e.g. the limit, taken from any of them).
+ *
+ * Exact or bound: every figure is exact at the moment of the call, except
+ * peak_bytes_in_use of a context with several shards, which is the sum of
+ * the shards' own peaks: an upper bound on the context's true peak (each
+ * shard keeps its own, so that no counter is shared on the allocation path).
+ * peak_bytes_reserved is exact (the pool's own peak).
+ */
+#define BFC_STATS_FIELDS(X)                                                                     \
+    X(num_allocs, SUM, "cumulative successful allocations")                                    \
+    X(num_frees, SUM, "cumulative frees (a fenced free counts when it is issued)")             \
+    X(bytes_in_use, SUM, "allocated bytes: the sum of live chunk sizes (bfc_ctx_allocated_size)") \
+    X(peak_bytes_in_use, SUM, "peak allocated bytes: exact for one shard, a bound for a context") \
+    X(bytes_requested, SUM, "requested bytes: the sum of the sizes asked for, live")            \
+    X(largest_alloc_size, MAX, "largest chunk handed out (TensorFlow counts the chunk size)")   \
+    X(bytes_limit, SAME, "the memory limit")                                                   \
+    X(bytes_reserved, SUM, "reserved bytes, held from the device: context = all, shard = its regions") \
+    X(peak_bytes_reserved, SUM, "peak reserved bytes (exact: the pool's own)")                 \
+    X(num_regions, SUM, "regions owned by shards (context) / by this shard")                  \
+    X(num_shards, SUM, "live shards (context) / 1")                                           \
+    X(num_remote_frees, SUM, "frees issued on a stream other than the owner's")                \
+    X(num_pending_frees, SUM, "freed blocks still waiting for their fence")                    \
+    X(num_ooms, SUM, "allocations that failed for lack of memory")                            \
+    X(bytes_free, SUM, "free chunk bytes in the shards' bins")                                 \
+    X(largest_free_chunk, MAX, "largest free chunk of any shard")                              \
+    X(bytes_pending, SUM, "bytes of blocks waiting for their fences")                         \
+    X(num_chunks, SUM, "chunk records in use (free + in use + pending)")                      \
+    X(num_poison_errors, SUM, "poison=true: blocks found written after free when reused")
+
 typedef struct bfc_stats {
-    uint64_t num_allocs;         /* cumulative successful allocations */
-    uint64_t num_frees;          /* cumulative frees (a fenced free counts when issued) */
-    uint64_t bytes_in_use;       /* sum of live chunk sizes (bfc_ctx_allocated_size) */
-    uint64_t peak_bytes_in_use;
-    uint64_t bytes_requested;    /* sum of requested sizes live */
-    uint64_t largest_alloc_size; /* largest chunk handed out (TensorFlow counts the chunk size) */
-    uint64_t bytes_limit;
-    uint64_t bytes_reserved;     /* held from the device: context = all backend memory, shard = its regions */
-    uint64_t peak_bytes_reserved;
-    uint64_t num_regions;        /* regions owned by shards (context) / by this shard */
-    uint64_t num_shards;         /* live shards (context) / 1 */
-    uint64_t num_remote_frees;   /* frees issued on a stream other than the owner's */
-    uint64_t num_pending_frees;  /* freed blocks still waiting for their fence */
-    uint64_t num_ooms;           /* allocations that failed for lack of memory */
-    /* ---- libshardbfc's own additions ---- */
-    uint64_t bytes_free;         /* free chunk bytes in bins */
-    uint64_t largest_free_chunk;
-    uint64_t bytes_pending;      /* bytes of blocks waiting for fences */
-    uint64_t num_chunks;         /* chunk records in use (free + in use + pending) */
-    uint64_t num_poison_errors;  /* poison=true: blocks found written after free when reused */
+#define BFC__STATS_STRUCT(name, combine, desc) uint64_t name;
+    BFC_STATS_FIELDS(BFC__STATS_STRUCT)
+#undef BFC__STATS_STRUCT
+    uint64_t reserved[16]; /* room for the figures of later versions: zero (see "version") */
 } bfc_stats_t;
 
 /*

@@ -830,11 +830,11 @@ int bfc__backend_sim_open(const bfc_config_t *cfg, bfc__backend_t **out)
     b->limit = cfg->memory_limit ? cfg->memory_limit : SIM_DEFAULT_LIMIT;
     atomic_init(&b->held, 0);
     atomic_init(&b->ceiling, SIZE_MAX);
-    atomic_init(&b->fail_alloc_every, cfg->sim_fail_alloc_every);
+    atomic_init(&b->fail_alloc_every, 0);
     atomic_init(&b->alloc_calls, 0);
     atomic_init(&b->allocs, 0);
     atomic_init(&b->failures, 0);
-    atomic_init(&b->fail_event_every, cfg->sim_fail_event_every);
+    atomic_init(&b->fail_event_every, 0);
     atomic_init(&b->event_calls, 0);
     *out = &b->base;
     return BFC_OK;

@@ -90,10 +90,6 @@ static const struct key {
     {"debug_check", K_BOOL, offsetof(bfc_config_t, debug_check), 0, false, 0},
     {"poison", K_BOOL, offsetof(bfc_config_t, poison), 0, false, 0},
     {"host_numa", K_HOST_NUMA, offsetof(bfc_config_t, host_numa), 0, false, 0},
-    {"sim_fail_alloc_every", K_UINT, offsetof(bfc_config_t, sim_fail_alloc_every), 0, false,
-     UINT_MAX},
-    {"sim_fail_event_every", K_UINT, offsetof(bfc_config_t, sim_fail_event_every), 0, false,
-     UINT_MAX},
     {"oom_dump", K_PATH, offsetof(bfc_config_t, oom_dump), 0, false,
      sizeof(((bfc_config_t *)0)->oom_dump)},
     {"trace", K_PATH, offsetof(bfc_config_t, trace), 0, false, sizeof(((bfc_config_t *)0)->trace)},
@@ -488,8 +484,6 @@ void bfc_config_init(bfc_config_t *cfg)
     cfg->debug_check = false;
     cfg->poison = false;
     cfg->host_numa = BFC_HOST_NUMA_THREAD;
-    cfg->sim_fail_alloc_every = 0;
-    cfg->sim_fail_event_every = 0;
 }
 
 static int parse(bfc_config_t *cfg, const char *spec, struct errbuf *e)
@@ -556,6 +550,11 @@ int bfc_config_validate(const bfc_config_t *cfg)
     /* Filled in by hand, a path must still be a C string. */
     if (!memchr(cfg->oom_dump, '\0', sizeof cfg->oom_dump) || !memchr(cfg->trace, '\0', sizeof cfg->trace))
         return BFC_EINVAL;
+    /* Room for later versions' settings: a non-zero word here means a
+     * setting this library does not know (or an uninitialised struct). */
+    for (size_t i = 0; i < sizeof cfg->reserved / sizeof cfg->reserved[0]; i++)
+        if (cfg->reserved[i] != 0)
+            return BFC_EINVAL;
     return BFC_OK;
 }
 

@@ -53,3 +53,15 @@ void bfc__set_last_error(int status)
 {
     last_error = status;
 }
+
+/* The header's version as a string, and a check that configure's package
+ * version (the tarball's name, shardbfc.pc) says the same. */
+#define BFC__STR2(x) #x
+#define BFC__STR(x) BFC__STR2(x)
+#define BFC__VERSION_STRING                                                                                    \
+    BFC__STR(BFC_VERSION_MAJOR) "." BFC__STR(BFC_VERSION_MINOR) "." BFC__STR(BFC_VERSION_PATCH)
+
+const char *bfc_version(void)
+{
+    return BFC__VERSION_STRING;
+}

@@ -316,18 +316,18 @@ int bfc_host_numa_node(const void *p)
     return node;
 }
 
+/* One node's figures into the sum, each as its table entry says. */
 static void stats_add(bfc_stats_t *sum, const bfc_stats_t *s)
 {
-    uint64_t largest = sum->largest_alloc_size > s->largest_alloc_size ? sum->largest_alloc_size
-                                                                        : s->largest_alloc_size;
-    uint64_t lfree = sum->largest_free_chunk > s->largest_free_chunk ? sum->largest_free_chunk
-                                                                      : s->largest_free_chunk;
-    uint64_t *a = (uint64_t *)sum;
-    const uint64_t *b = (const uint64_t *)s;
-    for (size_t i = 0; i < sizeof(*s) / sizeof(uint64_t); i++)
-        a[i] += b[i];
-    sum->largest_alloc_size = largest;
-    sum->largest_free_chunk = lfree;
+#define SUM(f) sum->f += s->f;
+#define MAX(f) sum->f = sum->f > s->f ? sum->f : s->f;
+#define SAME(f) sum->f = s->f;
+#define ADD_FIELD(name, combine, desc) combine(name)
+    BFC_STATS_FIELDS(ADD_FIELD)
+#undef ADD_FIELD
+#undef SUM
+#undef MAX
+#undef SAME
 }
 
 int bfc_host_stats(bfc_stats_t *out)

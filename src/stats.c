@@ -243,9 +243,13 @@ int bfc_ctx_dump(bfc_ctx_t *ctx, FILE *f)
         bfc__unlock(&a->lock);
     }
     bfc__unlock(&ctx->arenas_lock);
-    fprintf(f, "Stats: num_allocs %" PRIu64 ", num_frees %" PRIu64 ", peak_bytes_in_use %" PRIu64
-               ", largest_alloc_size %" PRIu64 ", num_ooms %" PRIu64 "\n",
-            s.num_allocs, s.num_frees, s.peak_bytes_in_use, s.largest_alloc_size, s.num_ooms);
+    const char *sep = "Stats: ";
+#define DUMP_FIELD(name, combine, desc)                                                                     \
+    fprintf(f, "%s" #name " %" PRIu64, sep, s.name);                                                        \
+    sep = ", ";
+    BFC_STATS_FIELDS(DUMP_FIELD)
+#undef DUMP_FIELD
+    fputc('\n', f);
     return ferror(f) ? BFC_EBACKEND : BFC_OK;
 }
 
@@ -266,18 +270,13 @@ static void json_fraction(FILE *f, double v)
 
 static void json_stats(FILE *f, const bfc_stats_t *s)
 {
-    fprintf(f,
-            "{\"num_allocs\":%" PRIu64 ",\"num_frees\":%" PRIu64 ",\"bytes_in_use\":%" PRIu64
-            ",\"peak_bytes_in_use\":%" PRIu64 ",\"bytes_requested\":%" PRIu64 ",\"largest_alloc_size\":%" PRIu64
-            ",\"bytes_limit\":%" PRIu64 ",\"bytes_reserved\":%" PRIu64 ",\"peak_bytes_reserved\":%" PRIu64
-            ",\"num_regions\":%" PRIu64 ",\"num_shards\":%" PRIu64 ",\"num_remote_frees\":%" PRIu64
-            ",\"num_pending_frees\":%" PRIu64 ",\"num_ooms\":%" PRIu64 ",\"bytes_free\":%" PRIu64
-            ",\"largest_free_chunk\":%" PRIu64 ",\"bytes_pending\":%" PRIu64 ",\"num_chunks\":%" PRIu64
-            ",\"num_poison_errors\":%" PRIu64 ",\"fragmentation\":",
-            s->num_allocs, s->num_frees, s->bytes_in_use, s->peak_bytes_in_use, s->bytes_requested,
-            s->largest_alloc_size, s->bytes_limit, s->bytes_reserved, s->peak_bytes_reserved, s->num_regions,
-            s->num_shards, s->num_remote_frees, s->num_pending_frees, s->num_ooms, s->bytes_free,
-            s->largest_free_chunk, s->bytes_pending, s->num_chunks, s->num_poison_errors);
+    char sep = '{';
+#define JSON_FIELD(name, combine, desc)                                                                     \
+    fprintf(f, "%c\"" #name "\":%" PRIu64, sep, s->name);                                                 \
+    sep = ',';
+    BFC_STATS_FIELDS(JSON_FIELD)
+#undef JSON_FIELD
+    fprintf(f, ",\"fragmentation\":");
     json_fraction(f, bfc_stats_fragmentation(s));
     fputc('}', f);
 }

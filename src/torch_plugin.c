@@ -207,13 +207,6 @@ int shardbfc_torch_stats(int device, bfc_stats_t *out)
     return ctx ? bfc_ctx_stats(ctx, out) : st;
 }
 
-#define STAT_FIELDS(X)                                                          \
-    X(num_allocs) X(num_frees) X(bytes_in_use) X(peak_bytes_in_use)            \
-    X(bytes_requested) X(largest_alloc_size) X(bytes_limit) X(bytes_reserved)  \
-    X(peak_bytes_reserved) X(num_regions) X(num_shards) X(num_remote_frees)    \
-    X(num_pending_frees) X(num_ooms) X(bytes_free) X(largest_free_chunk)       \
-    X(bytes_pending) X(num_chunks) X(num_poison_errors)
-
 uint64_t shardbfc_torch_stat(int device, const char *name)
 {
     bfc_stats_t s;
@@ -224,16 +217,16 @@ uint64_t shardbfc_torch_stat(int device, const char *name)
         return atomic_load_explicit(&alloc_failures, memory_order_relaxed);
     if (strcmp(name, "free_errors") == 0)
         return atomic_load_explicit(&free_errors, memory_order_relaxed);
-#define STAT_KNOWN(f) strcmp(name, #f) == 0 ||
-    if (!(STAT_FIELDS(STAT_KNOWN) false))
+#define STAT_KNOWN(f, combine, desc) strcmp(name, #f) == 0 ||
+    if (!(BFC_STATS_FIELDS(STAT_KNOWN) false))
         return UINT64_MAX;
 #undef STAT_KNOWN
     if (shardbfc_torch_stats(device, &s) != BFC_OK)
         return UINT64_MAX;
-#define STAT_GET(f)                                                            \
+#define STAT_GET(f, combine, desc)                                             \
     if (strcmp(name, #f) == 0)                                                 \
         return s.f;
-    STAT_FIELDS(STAT_GET)
+    BFC_STATS_FIELDS(STAT_GET)
 #undef STAT_GET
     return UINT64_MAX;
 }

@@ -159,8 +159,8 @@ START_TEST(test_fail_alloc_every)
     int i, ok = 0;
 
     bfc_config_init(&cfg);
-    cfg.sim_fail_alloc_every = 3; /* from the config */
     be = open_sim_cfg(&cfg);
+    bfc__sim_fail_alloc_every(be, 3);
     for (i = 1; i <= 9; i++) {
         int st = be->ops->mem_alloc(be, 4096, &p[ok]);
 
@@ -198,8 +198,8 @@ START_TEST(test_fail_event_every)
     bfc__event_t ev;
 
     bfc_config_init(&cfg);
-    cfg.sim_fail_event_every = 2;
     be = open_sim_cfg(&cfg);
+    bfc__sim_fail_event_every(be, 2);
     ck_assert_int_eq(be->ops->event_create(be, &ev), BFC_OK);
     ck_assert_int_eq(be->ops->event_record(be, ev, NULL), BFC_OK);    /* 1 */
     ck_assert_int_eq(be->ops->event_query(be, ev), BFC_EBACKEND);     /* 2 */

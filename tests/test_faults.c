@@ -382,11 +382,12 @@ START_TEST(test_fail_alloc_every)
 END_TEST
 
 /* The same switch from a configuration string (as the perf harness sets it). */
-START_TEST(test_fail_alloc_from_config)
+START_TEST(test_fail_alloc_always)
 {
     bfc_config_t c = cfg_sim(32 * MiB);
-    ck_assert_int_eq(bfc_config_parse(&c, "sim_fail_alloc_every=1,large_alloc=1M"), BFC_OK);
+    ck_assert_int_eq(bfc_config_parse(&c, "large_alloc=1M"), BFC_OK);
     bfc_ctx_t *ctx = ctx_new(&c);
+    bfc_sim_fail_alloc_every(ctx, 1);
     /* Every device allocation fails: nothing can be served at all. */
     for (int i = 0; i < 20; i++) {
         ck_assert_ptr_null(bfc_ctx_alloc(ctx, NULL, (size_t)(i + 1) * 100 * KiB));
@@ -663,7 +664,7 @@ int main(void)
     TCase *tc = tcase_create("faults");
     tcase_set_timeout(tc, 120);
     tcase_add_loop_test(tc, test_fail_alloc_every, 0, (int)(sizeof alloc_every / sizeof alloc_every[0]));
-    tcase_add_test(tc, test_fail_alloc_from_config);
+    tcase_add_test(tc, test_fail_alloc_always);
     tcase_add_loop_test(tc, test_fail_event_every, 0, (int)(sizeof event_every / sizeof event_every[0]));
     tcase_add_test(tc, test_event_failure_contract);
     tcase_add_test(tc, test_event_failure_recorded_stream);
