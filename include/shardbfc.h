@@ -115,10 +115,12 @@ BFC_API const char *bfc_strerror(int status);
 BFC_API const char *bfc_err_name(int status);
 
 /*
- * Returns the status of the calling thread's most recent call that failed
- * while returning a pointer (bfc_ctx_alloc, bfc_stream_alloc, bfc_host_alloc):
- * BFC_ENOMEM, BFC_EINVAL, ...  A successful pointer-returning call resets it to
- * BFC_OK; n == 0 (which returns NULL) sets BFC_OK too.
+ * Returns the status of the calling thread's most recent call among those
+ * that return a pointer, a size or an id rather than a status
+ * (bfc_ctx_alloc, bfc_stream_alloc, bfc_host_alloc, bfc_ctx_requested_size,
+ * bfc_ctx_allocated_size, bfc_ctx_allocation_id): BFC_ENOMEM, BFC_EINVAL, ...
+ * Each of them sets it, BFC_OK on success; n == 0 (which returns NULL) sets
+ * BFC_OK too.
  * Context: thread-local, lock-free, never blocks.
  */
 BFC_API int bfc_last_error(void);
@@ -337,8 +339,11 @@ BFC_API int bfc_ctx_trim(bfc_ctx_t *ctx);
 /*
  * Introspection of a live block p returned by this context: the size asked
  * for, the size of its chunk (rounded), its allocation id (unique within the
- * context, increasing within a shard).  0 / 0 / -1 (or a negative status for
- * the id) when p is not a live block of ctx.
+ * context, increasing within a shard, always > 0).  One convention for all
+ * three: when p is not a live block of ctx they return a value no block can
+ * have -- 0 for the sizes, the negative status for the id -- and every call
+ * sets bfc_last_error() (BFC_OK, or BFC_ENOTOWNED, BFC_EDOUBLEFREE,
+ * BFC_EINVAL).
  * Context: thread-safe; takes the owner arena's lock.
  */
 BFC_API size_t bfc_ctx_requested_size(bfc_ctx_t *ctx, const void *p);

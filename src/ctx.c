@@ -740,22 +740,33 @@ static int size_fn(struct bfc__arena *a, struct bfc__chunk *c, void *arg)
     return BFC_OK;
 }
 
+/* The queries that return a size or an id share one convention: the value
+ * on success, else a value no block can have (0 for a size, the negative
+ * status for an id), and bfc_last_error() says which (BFC_OK or why). */
+static int query(bfc_ctx_t *ctx, const void *p, size_t v[3])
+{
+    v[0] = v[1] = v[2] = 0;
+    int st = with_live_chunk(ctx, p, size_fn, v);
+    bfc__set_last_error(st);
+    return st;
+}
+
 size_t bfc_ctx_requested_size(bfc_ctx_t *ctx, const void *p)
 {
-    size_t v[3] = { 0, 0, 0 };
-    return with_live_chunk(ctx, p, size_fn, v) == BFC_OK ? v[0] : 0;
+    size_t v[3];
+    return query(ctx, p, v) == BFC_OK ? v[0] : 0;
 }
 
 size_t bfc_ctx_allocated_size(bfc_ctx_t *ctx, const void *p)
 {
-    size_t v[3] = { 0, 0, 0 };
-    return with_live_chunk(ctx, p, size_fn, v) == BFC_OK ? v[1] : 0;
+    size_t v[3];
+    return query(ctx, p, v) == BFC_OK ? v[1] : 0;
 }
 
 int64_t bfc_ctx_allocation_id(bfc_ctx_t *ctx, const void *p)
 {
-    size_t v[3] = { 0, 0, 0 };
-    int st = with_live_chunk(ctx, p, size_fn, v);
+    size_t v[3];
+    int st = query(ctx, p, v);
     return st == BFC_OK ? (int64_t)v[2] : (int64_t)st;
 }
 

@@ -1780,7 +1780,14 @@ START_TEST(test_introspection)
     ck_assert_int_lt(bfc_ctx_allocation_id(ctx, NULL), 0);
     int local;
     ck_assert_uint_eq(bfc_ctx_requested_size(ctx, &local), 0);
-    ck_assert_int_lt(bfc_ctx_allocation_id(ctx, &local), 0);
+    ck_assert_int_eq(bfc_last_error(), BFC_ENOTOWNED);
+    ck_assert_int_eq(bfc_ctx_allocation_id(ctx, &local), BFC_ENOTOWNED);
+    ck_assert_int_eq(bfc_last_error(), BFC_ENOTOWNED);
+    ck_assert_uint_eq(bfc_ctx_allocated_size(NULL, live[0]), 0);
+    ck_assert_int_eq(bfc_last_error(), BFC_EINVAL);
+    /* Every query sets the status, success included. */
+    ck_assert_uint_gt(bfc_ctx_allocated_size(ctx, live[0]), 0);
+    ck_assert_int_eq(bfc_last_error(), BFC_OK);
     for (size_t k = 0; k < nlive; k++) {
         ck_assert_uint_eq(bfc_ctx_requested_size(ctx, live[k]), req[k]);
         ck_assert_int_eq(bfc_ctx_allocation_id(ctx, live[k]), ids[k]);
