@@ -67,18 +67,16 @@
 #include <unistd.h>
 
 #include "ctx.h"
+#include "trace_actions.h"
 
 #define TB_EVENTS 512
 /* Longest row: 20 + 1 + 20 + 1 + 16 + 1 + 18 + 1 + 20 + 1 + 18 + 1 = 118. */
 #define ROW_MAX 128
 
 static const char *const action_csv[] = {
-    [BFC__TR_ALLOC] = "allocate",
-    [BFC__TR_ALLOC_FAIL] = "allocate failure",
-    [BFC__TR_FREE] = "free",
-    [BFC__TR_FREE_COMPLETE] = "free_complete",
-    [BFC__TR_GROW] = "grow",
-    [BFC__TR_RELEASE] = "release",
+#define ACTION_CSV(name, csv) [BFC__TR_##name] = csv,
+    BFC_TRACE_ACTIONS(ACTION_CSV)
+#undef ACTION_CSV
 };
 
 struct tev {

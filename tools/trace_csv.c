@@ -29,12 +29,9 @@
 #include <string.h>
 
 static const char *const action_names[] = {
-    [BFC_TRACE_ALLOC] = "allocate",
-    [BFC_TRACE_ALLOC_FAIL] = "allocate failure",
-    [BFC_TRACE_FREE] = "free",
-    [BFC_TRACE_FREE_COMPLETE] = "free_complete",
-    [BFC_TRACE_GROW] = "grow",
-    [BFC_TRACE_RELEASE] = "release",
+#define ACTION_NAME(name, csv) [BFC_TRACE_##name] = csv,
+    BFC_TRACE_ACTIONS(ACTION_NAME)
+#undef ACTION_NAME
 };
 #define N_ACTIONS (sizeof(action_names) / sizeof(action_names[0]))
 

@@ -21,17 +21,20 @@
 #include <stdint.h>
 #include <stdio.h>
 
+/* The table of actions the library writes (not installed; by path). */
+#include "../src/trace_actions.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
+/* BFC_TRACE_ALLOC ("allocate"), BFC_TRACE_ALLOC_FAIL ("allocate
+ * failure"), ...: one per row of the table, numbered in its order; its
+ * comment says what each means. */
 typedef enum {
-    BFC_TRACE_ALLOC = 0,        /* "allocate": ptr of size bytes returned */
-    BFC_TRACE_ALLOC_FAIL = 1,   /* "allocate failure": size bytes could not be served (ptr 0) */
-    BFC_TRACE_FREE = 2,         /* "free": ptr freed on stream (requested) */
-    BFC_TRACE_FREE_COMPLETE = 3,/* "free_complete": fenced ptr became reusable */
-    BFC_TRACE_GROW = 4,         /* "grow": region [ptr, ptr+size) taken from the device */
-    BFC_TRACE_RELEASE = 5       /* "release": region [ptr, ptr+size) given back */
+#define BFC_TRACE_ACTION_ENUM(name, csv) BFC_TRACE_##name,
+    BFC_TRACE_ACTIONS(BFC_TRACE_ACTION_ENUM)
+#undef BFC_TRACE_ACTION_ENUM
 } bfc_trace_action_t;
 
 typedef struct bfc_trace_event {
