@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "json_mini.h"
+#include "toolutil.h"
 
 static void print_stats(const char *indent, const bfc_json_t *s)
 {
@@ -122,27 +123,16 @@ int main(int argc, char **argv)
         perror(in);
         return 1;
     }
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        if (n == cap) {
-            char *nb = realloc(buf, cap *= 2);
-            if (!nb) {
-                free(buf);
-                buf = NULL;
-                break;
-            }
-            buf = nb;
-        }
-        size_t r = fread(buf + n, 1, cap - n, f);
-        n += r;
-        if (r == 0)
-            break;
-    }
+    size_t n = 0;
+    char *buf = tool_read_all(f, &n);
     if (f != stdin)
         fclose(f);
+    if (!buf) {
+        fprintf(stderr, "shardbfc-stat: cannot read %s\n", in);
+        return 1;
+    }
     char err[256];
-    bfc_json_t *v = buf ? bfc_json_parse(buf, n, err, sizeof(err)) : NULL;
+    bfc_json_t *v = bfc_json_parse(buf, n, err, sizeof(err));
     free(buf);
     const bfc_json_t *shards = bfc_json_get(v, "shards");
     if (!v || !shards || shards->type != BFC_JSON_ARR) {

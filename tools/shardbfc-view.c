@@ -11,36 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "toolutil.h"
 #include "view.h"
-
-static char *slurp(FILE *f, size_t *len)
-{
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    if (!buf)
-        return NULL;
-    for (;;) {
-        if (n == cap) {
-            char *nb = realloc(buf, cap * 2);
-            if (!nb) {
-                free(buf);
-                return NULL;
-            }
-            buf = nb;
-            cap *= 2;
-        }
-        size_t r = fread(buf + n, 1, cap - n, f);
-        n += r;
-        if (r == 0)
-            break;
-    }
-    if (ferror(f)) {
-        free(buf);
-        return NULL;
-    }
-    *len = n;
-    return buf;
-}
 
 static void help(void)
 {
@@ -87,7 +59,7 @@ int main(int argc, char **argv)
         return 1;
     }
     size_t len;
-    char *json = slurp(f, &len);
+    char *json = tool_read_all(f, &len);
     if (f != stdin)
         fclose(f);
     if (!json) {

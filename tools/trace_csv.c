@@ -24,9 +24,10 @@
 #include <ctype.h>
 #include <stdbool.h>
 #include <errno.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "toolutil.h"
 
 static const char *const action_names[] = {
 #define ACTION_NAME(name, csv) [BFC_TRACE_##name] = csv,
@@ -53,18 +54,6 @@ int bfc_trace_action_parse(const char *s)
 enum { COL_THREAD, COL_TIME, COL_ACTION, COL_POINTER, COL_SIZE, COL_STREAM, NCOLS };
 static const char *const col_names[NCOLS] = {"Thread", "Time", "Action",
                                              "Pointer", "Size", "Stream"};
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (!err || errlen == 0)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 /* Trims spaces, CR and double quotes in place; returns the start. */
 static char *trim(char *s)
