@@ -47,6 +47,7 @@ packages=(
     libjemalloc-dev
     libhwloc-dev
     check
+    libjson-c-dev
     jq
 )
 

@@ -16,10 +16,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "json_mini.h"
+#include "json_read.h"
 #include "toolutil.h"
 
-static void print_stats(const char *indent, const bfc_json_t *s)
+static void print_stats(const char *indent, const json_object *s)
 {
     printf("%sin use %" PRIu64 " (peak %" PRIu64 "), requested %" PRIu64 ", reserved %" PRIu64 " (peak %" PRIu64
            "), limit %" PRIu64 "\n",
@@ -59,9 +59,9 @@ static void help(void)
 }
 
 /* The OOM report of an oom_dump file (or any snapshot after a failure). */
-static void print_oom(const bfc_json_t *o)
+static void print_oom(const json_object *o)
 {
-    if (!o || o->type != BFC_JSON_OBJ)
+    if (!json_object_is_type(o, json_type_object))
         return;
     printf("Out of memory: %s\n", bfc_json_str(o, "diagnosis", "?"));
     printf("  request %" PRIu64 " bytes (%" PRIu64 " chunk bytes) on stream %s; cause %s\n",
@@ -72,26 +72,26 @@ static void print_oom(const bfc_json_t *o)
            bfc_json_u64(o, "bytes_limit", 0), bfc_json_u64(o, "bytes_reserved", 0),
            bfc_json_u64(o, "bytes_unreserved", 0), bfc_json_u64(o, "bytes_in_use", 0),
            bfc_json_u64(o, "bytes_pending", 0));
-    const bfc_json_t *sh = bfc_json_get(o, "shards");
-    for (size_t i = 0; sh && i < sh->n; i++) {
-        const bfc_json_t *s = bfc_json_at(sh, i);
-        const bfc_json_t *req = bfc_json_get(s, "requesting");
+    const json_object *sh = bfc_json_get(o, "shards");
+    for (size_t i = 0; i < bfc_json_len(sh); i++) {
+        const json_object *s = bfc_json_at(sh, i);
         printf("  shard stream_id=%" PRIu64 " stream=%s%s: free %" PRIu64 ", largest free chunk %" PRIu64
                ", pending %" PRIu64 ", in use %" PRIu64 ", reserved %" PRIu64 "\n",
                bfc_json_u64(s, "stream_id", 0), bfc_json_str(s, "stream", "?"),
-               req && req->b ? " (requesting)" : "", bfc_json_u64(s, "free", 0), bfc_json_u64(s, "largest_free", 0),
-               bfc_json_u64(s, "pending", 0), bfc_json_u64(s, "in_use", 0), bfc_json_u64(s, "reserved", 0));
+               bfc_json_bool(s, "requesting", false) ? " (requesting)" : "", bfc_json_u64(s, "free", 0),
+               bfc_json_u64(s, "largest_free", 0), bfc_json_u64(s, "pending", 0), bfc_json_u64(s, "in_use", 0),
+               bfc_json_u64(s, "reserved", 0));
     }
-    const bfc_json_t *sp = bfc_json_get(o, "pool_spans");
+    const json_object *sp = bfc_json_get(o, "pool_spans");
     printf("  pool: %" PRIu64 " free in %" PRIu64 " spans, largest %" PRIu64 ", fenced %" PRIu64 "\n",
            bfc_json_u64(o, "pool_free", 0), bfc_json_u64(o, "num_pool_spans", 0),
            bfc_json_u64(o, "pool_largest_span", 0), bfc_json_u64(o, "pool_fenced", 0));
-    for (size_t i = 0; sp && i < sp->n; i++) {
-        const bfc_json_t *s = bfc_json_at(sp, i);
-        const bfc_json_t *fenced = bfc_json_get(s, "fenced");
+    for (size_t i = 0; i < bfc_json_len(sp); i++) {
+        const json_object *s = bfc_json_at(sp, i);
+        bool fenced = bfc_json_bool(s, "fenced", false);
         printf("    span %s size %" PRIu64 "%s", bfc_json_str(s, "base", "?"), bfc_json_u64(s, "size", 0),
-               fenced && fenced->b ? " fenced by stream_id " : "\n");
-        if (fenced && fenced->b)
+               fenced ? " fenced by stream_id " : "\n");
+        if (fenced)
             printf("%" PRIu64 "\n", bfc_json_u64(s, "stream_id", 0));
     }
 }
@@ -132,42 +132,41 @@ int main(int argc, char **argv)
         return 1;
     }
     char err[256];
-    bfc_json_t *v = bfc_json_parse(buf, n, err, sizeof(err));
+    json_object *v;
+    int rc = bfc_json_parse(buf, n, &v, err, sizeof(err));
     free(buf);
-    const bfc_json_t *shards = bfc_json_get(v, "shards");
-    if (!v || !shards || shards->type != BFC_JSON_ARR) {
-        fprintf(stderr, "shardbfc-stat: %s: %s\n", in, v ? "not a libshardbfc snapshot" : err);
-        bfc_json_free(v);
+    const json_object *shards = bfc_json_get(v, "shards");
+    if (rc != 0 || !json_object_is_type(shards, json_type_array)) {
+        fprintf(stderr, "shardbfc-stat: %s: %s\n", in, rc != 0 ? err : "not a libshardbfc snapshot");
+        json_object_put(v);
         return 1;
     }
     printf("libshardbfc snapshot v%" PRIu64 ": backend %s%s, device %" PRIu64 ", limit %" PRIu64 ", %zu shards\n",
            bfc_json_u64(v, "version", 0), bfc_json_str(v, "backend", "?"),
-           bfc_json_get(v, "host") && bfc_json_get(v, "host")->b ? " (host)" : "", bfc_json_u64(v, "device", 0),
-           bfc_json_u64(v, "limit", 0), shards->n);
+           bfc_json_bool(v, "host", false) ? " (host)" : "", bfc_json_u64(v, "device", 0),
+           bfc_json_u64(v, "limit", 0), bfc_json_len(shards));
     printf("Totals:\n");
     print_stats("  ", bfc_json_get(v, "totals"));
-    const bfc_json_t *pool = bfc_json_get(v, "pool");
+    const json_object *pool = bfc_json_get(v, "pool");
     printf("Pool: held %" PRIu64 " (peak %" PRIu64 "), lent to shards %" PRIu64 ", free %" PRIu64 "\n",
            bfc_json_u64(pool, "held", 0), bfc_json_u64(pool, "peak_held", 0), bfc_json_u64(pool, "committed", 0),
            bfc_json_u64(pool, "free", 0));
     print_oom(bfc_json_get(v, "oom"));
-    for (size_t i = 0; i < shards->n; i++) {
-        const bfc_json_t *s = bfc_json_at(shards, i);
-        const bfc_json_t *ret = bfc_json_get(s, "retired");
+    for (size_t i = 0; i < bfc_json_len(shards); i++) {
+        const json_object *s = bfc_json_at(shards, i);
         printf("Shard stream_id=%" PRIu64 " stream=%s%s\n", bfc_json_u64(s, "stream_id", 0),
-               bfc_json_str(s, "stream", "?"), ret && ret->b ? " (retired)" : "");
+               bfc_json_str(s, "stream", "?"), bfc_json_bool(s, "retired", false) ? " (retired)" : "");
         print_stats("  ", bfc_json_get(s, "stats"));
         if (summary)
             continue;
-        const bfc_json_t *regions = bfc_json_get(s, "regions");
-        for (size_t j = 0; regions && j < regions->n; j++) {
-            const bfc_json_t *r = bfc_json_at(regions, j);
-            const bfc_json_t *large = bfc_json_get(r, "large");
+        const json_object *regions = bfc_json_get(s, "regions");
+        for (size_t j = 0; j < bfc_json_len(regions); j++) {
+            const json_object *r = bfc_json_at(regions, j);
             printf("  Region %s size %" PRIu64 "%s\n", bfc_json_str(r, "base", "?"), bfc_json_u64(r, "size", 0),
-                   large && large->b ? " (large)" : "");
-            const bfc_json_t *chunks = bfc_json_get(r, "chunks");
-            for (size_t k = 0; chunks && k < chunks->n; k++) {
-                const bfc_json_t *c = bfc_json_at(chunks, k);
+                   bfc_json_bool(r, "large", false) ? " (large)" : "");
+            const json_object *chunks = bfc_json_get(r, "chunks");
+            for (size_t k = 0; k < bfc_json_len(chunks); k++) {
+                const json_object *c = bfc_json_at(chunks, k);
                 const char *state = bfc_json_str(c, "state", "?");
                 printf("    Chunk +%" PRIu64 " size %" PRIu64 " %s", bfc_json_u64(c, "offset", 0),
                        bfc_json_u64(c, "size", 0), state);
@@ -177,10 +176,10 @@ int main(int argc, char **argv)
                 putchar('\n');
             }
         }
-        const bfc_json_t *bins = bfc_json_get(s, "bins");
+        const json_object *bins = bfc_json_get(s, "bins");
         printf("  Bins:");
-        for (size_t j = 0; bins && j < bins->n; j++) {
-            const bfc_json_t *b = bfc_json_at(bins, j);
+        for (size_t j = 0; j < bfc_json_len(bins); j++) {
+            const json_object *b = bfc_json_at(bins, j);
             if (bfc_json_u64(b, "count", 0))
                 printf(" [%" PRIu64 ": %" PRIu64 " chunks, %" PRIu64 " bytes, >= %" PRIu64 "]",
                        bfc_json_u64(b, "bin", 0), bfc_json_u64(b, "count", 0), bfc_json_u64(b, "bytes", 0),
@@ -188,6 +187,6 @@ int main(int argc, char **argv)
         }
         putchar('\n');
     }
-    bfc_json_free(v);
+    json_object_put(v);
     return 0;
 }

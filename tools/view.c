@@ -14,7 +14,7 @@
  * transformation of the JSON is escaping "</" (and "<!--") so the text cannot
  * close or confuse the script element; "<\/" is the same JSON string.
  *
- * The C side checks that the input parses (json_mini) and has the shape of
+ * The C side checks that the input parses (json-c, strict) and has the shape of
  * a snapshot, so a wrong file fails here with a message instead of in the
  * browser.  The page reports script errors in its #status element
  * (data-state="error"), and data-state="ok" once drawn, which the tests and
@@ -24,7 +24,7 @@
 
 #include <string.h>
 
-#include "json_mini.h"
+#include "json_read.h"
 #include "toolutil.h"
 
 static const char page_head[] =
@@ -253,14 +253,13 @@ static void write_json_for_script(FILE *out, const char *json, size_t len)
 int bfc_view_write_html(const char *json, size_t len, const char *title, FILE *out, char *err, size_t errlen)
 {
     char jerr[256];
-    bfc_json_t *v = bfc_json_parse(json, len, jerr, sizeof(jerr));
-    if (!v) {
+    json_object *v;
+    if (bfc_json_parse(json, len, &v, jerr, sizeof(jerr)) != 0) {
         set_err(err, errlen, "not valid JSON: %s", jerr);
         return -1;
     }
-    const bfc_json_t *shards = bfc_json_get(v, "shards");
-    bool ok = v->type == BFC_JSON_OBJ && shards && shards->type == BFC_JSON_ARR;
-    bfc_json_free(v);
+    bool ok = json_object_is_type(bfc_json_get(v, "shards"), json_type_array);
+    json_object_put(v);
     if (!ok) {
         set_err(err, errlen, "not a libshardbfc snapshot (no \"shards\" array)");
         return -1;

@@ -1,0 +1,163 @@
+/*
+ * json_read.c -- json-c, strict, and typed lookups into its tree (see
+ * json_read.h).
+ *
+ * json-c's tokener reads the text in one call plus, when the text ends
+ * inside a value that has no end mark of its own (a top-level number), one
+ * more call with the terminating NUL, as json-c asks.  Its strict mode
+ * refuses trailing commas, comments, leading zeros, bad escapes and
+ * anything after the value; it still accepts NaN, Infinity, "1." and
+ * numbers too large for a double, and decodes \u0000 into a string.  So
+ * the parsed tree is walked once more: every double must have kept a text
+ * of RFC 8259's number grammar (json-c keeps the text a double was parsed
+ * from) and a finite value, and every string its full length as a C
+ * string.
+ */
+#include "json_read.h"
+
+#include <limits.h>
+#include <math.h>
+#include <regex.h>
+#include <string.h>
+
+#include "toolutil.h"
+
+#define MAX_DEPTH 64
+
+/* RFC 8259, section 6. */
+static const char number_grammar[] = "^-?(0|[1-9][0-9]*)(\\.[0-9]+)?([eE][+-]?[0-9]+)?$";
+
+/* True (with a message) when v or anything in it is what strict JSON has
+ * not: a number outside the grammar or beyond a double, a NUL in a string. */
+static bool not_strict(json_object *v, const regex_t *number, char *err, size_t errlen)
+{
+    switch (json_object_get_type(v)) {
+    case json_type_double: {
+        const char *text = json_object_to_json_string_ext(v, JSON_C_TO_STRING_PLAIN);
+        if (regexec(number, text, 0, NULL, 0) != 0 || !isfinite(json_object_get_double(v))) {
+            set_err(err, errlen, "not a JSON number: %s", text);
+            return true;
+        }
+        return false;
+    }
+    case json_type_string:
+        if ((size_t)json_object_get_string_len(v) != strlen(json_object_get_string(v))) {
+            set_err(err, errlen, "NUL in a string");
+            return true;
+        }
+        return false;
+    case json_type_array:
+        for (size_t i = 0; i < json_object_array_length(v); i++)
+            if (not_strict(json_object_array_get_idx(v, i), number, err, errlen))
+                return true;
+        return false;
+    case json_type_object: {
+        json_object_object_foreach(v, key, member) {
+            (void)key;
+            if (not_strict(member, number, err, errlen))
+                return true;
+        }
+        return false;
+    }
+    default:
+        return false;
+    }
+}
+
+int bfc_json_parse(const char *text, size_t len, json_object **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    if (len >= INT_MAX) {
+        set_err(err, errlen, "%zu bytes: too large", len);
+        return -1;
+    }
+    json_tokener *tok = json_tokener_new_ex(MAX_DEPTH);
+    if (!tok) {
+        set_err(err, errlen, "out of memory");
+        return -1;
+    }
+    json_tokener_set_flags(tok, JSON_TOKENER_STRICT | JSON_TOKENER_VALIDATE_UTF8);
+    json_object *v = json_tokener_parse_ex(tok, text, (int)len);
+    size_t end = json_tokener_get_parse_end(tok);
+    enum json_tokener_error e = json_tokener_get_error(tok);
+    if (e == json_tokener_continue) {
+        v = json_tokener_parse_ex(tok, "", 1);
+        e = json_tokener_get_error(tok);
+        end = len; /* everything was read; the NUL ended it */
+    }
+    int rc = -1;
+    if (e != json_tokener_success) {
+        set_err(err, errlen, "offset %zu: %s", end, json_tokener_error_desc(e));
+    } else if (end != len) {
+        set_err(err, errlen, "offset %zu: trailing characters", end);
+    } else {
+        regex_t number;
+        if (regcomp(&number, number_grammar, REG_EXTENDED | REG_NOSUB) != 0) {
+            set_err(err, errlen, "out of memory");
+        } else {
+            if (!not_strict(v, &number, err, errlen))
+                rc = 0;
+            regfree(&number);
+        }
+    }
+    json_tokener_free(tok);
+    if (rc == 0)
+        *out = v;
+    else
+        json_object_put(v);
+    return rc;
+}
+
+json_object *bfc_json_get(const json_object *obj, const char *key)
+{
+    json_object *v = NULL;
+    if (!json_object_is_type(obj, json_type_object) || !json_object_object_get_ex(obj, key, &v))
+        return NULL;
+    return v;
+}
+
+bool bfc_json_is_null(const json_object *obj, const char *key)
+{
+    json_object *v = NULL;
+    return json_object_is_type(obj, json_type_object) && json_object_object_get_ex(obj, key, &v) && v == NULL;
+}
+
+size_t bfc_json_len(const json_object *arr)
+{
+    return json_object_is_type(arr, json_type_array) ? json_object_array_length(arr) : 0;
+}
+
+json_object *bfc_json_at(const json_object *arr, size_t i)
+{
+    return i < bfc_json_len(arr) ? json_object_array_get_idx(arr, i) : NULL;
+}
+
+uint64_t bfc_json_u64(const json_object *obj, const char *key, uint64_t dflt)
+{
+    /* An integer above INT64_MAX reads as INT64_MAX through get_int64,
+     * so a negative one is the only one that gives a negative value. */
+    const json_object *v = bfc_json_get(obj, key);
+    if (!json_object_is_type(v, json_type_int) || json_object_get_int64(v) < 0)
+        return dflt;
+    return json_object_get_uint64(v);
+}
+
+double bfc_json_num(const json_object *obj, const char *key, double dflt)
+{
+    const json_object *v = bfc_json_get(obj, key);
+    if (!json_object_is_type(v, json_type_int) && !json_object_is_type(v, json_type_double))
+        return dflt;
+    return json_object_get_double(v);
+}
+
+const char *bfc_json_str(const json_object *obj, const char *key, const char *dflt)
+{
+    json_object *v = bfc_json_get(obj, key);
+    return json_object_is_type(v, json_type_string) ? json_object_get_string(v) : dflt;
+}
+
+bool bfc_json_bool(const json_object *obj, const char *key, bool dflt)
+{
+    const json_object *v = bfc_json_get(obj, key);
+    return json_object_is_type(v, json_type_boolean) ? json_object_get_boolean(v) : dflt;
+}
