@@ -13,7 +13,10 @@
  * disjoint pieces of device memory).
  *
  * Locking: `wlock` is innermost in the lock order (taken under the pool lock
- * and under arena locks) and held only for the copy.
+ * and under arena locks) and held only for the copy.  Its holder never waits
+ * for liburcu: the old array is handed to call_rcu after `wlock` is dropped
+ * (see the fork rule in ctx.c), so a fork that holds liburcu's locks and then
+ * waits for `wlock` always gets it.
  */
 #include <string.h>
 
@@ -78,9 +81,18 @@ struct bfc__region *bfc__regionmap_lookup(uintptr_t p)
     return p < e->end ? e->r : NULL;
 }
 
-static void publish(struct rmap *next, struct rmap *old)
+/* Under wlock: readers see `next` from now on.  The caller retires `old`
+ * with retire() once it has dropped wlock. */
+static void publish(struct rmap *next)
 {
+    /* release: pairs with the acquire loads in bfc__regionmap_lookup and
+     * bfc__regionmap_count (the copy's entries are written before). */
     atomic_store_explicit(&rmap_cur, next, memory_order_release);
+}
+
+/* Without wlock: frees a replaced array after a grace period. */
+static void retire(struct rmap *old)
+{
     if (old)
         bfc__call_rcu(&old->rcu, rmap_free_cb);
 }
@@ -101,8 +113,9 @@ int bfc__regionmap_insert(struct bfc__region *r)
     next->e[i] = (struct rmap_entry){ r->base, r->base + r->size, r };
     if (n > i)
         memcpy(&next->e[i + 1], &old->e[i], (n - i) * sizeof(next->e[0]));
-    publish(next, old);
+    publish(next);
     bfc__unlock(&wlock);
+    retire(old);
     return BFC_OK;
 }
 
@@ -129,13 +142,15 @@ void bfc__regionmap_remove(struct bfc__region *r)
     if (next) {
         memcpy(next->e, old->e, i * sizeof(next->e[0]));
         memcpy(&next->e[i], &old->e[i + 1], (old->n - i - 1) * sizeof(next->e[0]));
-        publish(next, old);
+        publish(next);
     } else {
         /* Out of metadata memory: shrink the entry to an empty range so no
          * lookup can return it (a word-sized store readers see atomically). */
         __atomic_store_n(&old->e[i].end, old->e[i].base, __ATOMIC_RELEASE);
+        old = NULL; /* still the published array */
     }
     bfc__unlock(&wlock);
+    retire(old);
 }
 
 size_t bfc__regionmap_count(struct bfc_ctx *ctx)
