@@ -33,7 +33,9 @@
  *
  * Locking: every operation is lock-free atomics, except stream creation,
  * which takes `g_reg_lock` only to hand out the next table index (a rare path:
- * streams are created once per simulated CUDA stream).
+ * streams are created once per simulated CUDA stream).  The fork handlers
+ * hold it across fork() (bfc__sim_fork_lock), so a child never inherits it
+ * taken.
  */
 #include "backend.h"
 #include "meta.h"
@@ -475,6 +477,17 @@ void bfc__sim_stream_drain(bfc__backend_t *be, bfc_stream_t s)
     st = sim_lookup(sim_of(be), s, &idx);
     if (st)
         sim_drain(st);
+}
+
+/* A leaf: its holder takes no other lock and never waits (ctx.c, "Fork"). */
+void bfc__sim_fork_lock(void)
+{
+    bfc__plock(&g_reg_lock);
+}
+
+void bfc__sim_fork_unlock(void)
+{
+    bfc__punlock(&g_reg_lock);
 }
 
 /* ------------------------------------------------------- fault injection */
