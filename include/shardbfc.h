@@ -14,6 +14,18 @@
  * BFC_E* code; bfc_strerror() describes it.  Functions returning a pointer
  * return NULL on failure; bfc_last_error() then gives the calling thread's
  * status for its most recent failed call.
+ *
+ * fork(): the library's pthread_atfork handlers hold every lock of the
+ * library (and of liburcu, which it uses) across fork(), so a child forked
+ * while other threads allocate, free or trim can go on using the library
+ * (SIM and host memory; CUDA itself does not support use in a forked
+ * child).  A cross-stream free in flight in another thread at the instant of
+ * fork may be lost in the child (the block stays allocated there); the
+ * parent is unaffected.  The library shares liburcu's urcu-bp domain with
+ * the application: inside its own RCU read-side critical sections or
+ * call_rcu callbacks, an application must not create or destroy contexts,
+ * start or stop a trace or set an OOM callback while another thread may
+ * fork (the fork would wait for a grace period that waits for that code).
  */
 #ifndef SHARDBFC_H
 #define SHARDBFC_H
