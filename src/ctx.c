@@ -269,24 +269,30 @@ static void after_fork_child(void)
 static pthread_once_t process_once = PTHREAD_ONCE_INIT;
 static int process_status = BFC_OK;
 
+/*
+ * Runs before any context exists.  The order matters: jemalloc registers its
+ * own fork handlers when it starts (here at the latest), and prepare
+ * handlers run in reverse order of registration, so ours run before
+ * jemalloc's -- while every thread can still allocate metadata, as inner-
+ * lock holders do.  Ours are registered before liburcu's call_rcu data is
+ * created, so a fork from another thread meanwhile already finds them
+ * (creation takes call_rcu_mutex).  A fork that interrupts this routine
+ * makes the child run it again (glibc's pthread_once counts forks).
+ */
 static void process_init_once(void)
 {
-    /* First: jemalloc registers its own fork handlers when it starts, and
-     * prepare handlers run in reverse order of registration, so ours run
-     * before jemalloc's -- while every thread can still allocate metadata
-     * (inner-lock holders do). */
     if (bfc__meta_init() != BFC_OK) {
+        process_status = BFC_ENOMEM;
+        return;
+    }
+    int e = pthread_atfork(before_fork, after_fork_parent, after_fork_child);
+    if (e != 0) {
         process_status = BFC_ENOMEM;
         return;
     }
     /* The default call_rcu data (and its thread) now, not at the first
      * call_rcu under an arena lock: see "Fork" above. */
-    if (get_default_call_rcu_data() == NULL) {
-        process_status = BFC_ENOMEM;
-        return;
-    }
-    int e = pthread_atfork(before_fork, after_fork_parent, after_fork_child);
-    if (e != 0)
+    if (get_default_call_rcu_data() == NULL)
         process_status = BFC_ENOMEM;
 }
 
