@@ -64,6 +64,23 @@
 #include <time.h>
 #include <unistd.h>
 
+/* The trace's actions and their CSV spellings: the library's own table
+ * (not installed, so by path), of which the interposer writes the first
+ * three -- RMM's. */
+#include "../../src/trace_actions.h"
+
+enum action {
+#define ACTION_ENUM(name, csv) ACT_##name,
+    BFC_TRACE_ACTIONS(ACTION_ENUM)
+#undef ACTION_ENUM
+};
+
+static const char *const action_csv[] = {
+#define ACTION_CSV(name, csv) [ACT_##name] = csv,
+    BFC_TRACE_ACTIONS(ACTION_CSV)
+#undef ACTION_CSV
+};
+
 #define EXPORT __attribute__((visibility("default")))
 
 extern void __libc_free(void *);
@@ -261,7 +278,7 @@ static int stream_of_thread(void)
 }
 
 /* One row; called with the lock held. */
-static void emit(const char *action, uintptr_t ptr, size_t size)
+static void emit(enum action action, uintptr_t ptr, size_t size)
 {
     if (OUT_CAP - out_len < 160)
         out_flush();
@@ -271,7 +288,7 @@ static void emit(const char *action, uintptr_t ptr, size_t size)
     *p++ = ',';
     p = put_dec(p, now_ns());
     *p++ = ',';
-    p = put_str(p, action);
+    p = put_str(p, action_csv[action]);
     *p++ = ',';
     p = put_hex(p, ptr);
     *p++ = ',';
@@ -511,13 +528,13 @@ static void record_alloc(void *p, size_t alignment, size_t size, void *ra)
             count_ignored(module);
         } else if (!p) {
             n_fail++;
-            emit("allocate failure", 0, size);
+            emit(ACT_ALLOC_FAIL, 0, size);
         } else if (tab_put((uintptr_t)p, size)) {
             n_alloc++;
             if (alignment != 64)
                 n_unaligned_align++;
             atomic_store_explicit(&live_blocks, tab_n, memory_order_relaxed);
-            emit("allocate", (uintptr_t)p, size);
+            emit(ACT_ALLOC, (uintptr_t)p, size);
         } else {
             n_lost++; /* the table could not grow: this block is not recorded */
         }
@@ -540,7 +557,7 @@ static void record_free(void *p, bool from_realloc)
             n_free++;
             if (from_realloc)
                 n_realloc_tracked++;
-            emit("free", (uintptr_t)p, size);
+            emit(ACT_FREE, (uintptr_t)p, size);
         }
     }
     pthread_mutex_unlock(&lock);
