@@ -311,6 +311,13 @@ static int parse_args(int argc, char **argv, struct opts *o)
     } else if (o->contexts == CTX_BOTH && o->alloc_on[ibfc]) {
         o->alloc_on[ictx] = true;
     }
+    /* What runs, however it was asked for (--allocators names them too). */
+    if (o->alloc_on[ibfc] && o->alloc_on[ictx])
+        o->contexts = CTX_BOTH;
+    else if (o->alloc_on[ictx])
+        o->contexts = CTX_PER_THREAD;
+    else
+        o->contexts = CTX_SHARED;
     if (!have_wl) {
         /* arena-frag only when asked for: the fragment prologue costs each
          * allocator seconds (glibc's malloc most), not the window. */
