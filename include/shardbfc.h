@@ -29,6 +29,13 @@
  * spawned) and start afresh.  In every case a trace the parent started
  * stays the parent's: the child writes nothing to it, and its exit does not
  * close it for the parent.  SHARDBFC_CONF is not read again in the child.
+ * A cross-stream free in flight in another parent thread at the instant of
+ * fork may be lost in the child (the block stays allocated there); the
+ * parent is unaffected.  The library shares liburcu's urcu-bp domain with
+ * the application: inside its own RCU read-side critical sections or
+ * call_rcu callbacks, an application must not create or destroy contexts,
+ * start or stop a trace or set an OOM callback while another thread may
+ * fork (the fork would wait for a grace period that waits for that code).
  */
 #ifndef SHARDBFC_H
 #define SHARDBFC_H

@@ -18,7 +18,11 @@
  *
  * Locking: `create_lock` is taken only when a device's context does not exist
  * yet (once per device) and by bfc_shutdown; every other call reads the
- * context table with an acquire load.
+ * context table with an acquire load.  It is held while a context is created
+ * or destroyed, which waits for liburcu (its locks, grace periods, its
+ * threads), so it is an "outer" lock in the fork order (ctx.c): the fork
+ * handlers take it before liburcu's hooks.  The process set-up (and with it
+ * the fork handlers) is done before the lock is first taken.
  */
 #include <string.h>
 
@@ -81,6 +85,7 @@ static bfc_ctx_t *ctx_of_device(int dev, int *status)
     bfc_ctx_t *ctx = atomic_load_explicit(&devices[dev], memory_order_acquire);
     if (BFC__LIKELY(ctx != NULL))
         return ctx;
+    bfc__process_init(); /* the fork handlers exist before create_lock is used */
     bfc__lock(&create_lock);
     ctx = atomic_load_explicit(&devices[dev], memory_order_relaxed);
     if (!ctx) {
@@ -195,6 +200,7 @@ int bfc_stream_release(bfc_stream_t stream)
 
 void bfc_shutdown(void)
 {
+    bfc__process_init(); /* as in ctx_of_device */
     bfc__lock(&create_lock);
     for (int i = 0; i < MAX_DEVICES; i++) {
         bfc_ctx_t *ctx = atomic_exchange_explicit(&devices[i], NULL, memory_order_acq_rel);
@@ -203,4 +209,14 @@ void bfc_shutdown(void)
     }
     bfc__unlock(&create_lock);
     bfc__host_shutdown();
+}
+
+void bfc__api_fork_lock(void)
+{
+    bfc__lock(&create_lock);
+}
+
+void bfc__api_fork_unlock(void)
+{
+    bfc__unlock(&create_lock);
 }

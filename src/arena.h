@@ -11,7 +11,11 @@
  *     ctx->arenas_lock -> arena->lock -> { pool.lock | region map writer lock }
  * (the pool lock and the region map's writer lock are never held together)
  * Common paths (allocation, same-stream free) take one arena lock and no
- * device-wide lock; a cross-stream free takes no arena lock at all.
+ * device-wide lock; a cross-stream free takes no arena lock at all.  These
+ * are "inner" locks (ctx.c, "Fork", has the whole order): a thread holding
+ * one never waits for liburcu -- for its locks, a grace period or its
+ * threads -- because the fork handlers take them after liburcu's own
+ * prepare hooks.
  */
 #ifndef BFC_ARENA_H
 #define BFC_ARENA_H
@@ -41,12 +45,43 @@ static inline void bfc__rcu_unlock(void)
     BFC__TSAN_RELEASE(&bfc__rcu_sync);
     rcu_read_unlock();
 }
+/*
+ * Registers the calling thread with urcu-bp if it is not yet (a thread-local
+ * test when it is).  urcu-bp registers a thread at its first rcu_read_lock,
+ * and registering takes liburcu's registry lock, which the fork handlers hold
+ * while they wait for the library's locks (ctx.c, "Fork").  So a thread must
+ * be registered before it takes any library lock on a path that may enter
+ * RCU (call_rcu, a nested read section): the allocation and free paths are,
+ * because they open a read section first; the slow entry points that start
+ * with a lock (trim, statistics, dumps) call this first.
+ */
+static inline void bfc__rcu_register(void)
+{
+    urcu_bp_register_thread();
+}
+
+/*
+ * The liburcu gate: held around every call of the library that enqueues on
+ * one of liburcu's wait-free queues (call_rcu; rculfhash add and delete,
+ * which may queue a resize for its worker).  Such an enqueue is two stores
+ * (swap the tail, then link the old tail); a thread stopped between them by
+ * fork() would leave the child a queue whose consumer -- the child's new
+ * call_rcu thread or hash-table worker -- waits forever for the link.  The
+ * fork handlers take the gate, so no such enqueue is ever in flight at fork.
+ * The gate is a leaf: its holder only enqueues (never blocking: the thread
+ * is registered and the default call_rcu data exists from process set-up).
+ */
+extern pthread_mutex_t bfc__urcu_gate;
+
 /* Every call_rcu goes through here: the caller's accesses happen before
  * the callback's (which starts with bfc__rcu_reclaim). */
 static inline void bfc__call_rcu(struct rcu_head *h, void (*fn)(struct rcu_head *))
 {
     BFC__TSAN_RELEASE(&bfc__rcu_sync);
+    bfc__rcu_register();
+    bfc__plock(&bfc__urcu_gate);
     call_rcu(h, fn);
+    bfc__punlock(&bfc__urcu_gate);
 }
 /* First thing in every call_rcu callback and after synchronize_rcu /
  * rcu_barrier. */

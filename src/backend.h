@@ -152,6 +152,9 @@ size_t bfc__cuda_vmm_granule(int device);
 #endif
 
 /* SIM only: per-backend controls behind shardbfc_sim.h.  be must be SIM. */
+/* The stream-table lock, held across fork() by the fork handlers (ctx.c). */
+void bfc__sim_fork_lock(void);
+void bfc__sim_fork_unlock(void);
 bfc_stream_t bfc__sim_stream_create(bfc__backend_t *be);
 void bfc__sim_stream_destroy(bfc__backend_t *be, bfc_stream_t s);
 void bfc__sim_stream_hold(bfc__backend_t *be, bfc_stream_t s);

@@ -68,7 +68,9 @@
  * streams are created once per simulated CUDA stream), and the va_* calls,
  * which hold their book's lock for the whole call: they are as rare as a
  * device allocation, and the lock keeps the book and the page protections
- * in step (a check and its mprotect cannot be split by another map).
+ * in step (a check and its mprotect cannot be split by another map).  The
+ * fork handlers hold the registry lock across fork() (bfc__sim_fork_lock), so
+ * a child never inherits it taken.
  */
 #include "backend.h"
 #include "ctx.h" /* bfc__dir_epoch: destroying a stream invalidates cached lookups */
@@ -694,6 +696,17 @@ void bfc__sim_stream_drain(bfc__backend_t *be, bfc_stream_t s)
     st = sim_lookup(sim_of(be), s, &idx);
     if (st)
         sim_drain(st);
+}
+
+/* A leaf: its holder takes no other lock and never waits (ctx.c, "Fork"). */
+void bfc__sim_fork_lock(void)
+{
+    bfc__plock(&g_reg_lock);
+}
+
+void bfc__sim_fork_unlock(void)
+{
+    bfc__punlock(&g_reg_lock);
 }
 
 /* ------------------------------------------------------- fault injection */

@@ -83,16 +83,80 @@ void bfc__mutex_wake(bfc__mutex_t *m)
 /* ------------------------------------------------------------ process */
 
 /*
- * Fork.  The child has one thread: any lock another thread of the parent
- * held at fork() would stay locked in it forever.  So the prepare handler
- * takes every lock of every live context, in the documented order, after
- * liburcu's own hooks (which pause the call_rcu thread; our callbacks never
- * take these locks), and both parent and child release them afterwards.
+ * Fork.  The child has one thread: a lock another thread of the parent held
+ * at fork() would stay locked in it forever, and so would liburcu's.  The
+ * prepare handler therefore takes every lock of the library and liburcu's
+ * fork hooks take liburcu's, and both after-fork handlers release them all.
+ * The order is what keeps prepare from deadlocking, and it follows from one
+ * rule:
+ *
+ *   No thread waits for liburcu -- for call_rcu_mutex, the grace-period or
+ *   registry lock, a grace period, or progress of liburcu's own threads --
+ *   while it holds an "inner" lock; and no RCU reader, call_rcu callback or
+ *   liburcu thread ever waits for an "outer" lock.
+ *
+ * liburcu's prepare hooks take call_rcu_mutex, pause every call_rcu thread
+ * and the hash-table worker (waiting until they do), then take the grace-
+ * period and registry locks.  A paused call_rcu thread may first have to
+ * finish a grace period, i.e. wait for every reader -- and readers take arena
+ * locks.  So inner locks (whose holders are readers, or wait for readers
+ * that need them) can only be taken after the hooks, when every liburcu
+ * thread is paused and no grace period is in progress; and they are safe to
+ * take then only because no holder of one waits for what the hooks now hold.
+ * Outer locks are held across context creation and destruction or a trace
+ * stop, which do wait for liburcu (cds_lfht_new/destroy take call_rcu_mutex,
+ * teardown runs synchronize_rcu and rcu_barrier); they are taken before the
+ * hooks, which is safe because nothing liburcu waits for needs them.
+ *
+ * The order, outermost first (every path nests in it, none the other way):
+ *   outer   the service's create lock (api.c); the host table lock (host.c);
+ *           the context registry (g_ctxs_lock, below); each context's
+ *           obs.lock (trace start/stop, OOM report);
+ *   liburcu call_rcu_before_fork, rcu_bp_before_fork;
+ *   inner   per context: arenas_lock, each arena's lock, the pool lock
+ *           (bfc__ctx_lock_all), each arena's fence-pool dequeue lock (the
+ *           mutex of cds_wfcq_dequeue_blocking); then process-wide: the
+ *           region map writer lock, the trace buffer registry and each
+ *           running trace's file lock, the liburcu gate (arena.h), the SIM
+ *           stream-table lock.
+ * Both after-fork handlers release in the reverse order.
+ *
+ * What makes the inner holders keep the rule:
+ *   - the default call_rcu data is created at process set-up (below): else
+ *     the first call_rcu takes call_rcu_mutex to create it, under an arena
+ *     lock (the hang this order was written for: fork holds call_rcu_mutex
+ *     and waits for an arena lock whose holder waits for the region map
+ *     writer lock whose holder waits for call_rcu_mutex).  liburcu recreates
+ *     it in the child;
+ *   - a thread is registered with urcu-bp before it takes an inner lock on a
+ *     path that may enter RCU (bfc__rcu_register, arena.h): registering takes
+ *     the registry lock;
+ *   - the region map hands old arrays to call_rcu after its writer lock is
+ *     dropped, and synchronize_rcu / rcu_barrier run only with no inner lock
+ *     held (context teardown, trace stop).
+ * And for the outer ones: no allocator path takes one inside a read-side
+ * section, and our call_rcu callbacks take no lock.  The application shares
+ * urcu-bp with us (one domain per process): its own read-side sections and
+ * call_rcu callbacks must not create or destroy contexts, start or stop a
+ * trace, or set an OOM callback, or a concurrent fork can deadlock.
+ *
+ * Wait-free queues.  An enqueue on a wfcqueue is two stores (swap the tail,
+ * then link the old tail) with no lock, so fork() can stop a thread between
+ * them.  liburcu's queues are protected by the liburcu gate (arena.h).  Ours
+ * -- each arena's remote-free queue (cross-stream frees, wait-free by design)
+ * and fence pool -- are repaired in the child instead, so the free path pays
+ * nothing: a chain that stops short of its tail is cut at the last linked
+ * node.  The enqueuing thread does not exist in the child, so its free is
+ * lost there (the block stays allocated in the child, consistently counted);
+ * the parent is untouched.
+ *
  * Contexts are found through a registry; `g_ctxs_lock` is taken only by
- * create, destroy and fork.
+ * create, destroy and fork.  A context being destroyed has left it, and the
+ * contract of bfc_ctx_destroy (no concurrent users) covers its locks.
  */
 static pthread_mutex_t g_ctxs_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct bfc_ctx *g_ctxs;
+pthread_mutex_t bfc__urcu_gate = PTHREAD_MUTEX_INITIALIZER;
 
 static void registry_add(struct bfc_ctx *ctx)
 {
@@ -113,59 +177,122 @@ static void registry_remove(struct bfc_ctx *ctx)
     bfc__unlock(&g_ctxs_lock);
 }
 
+/* Cuts a wait-free queue whose chain stops short of its tail (see "Wait-free
+ * queues" above).  Child only: no other thread exists. */
+static void wfcq_cut(struct cds_wfcq_head *h, struct cds_wfcq_tail *t)
+{
+    struct cds_wfcq_node *n = &h->node;
+    while (n != t->p) {
+        struct cds_wfcq_node *next = n->next;
+        if (!next) {
+            t->p = n;
+            return;
+        }
+        n = next;
+    }
+}
+
 static void before_fork(void)
 {
-    call_rcu_before_fork();
-    rcu_bp_before_fork();
+    /* Outer. */
+    bfc__api_fork_lock();
+    bfc__host_fork_lock();
     bfc__lock(&g_ctxs_lock);
-    /* obs locks first, for every context: an OOM callback holding one may
-     * allocate from any context. */
     for (struct bfc_ctx *c = g_ctxs; c; c = c->reg_next)
         if (c->obs.lock_ready)
             bfc__lock(&c->obs.lock);
-    for (struct bfc_ctx *c = g_ctxs; c; c = c->reg_next)
+    /* liburcu: its threads paused, its locks held. */
+    call_rcu_before_fork();
+    rcu_bp_before_fork();
+    /* Inner. */
+    for (struct bfc_ctx *c = g_ctxs; c; c = c->reg_next) {
         bfc__ctx_lock_all(c);
+        for (struct bfc__arena *a = c->arenas; a; a = a->all_next)
+            cds_wfcq_dequeue_lock(&a->fpool_head, &a->fpool_tail);
+    }
     bfc__regionmap_fork_lock();
+    bfc__trace_fork_lock();
+    for (struct bfc_ctx *c = g_ctxs; c; c = c->reg_next)
+        if (c->obs.lock_ready)
+            bfc__trace_fork_lock_file(c);
+    bfc__lock(&bfc__urcu_gate);
+    bfc__sim_fork_lock();
 }
 
-static void release_after_fork(void)
+static void release_inner(bool child)
 {
-    bfc__regionmap_fork_unlock();
+    bfc__sim_fork_unlock();
+    bfc__unlock(&bfc__urcu_gate);
     for (struct bfc_ctx *c = g_ctxs; c; c = c->reg_next)
+        if (c->obs.lock_ready)
+            bfc__trace_fork_unlock_file(c);
+    bfc__trace_fork_unlock();
+    bfc__regionmap_fork_unlock();
+    for (struct bfc_ctx *c = g_ctxs; c; c = c->reg_next) {
+        for (struct bfc__arena *a = c->arenas; a; a = a->all_next) {
+            if (child) {
+                wfcq_cut(&a->rq_head, &a->rq_tail);
+                wfcq_cut(&a->fpool_head, &a->fpool_tail);
+            }
+            cds_wfcq_dequeue_unlock(&a->fpool_head, &a->fpool_tail);
+        }
         bfc__ctx_unlock_all(c);
+    }
+}
+
+static void release_outer(void)
+{
     for (struct bfc_ctx *c = g_ctxs; c; c = c->reg_next)
         if (c->obs.lock_ready)
             bfc__unlock(&c->obs.lock);
     bfc__unlock(&g_ctxs_lock);
+    bfc__host_fork_unlock();
+    bfc__api_fork_unlock();
 }
 
 static void after_fork_parent(void)
 {
-    release_after_fork();
+    release_inner(false);
     rcu_bp_after_fork_parent();
     call_rcu_after_fork_parent();
+    release_outer();
 }
 
 static void after_fork_child(void)
 {
-    release_after_fork();
+    release_inner(true);
     rcu_bp_after_fork_child();
     call_rcu_after_fork_child();
+    release_outer();
 }
 
 static pthread_once_t process_once = PTHREAD_ONCE_INIT;
 static int process_status = BFC_OK;
 
+/*
+ * Runs before any context exists.  The order matters: jemalloc registers its
+ * own fork handlers when it starts (here at the latest), and prepare
+ * handlers run in reverse order of registration, so ours run before
+ * jemalloc's -- while every thread can still allocate metadata, as inner-
+ * lock holders do.  Ours are registered before liburcu's call_rcu data is
+ * created, so a fork from another thread meanwhile already finds them
+ * (creation takes call_rcu_mutex).  A fork that interrupts this routine
+ * makes the child run it again (glibc's pthread_once counts forks).
+ */
 static void process_init_once(void)
 {
     if (bfc__meta_init() != BFC_OK) {
         process_status = BFC_ENOMEM;
         return;
     }
-    /* liburcu's fork hooks: a child keeps a working RCU (and call_rcu
-     * thread) and can go on allocating. */
     int e = pthread_atfork(before_fork, after_fork_parent, after_fork_child);
-    if (e != 0)
+    if (e != 0) {
+        process_status = BFC_ENOMEM;
+        return;
+    }
+    /* The default call_rcu data (and its thread) now, not at the first
+     * call_rcu under an arena lock: see "Fork" above. */
+    if (get_default_call_rcu_data() == NULL)
         process_status = BFC_ENOMEM;
 }
 
@@ -781,6 +908,7 @@ int bfc_ctx_trim(bfc_ctx_t *ctx)
 {
     if (!ctx)
         return BFC_EINVAL;
+    bfc__rcu_register(); /* before the arenas lock: releases call call_rcu */
     bfc__ctx_reclaim_others(ctx, NULL, false);
     /* What just left the shards is fenced on their streams: on a device,
      * wait for that work (as PyTorch's empty_cache synchronises its events

@@ -72,7 +72,22 @@ size_t bfc__ctx_collect_tails(struct bfc_ctx *ctx, struct bfc__arena *self, stru
 /* The out-of-memory escalation (ctx.c); a->lock held, see there. */
 void *bfc__ctx_alloc_slow(struct bfc_ctx *ctx, struct bfc__arena *a, size_t n, size_t rounded, int *status);
 
-/* The one-time process set-up: fork hooks (ctx.c). */
+/* The one-time process set-up: metadata arena, liburcu's default call_rcu
+ * thread, fork handlers (ctx.c).  Call before taking any lock the fork
+ * handlers cover for the first time. */
 void bfc__process_init(void);
+
+/* The locks other parts lend to the fork handlers (ctx.c, "Fork", has the
+ * order and the rule).  Outer: the service's create lock (api.c), the host
+ * table lock (host.c).  Inner: the trace buffer registry and one running
+ * trace's file lock (trace.c; the file lock under ctx->obs.lock). */
+void bfc__api_fork_lock(void);
+void bfc__api_fork_unlock(void);
+void bfc__host_fork_lock(void);
+void bfc__host_fork_unlock(void);
+void bfc__trace_fork_lock(void);
+void bfc__trace_fork_unlock(void);
+void bfc__trace_fork_lock_file(struct bfc_ctx *ctx);
+void bfc__trace_fork_unlock_file(struct bfc_ctx *ctx);
 
 #endif /* BFC_CTX_H */

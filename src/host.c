@@ -23,7 +23,11 @@
  * to the node's pool at once, the rest when the last block is freed).
  *
  * Locking: `g_lock` guards the thread-slot free list and host context
- * creation: once per thread and once per node, never per allocation.
+ * creation: once per thread and once per node, never per allocation.  It is
+ * held while a host context is created or destroyed, which waits for liburcu,
+ * so it is an "outer" lock in the fork order (ctx.c), taken by the fork
+ * handlers before liburcu's hooks.  The process set-up (and with it the fork
+ * handlers) is done in host_init, before the lock is first taken.
  */
 #include "host.h" /* first: config.h decides what follows */
 
@@ -64,6 +68,7 @@ static void thread_exit(void *arg);
 
 static void host_init(void)
 {
+    bfc__process_init();
     /* An invalid SHARDBFC_CONF stops host memory as it stops device
      * memory (api.c): config.c has printed why. */
     if (bfc__config_from_env(&g_cfg) != BFC_OK) {
@@ -369,11 +374,22 @@ int bfc_host_numa_nodes(void)
 
 void bfc__host_shutdown(void)
 {
+    /* bfc_shutdown did the process set-up: the fork handlers cover g_lock. */
     bfc__lock(&g_lock);
     for (int i = 0; i < MAX_NODES; i++) {
         bfc_ctx_t *ctx = atomic_exchange_explicit(&g_ctx[i], NULL, memory_order_acq_rel);
         if (ctx)
             bfc_ctx_destroy(ctx);
     }
+    bfc__unlock(&g_lock);
+}
+
+void bfc__host_fork_lock(void)
+{
+    bfc__lock(&g_lock);
+}
+
+void bfc__host_fork_unlock(void)
+{
     bfc__unlock(&g_lock);
 }

@@ -55,14 +55,6 @@ int bfc__obs_init(struct bfc_ctx *ctx);
 /* Context destruction: stops a running trace (flushing it). */
 void bfc__obs_fini(struct bfc_ctx *ctx);
 
-/* Fork: the trace registry lock and every running trace's file lock, so
- * that a child never inherits one held by another thread (its exit handler
- * and its own traces take them).  They are the innermost locks of the
- * library -- an event is recorded under an arena lock, never the other way
- * round -- so the prepare handler takes them after every other lock. */
-void bfc__trace_fork_lock(void);
-void bfc__trace_fork_unlock(void);
-
 /* Records one event of the calling thread (trace.c).  Call with or without
  * an arena lock held (the trace's locks nest inside arena locks); never with
  * the trace registry lock.  A no-op when no trace runs. */

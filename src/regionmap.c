@@ -18,7 +18,10 @@
  * whose tail departed shrinks its entry in place (bfc__regionmap_shrink).
  *
  * Locking: `wlock` is taken under arena locks, never together with the pool
- * lock, and held only for the copy.
+ * lock, and held only for the copy.  Its holder never waits for liburcu:
+ * the old array is handed to call_rcu after `wlock` is dropped (see the
+ * fork rule in ctx.c), so a fork that holds liburcu's locks and then waits
+ * for `wlock` always gets it.
  */
 #include <string.h>
 
@@ -94,9 +97,18 @@ struct bfc__region *bfc__regionmap_lookup(uintptr_t p)
     return p < __atomic_load_n(&e->end, __ATOMIC_RELAXED) ? e->r : NULL;
 }
 
-static void publish(struct rmap *next, struct rmap *old)
+/* Under wlock: readers see `next` from now on.  The caller retires `old`
+ * with retire() once it has dropped wlock. */
+static void publish(struct rmap *next)
 {
+    /* release: pairs with the acquire loads in bfc__regionmap_lookup and
+     * bfc__regionmap_count (the copy's entries are written before). */
     atomic_store_explicit(&rmap_cur, next, memory_order_release);
+}
+
+/* Without wlock: frees a replaced array after a grace period. */
+static void retire(struct rmap *old)
+{
     if (old)
         bfc__call_rcu(&old->rcu, rmap_free_cb);
 }
@@ -137,8 +149,9 @@ int bfc__regionmap_insert(struct bfc__region *r)
     }
     struct rmap_entry add = { r->base, r->base + r->size, r };
     copy_entries(next, old, NULL, &add);
-    publish(next, old);
+    publish(next);
     bfc__unlock(&wlock);
+    retire(old);
     return BFC_OK;
 }
 
@@ -157,15 +170,17 @@ void bfc__regionmap_remove(struct bfc__region *r)
     struct rmap *next = rmap_new(old->n - 1);
     if (next) {
         copy_entries(next, old, r, NULL);
-        publish(next, old);
+        publish(next);
     } else {
         /* Out of metadata memory: a tombstone (see the opening comment), a
          * word-sized store readers see atomically.  release: pairs with no
          * acquire in particular; it orders the store after our earlier
          * writes for readers that go on to read the region. */
         __atomic_store_n(&old->e[i].end, old->e[i].base, __ATOMIC_RELEASE);
+        old = NULL; /* still the published array */
     }
     bfc__unlock(&wlock);
+    retire(old);
 }
 
 /*

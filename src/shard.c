@@ -135,8 +135,10 @@ struct bfc__arena *bfc__shard_get(struct bfc_ctx *ctx, bfc_stream_t s, int *stat
         ctx->arenas = mine;
         bfc__unlock(&ctx->arenas_lock);
         atomic_store_explicit(&mine->ready, true, memory_order_release);
+        bfc__plock(&bfc__urcu_gate); /* arena.h: may queue a resize */
         struct cds_lfht_node *got =
             cds_lfht_add_unique(ctx->dir, hash_id(id), match_id, &id, &mine->dir_node);
+        bfc__punlock(&bfc__urcu_gate);
         if (got != &mine->dir_node) {
             /* Another thread published this stream's shard first. */
             mine->unlinked = true;
@@ -208,7 +210,13 @@ int bfc__shard_retire(struct bfc_ctx *ctx, bfc_stream_t s)
     uint64_t id;
     int st = ctx->be->ops->stream_id(ctx->be, s, &id);
     struct bfc__arena *a = st == BFC_OK ? lookup(ctx, id) : NULL;
-    if (!a || cds_lfht_del(ctx->dir, &a->dir_node) != 0) {
+    int del = -1;
+    if (a) {
+        bfc__plock(&bfc__urcu_gate); /* arena.h: may queue a resize */
+        del = cds_lfht_del(ctx->dir, &a->dir_node);
+        bfc__punlock(&bfc__urcu_gate);
+    }
+    if (del != 0) {
         bfc__rcu_unlock();
         return BFC_EINVAL;
     }
@@ -306,7 +314,9 @@ void bfc__shard_dir_fini(struct bfc_ctx *ctx)
     bfc__rcu_lock();
     struct cds_lfht_iter it;
     struct cds_lfht_node *node;
+    bfc__plock(&bfc__urcu_gate); /* arena.h: may queue a resize */
     cds_lfht_for_each(ctx->dir, &it, node) (void)cds_lfht_del(ctx->dir, node);
+    bfc__punlock(&bfc__urcu_gate);
     bfc__rcu_unlock();
     /* Wait for readers, then for every call_rcu callback queued so far
      * (retired arenas, regions) before freeing the rest by hand. */

@@ -17,7 +17,10 @@
  * taken.
  *
  * Locking: ctx->arenas_lock, then each arena lock in turn (never two), then
- * the pool lock.  These are rare, observational paths.  bfc_ctx_check is the
+ * the pool lock.  Entry points that start with the arenas lock register the
+ * thread with urcu-bp first: a drain under an arena lock can release a region
+ * (call_rcu), and registering under a library lock can deadlock a fork
+ * (ctx.c, "Fork").  These are rare, observational paths.  bfc_ctx_check is the
  * exception: it holds every lock at once (bfc__ctx_lock_all) to compare
  * shards, pool and region map in one consistent state.  obs.lock, when
  * taken, is outermost.
@@ -59,6 +62,7 @@ int bfc_ctx_stats(bfc_ctx_t *ctx, bfc_stats_t *out)
 {
     if (!ctx || !out)
         return BFC_EINVAL;
+    bfc__rcu_register(); /* before the arenas lock: a drain may call call_rcu */
     memset(out, 0, sizeof(*out));
     bfc__lock(&ctx->arenas_lock);
     for (struct bfc__arena *a = ctx->arenas; a; a = a->all_next) {
@@ -119,6 +123,7 @@ int bfc_ctx_clear_peaks(bfc_ctx_t *ctx)
 {
     if (!ctx)
         return BFC_EINVAL;
+    bfc__rcu_register(); /* before the arenas lock: a drain may call call_rcu */
     bfc__lock(&ctx->arenas_lock);
     for (struct bfc__arena *a = ctx->arenas; a; a = a->all_next) {
         bfc__lock(&a->lock);
@@ -230,6 +235,7 @@ int bfc_ctx_dump(bfc_ctx_t *ctx, FILE *f)
 {
     if (!ctx || !f)
         return BFC_EINVAL;
+    bfc__rcu_register(); /* before the arenas lock: a drain may call call_rcu */
     bfc_stats_t s;
     bfc_ctx_stats(ctx, &s);
     fprintf(f, "libshardbfc memory map: backend %s, limit %" PRIu64 ", reserved %" PRIu64 ", in use %" PRIu64
@@ -321,6 +327,7 @@ int bfc_ctx_snapshot_json(bfc_ctx_t *ctx, FILE *f)
 {
     if (!ctx || !f)
         return BFC_EINVAL;
+    bfc__rcu_register(); /* before the arenas lock: a drain may call call_rcu */
     bfc_stats_t s;
     bfc_ctx_stats(ctx, &s);
     struct bfc__pool_stats ps;

@@ -53,7 +53,9 @@
  * here takes an arena lock, and no one waits for a grace period holding
  * reg_lock (a reader may be waiting for it in attach).  tb->gen is written
  * under reg_lock and read lock-free by its owner thread (see trace_event for
- * why a stale read is harmless).
+ * why a stale read is harmless).  obs.lock is an "outer" lock in the fork
+ * order (ctx.c): bfc_ctx_trace_stop waits for a grace period under it.
+ * reg_lock and flock are "inner": their holders never wait for liburcu.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -495,23 +497,6 @@ int bfc_ctx_trace_stop(bfc_ctx_t *ctx)
     return st;
 }
 
-/* -------------------------------------------------------------- fork */
-
-void bfc__trace_fork_lock(void)
-{
-    bfc__plock(&reg_lock);
-    for (struct bfc__trace *t = running; t; t = t->run_next)
-        bfc__plock(&t->flock);
-}
-
-void bfc__trace_fork_unlock(void)
-{
-    /* `running` cannot have changed: reg_lock was held since the lock. */
-    for (struct bfc__trace *t = running; t; t = t->run_next)
-        bfc__punlock(&t->flock);
-    bfc__punlock(&reg_lock);
-}
-
 /* ------------------------------------------------------------ set-up */
 
 int bfc__obs_init(struct bfc_ctx *ctx)
@@ -545,4 +530,33 @@ void bfc__obs_fini(struct bfc_ctx *ctx)
     int e = pthread_mutex_destroy(&ctx->obs.lock);
     if (e != 0)
         bfc__fatal("pthread_mutex_destroy", e);
+}
+
+/* ------------------------------------------------------------- fork */
+
+void bfc__trace_fork_lock(void)
+{
+    bfc__plock(&reg_lock);
+}
+
+void bfc__trace_fork_unlock(void)
+{
+    bfc__punlock(&reg_lock);
+}
+
+/* Under ctx->obs.lock (held by the fork handlers), so no trace starts or
+ * stops meanwhile: the one that runs, if any, keeps its file lock. */
+void bfc__trace_fork_lock_file(struct bfc_ctx *ctx)
+{
+    /* relaxed: obs.lock orders every store of the pointer before us. */
+    struct bfc__trace *t = atomic_load_explicit(&ctx->obs.trace, memory_order_relaxed);
+    if (t)
+        bfc__plock(&t->flock);
+}
+
+void bfc__trace_fork_unlock_file(struct bfc_ctx *ctx)
+{
+    struct bfc__trace *t = atomic_load_explicit(&ctx->obs.trace, memory_order_relaxed);
+    if (t)
+        bfc__punlock(&t->flock);
 }
