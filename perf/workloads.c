@@ -43,7 +43,9 @@
  * more every 16th allocation of each thread sums all lines and raises a
  * shared maximum (CAS).  Sampling can miss a short peak, so the figure is a
  * lower bound and fragmentation = reserved / requested errs high, never in
- * the allocator's favour.
+ * the allocator's favour.  A counted run publishes once per batch instead:
+ * its thread keeps its own peak in a register (exact with one thread) and
+ * raises the shared maximum to the sum of the lines.
  *
  * The flags are relaxed atomics: they only bound the loops, nothing is
  * published through them; results are read after pthread_join.
@@ -363,6 +365,8 @@ static void track_batch(struct shared *sh, unsigned idx, int64_t cur, int64_t lp
 {
     int64_t sum = 0;
     uint64_t old;
+    /* relaxed, as in track_publish: the lines and the maximum are counters
+     * read after pthread_join, nothing is published through them. */
     atomic_store_explicit(&sh->line[idx].cur, cur, memory_order_relaxed);
     if (sh->nthreads == 1) {
         sum = lpeak;
