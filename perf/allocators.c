@@ -6,10 +6,16 @@
  *                one stream per thread (SIM streams, or CUDA streams with
  *                --backend cuda), bfc_ctx_alloc / bfc_ctx_free; host mode:
  *                bfc_host_alloc / bfc_host_free.
+ *   shardbfc-ctx the same with a context of its own for each thread (each
+ *                producer/consumer pair in cross): whatever the threads
+ *                still share is process-wide or in the memory layout, not
+ *                the context.  Not in host mode (the host arenas are
+ *                process-wide).
  *   single-lock  the same library as TensorFlow's BFCAllocator is used: one
  *                context, ONE stream for every thread, every call inside one
  *                global pthread mutex (TF locks once in AllocateRaw and once
- *                in DeallocateRaw).
+ *                in DeallocateRaw); its pair op takes the mutex once for a
+ *                free and the allocation after it (--lock-scope pair).
  *   jemalloc     mallocx / sdallocx on the same size sequence (host floor).
  *   malloc       glibc's own allocator through __libc_malloc / __libc_free:
  *                this program links jemalloc, which replaces malloc() in the
@@ -30,7 +36,8 @@
  * usable, or for torch when the shim is not there.
  *
  * Memory reporting: libshardbfc's peak_bytes_reserved (bfc_ctx_stats, or
- * bfc_host_stats) from a fresh context per run; cudaMallocAsync's
+ * bfc_host_stats, summed over the contexts) from fresh contexts per run,
+ * and the whole bfc_stats_t for the harness's checks (snapshot); cudaMallocAsync's
  * cudaMemPoolAttrReservedMemHigh.  jemalloc, glibc and cudaMalloc cannot
  * report a peak of what they hold without sampling their global statistics
  * in the timed loop, so they report nothing (null in the JSON).
@@ -61,7 +68,11 @@ extern void *__libc_malloc(size_t n);
 extern void __libc_free(void *p);
 
 struct bfc_state {
-    bfc_ctx_t *ctx;          /* NULL in host mode */
+    bfc_ctx_t *ctx;          /* ctxs[0]; NULL in host mode */
+    bfc_ctx_t **ctxs;        /* nctx contexts (shardbfc-ctx: one per group) */
+    unsigned nctx;
+    /* shardbfc-ctx: the context of each caller (the `thread` argument) */
+    bfc_ctx_t *ctx_of[2 * PERF_MAX_THREADS];
     bool cuda_streams;       /* streams are cudaStreams we created */
     bool locked;             /* single-lock */
     unsigned ndistinct;      /* distinct streams created */
@@ -70,12 +81,23 @@ struct bfc_state {
 
 /* ------------------------------------------------------------ streams */
 
-static const char *make_streams(struct perf_allocator *a, bfc_ctx_t *ctx, bool cuda,
-                                unsigned distinct, unsigned n)
+/* Stream i of n belongs to context i / (n / nctx) (equal consecutive
+ * groups); with one context, to it. */
+static bfc_ctx_t *stream_ctx(bfc_ctx_t *const *ctxs, unsigned nctx, unsigned i, unsigned n)
+{
+    unsigned per = nctx > 1 && n >= nctx ? n / nctx : n;
+    if (ctxs == NULL)
+        return NULL;
+    return ctxs[per == 0 || nctx <= 1 ? 0 : (i / per < nctx ? i / per : nctx - 1)];
+}
+
+static const char *make_streams(struct perf_allocator *a, bfc_ctx_t *const *ctxs,
+                                unsigned nctx, bool cuda, unsigned distinct, unsigned n)
 {
     a->streams = perf_xcalloc(n ? n : 1, sizeof(*a->streams));
     a->nstreams = n;
     for (unsigned i = 0; i < distinct; i++) {
+        bfc_ctx_t *ctx = stream_ctx(ctxs, nctx, i, n);
         if (cuda) {
 #if BFC_HAVE_CUDA
             cudaStream_t s;
@@ -96,10 +118,11 @@ static const char *make_streams(struct perf_allocator *a, bfc_ctx_t *ctx, bool c
     return NULL;
 }
 
-static void drop_streams(struct perf_allocator *a, bfc_ctx_t *ctx, bool cuda,
-                         unsigned distinct)
+static void drop_streams(struct perf_allocator *a, bfc_ctx_t *const *ctxs, unsigned nctx,
+                         bool cuda, unsigned distinct)
 {
     for (unsigned i = 0; i < distinct && a->streams != NULL; i++) {
+        bfc_ctx_t *ctx = stream_ctx(ctxs, nctx, i, a->nstreams);
         if (a->streams[i] == NULL)
             continue;
         if (cuda) {
@@ -118,7 +141,8 @@ static void drop_streams(struct perf_allocator *a, bfc_ctx_t *ctx, bool cuda,
 /* ---------------------------------------------------------- libshardbfc */
 
 static const char *bfc_init_common(struct perf_allocator *a, const struct perf_env *env,
-                                   enum perf_mem mem, unsigned nstreams, bool locked)
+                                   enum perf_mem mem, unsigned nstreams, bool locked,
+                                   bool per_group)
 {
     struct bfc_state *st = perf_xcalloc(1, sizeof(*st));
     const char *why;
@@ -127,6 +151,8 @@ static const char *bfc_init_common(struct perf_allocator *a, const struct perf_e
     st->locked = locked;
     perf_check(pthread_mutex_init(&st->lock, NULL), "pthread_mutex_init");
     if (mem == PERF_MEM_HOST) {
+        if (per_group)
+            return "the host arenas are process-wide: no context of its own per thread";
         /* The process-wide host arenas: start each run from what they hold
          * now, with fully free regions given back and the peaks reset. */
         for (int node = 0; node < bfc_host_numa_nodes(); node++) {
@@ -136,9 +162,13 @@ static const char *bfc_init_common(struct perf_allocator *a, const struct perf_e
                 (void)bfc_ctx_clear_peaks(hc);
             }
         }
-        return make_streams(a, NULL, false, 0, nstreams);
+        return make_streams(a, NULL, 0, false, 0, nstreams);
     }
-    {
+    st->nctx = per_group && a->ncontexts > 1 ? a->ncontexts : 1;
+    if (st->nctx > nstreams && nstreams > 0)
+        st->nctx = nstreams;
+    st->ctxs = perf_xcalloc(st->nctx, sizeof(*st->ctxs));
+    for (unsigned k = 0; k < st->nctx; k++) {
         bfc_config_t cfg;
         int rc;
         bfc_config_init(&cfg);
@@ -153,28 +183,42 @@ static const char *bfc_init_common(struct perf_allocator *a, const struct perf_e
             cfg.backend = BFC_BACKEND_SIM;
             cfg.memory_limit = (size_t)64 << 30; /* address space only (MAP_NORESERVE) */
         }
-        rc = bfc_ctx_create(&cfg, &st->ctx);
+        rc = bfc_ctx_create(&cfg, &st->ctxs[k]);
         if (rc != BFC_OK) {
-            st->ctx = NULL;
+            st->ctxs[k] = NULL;
             return bfc_strerror(rc);
         }
     }
+    st->ctx = st->ctxs[0];
+    {
+        /* Caller t uses the context of its group; callers beyond the table
+         * (never: at most 2 per thread) share the last. */
+        unsigned cpc = a->callers_per_ctx ? a->callers_per_ctx : 1;
+        for (unsigned t = 0; t < 2 * PERF_MAX_THREADS; t++)
+            st->ctx_of[t] = st->ctxs[t / cpc < st->nctx ? t / cpc : st->nctx - 1];
+    }
     st->cuda_streams = env->backend_cuda;
     st->ndistinct = locked ? 1 : nstreams;
-    why = make_streams(a, st->ctx, st->cuda_streams, st->ndistinct, nstreams);
+    why = make_streams(a, st->ctxs, st->nctx, st->cuda_streams, st->ndistinct, nstreams);
     return why;
 }
 
 static const char *bfc_init(struct perf_allocator *a, const struct perf_env *env,
                             enum perf_mem mem, unsigned nstreams)
 {
-    return bfc_init_common(a, env, mem, nstreams, false);
+    return bfc_init_common(a, env, mem, nstreams, false, false);
+}
+
+static const char *ctx_init(struct perf_allocator *a, const struct perf_env *env,
+                            enum perf_mem mem, unsigned nstreams)
+{
+    return bfc_init_common(a, env, mem, nstreams, false, true);
 }
 
 static const char *lock_init(struct perf_allocator *a, const struct perf_env *env,
                              enum perf_mem mem, unsigned nstreams)
 {
-    return bfc_init_common(a, env, mem, nstreams, true);
+    return bfc_init_common(a, env, mem, nstreams, true, false);
 }
 
 static void *bfc_alloc_fn(struct perf_allocator *a, unsigned thread, bfc_stream_t s,
@@ -216,12 +260,71 @@ static int lock_free_fn(struct perf_allocator *a, unsigned thread, void *p, bfc_
     return rc;
 }
 
+static void *lock_pair_fn(struct perf_allocator *a, unsigned thread, void *p, size_t n_free,
+                          bfc_stream_t s, size_t n, int *free_rc)
+{
+    struct bfc_state *st = a->state;
+    void *q;
+    perf_check(pthread_mutex_lock(&st->lock), "pthread_mutex_lock");
+    *free_rc = bfc_free_fn(a, thread, p, s, n_free);
+    q = *free_rc == 0 ? bfc_alloc_fn(a, thread, s, n) : NULL;
+    perf_check(pthread_mutex_unlock(&st->lock), "pthread_mutex_unlock");
+    return q;
+}
+
+static void *ctx_alloc_fn(struct perf_allocator *a, unsigned thread, bfc_stream_t s, size_t n)
+{
+    struct bfc_state *st = a->state;
+    return bfc_ctx_alloc(st->ctx_of[thread], s, n);
+}
+
+static int ctx_free_fn(struct perf_allocator *a, unsigned thread, void *p, bfc_stream_t s,
+                       size_t n)
+{
+    struct bfc_state *st = a->state;
+    (void)n;
+    return bfc_ctx_free(st->ctx_of[thread], p, s);
+}
+
+/* acc (+)= s, each figure as BFC_STATS_FIELDS says it combines. */
+static uint64_t comb_SUM(uint64_t a, uint64_t b)
+{
+    return a + b;
+}
+
+static uint64_t comb_MAX(uint64_t a, uint64_t b)
+{
+    return a > b ? a : b;
+}
+
+static uint64_t comb_SAME(uint64_t a, uint64_t b)
+{
+    (void)a;
+    return b;
+}
+
+static void stats_add(bfc_stats_t *acc, const bfc_stats_t *s)
+{
+#define PERF_STATS_ADD(name, combine, desc) acc->name = comb_##combine(acc->name, s->name);
+    BFC_STATS_FIELDS(PERF_STATS_ADD)
+#undef PERF_STATS_ADD
+}
+
 static bool bfc_read_stats(struct perf_allocator *a, bfc_stats_t *out)
 {
     struct bfc_state *st = a->state;
     if (st == NULL)
         return false;
-    return (st->ctx ? bfc_ctx_stats(st->ctx, out) : bfc_host_stats(out)) == BFC_OK;
+    if (st->ctx == NULL)
+        return bfc_host_stats(out) == BFC_OK;
+    memset(out, 0, sizeof(*out));
+    for (unsigned k = 0; k < st->nctx; k++) {
+        bfc_stats_t one;
+        if (st->ctxs[k] == NULL || bfc_ctx_stats(st->ctxs[k], &one) != BFC_OK)
+            return false;
+        stats_add(out, &one);
+    }
+    return true;
 }
 
 static bool bfc_stats_fn(struct perf_allocator *a, uint64_t *peak_reserved)
@@ -247,9 +350,11 @@ static void bfc_fini(struct perf_allocator *a)
     struct bfc_state *st = a->state;
     if (st == NULL)
         return;
-    drop_streams(a, st->ctx, st->cuda_streams, st->ndistinct);
-    if (st->ctx != NULL)
-        bfc_ctx_destroy(st->ctx);
+    drop_streams(a, st->ctxs, st->nctx, st->cuda_streams, st->ndistinct);
+    for (unsigned k = 0; k < st->nctx; k++)
+        if (st->ctxs[k] != NULL)
+            bfc_ctx_destroy(st->ctxs[k]);
+    free(st->ctxs);
     (void)pthread_mutex_destroy(&st->lock);
     free(st);
     a->state = NULL;
@@ -264,6 +369,19 @@ static const struct perf_alloc_ops ops_shardbfc = {
     .stats = bfc_stats_fn,
     .in_use = bfc_in_use_fn,
     .fini = bfc_fini,
+    .snapshot = bfc_read_stats,
+};
+
+static const struct perf_alloc_ops ops_shardbfc_ctx = {
+    .name = "shardbfc-ctx",
+    .desc = "libshardbfc: a context of its own per thread (per cross pair), one stream each",
+    .init = ctx_init,
+    .alloc = ctx_alloc_fn,
+    .free = ctx_free_fn,
+    .stats = bfc_stats_fn,
+    .in_use = bfc_in_use_fn,
+    .fini = bfc_fini,
+    .snapshot = bfc_read_stats,
 };
 
 static const struct perf_alloc_ops ops_single_lock = {
@@ -276,6 +394,8 @@ static const struct perf_alloc_ops ops_single_lock = {
     .stats = bfc_stats_fn,
     .in_use = bfc_in_use_fn,
     .fini = bfc_fini,
+    .pair = lock_pair_fn,
+    .snapshot = bfc_read_stats,
 };
 
 /* ------------------------------------------------------- host allocators */
@@ -286,12 +406,12 @@ static const char *host_init(struct perf_allocator *a, const struct perf_env *en
     (void)env;
     a->mem = mem;
     a->state = NULL;
-    return make_streams(a, NULL, false, 0, nstreams);
+    return make_streams(a, NULL, 0, false, 0, nstreams);
 }
 
 static void host_fini(struct perf_allocator *a)
 {
-    drop_streams(a, NULL, false, 0);
+    drop_streams(a, NULL, 0, false, 0);
 }
 
 static bool no_stats(struct perf_allocator *a, uint64_t *v)
@@ -398,8 +518,8 @@ static const char *cuda_init_common(struct perf_allocator *a, const struct perf_
         (void)cudaMemPoolSetAttribute(st->pool, cudaMemPoolAttrReservedMemHigh, &thr);
         (void)cudaMemPoolSetAttribute(st->pool, cudaMemPoolAttrUsedMemHigh, &thr);
     }
-    why = make_streams(a, NULL, mem == PERF_MEM_DEVICE, mem == PERF_MEM_DEVICE ? nstreams : 0,
-                       nstreams);
+    why = make_streams(a, NULL, 0, mem == PERF_MEM_DEVICE,
+                       mem == PERF_MEM_DEVICE ? nstreams : 0, nstreams);
     return why;
 }
 
@@ -473,7 +593,7 @@ static void cuda_fini(struct perf_allocator *a)
 {
     struct cuda_state *st = a->state;
     (void)cudaDeviceSynchronize();
-    drop_streams(a, NULL, a->mem == PERF_MEM_DEVICE && st != NULL, a->nstreams);
+    drop_streams(a, NULL, 0, a->mem == PERF_MEM_DEVICE && st != NULL, a->nstreams);
     if (st != NULL && st->async)
         (void)cudaMemPoolTrimTo(st->pool, 0);
     free(st);
@@ -600,7 +720,7 @@ static const char *torch_init(struct perf_allocator *a, const struct perf_env *e
     if (torch_shim.reset() != 0)
         return "PyTorch's emptyCache/resetPeakStats failed";
     a->state = &torch_shim;
-    return make_streams(a, NULL, true, nstreams, nstreams);
+    return make_streams(a, NULL, 0, true, nstreams, nstreams);
 }
 
 static void *torch_alloc_fn(struct perf_allocator *a, unsigned thread, bfc_stream_t s,
@@ -636,7 +756,7 @@ static bool torch_in_use_fn(struct perf_allocator *a, uint64_t *bytes)
 static void torch_fini(struct perf_allocator *a)
 {
     (void)cudaDeviceSynchronize();
-    drop_streams(a, NULL, a->state != NULL, a->state != NULL ? a->nstreams : 0);
+    drop_streams(a, NULL, 0, a->state != NULL, a->state != NULL ? a->nstreams : 0);
     if (a->state != NULL)
         (void)torch_shim.reset();
     a->state = NULL;
@@ -688,8 +808,8 @@ static const struct perf_alloc_ops ops_torch = {
 /* ---------------------------------------------------------------- table */
 
 const struct perf_alloc_ops *const perf_allocators[] = {
-    &ops_shardbfc, &ops_single_lock, &ops_jemalloc, &ops_malloc, &ops_cuda, &ops_cuda_async,
-    &ops_torch,
+    &ops_shardbfc, &ops_shardbfc_ctx, &ops_single_lock, &ops_jemalloc, &ops_malloc, &ops_cuda,
+    &ops_cuda_async, &ops_torch,
 };
 const unsigned perf_n_allocators = sizeof(perf_allocators) / sizeof(perf_allocators[0]);
 

@@ -3,7 +3,11 @@
  * fixed seeds before any clock starts.
  *
  * churn      a steady population of `live` blocks; each pair frees a random
- *            slot and allocates a log-uniform size into it.
+ *            slot and allocates a log-uniform size into it.  The arena
+ *            workloads are churn programs too (1000 live, 256 B .. 1 MiB).
+ * fragments  a prologue added in front of a program's: small blocks
+ *            allocated and every other one freed, so the free ones cannot
+ *            coalesce and the program runs against that many fragments.
  * inference  a synthetic transformer serving trace for one stream, from a
  *            real model's published shape (Llama-2-7B by default: hidden
  *            4096, 32 heads, 32 KV heads, 32 layers, intermediate 11008,
@@ -176,6 +180,32 @@ void perf_gen_churn(uint64_t seed, unsigned live, unsigned n_pairs, uint64_t lo,
     out->nslots = live;
     out->nstreams = 1;
     free(size);
+}
+
+/* ------------------------------------------------------------ fragments */
+
+void perf_gen_fragments(struct perf_prog *p, uint64_t seed, unsigned blocks, uint64_t lo,
+                        uint64_t hi)
+{
+    uint64_t s = seed, span = (hi - lo) / 256u + 1u;
+    size_t nfree = (blocks + 1u) / 2u, n = (size_t)blocks + nfree + p->npro, k = 0;
+    struct perf_ev *pro = perf_xmalloc(n * sizeof(*pro));
+    unsigned base = p->nslots;
+    uint64_t *size = perf_xmalloc((blocks ? blocks : 1) * sizeof(*size));
+
+    for (unsigned i = 0; i < blocks; i++) {
+        size[i] = lo + 256u * (perf_rng_next(&s) % span);
+        pro[k++] = (struct perf_ev){.size = size[i], .slot = base + i, .op = PERF_OP_ALLOC};
+    }
+    for (unsigned i = 0; i < blocks; i += 2)
+        pro[k++] = (struct perf_ev){.size = size[i], .slot = base + i, .op = PERF_OP_FREE};
+    memcpy(pro + k, p->pro, p->npro * sizeof(*pro));
+    k += p->npro;
+    free(p->pro);
+    free(size);
+    p->pro = pro;
+    p->npro = k;
+    p->nslots = base + blocks;
 }
 
 /* ----------------------------------------------------------- inference */

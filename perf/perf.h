@@ -2,16 +2,23 @@
  * perf.h -- the pieces of perf/shardbfc-perf and how they meet.
  *
  *   allocators.c  every allocator behind one small interface (struct
- *                 perf_alloc_ops): libshardbfc sharded, the same library
- *                 behind one mutex (TensorFlow's design), jemalloc, glibc
- *                 malloc, cudaMalloc and cudaMallocAsync (CUDA builds, run
- *                 only when a device is usable).
+ *                 perf_alloc_ops): libshardbfc sharded (one context, or one
+ *                 context per thread), the same library behind one mutex
+ *                 (TensorFlow's design), jemalloc, glibc malloc, cudaMalloc
+ *                 and cudaMallocAsync (CUDA builds, run only when a device
+ *                 is usable).
  *   gen.c         the workloads' event programs, generated from fixed seeds
- *                 before any clock starts: churn pairs, the synthetic
- *                 transformer serving trace, a replayed RMM CSV trace.
+ *                 before any clock starts: churn pairs (also the arena
+ *                 workloads', with or without a prologue of free
+ *                 fragments), the synthetic transformer serving trace, a
+ *                 replayed RMM CSV trace.
  *   workloads.c   the threads that run a program (or the cross-stream
- *                 pipeline) against an allocator and time every call.
- *   report.c      the table on stdout, the JSON file, the SVG chart.
+ *                 pipeline) against an allocator, timing every call or
+ *                 only counting them; the machine's own capacity at the
+ *                 same thread count (a pure ALU loop, a loop over 1 MiB
+ *                 per thread) for the scaling efficiency.
+ *   report.c      the scaling figures (speed-up, efficiency), the table on
+ *                 stdout, the JSON file, the SVG chart.
  *   main.c        the command line and the suite.
  *
  * A program is a list of events over "slots" (a slot holds one live block)
@@ -37,6 +44,7 @@
 
 #define PERF_MAX_THREADS 64
 #define PERF_MAX_STREAMS_PER_THREAD 16
+#define PERF_MAX_RUNS 15 /* --runs: repetitions of one figure */
 
 /* ------------------------------------------------------------- programs */
 
@@ -76,6 +84,15 @@ void perf_prog_free(struct perf_prog *p);
  * into it.  One stream. */
 void perf_gen_churn(uint64_t seed, unsigned live, unsigned n_pairs, uint64_t lo,
                     uint64_t hi, struct perf_prog *out);
+
+/* Prepends free fragments to p's prologue: `blocks` blocks of lo..hi bytes
+ * (multiples of 256, seeded) into new slots after p's, then frees every
+ * other one (the even ones), so each freed block lies between two live ones
+ * and cannot coalesce: blocks / 2 free fragments that the cycled events
+ * (which never touch these slots) must search past.  The live half stays
+ * allocated until the run ends. */
+void perf_gen_fragments(struct perf_prog *p, uint64_t seed, unsigned blocks, uint64_t lo,
+                        uint64_t hi);
 
 /* A 7B-class decoder's published shape and the serving mix around it. */
 struct perf_model {
@@ -147,6 +164,17 @@ struct perf_alloc_ops {
     /* Bytes still in use by the program (0 after a clean run), if it can say. */
     bool (*in_use)(struct perf_allocator *a, uint64_t *bytes);
     void (*fini)(struct perf_allocator *a);
+    /* Optional (NULL: the runner calls free, then alloc).  Frees p (n_free
+     * bytes) and allocates n bytes on s as one unit: single-lock takes its
+     * mutex once for both (--lock-scope pair).  *free_rc receives free's
+     * status.  Thread-safe. */
+    void *(*pair)(struct perf_allocator *a, unsigned thread, void *p, size_t n_free,
+                  bfc_stream_t s, size_t n, int *free_rc);
+    /* Optional (NULL: cannot say).  libshardbfc's own counters, summed over
+     * the allocator's contexts (bfc_ctx_stats, bfc_host_stats): the harness
+     * checks them against the calls it made and reads the free fragments.
+     * Thread-safe (called by the main thread while the workers wait). */
+    bool (*snapshot)(struct perf_allocator *a, bfc_stats_t *out);
 };
 
 struct perf_allocator {
@@ -154,6 +182,14 @@ struct perf_allocator {
     enum perf_mem mem;
     bfc_stream_t *streams; /* nstreams entries (single-lock: all the same) */
     unsigned nstreams;
+    /* Set by the caller before init, for an allocator that gives each
+     * group of streams a context of its own (shardbfc-ctx): the streams
+     * split into ncontexts equal consecutive groups, and the `thread`
+     * argument of alloc/free belongs to group thread / callers_per_ctx
+     * (1 for a program run: one context per thread; 2 for cross: one per
+     * producer/consumer pair).  0 means 1. */
+    unsigned ncontexts;
+    unsigned callers_per_ctx;
     void *state;
 };
 
@@ -173,17 +209,83 @@ struct perf_result {
     double seconds;          /* timed window */
     uint64_t ops;            /* calls (allocations + frees) */
     double ops_per_sec;
-    struct perf_hist *hist;  /* all calls, merged over threads (owned) */
+    bool have_lat;           /* latencies measured (false: calls only counted) */
+    struct perf_hist *hist;  /* all calls, merged over threads (owned); NULL if !have_lat */
     uint64_t p50_ns, p99_ns, p999_ns;
     uint64_t alloc_p99_ns, free_p99_ns;
     double cpu_share;        /* thread CPU time / (wall x usable CPUs) */
+    double ops_per_cpu_sec;  /* ops / CPU-seconds of the timed threads (load-independent) */
+    double sleeps_per_sec;   /* voluntary context switches of the timed threads per second */
+    bool disturbed;          /* perf_disturbed(): other load took the CPUs */
     bool have_mem;           /* peak_reserved / fragmentation known */
     uint64_t peak_reserved;
     uint64_t peak_requested; /* always measured by the harness */
     double fragmentation;    /* peak_reserved / peak_requested */
     double frees_per_sec_per_consumer; /* cross: frees / time inside free; else 0 */
     unsigned consumers;
+    /* cross: the producers' side and the pipeline */
+    double allocs_per_sec_per_producer; /* allocations / time inside alloc */
+    double blocks_per_sec;   /* blocks freed by all consumers per second of the window */
+    double cpu_share_producer, cpu_share_consumer; /* mean over threads of CPU / own window */
+    /* Every successful call of the run, prologue and clean-up included
+     * (the harness's count, checked against the allocator's). */
+    uint64_t calls_alloc, calls_free;
+    int verified;            /* 1: the allocator's counters agree; 0: they do not; -1: cannot say */
+    /* libshardbfc: free chunks (num_chunks - live - pending) when the
+     * window opens and when it closes (have_chunks) */
+    bool have_chunks;
+    uint64_t free_chunks_before, free_chunks_after;
+    /* --runs: ops/s of every repetition; the row is the median one */
+    double runs[PERF_MAX_RUNS];
+    unsigned nruns;
+    /* Scaling (perf_report_scaling): NAN on 1-thread rows and where the
+     * 1-thread row or a baseline is missing. */
+    double speedup;          /* ops_per_sec / ops_per_sec at 1 thread */
+    double alu_speedup;      /* the ALU loop's, timed beside this thread count */
+    double efficiency;       /* speedup / alu_speedup */
+    double mem_speedup;      /* the 1 MiB loop's (--baseline mem) */
+    double per_cpu_efficiency; /* ops_per_cpu_sec / that at 1 thread */
 };
+
+/* ------------------------------------------------------------ baselines */
+
+/*
+ * The machine's own capacity, timed beside each thread count: what a
+ * perfectly scaling allocator would gain from N threads here, now.
+ *   alu  a dependent chain of integer multiply, add, shift and xor on one
+ *        register per thread: no memory traffic at all;
+ *   mem  each thread reads and writes one word of every 64-byte line of its
+ *        own 1 MiB buffer, pass after pass (caches shared between cores
+ *        show here, not in alu).
+ * An op is one iteration (alu) or one line (mem).
+ */
+enum perf_base_kind { PERF_BASE_ALU = 0, PERF_BASE_MEM = 1, PERF_BASE_N };
+extern const char *const perf_base_names[PERF_BASE_N];
+
+#define PERF_ALU_BATCH 4096u              /* iterations between looks at the flags */
+#define PERF_MEM_BYTES ((size_t)1 << 20)  /* per thread */
+
+struct perf_base {
+    char workload[16];       /* the workload it was timed beside */
+    unsigned kind;           /* enum perf_base_kind */
+    unsigned threads;
+    double seconds;          /* timed window */
+    uint64_t ops;
+    double ops_per_sec;
+    double cpu_share;
+    bool disturbed;
+    double runs[PERF_MAX_RUNS];
+    unsigned nruns;
+    double speedup;          /* ops_per_sec / that at 1 thread (same workload); NAN at 1 */
+};
+
+/* The ALU loop's body, `iters` times from x.  Pure: the same x and count
+ * give the same value, and f(f(x, a), b) == f(x, a + b). */
+uint64_t perf_alu_kernel(uint64_t x, uint64_t iters);
+
+/* One pass of the memory loop: adds 1 to the first word of each 64-byte
+ * line of buf (bytes long, a multiple of 64); returns the sum it read. */
+uint64_t perf_mem_kernel(uint64_t *buf, size_t bytes);
 
 struct perf_skip {
     char workload[16];
@@ -197,12 +299,28 @@ struct perf_run_cfg {
     double warmup_seconds;  /* the same loop, untimed, before the window */
     unsigned threads;
     bool pin;               /* pin thread t to CPU t % cores (host workload) */
+    bool count_only;        /* no clock read per call: calls counted, no latencies
+                               (the arena workloads: a pair's cost alone) */
+    bool lock_pair;         /* a free followed by an allocation into the same
+                               slot goes through ops->pair when it has one */
 };
 
 /* Runs prog[t] on thread t (t < cfg->threads) against a; fills r (ops,
- * latencies, peaks).  0, or -1 after printing why (an allocation failed). */
+ * latencies unless count_only, peaks, calls, CPU, sleeps, and with
+ * ops->snapshot the free chunks at the window's ends).  0, or -1 after
+ * printing why (an allocation failed). */
 int perf_run_prog(struct perf_allocator *a, struct perf_prog *const *prog,
                   const struct perf_run_cfg *cfg, struct perf_result *r);
+
+/* Times baseline `kind` on cfg->threads threads (the same warm-up and
+ * window rules as a program run); fills ops, ops_per_sec, seconds,
+ * cpu_share, threads, kind.  0, or -1 when cfg->threads is out of range. */
+int perf_run_base(unsigned kind, const struct perf_run_cfg *cfg, struct perf_base *b);
+
+/* CPU time of threads that never sleep below 90% of what they could use:
+ * other load held the CPUs.  Threads that sleep in a lock (more than 50
+ * voluntary switches a second each) are below 90% by design. */
+bool perf_disturbed(double cpu_share, double sleeps_per_sec, unsigned threads);
 
 /* cross: cfg->threads / 2 producer-consumer pairs, producer i allocating on
  * stream 2i and consumer i freeing on stream 2i+1 (a->nstreams >= 2 pairs),
@@ -232,9 +350,12 @@ struct perf_report {
     const char *gpu;         /* NULL: none */
     char loadavg[64], loadavg_end[64];
     const char *malloc_note;
-    char params_json[2048];  /* members of "parameters", already formatted */
+    bool disturbed;          /* some figure was taken under other load */
+    char params_json[4096];  /* members of "parameters", already formatted */
     struct perf_result *res;
     unsigned nres;
+    struct perf_base *base;
+    unsigned nbase;
     struct perf_skip *skip;
     unsigned nskip;
     struct perf_target *tgt;
@@ -244,6 +365,24 @@ struct perf_report {
 /* The result for (workload, allocator, threads), or NULL. */
 struct perf_result *perf_report_find(const struct perf_report *rp, const char *workload,
                                      const char *allocator, unsigned threads);
+/* The baseline of `kind` timed beside (workload, threads), or NULL. */
+struct perf_base *perf_report_find_base(const struct perf_report *rp, const char *workload,
+                                        unsigned kind, unsigned threads);
+
+/* rate_n / rate_1: the speed-up of N threads over one; NAN unless both are
+ * positive and finite. */
+double perf_speedup(double rate_n, double rate_1);
+/* Scaling efficiency: the allocator's speed-up over the ALU loop's (1.0:
+ * it gains from N threads what the machine gives); NAN unless both are
+ * positive and finite. */
+double perf_efficiency(double speedup, double alu_speedup);
+/* Fills the scaling members of every result and baseline from the rows
+ * at 1 thread of the same workload (and allocator, or kind). */
+void perf_report_scaling(struct perf_report *rp);
+/* The median of v[0..n-1] (n >= 1): the middle value, or the lower middle
+ * one for even n (a value that was measured, so a row can be the run it
+ * came from); its index in v goes to *at. */
+double perf_median(const double *v, unsigned n, unsigned *at);
 void perf_report_table(const struct perf_report *rp, const char *workload, FILE *f);
 int perf_report_json(const struct perf_report *rp, FILE *f);
 int perf_report_svg(const struct perf_report *rp, FILE *f);

@@ -1,6 +1,6 @@
 /*
- * perfutil.c -- the helpers perf/arena_bench and perf/shardbfc-perf share
- * (see perfutil.h): generator sizes, machine description, progress line,
+ * perfutil.c -- the helpers of the programs in perf/ (see perfutil.h):
+ * generator sizes, machine description, progress line,
  * JSON strings, checked pthread calls and the SPSC ring's producer side.
  *
  * The progress prefix and terminal flag are process globals set once by

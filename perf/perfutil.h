@@ -4,10 +4,9 @@
  * the progress line on stderr, a JSON string writer, a thread-count list
  * parser and a single-producer/single-consumer ring.
  *
- * perf/arena_bench (the arena and shard micro-benchmarks) and
- * perf/shardbfc-perf (the side-by-side harness) both link
- * perf/perfutil.c, so a sequence drawn from a seed is the same in both
- * programs and the machine is described the same way in both JSON files.
+ * perf/shardbfc-perf (the side-by-side harness) and tests/test_perf link
+ * perf/perfutil.c, so a sequence drawn from a seed is the same in the
+ * harness and in the tests that check its generators.
  *
  * Nothing here is thread-safe unless it says so: the generator state is the
  * caller's, the ring has exactly one producer and one consumer thread, the

@@ -1,5 +1,7 @@
 /*
- * report.c -- shardbfc-perf's output: the table on stdout (ratios against
+ * report.c -- shardbfc-perf's output: the scaling figures (speed-up over
+ * one thread, the machine's own speed-up from the ALU loop timed beside it,
+ * and their ratio, the efficiency), the table on stdout (ratios against
  * libshardbfc), the JSON file other tools read (its `machine` and `results`
  * members are a stable contract, see perf/README.md), and an SVG chart drawn
  * here, with no external tool: churn throughput against threads (one line
@@ -9,9 +11,11 @@
  * one spans the decades from the smallest percentile to the largest (not
  * from 1 ns), so the bars and lines use the height of their panel.
  *
- * Pure functions of a struct perf_report; called by the main thread after
- * all measurements.  Numbers that an allocator cannot report are null in
- * the JSON and "-" in the table.
+ * Pure functions of a struct perf_report (perf_report_scaling fills the
+ * scaling members in place); called by the main thread after all
+ * measurements.  Numbers that an allocator cannot report, or that a row
+ * does not have (latencies of a counted run, speed-ups of a 1-thread row),
+ * are null in the JSON and "-" in the table.
  */
 #include "perf.h"
 #include "perfutil.h"
@@ -32,6 +36,87 @@ struct perf_result *perf_report_find(const struct perf_report *rp, const char *w
     return NULL;
 }
 
+struct perf_base *perf_report_find_base(const struct perf_report *rp, const char *workload,
+                                        unsigned kind, unsigned threads)
+{
+    for (unsigned i = 0; i < rp->nbase; i++) {
+        struct perf_base *b = &rp->base[i];
+        if (strcmp(b->workload, workload) == 0 && b->kind == kind && b->threads == threads)
+            return b;
+    }
+    return NULL;
+}
+
+/* ------------------------------------------------------------- scaling */
+
+const char *const perf_base_names[PERF_BASE_N] = {"alu", "mem"};
+
+double perf_speedup(double rate_n, double rate_1)
+{
+    if (!(rate_n > 0) || !(rate_1 > 0) || !isfinite(rate_n) || !isfinite(rate_1))
+        return NAN;
+    return rate_n / rate_1;
+}
+
+double perf_efficiency(double speedup, double alu_speedup)
+{
+    if (!(speedup > 0) || !(alu_speedup > 0) || !isfinite(speedup) || !isfinite(alu_speedup))
+        return NAN;
+    return speedup / alu_speedup;
+}
+
+static double base_speedup(const struct perf_report *rp, const char *workload, unsigned kind,
+                           unsigned threads)
+{
+    const struct perf_base *n = perf_report_find_base(rp, workload, kind, threads);
+    const struct perf_base *one = perf_report_find_base(rp, workload, kind, 1);
+    if (n == NULL || one == NULL || threads < 2)
+        return NAN;
+    return perf_speedup(n->ops_per_sec, one->ops_per_sec);
+}
+
+void perf_report_scaling(struct perf_report *rp)
+{
+    for (unsigned i = 0; i < rp->nbase; i++) {
+        struct perf_base *b = &rp->base[i];
+        b->speedup = base_speedup(rp, b->workload, b->kind, b->threads);
+    }
+    for (unsigned i = 0; i < rp->nres; i++) {
+        struct perf_result *r = &rp->res[i];
+        const struct perf_result *one =
+            r->threads > 1 ? perf_report_find(rp, r->workload, r->allocator, 1) : NULL;
+        r->speedup = one ? perf_speedup(r->ops_per_sec, one->ops_per_sec) : NAN;
+        r->per_cpu_efficiency = one ? perf_speedup(r->ops_per_cpu_sec, one->ops_per_cpu_sec)
+                                    : NAN;
+        r->alu_speedup = base_speedup(rp, r->workload, PERF_BASE_ALU, r->threads);
+        r->mem_speedup = base_speedup(rp, r->workload, PERF_BASE_MEM, r->threads);
+        r->efficiency = perf_efficiency(r->speedup, r->alu_speedup);
+    }
+}
+
+double perf_median(const double *v, unsigned n, unsigned *at)
+{
+    /* Rank by selection: n is at most PERF_MAX_RUNS. */
+    unsigned want = (n - 1) / 2;
+    for (unsigned i = 0; i < n; i++) {
+        unsigned below = 0, equal_before = 0;
+        for (unsigned k = 0; k < n; k++) {
+            if (v[k] < v[i])
+                below++;
+            else if (v[k] == v[i] && k < i)
+                equal_before++;
+        }
+        if (below + equal_before == want) {
+            if (at != NULL)
+                *at = i;
+            return v[i];
+        }
+    }
+    if (at != NULL)
+        *at = 0;
+    return n > 0 ? v[0] : NAN;
+}
+
 static void fmt_bytes(char *buf, size_t len, uint64_t v)
 {
     if (v >= (1ull << 30))
@@ -50,14 +135,44 @@ static void fmt_rate(char *buf, size_t len, double v)
         snprintf(buf, len, "%.0f", v);
 }
 
+static bool is_arena(const char *workload)
+{
+    return strncmp(workload, "arena", 5) == 0;
+}
+
+/* Wall time of one thread's alloc+free pair: threads / (pairs per second). */
+static double ns_per_pair(const struct perf_result *r)
+{
+    return r->ops_per_sec > 0 ? 2e9 * r->threads / r->ops_per_sec : NAN;
+}
+
+static void fmt_x(char *buf, size_t len, double v, bool times)
+{
+    if (isfinite(v))
+        snprintf(buf, len, times ? "%.2fx" : "%.2f", v);
+    else
+        snprintf(buf, len, "-");
+}
+
+/* The row the others are compared with: shardbfc, else shardbfc-ctx. */
+static const struct perf_result *base_row(const struct perf_report *rp, const char *workload,
+                                          unsigned threads)
+{
+    const struct perf_result *b = perf_report_find(rp, workload, "shardbfc", threads);
+    return b ? b : perf_report_find(rp, workload, "shardbfc-ctx", threads);
+}
+
 void perf_report_table(const struct perf_report *rp, const char *workload, FILE *f)
 {
     unsigned threads[64], nt = 0;
+    bool lat = false, multi = false;
     for (unsigned i = 0; i < rp->nres; i++) {
         const struct perf_result *r = &rp->res[i];
         bool seen = false;
         if (strcmp(r->workload, workload) != 0)
             continue;
+        lat |= r->have_lat;
+        multi |= r->threads > 1;
         for (unsigned k = 0; k < nt; k++)
             seen |= threads[k] == r->threads;
         if (!seen && nt < 64)
@@ -65,14 +180,19 @@ void perf_report_table(const struct perf_report *rp, const char *workload, FILE 
     }
     if (nt == 0)
         return;
-    fprintf(f, "  %3s %-12s %10s %7s %8s %8s %9s %9s %11s %11s %6s %5s\n", "thr", "allocator",
-            "ops/s", "vs bfc", "p50 ns", "p99 ns", "p99.9 ns", "alloc p99", "peak resv",
-            "peak req", "frag", "cpu");
+    if (lat)
+        fprintf(f, "  %3s %-12s %10s %7s %8s %8s %9s %9s", "thr", "allocator", "ops/s",
+                "vs bfc", "p50 ns", "p99 ns", "p99.9 ns", "alloc p99");
+    else
+        fprintf(f, "  %3s %-12s %10s %7s %8s", "thr", "allocator", "ops/s", "vs bfc",
+                "ns/pair");
+    fprintf(f, " %11s %11s %6s %5s %8s %6s %5s\n", "peak resv", "peak req", "frag", "cpu",
+            "speed-up", "ALU", "eff");
     for (unsigned k = 0; k < nt; k++) {
-        const struct perf_result *base = perf_report_find(rp, workload, "shardbfc", threads[k]);
+        const struct perf_result *base = base_row(rp, workload, threads[k]);
         for (unsigned i = 0; i < rp->nres; i++) {
             const struct perf_result *r = &rp->res[i];
-            char rate[32], ratio[16], resv[24], req[24], frag[16];
+            char rate[32], ratio[16], resv[24], req[24], frag[16], sp[16], alu[16], eff[16];
             if (strcmp(r->workload, workload) != 0 || r->threads != threads[k])
                 continue;
             fmt_rate(rate, sizeof(rate), r->ops_per_sec);
@@ -88,11 +208,75 @@ void perf_report_table(const struct perf_report *rp, const char *workload, FILE 
                 snprintf(resv, sizeof(resv), "-");
                 snprintf(frag, sizeof(frag), "-");
             }
-            fprintf(f, "  %3u %-12s %10s %7s %8" PRIu64 " %8" PRIu64 " %9" PRIu64 " %9" PRIu64
-                    " %11s %11s %6s %4.0f%%\n", r->threads, r->allocator, rate, ratio,
-                    r->p50_ns, r->p99_ns, r->p999_ns, r->alloc_p99_ns, resv, req, frag,
-                    100 * r->cpu_share);
+            fmt_x(sp, sizeof(sp), r->speedup, true);
+            fmt_x(alu, sizeof(alu), r->alu_speedup, true);
+            fmt_x(eff, sizeof(eff), r->efficiency, false);
+            fprintf(f, "  %3u %-12s %10s %7s", r->threads, r->allocator, rate, ratio);
+            if (lat && r->have_lat)
+                fprintf(f, " %8" PRIu64 " %8" PRIu64 " %9" PRIu64 " %9" PRIu64, r->p50_ns,
+                        r->p99_ns, r->p999_ns, r->alloc_p99_ns);
+            else if (lat)
+                fprintf(f, " %8s %8s %9s %9s", "-", "-", "-", "-");
+            else
+                fprintf(f, " %8.1f", ns_per_pair(r));
+            fprintf(f, " %11s %11s %6s %4.0f%% %8s %6s %5s\n", resv, req, frag,
+                    100 * r->cpu_share, sp, alu, eff);
         }
+    }
+    /* The load-independent side: work per CPU-second, and sleeping. */
+    fprintf(f, "  %3s %-12s %12s %11s %10s\n", "thr", "allocator", "ops/CPU-s", "per-CPU eff",
+            "sleeps/s");
+    for (unsigned k = 0; k < nt; k++) {
+        for (unsigned i = 0; i < rp->nres; i++) {
+            const struct perf_result *r = &rp->res[i];
+            char rate[32], eff[16];
+            if (strcmp(r->workload, workload) != 0 || r->threads != threads[k])
+                continue;
+            fmt_rate(rate, sizeof(rate), r->ops_per_cpu_sec);
+            fmt_x(eff, sizeof(eff), r->per_cpu_efficiency, false);
+            fprintf(f, "  %3u %-12s %12s %11s %10.0f\n", r->threads, r->allocator, rate, eff,
+                    r->sleeps_per_sec);
+        }
+    }
+    /* The machine's own scaling, timed beside each thread count. */
+    for (unsigned kind = 0; kind < PERF_BASE_N; kind++) {
+        bool any = false;
+        for (unsigned k = 0; k < nt; k++) {
+            const struct perf_base *b = perf_report_find_base(rp, workload, kind, threads[k]);
+            char rate[32];
+            if (b == NULL)
+                continue;
+            if (!any)
+                fprintf(f, "  %s loop (%s/s, all threads):", perf_base_names[kind],
+                        kind == PERF_BASE_ALU ? "iterations" : "lines");
+            any = true;
+            fmt_rate(rate, sizeof(rate), b->ops_per_sec);
+            fprintf(f, " %u thr %s", b->threads, rate);
+            if (isfinite(b->speedup))
+                fprintf(f, " = %.2fx", b->speedup);
+            fprintf(f, " (cpu %.0f%%)%s", 100 * b->cpu_share, k + 1 < nt ? ";" : "");
+        }
+        if (any)
+            fputc('\n', f);
+    }
+    if (multi)
+        fprintf(f, "  speed-up = ops/s at N threads / at 1 thread; ALU = the ALU loop's;"
+                   " eff = speed-up / ALU speed-up (1.00: the allocator gains what the"
+                   " machine gives)\n");
+    for (unsigned i = 0; i < rp->nres; i++) {
+        const struct perf_result *r = &rp->res[i];
+        if (strcmp(r->workload, workload) == 0 && r->disturbed)
+            fprintf(f, "  WARNING: %s %u thr: its threads ran %.0f%% of the window without"
+                       " sleeping in a lock: other load on the machine; the figure"
+                       " understates the allocator\n", r->allocator, r->threads,
+                    100 * r->cpu_share);
+    }
+    for (unsigned i = 0; i < rp->nbase; i++) {
+        const struct perf_base *b = &rp->base[i];
+        if (strcmp(b->workload, workload) == 0 && b->disturbed)
+            fprintf(f, "  WARNING: %s loop %u thr ran %.0f%% of the window: other load on"
+                       " the machine\n", perf_base_names[b->kind], b->threads,
+                    100 * b->cpu_share);
     }
 }
 
@@ -104,6 +288,94 @@ static void json_num(FILE *f, double v, bool valid)
         fprintf(f, "%.6g", v);
     else
         fputs("null", f);
+}
+
+static void json_u64(FILE *f, uint64_t v, bool valid)
+{
+    if (valid)
+        fprintf(f, "%" PRIu64, v);
+    else
+        fputs("null", f);
+}
+
+static void json_runs(FILE *f, const double *v, unsigned n)
+{
+    fputc('[', f);
+    for (unsigned k = 0; k < n; k++) {
+        if (k)
+            fputs(", ", f);
+        json_num(f, v[k], true);
+    }
+    fputc(']', f);
+}
+
+static void json_result(FILE *f, const struct perf_result *r)
+{
+    fprintf(f, "{\"workload\": ");
+    perf_json_str(f, r->workload);
+    fprintf(f, ", \"allocator\": ");
+    perf_json_str(f, r->allocator);
+    fprintf(f, ", \"threads\": %u, \"ops_per_sec\": ", r->threads);
+    json_num(f, r->ops_per_sec, true);
+    fprintf(f, ", \"p50_ns\": ");
+    json_u64(f, r->p50_ns, r->have_lat);
+    fprintf(f, ", \"p99_ns\": ");
+    json_u64(f, r->p99_ns, r->have_lat);
+    fprintf(f, ", \"p999_ns\": ");
+    json_u64(f, r->p999_ns, r->have_lat);
+    fprintf(f, ", \"peak_reserved\": ");
+    json_u64(f, r->peak_reserved, r->have_mem);
+    fprintf(f, ", \"peak_requested\": %" PRIu64 ", \"fragmentation\": ", r->peak_requested);
+    json_num(f, r->fragmentation, r->have_mem);
+    fprintf(f, ", \"alloc_p99_ns\": ");
+    json_u64(f, r->alloc_p99_ns, r->have_lat);
+    fprintf(f, ", \"free_p99_ns\": ");
+    json_u64(f, r->free_p99_ns, r->have_lat);
+    fprintf(f, ", \"ops\": %" PRIu64 ", \"seconds\": ", r->ops);
+    json_num(f, r->seconds, true);
+    fprintf(f, ", \"cpu_share\": ");
+    json_num(f, r->cpu_share, true);
+    fprintf(f, ", \"ops_per_cpu_sec\": ");
+    json_num(f, r->ops_per_cpu_sec, true);
+    fprintf(f, ", \"sleeps_per_sec\": ");
+    json_num(f, r->sleeps_per_sec, true);
+    fprintf(f, ", \"disturbed\": %s", r->disturbed ? "true" : "false");
+    fprintf(f, ", \"runs\": ");
+    json_runs(f, r->runs, r->nruns);
+    fprintf(f, ", \"speedup\": ");
+    json_num(f, r->speedup, true);
+    fprintf(f, ", \"alu_speedup\": ");
+    json_num(f, r->alu_speedup, true);
+    fprintf(f, ", \"mem_speedup\": ");
+    json_num(f, r->mem_speedup, true);
+    fprintf(f, ", \"efficiency\": ");
+    json_num(f, r->efficiency, true);
+    fprintf(f, ", \"per_cpu_efficiency\": ");
+    json_num(f, r->per_cpu_efficiency, true);
+    fprintf(f, ", \"calls_alloc\": %" PRIu64 ", \"calls_free\": %" PRIu64 ", \"verified\": %s",
+            r->calls_alloc, r->calls_free,
+            r->verified < 0 ? "null" : r->verified ? "true" : "false");
+    if (strcmp(r->workload, "cross") == 0) {
+        fprintf(f, ", \"consumers\": %u, \"frees_per_sec_per_consumer\": ", r->consumers);
+        json_num(f, r->frees_per_sec_per_consumer, true);
+        fprintf(f, ", \"allocs_per_sec_per_producer\": ");
+        json_num(f, r->allocs_per_sec_per_producer, true);
+        fprintf(f, ", \"blocks_per_sec\": ");
+        json_num(f, r->blocks_per_sec, true);
+        fprintf(f, ", \"cpu_share_producer\": ");
+        json_num(f, r->cpu_share_producer, true);
+        fprintf(f, ", \"cpu_share_consumer\": ");
+        json_num(f, r->cpu_share_consumer, true);
+    }
+    if (is_arena(r->workload)) {
+        fprintf(f, ", \"ns_per_pair\": ");
+        json_num(f, ns_per_pair(r), true);
+        fprintf(f, ", \"free_chunks_before\": ");
+        json_u64(f, r->free_chunks_before, r->have_chunks);
+        fprintf(f, ", \"free_chunks_after\": ");
+        json_u64(f, r->free_chunks_after, r->have_chunks);
+    }
+    fputc('}', f);
 }
 
 int perf_report_json(const struct perf_report *rp, FILE *f)
@@ -125,34 +397,29 @@ int perf_report_json(const struct perf_report *rp, FILE *f)
     perf_json_str(f, rp->loadavg_end);
     fprintf(f, ", \"malloc\": ");
     perf_json_str(f, rp->malloc_note ? rp->malloc_note : "");
+    fprintf(f, ", \"disturbed\": %s", rp->disturbed ? "true" : "false");
     fprintf(f, "},\n  \"parameters\": {%s},\n  \"results\": [", rp->params_json);
     for (unsigned i = 0; i < rp->nres; i++) {
-        const struct perf_result *r = &rp->res[i];
+        fprintf(f, "%s\n    ", i ? "," : "");
+        json_result(f, &rp->res[i]);
+    }
+    fprintf(f, "\n  ],\n  \"baselines\": [");
+    for (unsigned i = 0; i < rp->nbase; i++) {
+        const struct perf_base *b = &rp->base[i];
         fprintf(f, "%s\n    {\"workload\": ", i ? "," : "");
-        perf_json_str(f, r->workload);
-        fprintf(f, ", \"allocator\": ");
-        perf_json_str(f, r->allocator);
-        fprintf(f, ", \"threads\": %u, \"ops_per_sec\": ", r->threads);
-        json_num(f, r->ops_per_sec, true);
-        fprintf(f, ", \"p50_ns\": %" PRIu64 ", \"p99_ns\": %" PRIu64 ", \"p999_ns\": %" PRIu64,
-                r->p50_ns, r->p99_ns, r->p999_ns);
-        fprintf(f, ", \"peak_reserved\": ");
-        if (r->have_mem)
-            fprintf(f, "%" PRIu64, r->peak_reserved);
-        else
-            fputs("null", f);
-        fprintf(f, ", \"peak_requested\": %" PRIu64 ", \"fragmentation\": ", r->peak_requested);
-        json_num(f, r->fragmentation, r->have_mem);
-        fprintf(f, ", \"alloc_p99_ns\": %" PRIu64 ", \"free_p99_ns\": %" PRIu64
-                ", \"ops\": %" PRIu64 ", \"seconds\": ", r->alloc_p99_ns, r->free_p99_ns,
-                r->ops);
-        json_num(f, r->seconds, true);
+        perf_json_str(f, b->workload);
+        fprintf(f, ", \"kind\": ");
+        perf_json_str(f, b->kind < PERF_BASE_N ? perf_base_names[b->kind] : "?");
+        fprintf(f, ", \"threads\": %u, \"ops_per_sec\": ", b->threads);
+        json_num(f, b->ops_per_sec, true);
+        fprintf(f, ", \"ops\": %" PRIu64 ", \"seconds\": ", b->ops);
+        json_num(f, b->seconds, true);
         fprintf(f, ", \"cpu_share\": ");
-        json_num(f, r->cpu_share, true);
-        if (strcmp(r->workload, "cross") == 0) {
-            fprintf(f, ", \"consumers\": %u, \"frees_per_sec_per_consumer\": ", r->consumers);
-            json_num(f, r->frees_per_sec_per_consumer, true);
-        }
+        json_num(f, b->cpu_share, true);
+        fprintf(f, ", \"disturbed\": %s, \"runs\": ", b->disturbed ? "true" : "false");
+        json_runs(f, b->runs, b->nruns);
+        fprintf(f, ", \"speedup\": ");
+        json_num(f, b->speedup, true);
         fputc('}', f);
     }
     fprintf(f, "\n  ],\n  \"skipped\": [");

@@ -4,7 +4,11 @@
 # the JSON with a real parser (jq, which scripts/bootstrap.sh installs;
 # python3 -m json.tool when jq is missing): the `machine` and `results`
 # contract other tools read, one result per measured (workload, allocator,
-# threads), null fragmentation where an allocator cannot report it.
+# threads), null fragmentation where an allocator cannot report it,
+# latencies on the timed workloads and ns per pair on the counted arena
+# one, the ALU loop timed beside every thread count and the scaling
+# efficiency on every 2-thread row, libshardbfc's counters agreeing with
+# the calls the harness made.
 # Timings are not checked (the machine may be busy running other tests);
 # missed targets never fail it.  Exit 77 (skip) only when neither parser is
 # installed.
@@ -37,22 +41,42 @@ if command -v jq >/dev/null 2>&1; then
     # Every key of the contract, the right types, nulls only where allowed,
     # and the libshardbfc rows that must be there on any machine.
     jq -e '
-      (.machine | (.cores | type == "number" and . >= 1)
+      .baselines as $b
+      | (.machine | (.cores | type == "number" and . >= 1)
                   and (.cpu | type == "string") and (.backend == "sim")
                   and has("gpu"))
       and (.results | type == "array" and length > 0)
       and all(.results[];
-              (.workload | IN("churn", "cross", "inference", "host", "replay"))
+              (.workload | IN("churn", "cross", "inference", "host", "replay", "arena",
+                              "arena-frag"))
               and (.allocator | type == "string")
               and (.threads | type == "number" and . >= 1)
               and (.ops_per_sec | type == "number" and . > 0)
-              and (.p50_ns | type == "number") and (.p99_ns >= .p50_ns)
-              and (.p999_ns >= .p99_ns)
               and (.peak_requested | type == "number" and . > 0)
               and has("peak_reserved") and has("fragmentation")
-              and ((.fragmentation == null) == (.peak_reserved == null)))
-      and ([.results[] | select(.allocator == "shardbfc")] | length) == 8
+              and ((.fragmentation == null) == (.peak_reserved == null))
+              and has("speedup") and has("alu_speedup") and has("efficiency")
+              and (.runs | type == "array" and length == 1))
+      and all(.results[] | select(.workload | startswith("arena") | not);
+              (.p50_ns | type == "number") and (.p99_ns >= .p50_ns)
+              and (.p999_ns >= .p99_ns))
+      and all(.results[] | select(.workload | startswith("arena"));
+              .p50_ns == null and .p99_ns == null
+              and (.ns_per_pair | type == "number" and . > 0))
+      and all(.results[] | select(.threads == 1); .efficiency == null)
+      and all(.results[] | select(.threads == 2);
+              (.speedup | type == "number" and . > 0)
+              and (.alu_speedup | type == "number" and . > 0)
+              and (.efficiency - .speedup / .alu_speedup | fabs) < 1e-3 * .efficiency + 1e-9)
+      and ([.results[] | select(.allocator == "shardbfc")] | length) == 10
       and all(.results[] | select(.allocator == "shardbfc"); .fragmentation >= 1)
+      and all(.results[] | select(.allocator == "shardbfc" or .allocator == "single-lock");
+              .verified == true)
+      and (.baselines | type == "array")
+      and ([.results[] | {workload, threads}] | unique | all(.[];
+              . as $r | [$b[] | select(.workload == $r.workload
+                                       and .threads == $r.threads and .kind == "alu")]
+              | length == 1))
       and all(.results[] | select(.allocator == "jemalloc" or .allocator == "malloc");
               .fragmentation == null)
       and (.skipped | type == "array")

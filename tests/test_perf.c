@@ -3,10 +3,13 @@
  * histogram's percentiles on known inputs, the generators' size
  * distributions, the inference trace's invariants (sizes from the model's
  * shape, KV-cache blocks freed when their request ends, a balanced
- * program), the replay reader's slot mapping, and that the JSON writer's
- * output parses (json-c, strict: tools/json_read.c) with nulls where a
- * figure is unknown.
- * No timing is asserted anywhere.
+ * program), the replay reader's slot mapping, the fragment prologue, that
+ * the JSON writer's output parses (json-c, strict: tools/json_read.c) with nulls where a
+ * figure is unknown, the scaling figures (speed-up, the ALU loop's, the
+ * efficiency) computed from given rates and written to the table and the
+ * JSON, and short real runs of the runner: libshardbfc with one context and
+ * with a context per thread, the counted arena loop among fragments, the
+ * single lock's pair op, the baselines.  No timing is asserted anywhere.
  */
 #include <check.h>
 #include <math.h>
@@ -410,6 +413,7 @@ START_TEST(json_parses_with_nulls)
     res[0].peak_reserved = 3ull << 31; /* beyond 32 bits */
     res[0].peak_requested = 1ull << 31;
     res[0].fragmentation = 3.0;
+    res[0].have_lat = true;
     res[1] = res[0];
     snprintf(res[1].allocator, sizeof(res[1].allocator), "jemalloc");
     res[1].have_mem = false;
@@ -467,6 +471,416 @@ START_TEST(json_parses_with_nulls)
     ck_assert_ptr_nonnull(strstr(buf, "<polyline"));
     ck_assert_ptr_nonnull(strstr(buf, "</svg>\n"));
     free(buf);
+}
+END_TEST
+
+/* ------------------------------------------------------------ fragments */
+
+START_TEST(fragments_prologue_shape)
+{
+    struct perf_prog p;
+    unsigned nalloc = 0, nfree = 0;
+    bool *live;
+    perf_gen_churn(7, 10, 100, 256, 1u << 20, &p);
+    perf_gen_fragments(&p, 8, 101, 256, 4096);
+    /* 101 fragment blocks, 51 of them (the even ones) freed, then the
+     * program's own 10 allocations; the events never touch the fragments. */
+    ck_assert_uint_eq(p.npro, 101 + 51 + 10);
+    ck_assert_uint_eq(p.nslots, 10 + 101);
+    live = calloc(p.nslots, sizeof(*live));
+    for (size_t i = 0; i < p.npro; i++) {
+        const struct perf_ev *e = &p.pro[i];
+        ck_assert_uint_lt(e->slot, p.nslots);
+        if (e->op == PERF_OP_ALLOC) {
+            ck_assert(!live[e->slot]);
+            live[e->slot] = true;
+            nalloc++;
+        } else {
+            ck_assert(live[e->slot]);
+            live[e->slot] = false;
+            nfree++;
+            /* the even fragments are freed: their neighbours stay live */
+            ck_assert_uint_ge(e->slot, 10);
+            ck_assert_uint_eq((e->slot - 10) % 2, 0);
+        }
+        if (i < 101)
+            ck_assert(e->op == PERF_OP_ALLOC && e->size >= 256 && e->size <= 4096 &&
+                      e->size % 256 == 0);
+    }
+    ck_assert_uint_eq(nalloc, 111);
+    ck_assert_uint_eq(nfree, 51);
+    for (size_t i = 0; i < p.nev; i++)
+        ck_assert_uint_lt(p.ev[i].slot, 10);
+    free(live);
+    perf_prog_free(&p);
+}
+END_TEST
+
+/* -------------------------------------------------------------- scaling */
+
+START_TEST(median_is_a_measured_value)
+{
+    const double odd[] = {5, 1, 4, 2, 3}, even[] = {40, 10, 30, 20}, same[] = {7, 7, 7};
+    unsigned at = 99;
+    ck_assert_double_eq(perf_median(odd, 5, &at), 3);
+    ck_assert_uint_eq(at, 4);
+    ck_assert_double_eq(perf_median(even, 4, &at), 20); /* the lower middle */
+    ck_assert_uint_eq(at, 3);
+    ck_assert_double_eq(perf_median(same, 3, &at), 7);
+    ck_assert_uint_lt(at, 3);
+    ck_assert_double_eq(perf_median(odd, 1, NULL), 5);
+}
+END_TEST
+
+START_TEST(efficiency_from_rates)
+{
+    ck_assert_double_eq_tol(perf_speedup(15e6, 10e6), 1.5, 1e-12);
+    ck_assert_double_eq_tol(perf_efficiency(1.5, 1.875), 0.8, 1e-12);
+    ck_assert_double_eq_tol(perf_efficiency(2.0, 2.0), 1.0, 1e-12);
+    /* No figure from a missing or broken one. */
+    ck_assert(isnan(perf_speedup(15e6, 0)));
+    ck_assert(isnan(perf_speedup(0, 10e6)));
+    ck_assert(isnan(perf_speedup(NAN, 10e6)));
+    ck_assert(isnan(perf_efficiency(1.5, 0)));
+    ck_assert(isnan(perf_efficiency(1.5, NAN)));
+    ck_assert(isnan(perf_efficiency(INFINITY, 2)));
+    ck_assert(isnan(perf_efficiency(-1, 2)));
+}
+END_TEST
+
+/* A report of churn at 1 and 2 threads for shardbfc (ALU loop timed beside
+ * both) and single-lock, and cross at 2 threads with no 1-thread row. */
+static void scaling_report(struct perf_report *rp, struct perf_result *res,
+                           struct perf_base *base)
+{
+    memset(rp, 0, sizeof(*rp));
+    memset(res, 0, 5 * sizeof(*res));
+    memset(base, 0, 3 * sizeof(*base));
+    for (unsigned i = 0; i < 5; i++) {
+        snprintf(res[i].workload, sizeof(res[i].workload), "%s", i < 4 ? "churn" : "cross");
+        snprintf(res[i].allocator, sizeof(res[i].allocator), "%s",
+                 i == 2 || i == 3 ? "single-lock" : "shardbfc");
+        res[i].threads = i == 0 || i == 2 ? 1 : 2;
+        res[i].have_lat = true;
+        res[i].p50_ns = 90;
+        res[i].p99_ns = 400;
+        res[i].p999_ns = 700;
+        res[i].peak_requested = 1u << 20;
+    }
+    res[0].ops_per_sec = 10e6;
+    res[0].ops_per_cpu_sec = 10e6;
+    res[1].ops_per_sec = 15e6;
+    res[1].ops_per_cpu_sec = 8e6;
+    res[2].ops_per_sec = 8e6;
+    res[3].ops_per_sec = 4e6;
+    res[4].ops_per_sec = 3e6;
+    for (unsigned i = 0; i < 3; i++) {
+        snprintf(base[i].workload, sizeof(base[i].workload), "%s", i < 2 ? "churn" : "cross");
+        base[i].kind = PERF_BASE_ALU;
+        base[i].threads = i == 0 ? 1 : 2;
+    }
+    base[0].ops_per_sec = 400e6;
+    base[1].ops_per_sec = 750e6;  /* the machine gives 1.875x */
+    base[2].ops_per_sec = 700e6;  /* cross has no 1-thread loop */
+    rp->program = "shardbfc-perf";
+    rp->cores = 2;
+    rp->backend = "sim";
+    rp->res = res;
+    rp->nres = 5;
+    rp->base = base;
+    rp->nbase = 3;
+}
+
+START_TEST(scaling_filled_from_rows)
+{
+    struct perf_result res[5];
+    struct perf_base base[3];
+    struct perf_report rp;
+    scaling_report(&rp, res, base);
+    perf_report_scaling(&rp);
+    /* 1-thread rows have no speed-up */
+    ck_assert(isnan(res[0].speedup) && isnan(res[0].efficiency) && isnan(res[0].alu_speedup));
+    ck_assert_double_eq_tol(res[1].speedup, 1.5, 1e-12);
+    ck_assert_double_eq_tol(res[1].alu_speedup, 1.875, 1e-12);
+    ck_assert_double_eq_tol(res[1].efficiency, 0.8, 1e-12);
+    ck_assert_double_eq_tol(res[1].per_cpu_efficiency, 0.8, 1e-12);
+    ck_assert(isnan(res[1].mem_speedup)); /* no mem loop was timed */
+    /* each allocator against its own 1-thread row, the same ALU loop */
+    ck_assert_double_eq_tol(res[3].speedup, 0.5, 1e-12);
+    ck_assert_double_eq_tol(res[3].efficiency, 0.5 / 1.875, 1e-12);
+    /* no 1-thread row (cross): nothing */
+    ck_assert(isnan(res[4].speedup) && isnan(res[4].efficiency));
+    ck_assert_double_eq_tol(base[1].speedup, 1.875, 1e-12);
+    ck_assert(isnan(base[0].speedup) && isnan(base[2].speedup));
+}
+END_TEST
+
+START_TEST(scaling_in_table_and_json)
+{
+    struct perf_result res[5];
+    struct perf_base base[3];
+    struct perf_report rp;
+    char *buf = NULL, err[128], *line;
+    size_t len = 0;
+    FILE *f;
+    json_object *j, *rs, *bs, *r;
+
+    scaling_report(&rp, res, base);
+    snprintf(rp.params_json, sizeof(rp.params_json), "\"seed\": 42");
+    perf_report_scaling(&rp);
+
+    f = open_memstream(&buf, &len);
+    perf_report_table(&rp, "churn", f);
+    fclose(f);
+    ck_assert_msg(strstr(buf, "speed-up") && strstr(buf, " eff"), "no scaling columns:\n%s",
+                  buf);
+    /* the 2-thread shardbfc row ends with its speed-up, the ALU's and the
+     * efficiency */
+    line = strstr(buf, "\n    2 shardbfc");
+    ck_assert_msg(line != NULL, "no 2-thread shardbfc row:\n%s", buf);
+    *strchr(line + 1, '\n') = '\0';
+    ck_assert_msg(strstr(line, "1.50x") && strstr(line, "1.88x") && strstr(line, "0.80"),
+                  "row: %s", line);
+    free(buf);
+
+    buf = NULL;
+    f = open_memstream(&buf, &len);
+    ck_assert_int_eq(perf_report_json(&rp, f), 0);
+    fclose(f);
+    ck_assert_msg(bfc_json_parse(buf, len, &j, err, sizeof(err)) == 0 && j != NULL, "JSON does not parse: %s\n%s", err, buf);
+    rs = bfc_json_get(j, "results");
+    ck_assert_uint_eq(bfc_json_len(rs), 5);
+    r = bfc_json_at(rs, 1);
+    ck_assert_str_eq(bfc_json_str(r, "allocator", ""), "shardbfc");
+    ck_assert_uint_eq(bfc_json_u64(r, "threads", 0), 2);
+    ck_assert_double_eq_tol(bfc_json_num(r, "speedup", 0), 1.5, 1e-5);
+    ck_assert_double_eq_tol(bfc_json_num(r, "alu_speedup", 0), 1.875, 1e-5);
+    ck_assert_double_eq_tol(bfc_json_num(r, "efficiency", 0), 0.8, 1e-5);
+    ck_assert_double_eq_tol(bfc_json_num(r, "per_cpu_efficiency", 0), 0.8, 1e-5);
+    ck_assert(bfc_json_is_null(r, "mem_speedup"));
+    r = bfc_json_at(rs, 0);
+    ck_assert(bfc_json_is_null(r, "speedup"));
+    ck_assert(bfc_json_is_null(r, "efficiency"));
+    ck_assert(bfc_json_is_null(r, "alu_speedup"));
+    bs = bfc_json_get(j, "baselines");
+    ck_assert_uint_eq(bfc_json_len(bs), 3);
+    ck_assert_str_eq(bfc_json_str(bfc_json_at(bs, 1), "kind", ""), "alu");
+    ck_assert_str_eq(bfc_json_str(bfc_json_at(bs, 1), "workload", ""), "churn");
+    ck_assert_uint_eq(bfc_json_u64(bfc_json_at(bs, 1), "threads", 0), 2);
+    ck_assert_double_eq_tol(bfc_json_num(bfc_json_at(bs, 1), "ops_per_sec", 0), 750e6, 1e3);
+    ck_assert_double_eq_tol(bfc_json_num(bfc_json_at(bs, 1), "speedup", 0), 1.875, 1e-5);
+    ck_assert(bfc_json_is_null(bfc_json_at(bs, 0), "speedup"));
+    json_object_put(j);
+    free(buf);
+}
+END_TEST
+
+START_TEST(arena_row_in_json)
+{
+    struct perf_result res;
+    struct perf_report rp;
+    char *buf = NULL, err[128];
+    size_t len = 0;
+    FILE *f;
+    json_object *j, *r;
+
+    memset(&res, 0, sizeof(res));
+    memset(&rp, 0, sizeof(rp));
+    snprintf(res.workload, sizeof(res.workload), "arena-frag");
+    snprintf(res.allocator, sizeof(res.allocator), "shardbfc");
+    res.threads = 2;
+    res.ops_per_sec = 40e6; /* 20 M pairs/s on 2 threads: 100 ns per pair */
+    res.peak_requested = 1u << 20;
+    res.have_chunks = true;
+    res.free_chunks_before = 99900;
+    res.free_chunks_after = 99800;
+    res.verified = 1;
+    res.calls_alloc = 12;
+    res.calls_free = 11;
+    res.runs[0] = 39e6;
+    res.runs[1] = 40e6;
+    res.runs[2] = 41e6;
+    res.nruns = 3;
+    rp.program = "shardbfc-perf";
+    rp.backend = "sim";
+    rp.res = &res;
+    rp.nres = 1;
+    f = open_memstream(&buf, &len);
+    ck_assert_int_eq(perf_report_json(&rp, f), 0);
+    fclose(f);
+    ck_assert_msg(bfc_json_parse(buf, len, &j, err, sizeof(err)) == 0 && j != NULL, "JSON does not parse: %s\n%s", err, buf);
+    r = bfc_json_at(bfc_json_get(j, "results"), 0);
+    /* counted, not timed per call: no latencies */
+    ck_assert(bfc_json_is_null(r, "p50_ns"));
+    ck_assert(bfc_json_is_null(r, "p99_ns"));
+    ck_assert_double_eq_tol(bfc_json_num(r, "ns_per_pair", 0), 100.0, 1e-6);
+    ck_assert_uint_eq(bfc_json_u64(r, "free_chunks_before", 0), 99900);
+    ck_assert_uint_eq(bfc_json_u64(r, "free_chunks_after", 0), 99800);
+    ck_assert_uint_eq(bfc_json_u64(r, "calls_alloc", 0), 12);
+    ck_assert(json_object_is_type(bfc_json_get(r, "verified"), json_type_boolean));
+    ck_assert_uint_eq(bfc_json_len(bfc_json_get(r, "runs")), 3);
+    ck_assert_double_eq_tol(json_object_get_double(bfc_json_at(bfc_json_get(r, "runs"), 2)), 41e6, 1e2);
+    json_object_put(j);
+    free(buf);
+}
+END_TEST
+
+/* ---------------------------------------------------------- real runs */
+
+static const struct perf_alloc_ops *find_ops(const char *name)
+{
+    for (unsigned i = 0; i < perf_n_allocators; i++)
+        if (strcmp(perf_allocators[i]->name, name) == 0)
+            return perf_allocators[i];
+    ck_abort_msg("no allocator %s", name);
+    return NULL;
+}
+
+/* Prepares allocator `name` for `threads` threads of one-stream programs
+ * (a context per thread for shardbfc-ctx). */
+static void alloc_init(struct perf_allocator *a, const char *name, unsigned threads)
+{
+    struct perf_env env;
+    const char *why;
+    memset(&env, 0, sizeof(env));
+    memset(a, 0, sizeof(*a));
+    a->ops = find_ops(name);
+    a->nstreams = threads;
+    a->ncontexts = threads;
+    a->callers_per_ctx = 1;
+    why = a->ops->init(a, &env, PERF_MEM_DEVICE, threads);
+    ck_assert_msg(why == NULL, "%s: %s", name, why ? why : "");
+}
+
+static void run_cfg(struct perf_run_cfg *cfg, unsigned threads, bool count_only)
+{
+    memset(cfg, 0, sizeof(*cfg));
+    cfg->seconds = 0.03;
+    cfg->warmup_seconds = 0.01;
+    cfg->threads = threads;
+    cfg->count_only = count_only;
+}
+
+/* Runs prog[0..threads) against allocator `name`; checks that everything
+ * was given back and that the library counted exactly the calls made. */
+static void run_and_check(const char *name, struct perf_prog **prog, unsigned threads,
+                          const struct perf_run_cfg *cfg, struct perf_result *r)
+{
+    struct perf_allocator a;
+    bfc_stats_t s0, s1;
+    uint64_t used = 1;
+    alloc_init(&a, name, threads);
+    ck_assert(a.ops->snapshot(&a, &s0));
+    memset(r, 0, sizeof(*r));
+    ck_assert_int_eq(perf_run_prog(&a, prog, cfg, r), 0);
+    ck_assert(a.ops->in_use(&a, &used));
+    ck_assert_uint_eq(used, 0);
+    ck_assert(a.ops->snapshot(&a, &s1));
+    ck_assert_uint_gt(r->ops, 0);
+    ck_assert_uint_gt(r->calls_alloc, 0);
+    ck_assert_uint_eq(s1.num_allocs - s0.num_allocs, r->calls_alloc);
+    ck_assert_uint_eq(s1.num_frees - s0.num_frees, r->calls_free);
+    ck_assert_uint_eq(r->calls_alloc, r->calls_free);
+    ck_assert_uint_eq(s1.bytes_in_use, 0);
+    a.ops->fini(&a);
+}
+
+START_TEST(context_per_thread_runs_clean)
+{
+    struct perf_prog p0, p1, *prog[2] = {&p0, &p1};
+    struct perf_run_cfg cfg;
+    struct perf_result r;
+    struct perf_allocator a;
+    void *blk;
+    perf_gen_churn(11, 64, 2000, 256, 1u << 20, &p0);
+    perf_gen_churn(12, 64, 2000, 256, 1u << 20, &p1);
+    run_cfg(&cfg, 2, false);
+    run_and_check("shardbfc-ctx", prog, 2, &cfg, &r);
+    ck_assert(r.have_lat);
+    run_and_check("shardbfc", prog, 2, &cfg, &r);
+
+    /* Thread 1's context does not own thread 0's block: they are two
+     * contexts.  With one context the same free is a cross-stream free. */
+    alloc_init(&a, "shardbfc-ctx", 2);
+    blk = a.ops->alloc(&a, 0, a.streams[0], 4096);
+    ck_assert_ptr_nonnull(blk);
+    ck_assert_int_eq(a.ops->free(&a, 1, blk, a.streams[1], 4096), BFC_ENOTOWNED);
+    ck_assert_int_eq(a.ops->free(&a, 0, blk, a.streams[0], 4096), 0);
+    a.ops->fini(&a);
+    alloc_init(&a, "shardbfc", 2);
+    blk = a.ops->alloc(&a, 0, a.streams[0], 4096);
+    ck_assert_ptr_nonnull(blk);
+    ck_assert_int_eq(a.ops->free(&a, 1, blk, a.streams[1], 4096), 0);
+    a.ops->fini(&a);
+    perf_prog_free(&p0);
+    perf_prog_free(&p1);
+}
+END_TEST
+
+START_TEST(arena_counted_among_fragments)
+{
+    struct perf_prog p, *prog[1] = {&p};
+    struct perf_run_cfg cfg;
+    struct perf_result r;
+    perf_gen_churn(21, 100, 2000, 256, 1u << 20, &p);
+    perf_gen_fragments(&p, 22, 2000, 256, 4096);
+    run_cfg(&cfg, 1, true);
+    run_and_check("shardbfc", prog, 1, &cfg, &r);
+    /* counted: no latencies, every call of the window counted */
+    ck_assert(!r.have_lat);
+    ck_assert_ptr_null(r.hist);
+    ck_assert(r.ops_per_sec > 0);
+    /* 1000 fragments made; the 100 live blocks may fill one each */
+    ck_assert(r.have_chunks);
+    ck_assert_uint_ge(r.free_chunks_before, 1000 - 100);
+    ck_assert_uint_ge(r.free_chunks_after, 1000 - 100 - 100);
+    /* the peak requested includes the live fragments */
+    ck_assert_uint_ge(r.peak_requested, 1000 * 256);
+    perf_prog_free(&p);
+}
+END_TEST
+
+START_TEST(single_lock_pair_op)
+{
+    struct perf_prog p0, p1, *prog[2] = {&p0, &p1};
+    struct perf_run_cfg cfg;
+    struct perf_result r;
+    ck_assert_ptr_nonnull(find_ops("single-lock")->pair);
+    ck_assert_ptr_null(find_ops("shardbfc")->pair);
+    perf_gen_churn(31, 64, 2000, 256, 1u << 20, &p0);
+    perf_gen_churn(32, 64, 2000, 256, 1u << 20, &p1);
+    run_cfg(&cfg, 2, true);
+    cfg.lock_pair = true;
+    run_and_check("single-lock", prog, 2, &cfg, &r);
+    ck_assert_uint_eq(r.ops % 2, 0); /* whole pairs */
+    perf_prog_free(&p0);
+    perf_prog_free(&p1);
+}
+END_TEST
+
+START_TEST(baselines_run)
+{
+    struct perf_run_cfg cfg;
+    struct perf_base b;
+    /* The kernel is one pure chain: two runs of it are one longer run. */
+    ck_assert_uint_eq(perf_alu_kernel(perf_alu_kernel(12345, 100), 50),
+                      perf_alu_kernel(12345, 150));
+    ck_assert_uint_ne(perf_alu_kernel(12345, 1), 12345);
+    for (unsigned kind = 0; kind < PERF_BASE_N; kind++) {
+        run_cfg(&cfg, 2, false);
+        memset(&b, 0, sizeof(b));
+        ck_assert_int_eq(perf_run_base(kind, &cfg, &b), 0);
+        ck_assert_uint_eq(b.kind, kind);
+        ck_assert_uint_eq(b.threads, 2);
+        ck_assert_uint_gt(b.ops, 0);
+        ck_assert_uint_eq(b.ops % (kind == PERF_BASE_ALU ? PERF_ALU_BATCH
+                                                         : PERF_MEM_BYTES / 64), 0);
+        ck_assert(b.ops_per_sec > 0 && b.seconds > 0);
+    }
+    run_cfg(&cfg, 0, false);
+    ck_assert_int_eq(perf_run_base(PERF_BASE_ALU, &cfg, &b), -1);
+    run_cfg(&cfg, 1, false);
+    ck_assert_int_eq(perf_run_base(PERF_BASE_N, &cfg, &b), -1);
 }
 END_TEST
 
@@ -607,6 +1021,19 @@ static Suite *perf_suite(void)
     tcase_add_test(tc, replay_in_time_order);
     tcase_add_test(tc, json_parses_with_nulls);
     tcase_add_test(tc, svg_axes_fit_data);
+    tcase_add_test(tc, fragments_prologue_shape);
+    tcase_add_test(tc, median_is_a_measured_value);
+    tcase_add_test(tc, efficiency_from_rates);
+    tcase_add_test(tc, scaling_filled_from_rows);
+    tcase_add_test(tc, scaling_in_table_and_json);
+    tcase_add_test(tc, arena_row_in_json);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("runs");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, context_per_thread_runs_clean);
+    tcase_add_test(tc, arena_counted_among_fragments);
+    tcase_add_test(tc, single_lock_pair_op);
+    tcase_add_test(tc, baselines_run);
     suite_add_tcase(s, tc);
     return s;
 }
