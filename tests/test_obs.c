@@ -10,6 +10,8 @@
  * tools/json_mini.c (a strict parser) and, when jq is installed, also with
  * jq.
  */
+#include "testutil.h"
+
 #include <check.h>
 #include <dirent.h>
 #include <inttypes.h>
@@ -30,8 +32,6 @@
 #include "trace_csv.h"
 #include "view.h"
 
-#define KiB ((size_t)1 << 10)
-#define MiB ((size_t)1 << 20)
 
 /* ------------------------------------------------------------ helpers */
 
@@ -74,18 +74,6 @@ static bfc_ctx_t *mkctx(const char *spec)
     bfc_ctx_t *ctx = NULL;
     ck_assert_int_eq(bfc_ctx_create(&c, &ctx), BFC_OK);
     return ctx;
-}
-
-static void *xalloc(bfc_ctx_t *ctx, bfc_stream_t s, size_t n)
-{
-    void *p = bfc_ctx_alloc(ctx, s, n);
-    ck_assert_msg(p != NULL, "alloc %zu: %s", n, bfc_strerror(bfc_last_error()));
-    return p;
-}
-
-static void xfree(bfc_ctx_t *ctx, void *p, bfc_stream_t s)
-{
-    ck_assert_int_eq(bfc_ctx_free(ctx, p, s), BFC_OK);
 }
 
 static bfc_stats_t stats(bfc_ctx_t *ctx)
@@ -1619,9 +1607,5 @@ static Suite *obs_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(obs_suite());
-    srunner_run_all(sr, CK_ENV);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return run_suite(obs_suite());
 }

@@ -205,13 +205,15 @@ static inline bfc_stats_t sst(bfc_ctx_t *ctx, bfc_stream_t s)
     return o;
 }
 
-/* Every invariant of bfc_ctx_check holds; the report names a broken one. */
+/* Every invariant holds: the report (which names a broken one) and
+ * bfc_ctx_check agree. */
 static inline void xcheck(bfc_ctx_t *ctx)
 {
     char buf[1024];
     buf[0] = '\0';
     int rc = bfc_ctx_check_report(ctx, buf, sizeof buf);
     ck_assert_msg(rc == BFC_OK, "bfc_ctx_check_report: %s: %s", bfc_err_name(rc), buf);
+    ck_assert_int_eq(bfc_ctx_check(ctx), BFC_OK);
 }
 
 #endif /* BFC_TESTUTIL_NO_CTX */
