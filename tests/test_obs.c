@@ -1456,7 +1456,7 @@ START_TEST(test_view_in_chromium)
 END_TEST
 
 /* The page's own script, run by node when it is installed (not a build
- * dependency: without it this test says so and checks nothing) against a
+ * dependency: without it the suite leaves this test out and says so) against a
  * minimal stand-in for the DOM: it must draw every part without a script
  * error, the OOM report first when the snapshot has one. */
 static const char node_dom_js[] =
