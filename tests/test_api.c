@@ -22,6 +22,8 @@
  *   - a pointer from a private context (bfc_ctx_create) is found by the
  *     service too: "a pointer finds its context by itself".
  */
+#include "testutil.h"
+
 #include <shardbfc.h>
 #include <shardbfc_sim.h>
 
@@ -32,9 +34,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define KiB ((size_t)1 << 10)
-#define MiB ((size_t)1 << 20)
-#define GiB ((size_t)1 << 30)
 
 static void conf(const char *spec)
 {
@@ -56,22 +55,7 @@ static bfc_ctx_t *dctx(void)
     return ctx;
 }
 
-static bfc_stats_t st(bfc_ctx_t *ctx)
-{
-    bfc_stats_t s;
-    ck_assert_int_eq(bfc_ctx_stats(ctx, &s), BFC_OK);
-    return s;
-}
-
-static bfc_stats_t sst(bfc_ctx_t *ctx, bfc_stream_t strm)
-{
-    bfc_stats_t s;
-    int rc = bfc_ctx_stream_stats(ctx, strm, &s);
-    ck_assert_msg(rc == BFC_OK, "bfc_ctx_stream_stats: %s", bfc_err_name(rc));
-    return s;
-}
-
-static void *xalloc(bfc_stream_t s, size_t n)
+static void *xsalloc(bfc_stream_t s, size_t n)
 {
     void *p = bfc_stream_alloc(s, n);
     ck_assert_msg(p != NULL, "bfc_stream_alloc(%zu): %s", n, bfc_err_name(bfc_last_error()));
@@ -80,19 +64,12 @@ static void *xalloc(bfc_stream_t s, size_t n)
     return p;
 }
 
-static void xcheck(bfc_ctx_t *ctx)
-{
-    char buf[512];
-    int rc = bfc_ctx_check_report(ctx, buf, sizeof buf);
-    ck_assert_msg(rc == BFC_OK, "bfc_ctx_check: %s", buf);
-}
-
 /* ------------------------------------------------------------- basics */
 
 START_TEST(test_conf_applied)
 {
     use_sim();
-    void *p = xalloc(NULL, 1000);
+    void *p = xsalloc(NULL, 1000);
     bfc_ctx_t *ctx = dctx();
     ck_assert_ptr_eq(bfc_default_ctx(), ctx); /* one context per device */
     bfc_config_t c;
@@ -128,22 +105,22 @@ START_TEST(test_bfc_free_on_alloc_stream)
     bfc_ctx_t *ctx = dctx();
     bfc_stream_t s = bfc_sim_stream_create(ctx);
     ck_assert_ptr_nonnull(s);
-    void *g = xalloc(s, 4 * KiB);
-    void *p = xalloc(s, 4 * KiB);
-    void *g2 = xalloc(s, 4 * KiB);
+    void *g = xsalloc(s, 4 * KiB);
+    void *p = xsalloc(s, 4 * KiB);
+    void *g2 = xsalloc(s, 4 * KiB);
     /* s is busy; bfc_free frees in s's own order: reusable by s at once. */
     bfc_sim_stream_hold(ctx, s);
     ck_assert_int_eq(bfc_free(p), BFC_OK);
     bfc_stats_t o = sst(ctx, s);
     ck_assert_uint_eq(o.num_remote_frees, 0);
     ck_assert_uint_eq(o.num_pending_frees, 0);
-    ck_assert_ptr_eq(xalloc(s, 4 * KiB), p);
+    ck_assert_ptr_eq(xsalloc(s, 4 * KiB), p);
     /* Same for the default stream. */
-    void *d = xalloc(NULL, 8 * KiB);
-    void *d2 = xalloc(NULL, 8 * KiB);
+    void *d = xsalloc(NULL, 8 * KiB);
+    void *d2 = xsalloc(NULL, 8 * KiB);
     bfc_sim_stream_hold(ctx, NULL);
     ck_assert_int_eq(bfc_free(d), BFC_OK);
-    ck_assert_ptr_eq(xalloc(NULL, 8 * KiB), d);
+    ck_assert_ptr_eq(xsalloc(NULL, 8 * KiB), d);
     ck_assert_uint_eq(sst(ctx, NULL).num_remote_frees, 0);
     bfc_sim_stream_drain(ctx, NULL);
     bfc_sim_stream_drain(ctx, s);
@@ -163,9 +140,9 @@ START_TEST(test_stream_free_cross)
     use_sim();
     bfc_ctx_t *ctx = dctx();
     bfc_stream_t s = bfc_sim_stream_create(ctx), t = bfc_sim_stream_create(ctx);
-    void *g = xalloc(s, 2 * KiB);
-    void *p = xalloc(s, 2 * KiB);
-    void *g2 = xalloc(s, 2 * KiB);
+    void *g = xsalloc(s, 2 * KiB);
+    void *p = xsalloc(s, 2 * KiB);
+    void *g2 = xsalloc(s, 2 * KiB);
     bfc_sim_stream_hold(ctx, t);
     ck_assert_int_eq(bfc_stream_free(p, t), BFC_OK);
     ck_assert_int_eq(bfc_stream_free(p, t), BFC_EDOUBLEFREE);
@@ -175,14 +152,14 @@ START_TEST(test_stream_free_cross)
     ck_assert_uint_eq(o.num_pending_frees, 1);
     void *v[4];
     for (int i = 0; i < 4; i++) {
-        v[i] = xalloc(s, 2 * KiB);
+        v[i] = xsalloc(s, 2 * KiB);
         ck_assert_ptr_ne(v[i], p);
     }
     bfc_sim_stream_drain(ctx, t);
-    ck_assert_ptr_eq(xalloc(s, 2 * KiB), p);
+    ck_assert_ptr_eq(xsalloc(s, 2 * KiB), p);
     /* Same-stream bfc_stream_free is bfc_free. */
     ck_assert_int_eq(bfc_stream_free(p, s), BFC_OK);
-    ck_assert_ptr_eq(xalloc(s, 2 * KiB), p);
+    ck_assert_ptr_eq(xsalloc(s, 2 * KiB), p);
     ck_assert_int_eq(bfc_free(p), BFC_OK);
     for (int i = 0; i < 4; i++)
         ck_assert_int_eq(bfc_stream_free(v[i], i % 2 ? t : s), BFC_OK);
@@ -201,18 +178,18 @@ START_TEST(test_record_stream_service)
     use_sim();
     bfc_ctx_t *ctx = dctx();
     bfc_stream_t s = bfc_sim_stream_create(ctx), t = bfc_sim_stream_create(ctx);
-    void *g = xalloc(s, 2 * KiB);
-    void *p = xalloc(s, 2 * KiB);
-    void *g2 = xalloc(s, 2 * KiB);
+    void *g = xsalloc(s, 2 * KiB);
+    void *p = xsalloc(s, 2 * KiB);
+    void *g2 = xsalloc(s, 2 * KiB);
     ck_assert_int_eq(bfc_record_stream(p, t), BFC_OK);
     ck_assert_int_eq(bfc_record_stream(p, s), BFC_OK); /* owner: no-op */
     bfc_sim_stream_hold(ctx, t);
     ck_assert_int_eq(bfc_free(p), BFC_OK);
     ck_assert_uint_eq(sst(ctx, s).num_pending_frees, 1);
-    void *q = xalloc(s, 2 * KiB);
+    void *q = xsalloc(s, 2 * KiB);
     ck_assert_ptr_ne(q, p);
     bfc_sim_stream_drain(ctx, t);
-    ck_assert_ptr_eq(xalloc(s, 2 * KiB), p);
+    ck_assert_ptr_eq(xsalloc(s, 2 * KiB), p);
     ck_assert_int_eq(bfc_free(p), BFC_OK);
     ck_assert_int_eq(bfc_record_stream(p, t), BFC_EDOUBLEFREE);
     ck_assert_int_eq(bfc_free(q), BFC_OK);
@@ -231,7 +208,7 @@ START_TEST(test_stream_release_service)
     ck_assert_int_eq(bfc_stream_release(NULL), BFC_EINVAL);
     bfc_ctx_t *ctx = dctx();
     bfc_stream_t s = bfc_sim_stream_create(ctx), never = bfc_sim_stream_create(ctx);
-    void *p = xalloc(s, 64 * KiB);
+    void *p = xsalloc(s, 64 * KiB);
     memset(p, 0x3C, 64 * KiB);
     ck_assert_uint_eq(st(ctx).num_shards, 1);
     ck_assert_int_eq(bfc_stream_release(s), BFC_OK);
@@ -240,7 +217,7 @@ START_TEST(test_stream_release_service)
     ck_assert_uint_eq(st(ctx).num_shards, 0);
     /* The live block survives and frees normally. */
     ck_assert_uint_eq(((unsigned char *)p)[64 * KiB - 1], 0x3C);
-    void *q = xalloc(s, 1 * KiB); /* a fresh shard */
+    void *q = xsalloc(s, 1 * KiB); /* a fresh shard */
     ck_assert_uint_eq(st(ctx).num_shards, 1);
     ck_assert_int_eq(bfc_free(p), BFC_OK);
     /* The retired shard died with its last block and gave its region back:
@@ -261,7 +238,7 @@ END_TEST
 START_TEST(test_foreign_pointers_service)
 {
     use_sim();
-    void *p = xalloc(NULL, 4 * KiB);
+    void *p = xsalloc(NULL, 4 * KiB);
     int local = 0;
     void *heap = malloc(1024);
     ck_assert_ptr_nonnull(heap);
@@ -297,7 +274,7 @@ START_TEST(test_private_ctx_pointer)
     ck_assert_uint_eq(st(mine).bytes_in_use, 0);
     ck_assert_int_eq(bfc_ctx_free(mine, p, NULL), BFC_EDOUBLEFREE);
     /* And the service's pointers are foreign to the private context. */
-    void *q = xalloc(NULL, 4 * KiB);
+    void *q = xsalloc(NULL, 4 * KiB);
     ck_assert_int_eq(bfc_ctx_free(mine, q, NULL), BFC_ENOTOWNED);
     ck_assert_int_eq(bfc_free(q), BFC_OK);
     xcheck(mine);
@@ -315,8 +292,8 @@ START_TEST(test_after_shutdown)
     bfc_shutdown();
     bfc_ctx_t *ctx = dctx();
     bfc_stream_t s = bfc_sim_stream_create(ctx);
-    void *p = xalloc(s, 16 * KiB);
-    void *d = xalloc(NULL, 16 * KiB);
+    void *p = xsalloc(s, 16 * KiB);
+    void *d = xsalloc(NULL, 16 * KiB);
     bfc_shutdown();
     bfc_shutdown(); /* twice */
     /* Old pointers: clear statuses, no crash. */
@@ -326,7 +303,7 @@ START_TEST(test_after_shutdown)
     ck_assert_int_eq(bfc_record_stream(d, NULL), BFC_ENOTOWNED);
     ck_assert_int_eq(bfc_stream_release(NULL), BFC_EINVAL);
     /* New allocations work again, in a fresh context. */
-    void *q = xalloc(NULL, 16 * KiB);
+    void *q = xsalloc(NULL, 16 * KiB);
     bfc_ctx_t *ctx2 = dctx();
     bfc_stats_t c = st(ctx2);
     ck_assert_uint_eq(c.bytes_in_use, 16 * KiB);
@@ -352,7 +329,7 @@ START_TEST(test_null_handling)
     ck_assert_int_eq(bfc_last_error(), BFC_ENOMEM);
     ck_assert_ptr_null(bfc_stream_alloc(NULL, SIZE_MAX - 100));
     ck_assert_int_eq(bfc_last_error(), BFC_ENOMEM);
-    void *p = xalloc(NULL, 1);
+    void *p = xsalloc(NULL, 1);
     ck_assert_int_eq(bfc_last_error(), BFC_OK);
     ck_assert_int_eq(bfc_free(p), BFC_OK);
     /* The context calls with a NULL context. */
@@ -449,7 +426,7 @@ START_TEST(test_no_conf_defaults)
     bfc_config_init(&d);
     ck_assert_uint_eq(c.initial_region, d.initial_region);
     ck_assert_int_eq(c.allow_growth, d.allow_growth);
-    void *p = xalloc(NULL, 300);
+    void *p = xsalloc(NULL, 300);
     ck_assert_int_eq(bfc_free(p), BFC_OK);
     bfc_shutdown();
 }
@@ -483,7 +460,7 @@ START_TEST(test_conf_growth_off)
     bfc_ctx_t *ctx = dctx();
     /* The whole limit is reserved at create. */
     ck_assert_uint_eq(st(ctx).bytes_reserved, 64 * MiB);
-    void *p = xalloc(NULL, 60 * MiB);
+    void *p = xsalloc(NULL, 60 * MiB);
     ck_assert_ptr_null(bfc_stream_alloc(NULL, 8 * MiB));
     ck_assert_int_eq(bfc_last_error(), BFC_ENOMEM);
     ck_assert_int_eq(bfc_free(p), BFC_OK);

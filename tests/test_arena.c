@@ -26,6 +26,8 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* strcasestr, open_memstream */
 #endif
+#include "testutil.h"
+
 #include <shardbfc.h>
 #include <shardbfc_sim.h>
 
@@ -37,16 +39,8 @@
 #include <strings.h>
 #include <unistd.h>
 
-#define KiB ((size_t)1 << 10)
-#define MiB ((size_t)1 << 20)
-#define GiB ((size_t)1 << 30)
 
 /* ------------------------------------------------------------- helpers */
-
-static size_t r256(size_t n)
-{
-    return (n + 255) & ~(size_t)255;
-}
 
 static char *cp(void *p)
 {
@@ -81,15 +75,6 @@ static bfc_config_t cfg_grow(size_t limit)
     return c;
 }
 
-static bfc_ctx_t *ctx_new(const bfc_config_t *cfg)
-{
-    bfc_ctx_t *ctx = NULL;
-    int rc = bfc_ctx_create(cfg, &ctx);
-    ck_assert_msg(rc == BFC_OK, "bfc_ctx_create: %s", bfc_err_name(rc));
-    ck_assert_ptr_nonnull(ctx);
-    return ctx;
-}
-
 /* Loop index 0: the default stream; 1: a simulated stream. */
 static bfc_stream_t pick_stream(bfc_ctx_t *ctx, int i)
 {
@@ -107,26 +92,8 @@ static void ctx_done(bfc_ctx_t *ctx, bfc_stream_t s)
     bfc_ctx_destroy(ctx);
 }
 
-static bfc_stats_t st(bfc_ctx_t *ctx)
-{
-    bfc_stats_t s;
-    memset(&s, 0xA5, sizeof s);
-    int rc = bfc_ctx_stats(ctx, &s);
-    ck_assert_msg(rc == BFC_OK, "bfc_ctx_stats: %s", bfc_err_name(rc));
-    return s;
-}
-
-static void xcheck(bfc_ctx_t *ctx)
-{
-    char buf[1024];
-    buf[0] = '\0';
-    int rc = bfc_ctx_check_report(ctx, buf, sizeof buf);
-    ck_assert_msg(rc == BFC_OK, "bfc_ctx_check_report: %s: %s", bfc_err_name(rc), buf);
-    ck_assert_int_eq(bfc_ctx_check(ctx), BFC_OK);
-}
-
 /* A successful allocation, with the properties every one must have. */
-static void *xalloc(bfc_ctx_t *ctx, bfc_stream_t s, size_t n)
+static void *xalloc_full(bfc_ctx_t *ctx, bfc_stream_t s, size_t n)
 {
     void *p = bfc_ctx_alloc(ctx, s, n);
     ck_assert_msg(p != NULL, "alloc(%zu) failed: %s", n, bfc_err_name(bfc_last_error()));
@@ -137,12 +104,6 @@ static void *xalloc(bfc_ctx_t *ctx, bfc_stream_t s, size_t n)
     ck_assert_msg(a >= r256(n) && a % 256 == 0, "alloc(%zu): allocated_size %zu", n, a);
     ck_assert_int_ge(bfc_ctx_allocation_id(ctx, p), 0);
     return p;
-}
-
-static void xfree(bfc_ctx_t *ctx, void *p, bfc_stream_t s)
-{
-    int rc = bfc_ctx_free(ctx, p, s);
-    ck_assert_msg(rc == BFC_OK, "free(%p): %s", p, bfc_err_name(rc));
 }
 
 /* An allocation that must fail with BFC_ENOMEM and change nothing but num_ooms. */
@@ -178,13 +139,6 @@ static void expect_bad_free(bfc_ctx_t *ctx, void *p, bfc_stream_t s, int want)
 }
 
 /* Simple deterministic generator (splitmix64). */
-static uint64_t rng_next(uint64_t *x)
-{
-    uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
 
 static int cmp_ptr(const void *a, const void *b)
 {
@@ -230,7 +184,7 @@ START_TEST(test_zero_size)
     ck_assert_uint_eq(b.bytes_reserved, 0);
     ck_assert_uint_eq(b.num_regions, 0);
 
-    void *p = xalloc(ctx, s, 1);
+    void *p = xalloc_full(ctx, s, 1);
     ck_assert_ptr_null(bfc_ctx_alloc(ctx, s, 0));
     ck_assert_int_eq(bfc_last_error(), BFC_OK);
     ck_assert_uint_eq(st(ctx).num_allocs, 1);
@@ -251,7 +205,7 @@ START_TEST(test_rounding_allocated_size)
     bfc_ctx_t *ctx = ctx_new(&c);
     bfc_stream_t s = pick_stream(ctx, _i);
 
-    void *base = xalloc(ctx, s, 1);
+    void *base = xalloc_full(ctx, s, 1);
     ck_assert_uint_eq(bfc_ctx_allocated_size(ctx, base), 256);
     xfree(ctx, base, s);
 
@@ -269,7 +223,7 @@ START_TEST(test_rounding_allocated_size)
         sizes[n++] = odd[k];
 
     for (size_t k = 0; k < n; k++) {
-        void *p = xalloc(ctx, s, sizes[k]);
+        void *p = xalloc_full(ctx, s, sizes[k]);
         ck_assert_msg(p == base, "alloc(%zu) = %p, expected the region start %p", sizes[k], p, base);
         ck_assert_msg(bfc_ctx_allocated_size(ctx, p) == r256(sizes[k]),
                       "alloc(%zu): allocated_size %zu, expected %zu", sizes[k],
@@ -290,15 +244,15 @@ START_TEST(test_allocated_vs_requested)
     bfc_ctx_t *ctx = ctx_new(&c);
     bfc_stream_t s = pick_stream(ctx, _i);
 
-    void *t1 = xalloc(ctx, s, 4);
+    void *t1 = xalloc_full(ctx, s, 4);
     ck_assert_uint_eq(bfc_ctx_requested_size(ctx, t1), 4);
     ck_assert_uint_eq(bfc_ctx_allocated_size(ctx, t1), 256);
 
     /* A 1 KiB hole between two live blocks; 768 B takes all of it (no split). */
-    void *a = xalloc(ctx, s, 1024);
-    void *b = xalloc(ctx, s, 1024);
+    void *a = xalloc_full(ctx, s, 1024);
+    void *b = xalloc_full(ctx, s, 1024);
     xfree(ctx, a, s);
-    void *q = xalloc(ctx, s, 768);
+    void *q = xalloc_full(ctx, s, 768);
     ck_assert_ptr_eq(q, a);
     ck_assert_uint_eq(bfc_ctx_requested_size(ctx, q), 768);
     ck_assert_uint_eq(bfc_ctx_allocated_size(ctx, q), 1024);
@@ -336,7 +290,7 @@ START_TEST(test_alloc_too_large)
     ck_assert_uint_eq(x.bytes_limit, limit);
 
     /* Exactly the limit fits (a large request: a region of its own). */
-    void *p = xalloc(ctx, s, limit);
+    void *p = xalloc_full(ctx, s, limit);
     ck_assert_uint_eq(bfc_ctx_allocated_size(ctx, p), limit);
     ck_assert_uint_eq(st(ctx).bytes_reserved, limit);
     memset(p, 0x5A, 4096);
@@ -344,7 +298,7 @@ START_TEST(test_alloc_too_large)
     xfree(ctx, p, s);
 
     /* With state present, the same requests still change nothing. */
-    void *q = xalloc(ctx, s, 1000);
+    void *q = xalloc_full(ctx, s, 1000);
     for (size_t k = 0; k < nhuge; k++)
         expect_oom(ctx, s, huge[k]);
     ck_assert_uint_eq(bfc_ctx_requested_size(ctx, q), 1000);
@@ -356,10 +310,10 @@ START_TEST(test_alloc_too_large)
     c = cfg_tf(2 * MiB);
     ctx = ctx_new(&c);
     s = pick_stream(ctx, _i);
-    void *first = xalloc(ctx, s, 256);
+    void *first = xalloc_full(ctx, s, 256);
     expect_oom(ctx, s, 2 * MiB);
     xfree(ctx, first, s);
-    void *all = xalloc(ctx, s, 2 * MiB);
+    void *all = xalloc_full(ctx, s, 2 * MiB);
     ck_assert_ptr_eq(all, first);
     expect_oom(ctx, s, 1);
     xfree(ctx, all, s);
@@ -375,32 +329,32 @@ START_TEST(test_split_twice_rule)
     bfc_ctx_t *ctx = ctx_new(&c);
     bfc_stream_t s = pick_stream(ctx, _i);
 
-    void *a = xalloc(ctx, s, 4096);
-    void *g = xalloc(ctx, s, 256);
+    void *a = xalloc_full(ctx, s, 4096);
+    void *g = xalloc_full(ctx, s, 256);
     ck_assert_ptr_eq(g, cp(a) + 4096);
     xfree(ctx, a, s);
 
     /* 4096 >= 2 x 2048: split, the front goes out, the back stays free. */
-    void *p = xalloc(ctx, s, 2048);
+    void *p = xalloc_full(ctx, s, 2048);
     ck_assert_ptr_eq(p, a);
     ck_assert_uint_eq(bfc_ctx_allocated_size(ctx, p), 2048);
-    void *q = xalloc(ctx, s, 2048);
+    void *q = xalloc_full(ctx, s, 2048);
     ck_assert_ptr_eq(q, cp(a) + 2048);
     ck_assert_uint_eq(bfc_ctx_allocated_size(ctx, q), 2048);
     xfree(ctx, p, s);
     xfree(ctx, q, s);
 
     /* 4096 < 2 x 2304 and 1792 < 128 MiB: the whole chunk. */
-    p = xalloc(ctx, s, 2304);
+    p = xalloc_full(ctx, s, 2304);
     ck_assert_ptr_eq(p, a);
     ck_assert_uint_eq(bfc_ctx_allocated_size(ctx, p), 4096);
     xfree(ctx, p, s);
-    p = xalloc(ctx, s, 2049);
+    p = xalloc_full(ctx, s, 2049);
     ck_assert_ptr_eq(p, a);
     ck_assert_uint_eq(bfc_ctx_allocated_size(ctx, p), 4096);
     ck_assert_uint_eq(bfc_ctx_requested_size(ctx, p), 2049);
     xfree(ctx, p, s);
-    p = xalloc(ctx, s, 2047);
+    p = xalloc_full(ctx, s, 2047);
     ck_assert_ptr_eq(p, a);
     ck_assert_uint_eq(bfc_ctx_allocated_size(ctx, p), 2048);
     xfree(ctx, p, s);
@@ -418,25 +372,25 @@ START_TEST(test_split_fraction_rule)
     bfc_ctx_t *ctx = ctx_new(&c);
     bfc_stream_t s = pick_stream(ctx, _i);
 
-    void *a = xalloc(ctx, s, 4096);
-    void *g = xalloc(ctx, s, 256);
+    void *a = xalloc_full(ctx, s, 4096);
+    void *g = xalloc_full(ctx, s, 256);
     xfree(ctx, a, s);
 
-    void *p = xalloc(ctx, s, 2304); /* leftover 1792 >= 1024: split */
+    void *p = xalloc_full(ctx, s, 2304); /* leftover 1792 >= 1024: split */
     ck_assert_ptr_eq(p, a);
     ck_assert_uint_eq(bfc_ctx_allocated_size(ctx, p), 2304);
-    void *q = xalloc(ctx, s, 1792);
+    void *q = xalloc_full(ctx, s, 1792);
     ck_assert_ptr_eq(q, cp(a) + 2304);
     ck_assert_uint_eq(bfc_ctx_allocated_size(ctx, q), 1792);
     xfree(ctx, p, s);
     xfree(ctx, q, s);
 
-    p = xalloc(ctx, s, 3072); /* leftover exactly 1024: split */
+    p = xalloc_full(ctx, s, 3072); /* leftover exactly 1024: split */
     ck_assert_ptr_eq(p, a);
     ck_assert_uint_eq(bfc_ctx_allocated_size(ctx, p), 3072);
     xfree(ctx, p, s);
 
-    p = xalloc(ctx, s, 3328); /* leftover 768 < 1024 and 4096 < 6656: no split */
+    p = xalloc_full(ctx, s, 3328); /* leftover 768 < 1024 and 4096 < 6656: no split */
     ck_assert_ptr_eq(p, a);
     ck_assert_uint_eq(bfc_ctx_allocated_size(ctx, p), 4096);
     xfree(ctx, p, s);
@@ -453,25 +407,25 @@ START_TEST(test_split_128mib_rule)
     bfc_ctx_t *ctx = ctx_new(&c);
     bfc_stream_t s = pick_stream(ctx, _i);
 
-    void *a = xalloc(ctx, s, 400 * MiB);
-    void *g = xalloc(ctx, s, 256);
+    void *a = xalloc_full(ctx, s, 400 * MiB);
+    void *g = xalloc_full(ctx, s, 256);
     ck_assert_ptr_eq(g, cp(a) + 400 * MiB);
     xfree(ctx, a, s);
 
-    void *p = xalloc(ctx, s, 260 * MiB); /* 400 < 520, but leftover 140 MiB >= 128 MiB */
+    void *p = xalloc_full(ctx, s, 260 * MiB); /* 400 < 520, but leftover 140 MiB >= 128 MiB */
     ck_assert_ptr_eq(p, a);
     ck_assert_uint_eq(bfc_ctx_allocated_size(ctx, p), 260 * MiB);
-    void *q = xalloc(ctx, s, 100 * MiB); /* the 140 MiB rest: 140 < 200, 40 < 128: whole */
+    void *q = xalloc_full(ctx, s, 100 * MiB); /* the 140 MiB rest: 140 < 200, 40 < 128: whole */
     ck_assert_ptr_eq(q, cp(a) + 260 * MiB);
     ck_assert_uint_eq(bfc_ctx_allocated_size(ctx, q), 140 * MiB);
     xfree(ctx, p, s);
     xfree(ctx, q, s);
 
-    p = xalloc(ctx, s, 272 * MiB + 256); /* leftover 128 MiB - 256: no split */
+    p = xalloc_full(ctx, s, 272 * MiB + 256); /* leftover 128 MiB - 256: no split */
     ck_assert_ptr_eq(p, a);
     ck_assert_uint_eq(bfc_ctx_allocated_size(ctx, p), 400 * MiB);
     xfree(ctx, p, s);
-    p = xalloc(ctx, s, 272 * MiB); /* leftover exactly 128 MiB: split */
+    p = xalloc_full(ctx, s, 272 * MiB); /* leftover exactly 128 MiB: split */
     ck_assert_ptr_eq(p, a);
     ck_assert_uint_eq(bfc_ctx_allocated_size(ctx, p), 272 * MiB);
     xfree(ctx, p, s);
@@ -487,8 +441,8 @@ END_TEST
 static void make_holes(bfc_ctx_t *ctx, bfc_stream_t s, const size_t *sz, size_t n, void **h, void **g)
 {
     for (size_t i = 0; i < n; i++) {
-        h[i] = xalloc(ctx, s, sz[i]);
-        g[i] = xalloc(ctx, s, 256);
+        h[i] = xalloc_full(ctx, s, sz[i]);
+        g[i] = xalloc_full(ctx, s, 256);
         ck_assert_ptr_eq(g[i], cp(h[i]) + sz[i]);
     }
     for (size_t i = 0; i < n; i++)
@@ -512,14 +466,14 @@ START_TEST(test_best_fit_smallest)
     make_holes(ctx, s, sz, 5, h, g);
 
     /* First fit would take h[0] each time; best fit must not. */
-    expect_at(ctx, xalloc(ctx, s, 4352), h[1], 5120);
-    expect_at(ctx, xalloc(ctx, s, 4608), h[3], 5120);
-    expect_at(ctx, xalloc(ctx, s, 4608), h[0], 6144);
-    expect_at(ctx, xalloc(ctx, s, 2048), h[2], 2048);
-    expect_at(ctx, xalloc(ctx, s, 3000), h[4], 3072);
-    expect_at(ctx, xalloc(ctx, s, 5000), cp(h[4]) + 3072, 5120);
+    expect_at(ctx, xalloc_full(ctx, s, 4352), h[1], 5120);
+    expect_at(ctx, xalloc_full(ctx, s, 4608), h[3], 5120);
+    expect_at(ctx, xalloc_full(ctx, s, 4608), h[0], 6144);
+    expect_at(ctx, xalloc_full(ctx, s, 2048), h[2], 2048);
+    expect_at(ctx, xalloc_full(ctx, s, 3000), h[4], 3072);
+    expect_at(ctx, xalloc_full(ctx, s, 5000), cp(h[4]) + 3072, 5120);
     /* All holes used: the next block comes from the free space after the guards. */
-    expect_at(ctx, xalloc(ctx, s, 256), cp(g[4]) + 256, 256);
+    expect_at(ctx, xalloc_full(ctx, s, 256), cp(g[4]) + 256, 256);
     xcheck(ctx);
     ctx_done(ctx, s);
 }
@@ -536,10 +490,10 @@ START_TEST(test_best_fit_within_bin)
     void *h[4], *g[4];
     make_holes(ctx, s, sz, 4, h, g);
 
-    expect_at(ctx, xalloc(ctx, s, 2304), h[3], 2560);  /* not 2048 (too small), not 3840 */
-    expect_at(ctx, xalloc(ctx, s, 2304), h[2], 3840);  /* 3840 < 4608: whole */
-    expect_at(ctx, xalloc(ctx, s, 3000), h[0], 4096);  /* next bin up */
-    expect_at(ctx, xalloc(ctx, s, 1800), h[1], 2048);
+    expect_at(ctx, xalloc_full(ctx, s, 2304), h[3], 2560);  /* not 2048 (too small), not 3840 */
+    expect_at(ctx, xalloc_full(ctx, s, 2304), h[2], 3840);  /* 3840 < 4608: whole */
+    expect_at(ctx, xalloc_full(ctx, s, 3000), h[0], 4096);  /* next bin up */
+    expect_at(ctx, xalloc_full(ctx, s, 1800), h[1], 2048);
     xcheck(ctx);
     ctx_done(ctx, s);
 }
@@ -554,15 +508,15 @@ START_TEST(test_best_fit_lowest_address)
     enum { N = 8 };
     void *h[N], *g[N];
     for (int i = 0; i < N; i++) {
-        h[i] = xalloc(ctx, s, 1024);
-        g[i] = xalloc(ctx, s, 256);
+        h[i] = xalloc_full(ctx, s, 1024);
+        g[i] = xalloc_full(ctx, s, 256);
     }
     static const int order[2][N] = {{5, 2, 7, 0, 3, 6, 1, 4}, {7, 6, 5, 4, 3, 2, 1, 0}};
     for (int round = 0; round < 2; round++) {
         for (int i = 0; i < N; i++)
             xfree(ctx, h[order[round][i]], s);
         for (int i = 0; i < N; i++) {
-            void *p = xalloc(ctx, s, 1000);
+            void *p = xalloc_full(ctx, s, 1000);
             expect_at(ctx, p, h[i], 1024);
         }
     }
@@ -582,10 +536,10 @@ START_TEST(test_best_fit_open_bin)
     void *h[2], *g[2];
     make_holes(ctx, s, sz, 2, h, g);
     /* Free chunks now: 300 MiB, 260 MiB, and about 464 MiB after g[1]. */
-    expect_at(ctx, xalloc(ctx, s, 256 * MiB + 1), h[1], 260 * MiB);
-    expect_at(ctx, xalloc(ctx, s, 270 * MiB), h[0], 300 * MiB);
+    expect_at(ctx, xalloc_full(ctx, s, 256 * MiB + 1), h[1], 260 * MiB);
+    expect_at(ctx, xalloc_full(ctx, s, 270 * MiB), h[0], 300 * MiB);
     /* 464 MiB - 512 for 300 MiB: leftover >= 128 MiB, so it is split. */
-    expect_at(ctx, xalloc(ctx, s, 300 * MiB), cp(g[1]) + 256, 300 * MiB);
+    expect_at(ctx, xalloc_full(ctx, s, 300 * MiB), cp(g[1]) + 256, 300 * MiB);
     xcheck(ctx);
     ctx_done(ctx, s);
 }
@@ -676,9 +630,9 @@ static void coalesce_case(int which, int loop)
     bfc_config_t c = cfg_tf(16 * MiB);
     bfc_ctx_t *ctx = ctx_new(&c);
     bfc_stream_t s = pick_stream(ctx, loop);
-    void *a = xalloc(ctx, s, 1024), *b = xalloc(ctx, s, 1024);
-    void *c3 = xalloc(ctx, s, 1024), *d = xalloc(ctx, s, 1024);
-    void *g = xalloc(ctx, s, 256);
+    void *a = xalloc_full(ctx, s, 1024), *b = xalloc_full(ctx, s, 1024);
+    void *c3 = xalloc_full(ctx, s, 1024), *d = xalloc_full(ctx, s, 1024);
+    void *g = xalloc_full(ctx, s, 256);
     ck_assert_ptr_eq(b, cp(a) + 1024);
     ck_assert_ptr_eq(c3, cp(a) + 2048);
     ck_assert_ptr_eq(d, cp(a) + 3072);
@@ -688,20 +642,20 @@ static void coalesce_case(int which, int loop)
         xfree(ctx, a, s);
         xfree(ctx, c3, s);
         xfree(ctx, b, s);
-        p = xalloc(ctx, s, 3072);
+        p = xalloc_full(ctx, s, 3072);
         expect_at(ctx, p, a, 3072);
         break;
     case 1: /* with the next chunk */
         xfree(ctx, b, s);
         xfree(ctx, a, s);
-        p = xalloc(ctx, s, 2048);
+        p = xalloc_full(ctx, s, 2048);
         expect_at(ctx, p, a, 2048);
         xfree(ctx, c3, s);
         break;
     default: /* with the previous chunk */
         xfree(ctx, a, s);
         xfree(ctx, b, s);
-        p = xalloc(ctx, s, 2048);
+        p = xalloc_full(ctx, s, 2048);
         expect_at(ctx, p, a, 2048);
         xfree(ctx, c3, s);
         break;
@@ -716,7 +670,7 @@ static void coalesce_case(int which, int loop)
     bfc_stats_t x = st(ctx);
     ck_assert_uint_eq(x.bytes_in_use, 0);
     ck_assert_uint_eq(x.largest_free_chunk, 16 * MiB);
-    void *all = xalloc(ctx, s, 16 * MiB);
+    void *all = xalloc_full(ctx, s, 16 * MiB);
     ck_assert_ptr_eq(all, a);
     xfree(ctx, all, s);
     ctx_done(ctx, s);
@@ -752,7 +706,7 @@ START_TEST(test_exercise_coalescing)
     ck_assert_uint_eq(x.peak_bytes_in_use, 0);
     ck_assert_uint_eq(x.largest_alloc_size, 0);
 
-    void *first = xalloc(ctx, s, 1024 * 4);
+    void *first = xalloc_full(ctx, s, 1024 * 4);
     xfree(ctx, first, s);
     x = st(ctx);
     ck_assert_uint_eq(x.num_allocs, 1);
@@ -761,10 +715,10 @@ START_TEST(test_exercise_coalescing)
     ck_assert_uint_eq(x.largest_alloc_size, 4096);
 
     for (int i = 0; i < 1024; i++) {
-        void *t1 = xalloc(ctx, s, 1024 * 4);
-        void *t2 = xalloc(ctx, s, 1048576 * 8);
-        void *t3 = xalloc(ctx, s, 2048 * 8);
-        void *t4 = xalloc(ctx, s, 10485760 * 4);
+        void *t1 = xalloc_full(ctx, s, 1024 * 4);
+        void *t2 = xalloc_full(ctx, s, 1048576 * 8);
+        void *t3 = xalloc_full(ctx, s, 2048 * 8);
+        void *t4 = xalloc_full(ctx, s, 10485760 * 4);
         xfree(ctx, t1, s);
         xfree(ctx, t2, s);
         xfree(ctx, t3, s);
@@ -780,7 +734,7 @@ START_TEST(test_exercise_coalescing)
     ck_assert_uint_eq(x.num_regions, 1);
     ck_assert_uint_eq(x.bytes_reserved, 1 * GiB);
 
-    void *after = xalloc(ctx, s, 1024 * 4);
+    void *after = xalloc_full(ctx, s, 1024 * 4);
     ck_assert_ptr_eq(after, first);
     xfree(ctx, after, s);
     xcheck(ctx);
@@ -805,7 +759,7 @@ START_TEST(test_same_sequence_same_addresses)
         size_t nlive = 0;
         for (int i = 0; i < N; i++) {
             size_t n = 1 + rng_next(&x) % (64 * KiB);
-            run[round][i] = live[nlive++] = xalloc(ctx, s, n);
+            run[round][i] = live[nlive++] = xalloc_full(ctx, s, n);
             if (rng_next(&x) % 3 == 0) { /* free a random live block */
                 size_t k = rng_next(&x) % nlive;
                 xfree(ctx, live[k], s);
@@ -832,7 +786,7 @@ START_TEST(test_same_sequence_same_addresses)
     void *live[N];
     size_t nlive = 0;
     for (int i = 0; i < N; i++) {
-        live[nlive++] = xalloc(ctx, s, 1 + rng_next(&x) % (64 * KiB));
+        live[nlive++] = xalloc_full(ctx, s, 1 + rng_next(&x) % (64 * KiB));
         if (rng_next(&x) % 2 == 0) {
             size_t k = rng_next(&x) % nlive;
             xfree(ctx, live[k], s);
@@ -860,7 +814,7 @@ START_TEST(test_no_dups)
     bfc_stream_t s = pick_stream(ctx, _i);
     void *ptrs[1023];
     for (size_t n = 1; n < 1024; n++)
-        ptrs[n - 1] = xalloc(ctx, s, n);
+        ptrs[n - 1] = xalloc_full(ctx, s, n);
     bfc_stats_t x = st(ctx);
     ck_assert_uint_eq(x.num_allocs, 1023);
     ck_assert_uint_eq(x.bytes_in_use, 654336);
@@ -897,7 +851,7 @@ START_TEST(test_allocations_and_deallocations)
     void *initial[255], *existing[510];
     size_t ne = 0;
     for (int i = 0; i < 255; i++)
-        initial[i] = xalloc(ctx, s, tf_size(&x, MiB));
+        initial[i] = xalloc_full(ctx, s, tf_size(&x, MiB));
     for (int i = 0; i < 255; i++) {
         if (i % 2 == 1)
             xfree(ctx, initial[i], s);
@@ -907,7 +861,7 @@ START_TEST(test_allocations_and_deallocations)
     /* An OOM must not prevent later allocations. */
     expect_oom(ctx, s, GiB + 1);
     for (int i = 0; i < 255; i++)
-        existing[ne++] = xalloc(ctx, s, tf_size(&x, MiB));
+        existing[ne++] = xalloc_full(ctx, s, tf_size(&x, MiB));
     expect_disjoint(ctx, existing, ne);
 
     /* Every block lies in the one region of 1 GiB. */
@@ -941,7 +895,7 @@ START_TEST(test_allocations_with_growth)
     void *initial[9], *existing[18];
     size_t ne = 0;
     for (int i = 0; i < 9; i++) {
-        initial[i] = xalloc(ctx, s, tf_size(&x, 128 * MiB));
+        initial[i] = xalloc_full(ctx, s, tf_size(&x, 128 * MiB));
         ck_assert_uint_le(st(ctx).bytes_reserved, limit);
     }
     for (int i = 0; i < 9; i++) {
@@ -951,7 +905,7 @@ START_TEST(test_allocations_with_growth)
             existing[ne++] = initial[i];
     }
     for (int i = 0; i < 9; i++) {
-        existing[ne++] = xalloc(ctx, s, tf_size(&x, 64 * MiB));
+        existing[ne++] = xalloc_full(ctx, s, tf_size(&x, 64 * MiB));
         ck_assert_uint_le(st(ctx).bytes_reserved, limit);
     }
     expect_disjoint(ctx, existing, ne);
@@ -975,9 +929,9 @@ START_TEST(test_dump)
     void *p[10];
     for (int i = 0; i < 5; i++)
         for (int j = 0; j < 2; j++)
-            p[2 * i + j] = xalloc(ctx, s, (size_t)256 << i);
-    void *a = xalloc(ctx, s, 12345);
-    void *b = xalloc(ctx, s, 777);
+            p[2 * i + j] = xalloc_full(ctx, s, (size_t)256 << i);
+    void *a = xalloc_full(ctx, s, 12345);
+    void *b = xalloc_full(ctx, s, 777);
     xfree(ctx, p[1], s);
     bfc_stats_t before = st(ctx);
 
@@ -1023,7 +977,7 @@ START_TEST(test_snapshot_json)
     bfc_config_t c = cfg_grow(64 * MiB);
     bfc_ctx_t *ctx = ctx_new(&c);
     bfc_stream_t s = pick_stream(ctx, _i);
-    void *a = xalloc(ctx, s, 1 * MiB), *b = xalloc(ctx, s, 3000), *d = xalloc(ctx, s, 4 * MiB);
+    void *a = xalloc_full(ctx, s, 1 * MiB), *b = xalloc_full(ctx, s, 3000), *d = xalloc_full(ctx, s, 4 * MiB);
     xfree(ctx, b, s);
 
     char path[] = "/tmp/test_arena_snapXXXXXX";
@@ -1069,20 +1023,20 @@ START_TEST(test_growth_schedule)
     ck_assert_uint_eq(x.bytes_reserved, 0);
     ck_assert_uint_eq(x.num_regions, 0);
 
-    void *p1 = xalloc(ctx, s, 1 * MiB);
+    void *p1 = xalloc_full(ctx, s, 1 * MiB);
     x = st(ctx);
     ck_assert_uint_eq(x.num_regions, 1);
     ck_assert_uint_eq(x.bytes_reserved, 2 * MiB);
-    void *p2 = xalloc(ctx, s, 1 * MiB);
+    void *p2 = xalloc_full(ctx, s, 1 * MiB);
     ck_assert_ptr_eq(p2, cp(p1) + 1 * MiB);
     x = st(ctx);
     ck_assert_uint_eq(x.num_regions, 1);
     ck_assert_uint_eq(x.bytes_reserved, 2 * MiB);
-    void *p3 = xalloc(ctx, s, 256);
+    void *p3 = xalloc_full(ctx, s, 256);
     x = st(ctx);
     ck_assert_uint_eq(x.num_regions, 2);
     ck_assert_uint_eq(x.bytes_reserved, 6 * MiB);
-    void *p4 = xalloc(ctx, s, 4 * MiB);
+    void *p4 = xalloc_full(ctx, s, 4 * MiB);
     x = st(ctx);
     ck_assert_uint_eq(x.num_regions, 3);
     ck_assert_uint_eq(x.bytes_reserved, 14 * MiB);
@@ -1115,7 +1069,7 @@ START_TEST(test_growth_fills_limit)
     bfc_stream_t s = pick_stream(ctx, _i);
     void *p[128];
     for (int i = 0; i < 128; i++) {
-        p[i] = xalloc(ctx, s, 4 * MiB);
+        p[i] = xalloc_full(ctx, s, 4 * MiB);
         ck_assert_uint_le(st(ctx).bytes_reserved, limit);
     }
     bfc_stats_t x = st(ctx);
@@ -1129,7 +1083,7 @@ START_TEST(test_growth_fills_limit)
     expect_oom(ctx, s, limit - 4 * MiB);
     ck_assert_uint_eq(st(ctx).num_ooms, 2);
     /* Not sticky: what fits in the free chunks is served. */
-    void *q = xalloc(ctx, s, 16 * MiB);
+    void *q = xalloc_full(ctx, s, 16 * MiB);
     xfree(ctx, q, s);
     xfree(ctx, p[127], s);
     xcheck(ctx);
@@ -1144,10 +1098,10 @@ START_TEST(test_growth_capped_by_limit)
     c.large_alloc = 0;
     bfc_ctx_t *ctx = ctx_new(&c);
     bfc_stream_t s = pick_stream(ctx, _i);
-    void *a = xalloc(ctx, s, 2 * MiB);
-    void *b = xalloc(ctx, s, 4 * MiB);
+    void *a = xalloc_full(ctx, s, 2 * MiB);
+    void *b = xalloc_full(ctx, s, 4 * MiB);
     ck_assert_uint_eq(st(ctx).bytes_reserved, 6 * MiB);
-    void *d = xalloc(ctx, s, 4 * MiB); /* the next region would be 8 MiB; 4 remain */
+    void *d = xalloc_full(ctx, s, 4 * MiB); /* the next region would be 8 MiB; 4 remain */
     bfc_stats_t x = st(ctx);
     ck_assert_uint_eq(x.num_regions, 3);
     ck_assert_uint_eq(x.bytes_reserved, 10 * MiB);
@@ -1155,7 +1109,7 @@ START_TEST(test_growth_capped_by_limit)
     expect_oom(ctx, s, 256);
     ck_assert_uint_eq(st(ctx).num_ooms, 1);
     xfree(ctx, a, s);
-    void *e = xalloc(ctx, s, 256); /* not sticky; the only free chunk is a's region */
+    void *e = xalloc_full(ctx, s, 256); /* not sticky; the only free chunk is a's region */
     ck_assert_ptr_eq(e, a);
     ck_assert_uint_eq(st(ctx).bytes_reserved, 10 * MiB);
     xfree(ctx, e, s);
@@ -1173,12 +1127,12 @@ START_TEST(test_growth_backoff)
     c.large_alloc = 0;
     bfc_ctx_t *ctx = ctx_new(&c);
     bfc_stream_t s = pick_stream(ctx, _i);
-    void *a = xalloc(ctx, s, 1 * MiB); /* region of 2 MiB */
+    void *a = xalloc_full(ctx, s, 1 * MiB); /* region of 2 MiB */
     ck_assert_uint_eq(st(ctx).bytes_reserved, 2 * MiB);
     bfc_sim_set_alloc_ceiling(ctx, 5 * MiB);
     uint64_t f0 = bfc_sim_backend_failures(ctx);
     /* Wants a 4 MiB region; 3.6 and 3.24 MiB are refused too; ~2.92 MiB fits. */
-    void *b = xalloc(ctx, s, 2 * MiB);
+    void *b = xalloc_full(ctx, s, 2 * MiB);
     bfc_stats_t x = st(ctx);
     ck_assert_uint_eq(x.num_regions, 2);
     ck_assert_uint_le(x.bytes_reserved, 5 * MiB);
@@ -1210,7 +1164,7 @@ START_TEST(test_growth_backoff_terminates)
     ck_assert_uint_eq(st(ctx).bytes_reserved, 0);
     /* The device recovers: so does the context. */
     bfc_sim_set_alloc_ceiling(ctx, SIZE_MAX);
-    void *p = xalloc(ctx, s, 256);
+    void *p = xalloc_full(ctx, s, 256);
     xfree(ctx, p, s);
     xcheck(ctx);
     ctx_done(ctx, s);
@@ -1229,7 +1183,7 @@ START_TEST(test_growth_release_cycles)
     c.allow_growth = _i == 0;
     bfc_ctx_t *ctx = ctx_new(&c);
     for (int i = 0; i < 200; i++) {
-        void *p = xalloc(ctx, NULL, 1 * MiB);
+        void *p = xalloc_full(ctx, NULL, 1 * MiB);
         bfc_stats_t x = st(ctx);
         ck_assert_uint_le(x.bytes_reserved, limit);
         ck_assert_uint_eq(x.num_regions, 1);
@@ -1269,8 +1223,8 @@ START_TEST(test_no_growth_reserves_at_create)
     ck_assert_uint_eq(x.bytes_in_use, 0);
     uint64_t b0 = bfc_sim_backend_allocs(ctx);
 
-    void *p1 = xalloc(ctx, s, 1 * MiB), *p2 = xalloc(ctx, s, 1 * MiB);
-    void *p3 = xalloc(ctx, s, 256), *p4 = xalloc(ctx, s, 4 * MiB);
+    void *p1 = xalloc_full(ctx, s, 1 * MiB), *p2 = xalloc_full(ctx, s, 1 * MiB);
+    void *p3 = xalloc_full(ctx, s, 256), *p4 = xalloc_full(ctx, s, 4 * MiB);
     expect_at(ctx, p2, cp(p1) + 1 * MiB, 1 * MiB);
     expect_at(ctx, p3, cp(p1) + 2 * MiB, 256);
     expect_at(ctx, p4, cp(p1) + 2 * MiB + 256, 4 * MiB);
@@ -1283,16 +1237,16 @@ START_TEST(test_no_growth_reserves_at_create)
      * TensorFlow's split rule takes the whole tail (58 MiB - 256 B is less
      * than twice 40 MiB, and the 18 MiB left over is under 128 MiB). */
     const size_t tail = limit - (6 * MiB + 256);
-    void *big = xalloc(ctx, s, 40 * MiB);
+    void *big = xalloc_full(ctx, s, 40 * MiB);
     expect_at(ctx, big, cp(p4) + 4 * MiB, tail);
     ck_assert_uint_eq(st(ctx).num_regions, 1);
     expect_oom(ctx, s, 256);
     xfree(ctx, big, s);
     /* It merged back into one free tail, which 16 MiB splits (the tail is
      * at least twice 16 MiB). */
-    big = xalloc(ctx, s, 16 * MiB);
+    big = xalloc_full(ctx, s, 16 * MiB);
     expect_at(ctx, big, cp(p4) + 4 * MiB, 16 * MiB);
-    void *rest = xalloc(ctx, s, tail - 16 * MiB);
+    void *rest = xalloc_full(ctx, s, tail - 16 * MiB);
     expect_at(ctx, rest, cp(big) + 16 * MiB, tail - 16 * MiB);
     xfree(ctx, rest, s);
     xfree(ctx, big, s);
@@ -1302,7 +1256,7 @@ START_TEST(test_no_growth_reserves_at_create)
     xfree(ctx, p3, s);
     xfree(ctx, p4, s);
     /* Emptied, the pool is usable whole. */
-    void *all = xalloc(ctx, s, limit);
+    void *all = xalloc_full(ctx, s, limit);
     ck_assert_ptr_eq(all, p1);
     xfree(ctx, all, s);
     x = st(ctx);
@@ -1322,9 +1276,9 @@ START_TEST(test_tf_one_region)
     bfc_stream_t s = pick_stream(ctx, _i);
     ck_assert_uint_eq(st(ctx).bytes_reserved, 1 * GiB);
     uint64_t b0 = bfc_sim_backend_allocs(ctx);
-    void *p1 = xalloc(ctx, s, 512 * MiB);
-    void *p2 = xalloc(ctx, s, 256 * MiB);
-    void *p3 = xalloc(ctx, s, 256 * MiB);
+    void *p1 = xalloc_full(ctx, s, 512 * MiB);
+    void *p2 = xalloc_full(ctx, s, 256 * MiB);
+    void *p3 = xalloc_full(ctx, s, 256 * MiB);
     ck_assert_ptr_eq(p2, cp(p1) + 512 * MiB);
     ck_assert_ptr_eq(p3, cp(p1) + 768 * MiB);
     bfc_stats_t x = st(ctx);
@@ -1332,12 +1286,12 @@ START_TEST(test_tf_one_region)
     ck_assert_uint_eq(x.bytes_in_use, 1 * GiB);
     expect_oom(ctx, s, 256);
     xfree(ctx, p2, s);
-    void *q = xalloc(ctx, s, 200 * MiB); /* 256 < 400 and 56 < 128: the whole hole */
+    void *q = xalloc_full(ctx, s, 200 * MiB); /* 256 < 400 and 56 < 128: the whole hole */
     expect_at(ctx, q, p2, 256 * MiB);
     xfree(ctx, q, s);
     xfree(ctx, p1, s);
     xfree(ctx, p3, s);
-    void *all = xalloc(ctx, s, 1 * GiB);
+    void *all = xalloc_full(ctx, s, 1 * GiB);
     ck_assert_ptr_eq(all, p1);
     xfree(ctx, all, s);
     ck_assert_uint_eq(bfc_sim_backend_allocs(ctx), b0);
@@ -1353,11 +1307,11 @@ START_TEST(test_large_alloc_own_region)
     bfc_config_t c = cfg_grow(1 * GiB);
     bfc_ctx_t *ctx = ctx_new(&c);
     bfc_stream_t s = pick_stream(ctx, _i);
-    void *small = xalloc(ctx, s, 1 * MiB);
+    void *small = xalloc_full(ctx, s, 1 * MiB);
     ck_assert_uint_eq(st(ctx).bytes_reserved, 2 * MiB);
 
     size_t n = 33 * MiB + 1;
-    void *big = xalloc(ctx, s, n);
+    void *big = xalloc_full(ctx, s, n);
     bfc_stats_t x = st(ctx);
     ck_assert_uint_eq(x.num_regions, 2);
     ck_assert_uint_eq(x.bytes_reserved, 2 * MiB + 34 * MiB); /* rounded to 2 MiB */
@@ -1367,7 +1321,7 @@ START_TEST(test_large_alloc_own_region)
     memset(big, 0x11, 4096);
     memset(cp(big) + n - 4096, 0x22, 4096);
     /* Small requests keep coming from the small region. */
-    void *s2 = xalloc(ctx, s, 1 * MiB);
+    void *s2 = xalloc_full(ctx, s, 1 * MiB);
     ck_assert_ptr_eq(s2, cp(small) + 1 * MiB);
 
     xfree(ctx, big, s);
@@ -1382,7 +1336,7 @@ START_TEST(test_large_alloc_own_region)
     xcheck(ctx);
 
     /* Exactly large_alloc is large. */
-    void *exact = xalloc(ctx, s, 32 * MiB);
+    void *exact = xalloc_full(ctx, s, 32 * MiB);
     ck_assert_uint_eq(bfc_ctx_allocated_size(ctx, exact), 32 * MiB);
     x = st(ctx);
     ck_assert_uint_eq(x.num_regions, 2);
@@ -1394,7 +1348,7 @@ START_TEST(test_large_alloc_own_region)
 
     /* Just below large_alloc is not: an arena region (doubling 4 -> 32 MiB),
      * kept by the arena after the free. */
-    void *below = xalloc(ctx, s, 32 * MiB - 256);
+    void *below = xalloc_full(ctx, s, 32 * MiB - 256);
     x = st(ctx);
     ck_assert_uint_eq(x.num_regions, 2);
     ck_assert_uint_eq(x.bytes_reserved, 34 * MiB);
@@ -1421,8 +1375,8 @@ START_TEST(test_large_alloc_off)
     c.large_alloc = 0;
     bfc_ctx_t *ctx = ctx_new(&c);
     bfc_stream_t s = pick_stream(ctx, _i);
-    void *small = xalloc(ctx, s, 1 * MiB); /* region 2 MiB; next would be 4 */
-    void *big = xalloc(ctx, s, 33 * MiB);  /* doubles 4 -> 64 MiB */
+    void *small = xalloc_full(ctx, s, 1 * MiB); /* region 2 MiB; next would be 4 */
+    void *big = xalloc_full(ctx, s, 33 * MiB);  /* doubles 4 -> 64 MiB */
     bfc_stats_t x = st(ctx);
     ck_assert_uint_eq(x.num_regions, 2);
     ck_assert_uint_eq(x.bytes_reserved, 66 * MiB);
@@ -1446,8 +1400,8 @@ static void gc_case(bool gc, int loop)
     c.garbage_collection = gc;
     bfc_ctx_t *ctx = ctx_new(&c);
     bfc_stream_t s = pick_stream(ctx, loop);
-    void *a = xalloc(ctx, s, 2 * MiB);
-    void *b = xalloc(ctx, s, 4 * MiB);
+    void *a = xalloc_full(ctx, s, 2 * MiB);
+    void *b = xalloc_full(ctx, s, 4 * MiB);
     ck_assert_uint_eq(st(ctx).bytes_reserved, 6 * MiB);
     xfree(ctx, a, s);
     xfree(ctx, b, s);
@@ -1457,7 +1411,7 @@ static void gc_case(bool gc, int loop)
         ck_assert_uint_eq(st(ctx).num_regions, 2);
         ck_assert_uint_eq(st(ctx).bytes_reserved, 6 * MiB);
     } else {
-        void *p = xalloc(ctx, s, 6 * MiB);
+        void *p = xalloc_full(ctx, s, 6 * MiB);
         bfc_stats_t x = st(ctx);
         ck_assert_uint_eq(x.num_regions, 1);
         ck_assert_uint_eq(x.bytes_reserved, 8 * MiB);
@@ -1491,7 +1445,7 @@ START_TEST(test_gc_large_after_free)
     bfc_stream_t s = pick_stream(ctx, _i);
     void *p[128];
     for (int i = 0; i < 128; i++)
-        p[i] = xalloc(ctx, s, 4 * MiB);
+        p[i] = xalloc_full(ctx, s, 4 * MiB);
     ck_assert_uint_eq(st(ctx).bytes_reserved, limit);
     for (int i = 0; i < 127; i++)
         xfree(ctx, p[i], s);
@@ -1506,7 +1460,7 @@ START_TEST(test_gc_large_after_free)
     ck_assert_uint_eq(bfc_ctx_requested_size(ctx, p[127]), 4 * MiB);
     xcheck(ctx);
     xfree(ctx, p[127], s);
-    void *big = xalloc(ctx, s, limit - 4 * MiB);
+    void *big = xalloc_full(ctx, s, limit - 4 * MiB);
     ck_assert_uint_le(st(ctx).bytes_reserved, limit);
     xfree(ctx, big, s);
     xcheck(ctx);
@@ -1519,8 +1473,8 @@ START_TEST(test_trim)
     bfc_config_t c = cfg_grow(1 * GiB);
     bfc_ctx_t *ctx = ctx_new(&c);
     bfc_stream_t s = pick_stream(ctx, _i);
-    void *p1 = xalloc(ctx, s, 1 * MiB), *p2 = xalloc(ctx, s, 1 * MiB);
-    void *p3 = xalloc(ctx, s, 256), *p4 = xalloc(ctx, s, 4 * MiB);
+    void *p1 = xalloc_full(ctx, s, 1 * MiB), *p2 = xalloc_full(ctx, s, 1 * MiB);
+    void *p3 = xalloc_full(ctx, s, 256), *p4 = xalloc_full(ctx, s, 4 * MiB);
     ck_assert_uint_eq(st(ctx).bytes_reserved, 14 * MiB);
 
     xfree(ctx, p4, s); /* the 8 MiB region is now fully free */
@@ -1550,7 +1504,7 @@ START_TEST(test_trim)
     ck_assert_uint_eq(x.num_regions, 0);
     xcheck(ctx);
     /* And the context still works. */
-    void *q = xalloc(ctx, s, 3 * MiB);
+    void *q = xalloc_full(ctx, s, 3 * MiB);
     ck_assert_uint_gt(st(ctx).bytes_reserved, 0);
     xfree(ctx, q, s);
     xcheck(ctx);
@@ -1564,17 +1518,17 @@ START_TEST(test_oom_not_sticky)
     bfc_config_t c = cfg_tf(64 * MiB);
     bfc_ctx_t *ctx = ctx_new(&c);
     bfc_stream_t s = pick_stream(ctx, _i);
-    void *a = xalloc(ctx, s, 32 * MiB); /* split: the other 32 MiB stay free */
+    void *a = xalloc_full(ctx, s, 32 * MiB); /* split: the other 32 MiB stay free */
     ck_assert_uint_eq(bfc_ctx_allocated_size(ctx, a), 32 * MiB);
     for (int i = 0; i < 3; i++) {
         expect_oom(ctx, s, 48 * MiB);
         ck_assert_uint_eq(st(ctx).num_ooms, (uint64_t)i + 1);
-        void *b = xalloc(ctx, s, 8 * MiB);
+        void *b = xalloc_full(ctx, s, 8 * MiB);
         ck_assert_int_eq(bfc_last_error(), BFC_OK);
         xfree(ctx, b, s);
     }
     xfree(ctx, a, s);
-    void *d = xalloc(ctx, s, 64 * MiB);
+    void *d = xalloc_full(ctx, s, 64 * MiB);
     xfree(ctx, d, s);
     xcheck(ctx);
     ctx_done(ctx, s);
@@ -1589,7 +1543,7 @@ START_TEST(test_free_null)
     bfc_ctx_t *ctx = ctx_new(&c);
     bfc_stream_t s = pick_stream(ctx, _i);
     ck_assert_int_eq(bfc_ctx_free(ctx, NULL, s), BFC_OK);
-    void *p = xalloc(ctx, s, 1000);
+    void *p = xalloc_full(ctx, s, 1000);
     bfc_stats_t a = st(ctx);
     ck_assert_int_eq(bfc_ctx_free(ctx, NULL, s), BFC_OK);
     bfc_stats_t b = st(ctx);
@@ -1606,8 +1560,8 @@ START_TEST(test_free_foreign)
     bfc_ctx_t *ctx = ctx_new(&c);
     bfc_ctx_t *other = ctx_new(&c);
     bfc_stream_t s = pick_stream(ctx, _i);
-    void *mine = xalloc(ctx, s, 1024);
-    void *theirs = xalloc(other, NULL, 1024);
+    void *mine = xalloc_full(ctx, s, 1024);
+    void *theirs = xalloc_full(other, NULL, 1024);
     char on_stack[1024];
     void *heap = aligned_alloc(256, 4096);
     ck_assert_ptr_nonnull(heap);
@@ -1640,8 +1594,8 @@ START_TEST(test_free_interior)
     bfc_config_t c = cfg_tf(16 * MiB);
     bfc_ctx_t *ctx = ctx_new(&c);
     bfc_stream_t s = pick_stream(ctx, _i);
-    void *p = xalloc(ctx, s, 1024);
-    void *q = xalloc(ctx, s, 1024);
+    void *p = xalloc_full(ctx, s, 1024);
+    void *q = xalloc_full(ctx, s, 1024);
     const size_t offs[] = {1, 8, 255, 256, 512, 768, 1023};
     for (size_t k = 0; k < sizeof offs / sizeof offs[0]; k++) {
         expect_bad_free(ctx, cp(p) + offs[k], s, BFC_ENOTOWNED);
@@ -1664,8 +1618,8 @@ START_TEST(test_double_free)
     bfc_config_t c = cfg_tf(16 * MiB);
     bfc_ctx_t *ctx = ctx_new(&c);
     bfc_stream_t s = pick_stream(ctx, _i);
-    void *a = xalloc(ctx, s, 1024), *b = xalloc(ctx, s, 1024), *g = xalloc(ctx, s, 256);
-    void *d = xalloc(ctx, s, 1024);
+    void *a = xalloc_full(ctx, s, 1024), *b = xalloc_full(ctx, s, 1024), *g = xalloc_full(ctx, s, 256);
+    void *d = xalloc_full(ctx, s, 1024);
     /* b between live neighbours: its chunk stays as it was. */
     xfree(ctx, b, s);
     expect_bad_free(ctx, b, s, BFC_EDOUBLEFREE);
@@ -1676,7 +1630,7 @@ START_TEST(test_double_free)
     expect_bad_free(ctx, d, s, BFC_EDOUBLEFREE);
     ck_assert_uint_eq(st(ctx).num_frees, 2);
     /* The freed memory is served again, once. */
-    void *b2 = xalloc(ctx, s, 1024);
+    void *b2 = xalloc_full(ctx, s, 1024);
     ck_assert_ptr_eq(b2, b);
     xfree(ctx, b2, s);
     xfree(ctx, a, s);
@@ -1692,12 +1646,12 @@ START_TEST(test_double_free_after_merge)
     bfc_config_t c = cfg_tf(16 * MiB);
     bfc_ctx_t *ctx = ctx_new(&c);
     bfc_stream_t s = pick_stream(ctx, _i);
-    void *a = xalloc(ctx, s, 1024), *b = xalloc(ctx, s, 1024), *g = xalloc(ctx, s, 256);
+    void *a = xalloc_full(ctx, s, 1024), *b = xalloc_full(ctx, s, 1024), *g = xalloc_full(ctx, s, 256);
     xfree(ctx, a, s);
     xfree(ctx, b, s); /* b's chunk is now the back half of a's */
     expect_bad_free(ctx, b, s, BFC_EDOUBLEFREE);
     expect_bad_free(ctx, a, s, BFC_EDOUBLEFREE);
-    void *m = xalloc(ctx, s, 2048);
+    void *m = xalloc_full(ctx, s, 2048);
     ck_assert_ptr_eq(m, a);
     xfree(ctx, m, s);
     xfree(ctx, g, s);
@@ -1712,7 +1666,7 @@ START_TEST(test_free_never_returned_in_region)
     bfc_config_t c = cfg_tf(16 * MiB);
     bfc_ctx_t *ctx = ctx_new(&c);
     bfc_stream_t s = pick_stream(ctx, _i);
-    void *a = xalloc(ctx, s, 1024);
+    void *a = xalloc_full(ctx, s, 1024);
     const size_t offs[] = {1024, 1024 + 256, 4096, 1 * MiB, 16 * MiB - 256};
     for (size_t k = 0; k < sizeof offs / sizeof offs[0]; k++) {
         void *p = cp(a) + offs[k];
@@ -1725,7 +1679,7 @@ START_TEST(test_free_never_returned_in_region)
         xcheck(ctx);
     }
     /* The free space is intact: all of it but a can still be had at once. */
-    void *rest = xalloc(ctx, s, 16 * MiB - 1024);
+    void *rest = xalloc_full(ctx, s, 16 * MiB - 1024);
     ck_assert_ptr_eq(rest, cp(a) + 1024);
     xfree(ctx, rest, s);
     xfree(ctx, a, s);
@@ -1750,7 +1704,7 @@ START_TEST(test_introspection)
     uint64_t x = 99;
     for (int i = 0; i < N; i++) {
         size_t n = 1 + rng_next(&x) % (64 * KiB);
-        void *p = xalloc(ctx, s, n);
+        void *p = xalloc_full(ctx, s, n);
         int64_t id = bfc_ctx_allocation_id(ctx, p);
         ck_assert_msg(id > last, "allocation id %lld after %lld", (long long)id, (long long)last);
         last = id;
@@ -1820,7 +1774,7 @@ START_TEST(test_stats_exact)
     ck_assert_uint_eq(x.num_remote_frees, 0);
     ck_assert_uint_eq(x.num_pending_frees, 0);
 
-    void *a = xalloc(ctx, s, 1000);
+    void *a = xalloc_full(ctx, s, 1000);
     x = st(ctx);
     ck_assert_uint_eq(x.num_allocs, 1);
     ck_assert_uint_eq(x.bytes_in_use, 1024);
@@ -1830,7 +1784,7 @@ START_TEST(test_stats_exact)
     ck_assert_uint_eq(x.bytes_in_use + x.bytes_free, limit);
     ck_assert_uint_eq(x.largest_free_chunk, limit - 1024);
 
-    void *b = xalloc(ctx, s, 5120);
+    void *b = xalloc_full(ctx, s, 5120);
     x = st(ctx);
     ck_assert_uint_eq(x.num_allocs, 2);
     ck_assert_uint_eq(x.bytes_in_use, 6144);
@@ -1846,7 +1800,7 @@ START_TEST(test_stats_exact)
     ck_assert_uint_eq(x.peak_bytes_in_use, 6144);
     ck_assert_uint_eq(x.bytes_in_use + x.bytes_free, limit);
 
-    void *d = xalloc(ctx, s, 100); /* into a's hole, split */
+    void *d = xalloc_full(ctx, s, 100); /* into a's hole, split */
     ck_assert_ptr_eq(d, a);
     x = st(ctx);
     ck_assert_uint_eq(x.bytes_in_use, 5376);
@@ -1859,7 +1813,7 @@ START_TEST(test_stats_exact)
     ck_assert_uint_eq(x.peak_bytes_reserved, limit);
     ck_assert_uint_eq(x.num_allocs, 3); /* counters are not peaks */
 
-    void *e = xalloc(ctx, s, 2 * MiB);
+    void *e = xalloc_full(ctx, s, 2 * MiB);
     x = st(ctx);
     ck_assert_uint_eq(x.peak_bytes_in_use, 5376 + 2 * MiB);
     ck_assert_uint_eq(x.largest_alloc_size, 2 * MiB);
@@ -1901,14 +1855,14 @@ START_TEST(test_contents_preserved)
     uint64_t x = 5;
     for (int i = 0; i < N; i++) {
         n[i] = 1 + rng_next(&x) % (300 * KiB);
-        p[i] = xalloc(ctx, s, n[i]);
+        p[i] = xalloc_full(ctx, s, n[i]);
         /* Fill the whole chunk: it is ours up to allocated_size. */
         memset(p[i], (unsigned char)i, bfc_ctx_allocated_size(ctx, p[i]));
     }
     for (int i = 0; i < N; i += 2) {
         xfree(ctx, p[i], s);
         n[i] = 1 + rng_next(&x) % (300 * KiB);
-        p[i] = xalloc(ctx, s, n[i]);
+        p[i] = xalloc_full(ctx, s, n[i]);
         memset(p[i], (unsigned char)i, bfc_ctx_allocated_size(ctx, p[i]));
     }
     for (int i = 0; i < N; i++) {
@@ -1975,9 +1929,5 @@ static Suite *arena_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(arena_suite());
-    srunner_run_all(sr, CK_ENV);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return run_suite(arena_suite());
 }

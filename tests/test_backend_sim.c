@@ -6,6 +6,9 @@
  * the public API, that a handle SIM never made or has destroyed is refused
  * by every call that names a stream.
  */
+#define BFC_TESTUTIL_NO_CTX
+#include "testutil.h"
+
 #include "backend.h"
 #include "meta.h"
 
@@ -31,14 +34,6 @@ static bfc__backend_t *open_sim(void)
     bfc_config_init(&cfg);
     cfg.backend = BFC_BACKEND_SIM;
     return open_sim_cfg(&cfg);
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 START_TEST(test_identity)

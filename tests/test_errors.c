@@ -6,6 +6,9 @@
  * BFC_ERRNO_MAP), so a table edit that changes a public name or value shows
  * up here as a failure that someone has to acknowledge.
  */
+#define BFC_TESTUTIL_NO_CTX
+#include "testutil.h"
+
 #include "internal.h"
 
 #include <check.h>
@@ -199,9 +202,5 @@ static Suite *errors_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(errors_suite());
-    srunner_run_all(sr, CK_ENV);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return run_suite(errors_suite());
 }

@@ -22,6 +22,8 @@
  *   - once the fault stops the allocator serves again.
  * A threaded variant runs two workloads on one context at once.
  */
+#include "testutil.h"
+
 #include <shardbfc.h>
 #include <shardbfc_sim.h>
 
@@ -32,8 +34,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define KiB ((size_t)1 << 10)
-#define MiB ((size_t)1 << 20)
 
 /* ------------------------------------------------------------ helpers */
 
@@ -46,28 +46,6 @@ static bfc_config_t cfg_sim(size_t limit)
     c.initial_region = 1 * MiB;
     c.large_alloc = 2 * MiB;
     return c;
-}
-
-static bfc_ctx_t *ctx_new(const bfc_config_t *c)
-{
-    bfc_ctx_t *ctx = NULL;
-    int rc = bfc_ctx_create(c, &ctx);
-    ck_assert_msg(rc == BFC_OK, "bfc_ctx_create: %s", bfc_err_name(rc));
-    return ctx;
-}
-
-static bfc_stats_t st(bfc_ctx_t *ctx)
-{
-    bfc_stats_t s;
-    ck_assert_int_eq(bfc_ctx_stats(ctx, &s), BFC_OK);
-    return s;
-}
-
-static void xcheck(bfc_ctx_t *ctx)
-{
-    char buf[1024] = "";
-    int rc = bfc_ctx_check_report(ctx, buf, sizeof buf);
-    ck_assert_msg(rc == BFC_OK, "bfc_ctx_check: %s: %s", bfc_err_name(rc), buf);
 }
 
 static uint64_t rnd(uint64_t *x)

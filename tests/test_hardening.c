@@ -31,6 +31,8 @@
  * library and of liburcu around fork(), so no lock a parent thread held is
  * inherited locked.
  */
+#include "testutil.h"
+
 #include <shardbfc.h>
 #include <shardbfc_sim.h>
 
@@ -51,9 +53,6 @@
 
 #include "ctx.h" /* white-box: the debug_check test corrupts a statistic */
 
-#define KiB ((size_t)1 << 10)
-#define MiB ((size_t)1 << 20)
-#define GiB ((size_t)1 << 30)
 #define LIMIT (64 * MiB)
 
 #if defined(__SANITIZE_THREAD__)
@@ -87,29 +86,6 @@ static bfc_config_t cfg_sim(size_t limit)
     return c;
 }
 
-static bfc_ctx_t *ctx_new(const bfc_config_t *c)
-{
-    bfc_ctx_t *ctx = NULL;
-    int rc = bfc_ctx_create(c, &ctx);
-    ck_assert_msg(rc == BFC_OK, "bfc_ctx_create: %s", bfc_err_name(rc));
-    return ctx;
-}
-
-static bfc_stats_t st(bfc_ctx_t *ctx)
-{
-    bfc_stats_t s;
-    memset(&s, 0xA5, sizeof s);
-    ck_assert_int_eq(bfc_ctx_stats(ctx, &s), BFC_OK);
-    return s;
-}
-
-static void xcheck(bfc_ctx_t *ctx)
-{
-    char buf[1024] = "";
-    int rc = bfc_ctx_check_report(ctx, buf, sizeof buf);
-    ck_assert_msg(rc == BFC_OK, "bfc_ctx_check: %s: %s", bfc_err_name(rc), buf);
-}
-
 /* Index of the first byte of m[0..n) that is not b, or n.  (One assertion
  * per block, not per byte: Check reports every assertion to its parent.) */
 static size_t diff_at(const void *m, unsigned char b, size_t n)
@@ -119,19 +95,6 @@ static size_t diff_at(const void *m, unsigned char b, size_t n)
     while (i < n && c[i] == b)
         i++;
     return i;
-}
-
-static void *xalloc(bfc_ctx_t *ctx, bfc_stream_t s, size_t n)
-{
-    void *p = bfc_ctx_alloc(ctx, s, n);
-    ck_assert_msg(p != NULL, "alloc(%zu): %s", n, bfc_err_name(bfc_last_error()));
-    return p;
-}
-
-static void xfree(bfc_ctx_t *ctx, void *p, bfc_stream_t s)
-{
-    int rc = bfc_ctx_free(ctx, p, s);
-    ck_assert_msg(rc == BFC_OK, "free(%p): %s", p, bfc_err_name(rc));
 }
 
 /* -------------------------------------------------- the populated world */
@@ -1071,13 +1034,6 @@ struct fblock {
     bfc_ctx_t *ctx;
     bfc_stream_t s; /* allocated on (perhaps released since) */
 };
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 /*
  * The sanitizer gate.  GCC 12's sanitizer runtimes do not hold their own

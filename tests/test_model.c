@@ -26,6 +26,8 @@
  * Hot-loop checks call ck_assert only on failure (Check's ck_assert records
  * a mark point per call, far too slow for millions of checks).
  */
+#include "testutil.h"
+
 #include <shardbfc.h>
 #include <shardbfc_sim.h>
 
@@ -35,33 +37,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define KiB ((size_t)1 << 10)
-#define MiB ((size_t)1 << 20)
-
-/* Fails the test with a message only when cond is false. */
-#define REQUIRE(cond, ...)                                                                         \
-    do {                                                                                           \
-        if (!(cond))                                                                               \
-            ck_abort_msg(__VA_ARGS__);                                                             \
-    } while (0)
-
-static size_t r256(size_t n)
-{
-    return (n + 255) & ~(size_t)255;
-}
 
 /* splitmix64: tiny, fast, and well mixed for deriving patterns from ids. */
-static uint64_t mix64(uint64_t z)
-{
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-static uint64_t rng_next(uint64_t *x)
-{
-    return mix64(*x += 0x9E3779B97F4A7C15ull);
-}
 
 /*
  * Sizes: mostly log-uniform over 256 B .. 1 MiB (a uniform octave, then
@@ -85,15 +62,6 @@ static size_t pick_size(uint64_t *x, unsigned max_octave)
     }
     unsigned k = 8 + (unsigned)(rng_next(x) % span);
     return ((size_t)1 << k) + (size_t)(rng_next(x) % ((size_t)1 << k));
-}
-
-static bfc_ctx_t *ctx_new(const bfc_config_t *cfg)
-{
-    bfc_ctx_t *ctx = NULL;
-    int rc = bfc_ctx_create(cfg, &ctx);
-    ck_assert_msg(rc == BFC_OK, "bfc_ctx_create: %s", bfc_err_name(rc));
-    ck_assert_ptr_nonnull(ctx);
-    return ctx;
 }
 
 static void check_ctx(bfc_ctx_t *ctx, uint64_t seed, long op)
@@ -639,9 +607,5 @@ static Suite *model_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(model_suite());
-    srunner_run_all(sr, CK_ENV);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return run_suite(model_suite());
 }

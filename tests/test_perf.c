@@ -11,6 +11,9 @@
  * with a context per thread, the counted arena loop among fragments, the
  * single lock's pair op, the baselines.  No timing is asserted anywhere.
  */
+#define BFC_TESTUTIL_NO_CTX
+#include "testutil.h"
+
 #include <check.h>
 #include <math.h>
 #include <stdlib.h>
@@ -21,14 +24,8 @@
 #include "perf.h"
 #include "perfutil.h"
 
-/* Check's ck_assert writes a mark point to its pipe on every call, which
- * costs a system call; the loops over hundreds of thousands of samples
- * below test with this instead (it reports only when it fails). */
-#define FAST_ASSERT(c)                                                         \
-    do {                                                                       \
-        if (!(c))                                                              \
-            ck_abort_msg("%s:%d: assertion failed: %s", __FILE__, __LINE__, #c); \
-    } while (0)
+/* The loops over hundreds of thousands of samples below test with
+ * FAST_ASSERT (testutil.h), which calls into Check only when it fails. */
 
 /* ------------------------------------------------------------ histogram */
 

@@ -92,6 +92,8 @@
  * faults (~10 s in all); SHARDBFC_STRESS=long (`make stress`) runs 6 seeds
  * x 12000 operations, and 4 x 8000 under faults (a few minutes).
  */
+#include "testutil.h"
+
 #include <shardbfc.h>
 #include <shardbfc_sim.h>
 
@@ -108,78 +110,15 @@
 #include <string.h>
 #include <time.h>
 
-#define KiB ((size_t)1 << 10)
-#define MiB ((size_t)1 << 20)
 
 static bool g_long; /* SHARDBFC_STRESS=long */
 
 /* ------------------------------------------------------------- helpers */
 
-static bfc_ctx_t *ctx_spec(const char *spec)
-{
-    bfc_config_t c;
-    bfc_config_init(&c);
-    c.backend = BFC_BACKEND_SIM;
-    int rc = bfc_config_parse(&c, spec);
-    ck_assert_msg(rc == BFC_OK, "bfc_config_parse(\"%s\"): %s", spec, bfc_err_name(rc));
-    bfc_ctx_t *ctx = NULL;
-    rc = bfc_ctx_create(&c, &ctx);
-    ck_assert_msg(rc == BFC_OK, "bfc_ctx_create(\"%s\"): %s", spec, bfc_err_name(rc));
-    ck_assert_ptr_nonnull(ctx);
-    return ctx;
-}
-
-static bfc_stream_t new_stream(bfc_ctx_t *ctx)
-{
-    bfc_stream_t s = bfc_sim_stream_create(ctx);
-    ck_assert_ptr_nonnull(s);
-    return s;
-}
-
 static bool overlaps(const void *a, size_t an, const void *b, size_t bn)
 {
     uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
     return x < y + bn && y < x + an;
-}
-
-static void *xalloc(bfc_ctx_t *ctx, bfc_stream_t s, size_t n)
-{
-    void *p = bfc_ctx_alloc(ctx, s, n);
-    ck_assert_msg(p != NULL, "alloc(%zu) failed: %s", n, bfc_err_name(bfc_last_error()));
-    ck_assert_uint_eq((uintptr_t)p % 256, 0);
-    return p;
-}
-
-static void xfree(bfc_ctx_t *ctx, void *p, bfc_stream_t s)
-{
-    int rc = bfc_ctx_free(ctx, p, s);
-    ck_assert_msg(rc == BFC_OK, "free(%p): %s", p, bfc_err_name(rc));
-}
-
-static bfc_stats_t st(bfc_ctx_t *ctx)
-{
-    bfc_stats_t s;
-    memset(&s, 0xA5, sizeof s);
-    int rc = bfc_ctx_stats(ctx, &s);
-    ck_assert_msg(rc == BFC_OK, "bfc_ctx_stats: %s", bfc_err_name(rc));
-    return s;
-}
-
-static bfc_stats_t sst(bfc_ctx_t *ctx, bfc_stream_t s)
-{
-    bfc_stats_t o;
-    memset(&o, 0xA5, sizeof o);
-    int rc = bfc_ctx_stream_stats(ctx, s, &o);
-    ck_assert_msg(rc == BFC_OK, "bfc_ctx_stream_stats: %s", bfc_err_name(rc));
-    return o;
-}
-
-static void xcheck(bfc_ctx_t *ctx)
-{
-    char buf[1024];
-    buf[0] = '\0';
-    int rc = bfc_ctx_check_report(ctx, buf, sizeof buf);
-    ck_assert_msg(rc == BFC_OK, "bfc_ctx_check_report: %s: %s", bfc_err_name(rc), buf);
 }
 
 /* Touches the first and last page of [p, p+n): the memory is host memory on
@@ -189,14 +128,6 @@ static void touch(void *p, size_t n, int v)
     size_t k = n < 4096 ? n : 4096;
     memset(p, v, k);
     memset((char *)p + n - k, v, k);
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    if (clock_gettime(CLOCK_MONOTONIC, &ts) != 0)
-        return 0.0;
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 /* ---------------------------------------------- 1. named reproductions */

@@ -21,6 +21,8 @@
  * The fork test relies on Check's default CK_FORK mode only in that the test
  * body may fork again; the grandchild always leaves with _exit.
  */
+#include "testutil.h"
+
 #include <shardbfc.h>
 #include <shardbfc_sim.h>
 
@@ -37,18 +39,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#define KiB ((size_t)1 << 10)
-#define MiB ((size_t)1 << 20)
 
-/* ThreadSanitizer builds: busy-wait loops are ~100x slower and fork is
- * unsupported in a multithreaded process (see the fork test). */
-#if defined(__SANITIZE_THREAD__)
-#define BFC_TEST_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define BFC_TEST_TSAN 1
-#endif
-#endif
+/* ThreadSanitizer builds (testutil.h): busy-wait loops are ~100x slower
+ * and fork is unsupported in a multithreaded process (see the fork test). */
 #ifdef BFC_TEST_TSAN
 #define SPIN_ITERS 300
 #else
@@ -72,66 +65,10 @@ static bfc_config_t cfg_grow(size_t limit)
     return c;
 }
 
-static bfc_ctx_t *ctx_new(const bfc_config_t *cfg)
-{
-    bfc_ctx_t *ctx = NULL;
-    int rc = bfc_ctx_create(cfg, &ctx);
-    ck_assert_msg(rc == BFC_OK, "bfc_ctx_create: %s", bfc_err_name(rc));
-    ck_assert_ptr_nonnull(ctx);
-    return ctx;
-}
-
 static bfc_ctx_t *ctx_default(void)
 {
     bfc_config_t c = cfg_grow(256 * MiB);
     return ctx_new(&c);
-}
-
-static bfc_stream_t new_stream(bfc_ctx_t *ctx)
-{
-    bfc_stream_t s = bfc_sim_stream_create(ctx);
-    ck_assert_ptr_nonnull(s);
-    return s;
-}
-
-static bfc_stats_t st(bfc_ctx_t *ctx)
-{
-    bfc_stats_t s;
-    memset(&s, 0xA5, sizeof s);
-    int rc = bfc_ctx_stats(ctx, &s);
-    ck_assert_msg(rc == BFC_OK, "bfc_ctx_stats: %s", bfc_err_name(rc));
-    return s;
-}
-
-static bfc_stats_t sst(bfc_ctx_t *ctx, bfc_stream_t s)
-{
-    bfc_stats_t o;
-    memset(&o, 0xA5, sizeof o);
-    int rc = bfc_ctx_stream_stats(ctx, s, &o);
-    ck_assert_msg(rc == BFC_OK, "bfc_ctx_stream_stats(%p): %s", (void *)s, bfc_err_name(rc));
-    return o;
-}
-
-static void xcheck(bfc_ctx_t *ctx)
-{
-    char buf[1024];
-    buf[0] = '\0';
-    int rc = bfc_ctx_check_report(ctx, buf, sizeof buf);
-    ck_assert_msg(rc == BFC_OK, "bfc_ctx_check_report: %s: %s", bfc_err_name(rc), buf);
-}
-
-static void *xalloc(bfc_ctx_t *ctx, bfc_stream_t s, size_t n)
-{
-    void *p = bfc_ctx_alloc(ctx, s, n);
-    ck_assert_msg(p != NULL, "alloc(%p, %zu) failed: %s", (void *)s, n, bfc_err_name(bfc_last_error()));
-    ck_assert_msg(((uintptr_t)p & 255) == 0, "alloc(%zu) = %p not 256-byte aligned", n, p);
-    return p;
-}
-
-static void xfree(bfc_ctx_t *ctx, void *p, bfc_stream_t s)
-{
-    int rc = bfc_ctx_free(ctx, p, s);
-    ck_assert_msg(rc == BFC_OK, "free(%p, %p): %s", p, (void *)s, bfc_err_name(rc));
 }
 
 /* A rejected free: the status, and no statistic moves. */
@@ -1266,9 +1203,5 @@ static Suite *shards_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(shards_suite());
-    srunner_run_all(sr, CK_ENV);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return run_suite(shards_suite());
 }

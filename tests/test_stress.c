@@ -28,6 +28,8 @@
  * BFC_OK.  Short mode (default, `make check`) runs ~2 s; SHARDBFC_STRESS=long
  * (`make stress`) runs ~60 s.  A one-line summary is printed.
  */
+#include "testutil.h"
+
 #include <shardbfc.h>
 #include <shardbfc_sim.h>
 
@@ -41,8 +43,6 @@
 #include <string.h>
 #include <time.h>
 
-#define KiB ((size_t)1 << 10)
-#define MiB ((size_t)1 << 20)
 
 enum {
     NWORK = 8,
@@ -76,21 +76,6 @@ __attribute__((format(printf, 1, 2))) static void stress_fail(const char *fmt, .
     }
     pthread_mutex_unlock(&g_why_lock);
     atomic_store(&g_stop, true);
-}
-
-static uint64_t rng_next(uint64_t *x)
-{
-    uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 /* A size: mostly small, some medium, rarely large (up to 1 MiB, which

@@ -1,0 +1,813 @@
+/*
+ * test_pool.c -- the region pool alone (src/pool.c), driven through its own
+ * API on a SIM backend with no context around it: segments from the backend
+ * (growth) or one reservation of the limit (no growth), spans carved and
+ * given back, coalescing within a segment, departure fences that keep
+ * memory for its own stream until they complete, best fit over the runs a
+ * stream may take, waiting for other streams' fences, fits_with, tickets
+ * that make a give-back never allocate, release to the backend, statistics,
+ * and metadata and backend faults.  bfc__pool_check runs after every step
+ * that changes the pool.
+ */
+#define BFC_TESTUTIL_NO_CTX
+#include "testutil.h"
+
+#include <pthread.h>
+
+#include <shardbfc_sim.h>
+
+#include "backend.h"
+#include "meta.h"
+#include "pool.h"
+
+/* ------------------------------------------------------------ helpers */
+
+struct fix {
+    bfc__backend_t *be;
+    struct bfc__pool pool;
+    bfc_stream_t s1, s2;
+    uint64_t sid1, sid2;
+};
+
+static bfc__backend_t *sim_open(void)
+{
+    bfc_config_t cfg;
+    bfc_config_init(&cfg);
+    cfg.backend = BFC_BACKEND_SIM;
+    bfc__backend_t *be = NULL;
+    ck_assert_int_eq(bfc__backend_sim_open(&cfg, &be), BFC_OK);
+    ck_assert_ptr_nonnull(be);
+    return be;
+}
+
+static uint64_t sid_of(bfc__backend_t *be, bfc_stream_t s)
+{
+    uint64_t id = 0;
+    ck_assert_int_eq(be->ops->stream_id(be, s, &id), BFC_OK);
+    return id;
+}
+
+static void pcheck(struct bfc__pool *p)
+{
+    char buf[256] = "";
+    int bad = bfc__pool_check(p, buf, sizeof buf);
+    ck_assert_msg(bad == 0, "bfc__pool_check: %s", buf);
+}
+
+static void fix_init(struct fix *f, size_t limit, bool growth)
+{
+    memset(f, 0, sizeof *f);
+    f->be = sim_open();
+    ck_assert_int_eq(bfc__pool_init(&f->pool, f->be, limit, growth), BFC_OK);
+    f->s1 = bfc__sim_stream_create(f->be);
+    f->s2 = bfc__sim_stream_create(f->be);
+    ck_assert_ptr_nonnull(f->s1);
+    ck_assert_ptr_nonnull(f->s2);
+    f->sid1 = sid_of(f->be, f->s1);
+    f->sid2 = sid_of(f->be, f->s2);
+    ck_assert_uint_ne(f->sid1, f->sid2);
+    pcheck(&f->pool);
+}
+
+/* Tears down and checks that every byte went back to the backend. */
+static void fix_fini(struct fix *f)
+{
+    pcheck(&f->pool);
+    bfc__sim_stream_drain(f->be, f->s1);
+    bfc__sim_stream_drain(f->be, f->s2);
+    bfc__pool_fini(&f->pool);
+    ck_assert_uint_eq(bfc__sim_bytes_held(f->be), 0);
+    bfc__sim_stream_destroy(f->be, f->s1);
+    bfc__sim_stream_destroy(f->be, f->s2);
+    f->be->ops->close(f->be);
+}
+
+struct rgn {
+    uintptr_t base;
+    size_t size;
+    struct bfc__segment *seg;
+    bool used;
+};
+
+/* A region of `size` for stream sid that must be served. */
+static struct rgn xget(struct fix *f, size_t size, uint64_t sid)
+{
+    struct rgn r = { 0, size, NULL, true };
+    bool others = true;
+    int rc = bfc__pool_get(&f->pool, size, sid, &r.base, &r.seg, &r.used, &others);
+    ck_assert_msg(rc == BFC_OK, "pool_get(%zu, sid %llu): %s", size, (unsigned long long)sid, bfc_err_name(rc));
+    ck_assert_ptr_nonnull(r.seg);
+    ck_assert_uint_eq(r.base % 256, 0);
+    ck_assert_uint_ge(r.base, r.seg->base);
+    ck_assert_uint_le(r.base + size, r.seg->base + r.seg->size);
+    ck_assert(!others); /* only set on failure */
+    pcheck(&f->pool);
+    return r;
+}
+
+/* A request that must fail; returns *fenced_others. */
+static bool xget_fails(struct fix *f, size_t size, uint64_t sid)
+{
+    uintptr_t base = 0;
+    struct bfc__segment *seg = NULL;
+    bool used = true, others = false;
+    int rc = bfc__pool_get(&f->pool, size, sid, &base, &seg, &used, &others);
+    ck_assert_msg(rc == BFC_ENOMEM, "pool_get(%zu, sid %llu) = %s, %#lx: expected ENOMEM", size,
+                  (unsigned long long)sid, bfc_err_name(rc), (unsigned long)base);
+    ck_assert(!used);
+    pcheck(&f->pool);
+    return others;
+}
+
+/* Gives r back; fenced on stream s (id sid) when `used`. */
+static void xput(struct fix *f, struct rgn r, bool used, bfc_stream_t s, uint64_t sid)
+{
+    struct bfc__pool_ticket t;
+    ck_assert_int_eq(bfc__pool_ticket_get(&f->pool, &t), BFC_OK);
+    bfc__pool_put(&f->pool, r.base, r.size, r.seg, used, s, sid, &t);
+    ck_assert_ptr_null(t.span);
+    ck_assert_ptr_null(t.fence);
+    pcheck(&f->pool);
+}
+
+static struct bfc__pool_stats pstats(struct fix *f)
+{
+    struct bfc__pool_stats s;
+    bfc__pool_stats(&f->pool, &s);
+    return s;
+}
+
+static size_t nspans(struct fix *f)
+{
+    return bfc__pool_spans(&f->pool, NULL, 0);
+}
+
+/* Polls the fences (a wait that does not wait). */
+static void poll_pool(struct fix *f)
+{
+    (void)bfc__pool_wait(&f->pool, 0, true, 0);
+    pcheck(&f->pool);
+}
+
+/* ------------------------------------------------------------- growth */
+
+START_TEST(test_growth_segments)
+{
+    struct fix f;
+    fix_init(&f, 64 * MiB, true);
+    struct bfc__pool_stats s = pstats(&f);
+    ck_assert_uint_eq(s.held, 0);
+    ck_assert_uint_eq(s.segments, 0);
+    ck_assert_uint_eq(bfc__sim_bytes_held(f.be), 0);
+
+    struct rgn a = xget(&f, 2 * MiB, f.sid1);
+    ck_assert(!a.used); /* fresh memory carries no fence */
+    struct rgn b = xget(&f, 4 * MiB, f.sid1);
+    s = pstats(&f);
+    ck_assert_uint_eq(s.held, 6 * MiB);
+    ck_assert_uint_eq(s.peak_held, 6 * MiB);
+    ck_assert_uint_eq(s.committed, 6 * MiB);
+    ck_assert_uint_eq(s.free_bytes, 0);
+    ck_assert_uint_eq(s.segments, 2);
+    ck_assert_uint_eq(s.spans, 0);
+    ck_assert_uint_eq(bfc__sim_bytes_held(f.be), 6 * MiB);
+    ck_assert_uint_eq(f.pool.backend_allocs, 2);
+
+    /* An unfenced give-back is served to another stream, from the cached
+     * segment, without the backend. */
+    xput(&f, a, false, f.s1, f.sid1);
+    s = pstats(&f);
+    ck_assert_uint_eq(s.free_bytes, 2 * MiB);
+    ck_assert_uint_eq(s.committed, 4 * MiB);
+    ck_assert_uint_eq(s.departures, 1);
+    ck_assert_uint_eq(s.fenced_departures, 0);
+    ck_assert_uint_eq(s.fenced_bytes, 0);
+    struct rgn c = xget(&f, 2 * MiB, f.sid2);
+    ck_assert_uint_eq(c.base, a.base);
+    ck_assert(!c.used);
+    ck_assert_uint_eq(f.pool.backend_allocs, 2);
+
+    /* A smaller request carves the front of a free span. */
+    xput(&f, b, false, f.s1, f.sid1);
+    struct rgn d = xget(&f, 1 * MiB, f.sid2);
+    ck_assert_uint_eq(d.base, b.base);
+    ck_assert_uint_eq(pstats(&f).free_bytes, 3 * MiB);
+    xput(&f, d, false, f.s2, f.sid2);
+    ck_assert_uint_eq(nspans(&f), 1); /* merged back with the rest of b */
+    xput(&f, c, false, f.s2, f.sid2);
+    ck_assert_uint_eq(nspans(&f), 2); /* two segments never merge */
+    fix_fini(&f);
+}
+END_TEST
+
+START_TEST(test_growth_limit)
+{
+    struct fix f;
+    fix_init(&f, 8 * MiB, true);
+    xget_fails(&f, 0, f.sid1);
+    xget_fails(&f, 8 * MiB + 256, f.sid1);
+    struct rgn a = xget(&f, 4 * MiB, f.sid1);
+    struct rgn b = xget(&f, 4 * MiB, f.sid1);
+    xget_fails(&f, 256, f.sid1);
+    ck_assert_uint_eq(bfc__sim_bytes_held(f.be), 8 * MiB);
+
+    /* Half of each segment free: 4 MiB under the limit, but in no one
+     * run, and no segment is wholly free to go back to the backend. */
+    struct rgn a1 = { a.base, 2 * MiB, a.seg, false }, a2 = { a.base + 2 * MiB, 2 * MiB, a.seg, false };
+    struct rgn b1 = { b.base, 2 * MiB, b.seg, false }, b2 = { b.base + 2 * MiB, 2 * MiB, b.seg, false };
+    xput(&f, a1, false, f.s1, f.sid1);
+    xput(&f, b2, false, f.s1, f.sid1);
+    xget_fails(&f, 4 * MiB, f.sid1);
+    ck_assert_uint_eq(pstats(&f).held, 8 * MiB);
+    ck_assert_uint_eq(f.pool.backend_frees, 0);
+
+    /* a wholly free goes back to make room, which is still not enough
+     * for 6 MiB while b1 is lent. */
+    xput(&f, a2, false, f.s1, f.sid1);
+    xget_fails(&f, 6 * MiB, f.sid1);
+    ck_assert_uint_eq(pstats(&f).held, 4 * MiB);
+    ck_assert_uint_eq(f.pool.backend_frees, 1);
+    ck_assert_uint_eq(bfc__sim_bytes_held(f.be), 4 * MiB);
+
+    /* All free: b goes back too and one segment of the limit is made. */
+    xput(&f, b1, false, f.s1, f.sid1);
+    struct rgn c = xget(&f, 8 * MiB, f.sid2);
+    ck_assert_uint_eq(pstats(&f).held, 8 * MiB);
+    ck_assert_uint_eq(pstats(&f).segments, 1);
+    ck_assert_uint_eq(f.pool.backend_frees, 2);
+    xput(&f, c, false, f.s2, f.sid2);
+    fix_fini(&f);
+}
+END_TEST
+
+START_TEST(test_release_free)
+{
+    struct fix f;
+    fix_init(&f, 64 * MiB, true);
+    struct rgn a = xget(&f, 2 * MiB, f.sid1);
+    struct rgn b = xget(&f, 2 * MiB, f.sid1);
+    struct rgn c = xget(&f, 2 * MiB, f.sid1);
+    struct rgn d = xget(&f, 2 * MiB, f.sid1);
+    ck_assert_uint_eq(bfc__pool_release_free(&f.pool), 0); /* nothing free */
+    xput(&f, a, false, f.s1, f.sid1);
+    xput(&f, b, false, f.s1, f.sid1);
+    /* A partly free segment stays. */
+    struct rgn c1 = { c.base, 1 * MiB, c.seg, false };
+    xput(&f, c1, false, f.s1, f.sid1);
+    ck_assert_uint_eq(bfc__pool_release_free(&f.pool), 4 * MiB);
+    pcheck(&f.pool);
+    ck_assert_uint_eq(pstats(&f).held, 4 * MiB);
+    ck_assert_uint_eq(pstats(&f).peak_held, 8 * MiB);
+    ck_assert_uint_eq(bfc__sim_bytes_held(f.be), 4 * MiB);
+
+    /* A fenced segment stays until its fence completes. */
+    bfc__sim_stream_hold(f.be, f.s1);
+    xput(&f, d, true, f.s1, f.sid1);
+    ck_assert_uint_eq(bfc__pool_release_free(&f.pool), 0);
+    bfc__sim_stream_drain(f.be, f.s1);
+    ck_assert_uint_eq(bfc__pool_release_free(&f.pool), 2 * MiB);
+    pcheck(&f.pool);
+
+    bfc__pool_clear_peak(&f.pool);
+    ck_assert_uint_eq(pstats(&f).peak_held, 2 * MiB);
+    struct rgn c2 = { c.base + 1 * MiB, 1 * MiB, c.seg, false };
+    xput(&f, c2, false, f.s1, f.sid1);
+    ck_assert_uint_eq(bfc__pool_release_free(&f.pool), 2 * MiB);
+    ck_assert_uint_eq(pstats(&f).held, 0);
+    ck_assert_uint_eq(bfc__sim_bytes_held(f.be), 0);
+    fix_fini(&f);
+}
+END_TEST
+
+/* ---------------------------------------------------------- no growth */
+
+START_TEST(test_reservation)
+{
+    struct fix f;
+    fix_init(&f, 16 * MiB, false);
+    struct bfc__pool_stats s = pstats(&f);
+    ck_assert_uint_eq(s.held, 16 * MiB);
+    ck_assert_uint_eq(s.free_bytes, 16 * MiB);
+    ck_assert_uint_eq(s.segments, 1);
+    ck_assert_uint_eq(s.spans, 1);
+    ck_assert_uint_eq(bfc__sim_bytes_held(f.be), 16 * MiB);
+
+    struct rgn a = xget(&f, 4 * MiB, f.sid1);
+    struct rgn b = xget(&f, 4 * MiB, f.sid2);
+    ck_assert_uint_eq(b.base, a.base + 4 * MiB); /* carved in address order */
+    ck_assert_ptr_eq(a.seg, b.seg);
+    xget_fails(&f, 16 * MiB, f.sid1);
+    struct rgn c = xget(&f, 8 * MiB, f.sid1);
+    xget_fails(&f, 256, f.sid1);
+    ck_assert_uint_eq(f.pool.backend_allocs, 1); /* never the backend again */
+
+    xput(&f, a, false, f.s1, f.sid1);
+    xput(&f, c, false, f.s1, f.sid1);
+    ck_assert_uint_eq(nspans(&f), 2);
+    xput(&f, b, false, f.s2, f.sid2);
+    ck_assert_uint_eq(nspans(&f), 1); /* coalesced over the whole reservation */
+    ck_assert_uint_eq(bfc__pool_release_free(&f.pool), 0); /* never given back */
+    struct rgn w = xget(&f, 16 * MiB, f.sid2);
+    ck_assert_uint_eq(w.base, a.base);
+    xput(&f, w, false, f.s2, f.sid2);
+    fix_fini(&f);
+}
+END_TEST
+
+/* ------------------------------------------------- departure fences */
+
+START_TEST(test_fence_own_stream_only)
+{
+    struct fix f;
+    fix_init(&f, 2 * MiB, false);
+    struct rgn a = xget(&f, 2 * MiB, f.sid1);
+    bfc__sim_stream_hold(f.be, f.s1);
+    xput(&f, a, true, f.s1, f.sid1);
+    struct bfc__pool_stats s = pstats(&f);
+    ck_assert_uint_eq(s.fenced_bytes, 2 * MiB);
+    ck_assert_uint_eq(s.fenced_departures, 1);
+    struct bfc__span_info info[4];
+    ck_assert_uint_eq(bfc__pool_spans(&f.pool, info, 4), 1);
+    ck_assert(info[0].fenced);
+    ck_assert_uint_eq(info[0].stream_id, f.sid1);
+    ck_assert_uint_eq(info[0].base, a.base);
+    ck_assert_uint_eq(info[0].size, 2 * MiB);
+
+    /* Another stream may not take it while s1's work may still use it,
+     * and learns that waiting could help. */
+    ck_assert(xget_fails(&f, 2 * MiB, f.sid2));
+    ck_assert(xget_fails(&f, 1 * MiB, f.sid2));
+    /* Its own stream may: stream order covers it, and it is told so. */
+    struct rgn b = xget(&f, 1 * MiB, f.sid1);
+    ck_assert(b.used);
+    ck_assert_uint_eq(pstats(&f).fenced_bytes, 1 * MiB);
+    xput(&f, b, true, f.s1, f.sid1);
+    ck_assert_uint_eq(nspans(&f), 1); /* same guard: merged */
+    ck_assert(xget_fails(&f, 2 * MiB, f.sid2));
+
+    /* Once the work has completed, anyone may, and nothing is "used". */
+    bfc__sim_stream_drain(f.be, f.s1);
+    struct rgn c = xget(&f, 2 * MiB, f.sid2);
+    ck_assert(!c.used);
+    s = pstats(&f);
+    ck_assert_uint_eq(s.fenced_bytes, 0);
+    ck_assert_uint_eq(s.departures, 2);
+    ck_assert_uint_eq(s.fenced_departures, 2);
+    xput(&f, c, false, f.s2, f.sid2);
+    fix_fini(&f);
+}
+END_TEST
+
+/* Unlike guards never merge; a completed fence merges with its neighbours. */
+START_TEST(test_fence_merge_rules)
+{
+    struct fix f;
+    fix_init(&f, 4 * MiB, false);
+    struct rgn r[4];
+    for (int i = 0; i < 4; i++)
+        r[i] = xget(&f, 1 * MiB, f.sid1);
+    bfc__sim_stream_hold(f.be, f.s1);
+    bfc__sim_stream_hold(f.be, f.s2);
+    xput(&f, r[0], true, f.s1, f.sid1);
+    xput(&f, r[1], true, f.s1, f.sid1);
+    ck_assert_uint_eq(nspans(&f), 1);
+    xput(&f, r[2], true, f.s2, f.sid2);
+    ck_assert_uint_eq(nspans(&f), 2);
+    xput(&f, r[3], false, f.s2, f.sid2);
+    ck_assert_uint_eq(nspans(&f), 3);
+    ck_assert_uint_eq(pstats(&f).fenced_bytes, 3 * MiB);
+    poll_pool(&f);
+    ck_assert_uint_eq(nspans(&f), 3);
+
+    bfc__sim_stream_drain(f.be, f.s2);
+    poll_pool(&f);
+    ck_assert_uint_eq(nspans(&f), 2); /* r[2] joined r[3] */
+    ck_assert_uint_eq(pstats(&f).fenced_bytes, 2 * MiB);
+    bfc__sim_stream_drain(f.be, f.s1);
+    poll_pool(&f);
+    ck_assert_uint_eq(nspans(&f), 1);
+    ck_assert_uint_eq(pstats(&f).fenced_bytes, 0);
+    fix_fini(&f);
+}
+END_TEST
+
+/* A departure whose event cannot be recorded on a busy stream: never
+ * complete before the stream's work is, whatever fails. */
+START_TEST(test_fence_record_fails)
+{
+    struct fix f;
+    fix_init(&f, 2 * MiB, false);
+    struct rgn a = xget(&f, 2 * MiB, f.sid1);
+    bfc__sim_stream_hold(f.be, f.s1);
+    bfc__sim_fail_event_every(f.be, 1);
+    xput(&f, a, true, f.s1, f.sid1);
+    ck_assert(xget_fails(&f, 2 * MiB, f.sid2));
+    bfc__sim_fail_event_every(f.be, 0);
+    ck_assert(xget_fails(&f, 2 * MiB, f.sid2)); /* recorded now, still held */
+    bfc__sim_stream_drain(f.be, f.s1);
+    struct rgn b = xget(&f, 2 * MiB, f.sid2);
+    xput(&f, b, false, f.s2, f.sid2);
+    fix_fini(&f);
+}
+END_TEST
+
+/* -------------------------------------------------------- best fit */
+
+START_TEST(test_best_fit_runs)
+{
+    struct fix f;
+    fix_init(&f, 16 * MiB, false);
+    struct rgn r[16];
+    for (int i = 0; i < 16; i++)
+        r[i] = xget(&f, 1 * MiB, f.sid1);
+    for (int i = 1; i < 16; i++)
+        ck_assert_uint_eq(r[i].base, r[i - 1].base + 1 * MiB);
+    bfc__sim_stream_hold(f.be, f.s1);
+    /* Free: r1 (1 MiB), r5-r7 (3 MiB), r9 fenced by s1 + r10 (2 MiB for s1,
+     * 1 MiB for anyone else), r12-r13 (2 MiB). */
+    xput(&f, r[1], false, f.s1, f.sid1);
+    for (int i = 5; i <= 7; i++)
+        xput(&f, r[i], false, f.s1, f.sid1);
+    xput(&f, r[9], true, f.s1, f.sid1);
+    xput(&f, r[10], false, f.s1, f.sid1);
+    xput(&f, r[12], false, f.s1, f.sid1);
+    xput(&f, r[13], false, f.s1, f.sid1);
+    ck_assert_uint_eq(nspans(&f), 5);
+
+    /* s1: runs of 2 MiB at r9 and r12, the lower wins; it was s1's. */
+    struct rgn a = xget(&f, 2 * MiB, f.sid1);
+    ck_assert_uint_eq(a.base, r[9].base);
+    ck_assert(a.used);
+    struct rgn a9 = { a.base, 1 * MiB, a.seg, false }, a10 = { a.base + 1 * MiB, 1 * MiB, a.seg, false };
+    xput(&f, a9, true, f.s1, f.sid1);
+    xput(&f, a10, false, f.s1, f.sid1);
+    ck_assert_uint_eq(nspans(&f), 5);
+    /* s2: r9 is not its to take, so its best 2 MiB run is r12-r13. */
+    struct rgn b = xget(&f, 2 * MiB, f.sid2);
+    ck_assert_uint_eq(b.base, r[12].base);
+    ck_assert(!b.used);
+    /* s2, 1 MiB: r1 and r10 are the smallest runs, r1 the lower. */
+    struct rgn c = xget(&f, 1 * MiB, f.sid2);
+    ck_assert_uint_eq(c.base, r[1].base);
+    struct rgn d = xget(&f, 1 * MiB, f.sid2);
+    ck_assert_uint_eq(d.base, r[10].base);
+    /* s2, 3 MiB: only r5-r7. */
+    struct rgn e = xget(&f, 3 * MiB, f.sid2);
+    ck_assert_uint_eq(e.base, r[5].base);
+    ck_assert(xget_fails(&f, 1 * MiB, f.sid2)); /* r9 only, s1's */
+    bfc__sim_stream_drain(f.be, f.s1);
+    struct rgn g = xget(&f, 1 * MiB, f.sid2); /* r9, now free for all */
+    ck_assert_uint_eq(g.base, r[9].base);
+    ck_assert(!g.used);
+    fix_fini(&f);
+}
+END_TEST
+
+/* --------------------------------------------------------- waiting */
+
+struct drainer {
+    bfc__backend_t *be;
+    bfc_stream_t s;
+    unsigned delay_ms;
+};
+
+static void *drain_later(void *arg)
+{
+    struct drainer *d = arg;
+    struct timespec ts = { 0, (long)d->delay_ms * 1000000L };
+    nanosleep(&ts, NULL);
+    bfc__sim_stream_drain(d->be, d->s);
+    return NULL;
+}
+
+START_TEST(test_wait)
+{
+    struct fix f;
+    fix_init(&f, 2 * MiB, false);
+    struct rgn a = xget(&f, 2 * MiB, f.sid1);
+    bfc__sim_stream_hold(f.be, f.s1);
+    xput(&f, a, true, f.s1, f.sid1);
+
+    /* Timeout 0 polls and does not wait. */
+    ck_assert(!bfc__pool_wait(&f.pool, f.sid2, false, 0));
+    ck_assert_uint_eq(pstats(&f).fence_waits, 1);
+    /* s1's own fences keep nothing from s1: no wait at all. */
+    uint64_t t0 = now_ns();
+    ck_assert(!bfc__pool_wait(&f.pool, f.sid1, false, 2000));
+    ck_assert_uint_lt(now_ns() - t0, 1000000000u);
+    ck_assert_uint_eq(pstats(&f).fence_waits, 1);
+    /* A bounded wait on a fence that does not complete times out. */
+    t0 = now_ns();
+    ck_assert(!bfc__pool_wait(&f.pool, f.sid2, false, 50));
+    ck_assert_uint_ge(now_ns() - t0, 40000000u);
+    ck_assert(xget_fails(&f, 2 * MiB, f.sid2));
+
+    /* Another thread completes the work while we wait without bound. */
+    struct drainer d = { f.be, f.s1, 50 };
+    pthread_t th;
+    ck_assert_int_eq(pthread_create(&th, NULL, drain_later, &d), 0);
+    ck_assert(bfc__pool_wait(&f.pool, f.sid2, false, UINT32_MAX));
+    ck_assert_int_eq(pthread_join(th, NULL), 0);
+    ck_assert_uint_eq(pstats(&f).fenced_bytes, 0);
+    struct rgn b = xget(&f, 2 * MiB, f.sid2);
+    xput(&f, b, false, f.s2, f.sid2);
+
+    /* all = true waits for the asker's own fences too. */
+    b = xget(&f, 2 * MiB, f.sid1);
+    bfc__sim_stream_hold(f.be, f.s1);
+    xput(&f, b, true, f.s1, f.sid1);
+    d.delay_ms = 20;
+    ck_assert_int_eq(pthread_create(&th, NULL, drain_later, &d), 0);
+    ck_assert(bfc__pool_wait(&f.pool, f.sid1, true, UINT32_MAX));
+    ck_assert_int_eq(pthread_join(th, NULL), 0);
+    ck_assert_uint_eq(pstats(&f).fenced_bytes, 0);
+    fix_fini(&f);
+}
+END_TEST
+
+/* ------------------------------------------------------ fits_with */
+
+START_TEST(test_fits_with)
+{
+    struct fix f;
+    fix_init(&f, 8 * MiB, false);
+    struct rgn r[8];
+    for (int i = 0; i < 8; i++)
+        r[i] = xget(&f, 1 * MiB, f.sid1);
+    xput(&f, r[2], false, f.s1, f.sid1);
+    struct bfc__range next = { r[3].base, 1 * MiB, r[3].seg };
+    struct bfc__range apart = { r[4].base, 1 * MiB, r[4].seg };
+    struct bfc__range both[2] = { next, apart };
+
+    ck_assert(bfc__pool_fits_with(&f.pool, f.sid2, NULL, 0, 1 * MiB));
+    ck_assert(!bfc__pool_fits_with(&f.pool, f.sid2, NULL, 0, 2 * MiB));
+    ck_assert(bfc__pool_fits_with(&f.pool, f.sid2, &next, 1, 2 * MiB)); /* r2 + r3 */
+    ck_assert(!bfc__pool_fits_with(&f.pool, f.sid2, &apart, 1, 2 * MiB));
+    ck_assert(bfc__pool_fits_with(&f.pool, f.sid2, both, 2, 3 * MiB)); /* r2..r4 */
+    ck_assert(!bfc__pool_fits_with(&f.pool, f.sid2, both, 2, 3 * MiB + 256));
+    /* An extra range alone can make it fit. */
+    ck_assert(bfc__pool_fits_with(&f.pool, f.sid2, &apart, 1, 1 * MiB));
+
+    /* A span fenced by s1 counts for s1 only. */
+    bfc__sim_stream_hold(f.be, f.s1);
+    xput(&f, r[5], true, f.s1, f.sid1);
+    struct bfc__range six = { r[6].base, 1 * MiB, r[6].seg };
+    ck_assert(bfc__pool_fits_with(&f.pool, f.sid1, &six, 1, 2 * MiB));
+    ck_assert(!bfc__pool_fits_with(&f.pool, f.sid2, &six, 1, 2 * MiB));
+
+    /* Asking changes nothing. */
+    struct bfc__pool_stats s = pstats(&f);
+    ck_assert_uint_eq(s.free_bytes, 2 * MiB);
+    ck_assert_uint_eq(s.committed, 6 * MiB);
+    ck_assert_uint_eq(nspans(&f), 2);
+    bfc__sim_stream_drain(f.be, f.s1);
+    ck_assert(bfc__pool_fits_with(&f.pool, f.sid2, &six, 1, 2 * MiB));
+    fix_fini(&f);
+}
+END_TEST
+
+/* ---------------------------------------------------- metadata faults */
+
+/* A give-back with its ticket needs no allocation: with every metadata
+ * allocation failing, a put that needs a new span record still works. */
+START_TEST(test_ticket_put_never_allocates)
+{
+    struct fix f;
+    fix_init(&f, 8 * MiB, false);
+    struct rgn a = xget(&f, 1 * MiB, f.sid1);
+    struct rgn b = xget(&f, 1 * MiB, f.sid1);
+    struct rgn c = xget(&f, 1 * MiB, f.sid1);
+    struct bfc__pool_ticket t1, t2;
+    ck_assert_int_eq(bfc__pool_ticket_get(&f.pool, &t1), BFC_OK);
+    ck_assert_int_eq(bfc__pool_ticket_get(&f.pool, &t2), BFC_OK);
+    ck_assert_ptr_nonnull(t1.span);
+    ck_assert_ptr_nonnull(t1.fence);
+
+    bfc_sim_fail_meta_every(1);
+    uint64_t fails0 = bfc_sim_meta_failures();
+    bfc__sim_stream_hold(f.be, f.s1);
+    /* b between two lent regions: a span record of its own, fenced. */
+    bfc__pool_put(&f.pool, b.base, b.size, b.seg, true, f.s1, f.sid1, &t1);
+    pcheck(&f.pool);
+    ck_assert_uint_eq(nspans(&f), 2);
+    bfc__pool_put(&f.pool, a.base, a.size, a.seg, false, f.s1, f.sid1, &t2);
+    pcheck(&f.pool);
+    ck_assert_uint_eq(nspans(&f), 3);
+    ck_assert_uint_eq(bfc_sim_meta_failures(), fails0); /* nothing even tried */
+    ck_assert_uint_eq(pstats(&f).fenced_bytes, 1 * MiB);
+
+    /* A ticket cannot be had now, and a failed one keeps nothing. */
+    size_t bytes = bfc__meta_bytes();
+    struct bfc__pool_ticket t3;
+    ck_assert_int_eq(bfc__pool_ticket_get(&f.pool, &t3), BFC_ENOMEM);
+    ck_assert_ptr_null(t3.span);
+    ck_assert_ptr_null(t3.fence);
+    ck_assert_uint_eq(bfc__meta_bytes(), bytes);
+    bfc_sim_fail_meta_every(0);
+    bfc__sim_stream_drain(f.be, f.s1);
+    poll_pool(&f);
+    ck_assert_uint_eq(nspans(&f), 2); /* a and b merged; c still lent */
+    xput(&f, c, false, f.s1, f.sid1);
+    ck_assert_uint_eq(nspans(&f), 1);
+    fix_fini(&f);
+}
+END_TEST
+
+START_TEST(test_ticket_unused_back)
+{
+    struct fix f;
+    fix_init(&f, 8 * MiB, false);
+    size_t bytes = bfc__meta_bytes();
+    struct bfc__pool_ticket t;
+    ck_assert_int_eq(bfc__pool_ticket_get(&f.pool, &t), BFC_OK);
+    ck_assert_uint_gt(bfc__meta_bytes(), bytes);
+    bfc__pool_ticket_put(&f.pool, &t);
+    ck_assert_ptr_null(t.span);
+    ck_assert_ptr_null(t.fence);
+    /* The span record is freed; the fence is cached for the next ticket. */
+    size_t cached = bfc__meta_bytes();
+    ck_assert_int_eq(bfc__pool_ticket_get(&f.pool, &t), BFC_OK);
+    bfc__pool_ticket_put(&f.pool, &t);
+    ck_assert_uint_eq(bfc__meta_bytes(), cached);
+
+    /* A put that merges with a neighbour leaves its span record unused:
+     * it goes back with the rest of the ticket. */
+    struct rgn a = xget(&f, 1 * MiB, f.sid1);
+    bytes = bfc__meta_bytes();
+    xput(&f, a, false, f.s1, f.sid1);
+    ck_assert_uint_eq(bfc__meta_bytes(), bytes);
+    fix_fini(&f);
+}
+END_TEST
+
+/* Growth needs a segment record: when metadata fails, the request fails
+ * and neither the pool nor the backend keeps anything of it. */
+START_TEST(test_get_meta_fault)
+{
+    struct fix f;
+    fix_init(&f, 64 * MiB, true);
+    struct rgn a = xget(&f, 2 * MiB, f.sid1);
+    bfc_sim_fail_meta_every(1);
+    xget_fails(&f, 2 * MiB, f.sid1);
+    bfc_sim_fail_meta_every(0);
+    ck_assert_uint_eq(pstats(&f).held, 2 * MiB);
+    ck_assert_uint_eq(pstats(&f).segments, 1);
+    ck_assert_uint_eq(bfc__sim_bytes_held(f.be), 2 * MiB);
+    struct rgn b = xget(&f, 2 * MiB, f.sid1);
+    xput(&f, a, false, f.s1, f.sid1);
+    xput(&f, b, false, f.s1, f.sid1);
+    fix_fini(&f);
+}
+END_TEST
+
+START_TEST(test_backend_refuses)
+{
+    struct fix f;
+    fix_init(&f, 64 * MiB, true);
+    bfc__sim_fail_alloc_every(f.be, 1);
+    xget_fails(&f, 2 * MiB, f.sid1);
+    ck_assert_uint_eq(pstats(&f).held, 0);
+    ck_assert_uint_eq(pstats(&f).segments, 0);
+    bfc__sim_fail_alloc_every(f.be, 0);
+    bfc__sim_set_alloc_ceiling(f.be, 4 * MiB);
+    struct rgn a = xget(&f, 4 * MiB, f.sid1);
+    xget_fails(&f, 256, f.sid1);
+    xput(&f, a, false, f.s1, f.sid1);
+    fix_fini(&f);
+
+    /* No growth: the reservation itself is refused at init. */
+    bfc__backend_t *be = sim_open();
+    bfc__sim_set_alloc_ceiling(be, 8 * MiB);
+    struct bfc__pool p;
+    ck_assert_int_eq(bfc__pool_init(&p, be, 16 * MiB, false), BFC_ENOMEM);
+    ck_assert_uint_eq(bfc__sim_bytes_held(be), 0);
+    ck_assert_int_eq(bfc__pool_init(&p, be, 8 * MiB, false), BFC_OK);
+    bfc__pool_fini(&p);
+    be->ops->close(be);
+}
+END_TEST
+
+/* ------------------------------------------------------ concurrency */
+
+enum { NTHREADS = 4, ITERS = 3000, HELD = 8 };
+
+struct worker {
+    struct fix *f;
+    bfc_stream_t s;
+    uint64_t sid;
+    uint64_t seed;
+    unsigned gets;
+    char why[160];
+};
+
+static void *churn(void *arg)
+{
+    struct worker *w = arg;
+    struct rgn held[HELD];
+    size_t n = 0;
+    for (int i = 0; i < ITERS && !w->why[0]; i++) {
+        uint64_t x = rng_next(&w->seed);
+        if (n < HELD && (x & 1)) {
+            struct rgn r = { 0, (size_t)(1 + (x >> 8) % 16) * 64 * KiB, NULL, false };
+            struct bfc__pool_ticket t;
+            if (bfc__pool_ticket_get(&w->f->pool, &t) != BFC_OK) {
+                snprintf(w->why, sizeof w->why, "ticket_get failed");
+                break;
+            }
+            int rc = bfc__pool_get(&w->f->pool, r.size, w->sid, &r.base, &r.seg, &r.used, NULL);
+            if (rc != BFC_OK) {
+                bfc__pool_ticket_put(&w->f->pool, &t);
+                continue;
+            }
+            /* The memory is ours alone: stamp it. */
+            memset((void *)r.base, (int)(w->sid & 0xff), 256);
+            bfc__pool_ticket_put(&w->f->pool, &t);
+            held[n++] = r;
+            w->gets++;
+        } else if (n > 0) {
+            size_t k = (size_t)(x >> 16) % n;
+            struct rgn r = held[k];
+            if (*(unsigned char *)r.base != (unsigned char)(w->sid & 0xff)) {
+                snprintf(w->why, sizeof w->why, "region %#lx overwritten", (unsigned long)r.base);
+                break;
+            }
+            held[k] = held[--n];
+            struct bfc__pool_ticket t;
+            if (bfc__pool_ticket_get(&w->f->pool, &t) != BFC_OK) {
+                snprintf(w->why, sizeof w->why, "ticket_get failed");
+                break;
+            }
+            bfc__pool_put(&w->f->pool, r.base, r.size, r.seg, (x >> 40) & 1, w->s, w->sid, &t);
+        }
+    }
+    while (n > 0) {
+        struct bfc__pool_ticket t;
+        if (bfc__pool_ticket_get(&w->f->pool, &t) != BFC_OK)
+            break;
+        struct rgn r = held[--n];
+        bfc__pool_put(&w->f->pool, r.base, r.size, r.seg, false, w->s, w->sid, &t);
+    }
+    return NULL;
+}
+
+START_TEST(test_concurrent_churn)
+{
+    struct fix f;
+    fix_init(&f, 64 * MiB, (_i & 1) != 0);
+    struct worker w[NTHREADS];
+    pthread_t th[NTHREADS];
+    for (int i = 0; i < NTHREADS; i++) {
+        w[i] = (struct worker){ &f, bfc__sim_stream_create(f.be), 0, (uint64_t)i * 77 + 1, 0, "" };
+        ck_assert_ptr_nonnull(w[i].s);
+        w[i].sid = sid_of(f.be, w[i].s);
+        ck_assert_int_eq(pthread_create(&th[i], NULL, churn, &w[i]), 0);
+    }
+    for (int i = 0; i < NTHREADS; i++)
+        ck_assert_int_eq(pthread_join(th[i], NULL), 0);
+    for (int i = 0; i < NTHREADS; i++) {
+        ck_assert_msg(w[i].why[0] == '\0', "worker %d: %s", i, w[i].why);
+        /* At most 32 MiB of the 64 are lent at once: most requests are
+         * served (fragmentation may refuse a few). */
+        ck_assert_uint_gt(w[i].gets, ITERS / 8);
+    }
+    poll_pool(&f);
+    struct bfc__pool_stats s = pstats(&f);
+    ck_assert_uint_eq(s.committed, 0);
+    ck_assert_uint_eq(s.fenced_bytes, 0);
+    ck_assert_uint_eq(s.free_bytes, s.held);
+    for (int i = 0; i < NTHREADS; i++)
+        bfc__sim_stream_destroy(f.be, w[i].s);
+    fix_fini(&f);
+}
+END_TEST
+
+/* -------------------------------------------------------------- main */
+
+static Suite *pool_suite(void)
+{
+    Suite *s = suite_create("pool");
+    TCase *tc = tcase_create("pool");
+    tcase_set_timeout(tc, 30);
+    tcase_add_test(tc, test_growth_segments);
+    tcase_add_test(tc, test_growth_limit);
+    tcase_add_test(tc, test_release_free);
+    tcase_add_test(tc, test_reservation);
+    tcase_add_test(tc, test_fence_own_stream_only);
+    tcase_add_test(tc, test_fence_merge_rules);
+    tcase_add_test(tc, test_fence_record_fails);
+    tcase_add_test(tc, test_best_fit_runs);
+    tcase_add_test(tc, test_wait);
+    tcase_add_test(tc, test_fits_with);
+    tcase_add_test(tc, test_ticket_put_never_allocates);
+    tcase_add_test(tc, test_ticket_unused_back);
+    tcase_add_test(tc, test_get_meta_fault);
+    tcase_add_test(tc, test_backend_refuses);
+    tcase_add_loop_test(tc, test_concurrent_churn, 0, 2);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    return run_suite(pool_suite());
+}

@@ -1,0 +1,403 @@
+/*
+ * test_remote.c -- cross-stream frees (src/remote.c) driven directly: a
+ * block of the owner's shard is claimed (INUSE -> FREEING, as the free path
+ * does), handed to bfc__remote_free with the freeing stream, and the owner
+ * drains its queue (bfc__arena_drain_locked).  What travels: the chunk and
+ * a fence recorded on the freeing stream; the owner reuses the block only
+ * once the fence completes.  Also: fence records circulating through the
+ * owner's pool, enqueues from many threads at once, the fallbacks when an
+ * event cannot be recorded or no record can be had, and a retired owner,
+ * whose queue the freeing thread drains until the shard dies.
+ *
+ * The context and its blocks come from the public API; the owner shard and
+ * the chunk from the region map and the region's handle table.
+ */
+#include "testutil.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "ctx.h"
+
+static bfc_ctx_t *ctx_grow(void)
+{
+    bfc_config_t c = sim_cfg(256 * MiB);
+    c.allow_growth = true;
+    c.initial_region = 2 * MiB;
+    c.large_alloc = 0;
+    c.garbage_collection = false;
+    return ctx_new(&c);
+}
+
+struct blk {
+    struct bfc__arena *a;
+    struct bfc__chunk *c;
+};
+
+/* The owner shard and chunk of live block p (read under RCU, as a free
+ * does; the arena stays alive while the block does). */
+static struct blk resolve(void *p)
+{
+    struct blk b = { NULL, NULL };
+    bfc__rcu_lock();
+    struct bfc__region *r = bfc__regionmap_lookup((uintptr_t)p);
+    if (r) {
+        b.a = r->owner;
+        b.c = bfc__region_handle(r, (uintptr_t)p);
+    }
+    bfc__rcu_unlock();
+    REQUIRE(b.a != NULL && b.c != NULL && b.c != BFC__HANDLE_GONE, "no chunk at %p", p);
+    return b;
+}
+
+static uint32_t state(struct blk b)
+{
+    return atomic_load_explicit(&b.c->state, memory_order_acquire);
+}
+
+/* Claims p as the free path does and frees it on stream s. */
+static int remote_free(void *p, bfc_stream_t s)
+{
+    struct blk b = resolve(p);
+    uint32_t want = BFC__CHUNK_INUSE;
+    REQUIRE(atomic_compare_exchange_strong(&b.c->state, &want, BFC__CHUNK_FREEING), "%p: state %u, not in use",
+            p, (unsigned)want);
+    bfc__rcu_lock();
+    int rc = bfc__remote_free(b.a, b.c, s);
+    bfc__rcu_unlock();
+    return rc;
+}
+
+static void drain(struct bfc__arena *a)
+{
+    bfc__lock(&a->lock);
+    bfc__arena_drain_locked(a, true);
+    bfc__unlock(&a->lock);
+}
+
+/* ---------------------------------------------------------- basics */
+
+START_TEST(test_enqueue_then_drain)
+{
+    bfc_ctx_t *ctx = ctx_grow();
+    bfc_stream_t s1 = new_stream(ctx), s2 = new_stream(ctx);
+    void *p = xalloc(ctx, s1, 1000);
+    void *q = xalloc(ctx, s1, 5000);
+    struct blk b = resolve(p);
+    ck_assert(bfc__rq_empty(b.a));
+
+    ck_assert_int_eq(remote_free(p, s2), BFC_OK);
+    /* In the owner's queue, not yet the owner's business. */
+    ck_assert(!bfc__rq_empty(b.a));
+    ck_assert_uint_eq(state(b), BFC__CHUNK_FREEING);
+    ck_assert_uint_eq(b.a->st.bytes_in_use, 256 * 4 + 5120);
+
+    drain(b.a);
+    ck_assert(bfc__rq_empty(b.a));
+    ck_assert_uint_eq(state(b), BFC__CHUNK_FREE); /* s2 idle: fence complete */
+    bfc_stats_t s = sst(ctx, s1);
+    ck_assert_uint_eq(s.num_remote_frees, 1);
+    ck_assert_uint_eq(s.num_frees, 1);
+    ck_assert_uint_eq(s.bytes_in_use, 5120);
+    ck_assert_uint_eq(s.num_pending_frees, 0);
+    xcheck(ctx);
+    /* The owner reuses it at once. */
+    ck_assert_ptr_eq(xalloc(ctx, s1, 1000), p);
+    xfree(ctx, p, s1);
+    xfree(ctx, q, s1);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
+/* The fence recorded on the freeing stream travels with the chunk: the
+ * owner keeps the block pending, unused, until that stream's work is done. */
+START_TEST(test_fence_carried)
+{
+    bfc_ctx_t *ctx = ctx_grow();
+    bfc_stream_t s1 = new_stream(ctx), s2 = new_stream(ctx);
+    void *p = xalloc(ctx, s1, 64 * KiB);
+    void *keep = xalloc(ctx, s1, 256); /* p is not the region's tail */
+    struct blk b = resolve(p);
+    bfc_sim_stream_hold(ctx, s2);
+    ck_assert_int_eq(remote_free(p, s2), BFC_OK);
+    drain(b.a);
+    ck_assert_uint_eq(state(b), BFC__CHUNK_PENDING);
+    ck_assert_ptr_eq(b.a->pending_head->chunk, b.c);
+    bfc_stats_t s = sst(ctx, s1);
+    ck_assert_uint_eq(s.num_pending_frees, 1);
+    ck_assert_uint_eq(s.bytes_in_use, 256);
+    xcheck(ctx);
+
+    /* The owner does not get it back while s2 may still use it. */
+    void *r = xalloc(ctx, s1, 64 * KiB);
+    ck_assert_ptr_ne(r, p);
+    drain(b.a);
+    ck_assert_uint_eq(state(b), BFC__CHUNK_PENDING);
+
+    bfc_sim_stream_drain(ctx, s2);
+    drain(b.a);
+    ck_assert_uint_eq(state(b), BFC__CHUNK_FREE);
+    ck_assert_ptr_null(b.a->pending_head);
+    ck_assert_uint_eq(sst(ctx, s1).num_pending_frees, 0);
+    ck_assert_ptr_eq(xalloc(ctx, s1, 64 * KiB), p);
+    xcheck(ctx);
+    xfree(ctx, p, s1);
+    xfree(ctx, r, s1);
+    xfree(ctx, keep, s1);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
+/* Fence records come back to the owner's pool when their fences complete
+ * and serve the next cross-stream free: no record per free. */
+START_TEST(test_fence_records_circulate)
+{
+    bfc_ctx_t *ctx = ctx_grow();
+    bfc_stream_t s1 = new_stream(ctx), s2 = new_stream(ctx);
+    struct bfc__arena *a = NULL;
+    for (int i = 0; i < 200; i++) {
+        void *p = xalloc(ctx, s1, 4096);
+        if (!a)
+            a = resolve(p).a;
+        ck_assert_int_eq(remote_free(p, s2), BFC_OK);
+        drain(a);
+    }
+    ck_assert_uint_eq(atomic_load(&a->nfences), 1);
+    /* Pending ones keep theirs: four in flight need four. */
+    bfc_sim_stream_hold(ctx, s2);
+    for (int i = 0; i < 4; i++)
+        ck_assert_int_eq(remote_free(xalloc(ctx, s1, 4096), s2), BFC_OK);
+    drain(a);
+    ck_assert_uint_eq(atomic_load(&a->nfences), 4);
+    ck_assert_uint_eq(sst(ctx, s1).num_pending_frees, 4);
+    bfc_sim_stream_drain(ctx, s2);
+    drain(a);
+    ck_assert_uint_eq(sst(ctx, s1).num_pending_frees, 0);
+    ck_assert_uint_eq(sst(ctx, s1).num_remote_frees, 204);
+    xcheck(ctx);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
+/* ----------------------------------------------------------- threads */
+
+enum { NFREERS = 4, PER = 400 };
+
+struct freer {
+    bfc_ctx_t *ctx;
+    bfc_stream_t s;
+    void **blocks;
+    int errors;
+};
+
+static atomic_int g_go;
+
+static void *freer_main(void *arg)
+{
+    struct freer *f = arg;
+    while (!atomic_load(&g_go))
+        ;
+    for (int i = 0; i < PER; i++) {
+        struct blk b = { NULL, NULL };
+        bfc__rcu_lock();
+        struct bfc__region *r = bfc__regionmap_lookup((uintptr_t)f->blocks[i]);
+        if (r) {
+            b.a = r->owner;
+            b.c = bfc__region_handle(r, (uintptr_t)f->blocks[i]);
+        }
+        uint32_t want = BFC__CHUNK_INUSE;
+        if (!b.c || b.c == BFC__HANDLE_GONE ||
+            !atomic_compare_exchange_strong(&b.c->state, &want, BFC__CHUNK_FREEING) ||
+            bfc__remote_free(b.a, b.c, f->s) != BFC_OK)
+            f->errors++;
+        bfc__rcu_unlock();
+    }
+    return NULL;
+}
+
+/* Many threads enqueue into one owner while it allocates, frees and so
+ * drains: every block arrives exactly once. */
+START_TEST(test_many_freers)
+{
+    bfc_ctx_t *ctx = ctx_grow();
+    bfc_stream_t s1 = new_stream(ctx);
+    struct freer f[NFREERS];
+    pthread_t th[NFREERS];
+    void **blocks = calloc(NFREERS * PER, sizeof *blocks);
+    ck_assert_ptr_nonnull(blocks);
+    for (int i = 0; i < NFREERS * PER; i++)
+        blocks[i] = xalloc(ctx, s1, 256 + (size_t)(i % 7) * 1024);
+    struct bfc__arena *a = resolve(blocks[0]).a;
+    atomic_store(&g_go, 0);
+    for (int i = 0; i < NFREERS; i++) {
+        f[i] = (struct freer){ ctx, new_stream(ctx), blocks + i * PER, 0 };
+        ck_assert_int_eq(pthread_create(&th[i], NULL, freer_main, &f[i]), 0);
+    }
+    atomic_store(&g_go, 1);
+    /* The owner keeps working on its stream meanwhile (each allocation
+     * drains what has arrived). */
+    for (int i = 0; i < 2000; i++)
+        xfree(ctx, xalloc(ctx, s1, 512), s1);
+    for (int i = 0; i < NFREERS; i++) {
+        ck_assert_int_eq(pthread_join(th[i], NULL), 0);
+        ck_assert_int_eq(f[i].errors, 0);
+    }
+    drain(a);
+    ck_assert(bfc__rq_empty(a));
+    bfc_stats_t s = sst(ctx, s1);
+    ck_assert_uint_eq(s.num_remote_frees, NFREERS * PER);
+    ck_assert_uint_eq(s.num_frees, NFREERS * PER + 2000);
+    ck_assert_uint_eq(s.bytes_in_use, 0);
+    ck_assert_uint_eq(s.num_pending_frees, 0);
+    xcheck(ctx);
+    free(blocks);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
+/* ---------------------------------------------------------- failures */
+
+/* No event: the free synchronises the freeing stream instead; when that
+ * cannot finish either (the stream is busy), the free is refused and the
+ * block stays the caller's. */
+START_TEST(test_event_fails)
+{
+    bfc_ctx_t *ctx = ctx_grow();
+    bfc_stream_t s1 = new_stream(ctx), s2 = new_stream(ctx);
+    void *p = xalloc(ctx, s1, 4096);
+    void *q = xalloc(ctx, s1, 4096);
+    struct blk b = resolve(p);
+    bfc_sim_fail_event_every(ctx, 1);
+    ck_assert_int_eq(remote_free(p, s2), BFC_OK);
+    drain(b.a);
+    ck_assert_uint_eq(state(b), BFC__CHUNK_FREE);
+
+    bfc_sim_stream_hold(ctx, s2);
+    struct blk bq = resolve(q);
+    ck_assert_int_eq(remote_free(q, s2), BFC_EBACKEND);
+    ck_assert_uint_eq(state(bq), BFC__CHUNK_INUSE);
+    ck_assert(bfc__rq_empty(b.a));
+    bfc_sim_fail_event_every(ctx, 0);
+    /* It is still a live block, freed normally now. */
+    ck_assert_uint_eq(bfc_ctx_requested_size(ctx, q), 4096);
+    ck_assert_int_eq(remote_free(q, s2), BFC_OK);
+    drain(b.a);
+    ck_assert_uint_eq(state(bq), BFC__CHUNK_PENDING);
+    bfc_sim_stream_drain(ctx, s2);
+    drain(b.a);
+    ck_assert_uint_eq(state(bq), BFC__CHUNK_FREE);
+    xcheck(ctx);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
+/* No fence record can be had (empty pool, metadata exhausted): refused,
+ * the block stays in use. */
+START_TEST(test_no_fence_record)
+{
+    bfc_ctx_t *ctx = ctx_grow();
+    bfc_stream_t s1 = new_stream(ctx), s2 = new_stream(ctx);
+    void *p = xalloc(ctx, s1, 4096);
+    struct blk b = resolve(p);
+    ck_assert_uint_eq(atomic_load(&b.a->nfences), 0);
+    bfc_sim_fail_meta_every(1);
+    int rc = remote_free(p, s2);
+    bfc_sim_fail_meta_every(0);
+    ck_assert_int_eq(rc, BFC_ENOMEM);
+    ck_assert_uint_eq(state(b), BFC__CHUNK_INUSE);
+    ck_assert(bfc__rq_empty(b.a));
+    ck_assert_int_eq(remote_free(p, s2), BFC_OK);
+    drain(b.a);
+    ck_assert_uint_eq(state(b), BFC__CHUNK_FREE);
+    xcheck(ctx);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
+/* ------------------------------------------------------ dead shards */
+
+/* A retired owner has no thread to drain its queue: the freer drains it,
+ * and the last block of the shard takes the shard with it. */
+START_TEST(test_retired_owner)
+{
+    bfc_ctx_t *ctx = ctx_grow();
+    bfc_stream_t s1 = new_stream(ctx), s2 = new_stream(ctx);
+    void *p = xalloc(ctx, s1, 4096);
+    void *q = xalloc(ctx, s1, 8192);
+    struct blk b = resolve(p);
+    ck_assert_uint_eq(st(ctx).num_shards, 1);
+    ck_assert_int_eq(bfc_ctx_stream_release(ctx, s1), BFC_OK);
+    ck_assert(atomic_load(&b.a->retired));
+    /* Out of the directory, alive while its blocks are. */
+    ck_assert_uint_eq(st(ctx).num_shards, 0);
+    ck_assert_uint_eq(st(ctx).bytes_in_use, 4096 + 8192);
+    ck_assert_uint_eq(st(ctx).num_regions, 1);
+
+    ck_assert_int_eq(remote_free(p, s2), BFC_OK);
+    /* Drained by us: nothing waits in the queue, q keeps the shard. */
+    ck_assert(bfc__rq_empty(b.a));
+    ck_assert_uint_eq(state(b), BFC__CHUNK_FREE);
+    ck_assert(!b.a->dead);
+    ck_assert_uint_eq(st(ctx).bytes_in_use, 8192);
+    ck_assert_uint_eq(st(ctx).num_regions, 1);
+    xcheck(ctx);
+
+    /* The last block: the shard dies and its memory goes back. */
+    ck_assert_int_eq(remote_free(q, s2), BFC_OK);
+    bfc_stats_t s = st(ctx);
+    ck_assert_uint_eq(s.bytes_in_use, 0);
+    ck_assert_uint_eq(s.num_regions, 0);
+    ck_assert_uint_eq(s.num_remote_frees, 2);
+    xcheck(ctx);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
+/* A retired owner whose last block's fence is still in flight stays until
+ * the fence completes. */
+START_TEST(test_retired_owner_pending)
+{
+    bfc_ctx_t *ctx = ctx_grow();
+    bfc_stream_t s1 = new_stream(ctx), s2 = new_stream(ctx);
+    void *p = xalloc(ctx, s1, 4096);
+    struct blk b = resolve(p);
+    ck_assert_int_eq(bfc_ctx_stream_release(ctx, s1), BFC_OK);
+    bfc_sim_stream_hold(ctx, s2);
+    ck_assert_int_eq(remote_free(p, s2), BFC_OK);
+    ck_assert_uint_eq(state(b), BFC__CHUNK_PENDING);
+    bfc_stats_t s = st(ctx);
+    ck_assert_uint_eq(s.num_regions, 1);
+    ck_assert_uint_eq(s.num_pending_frees, 1);
+    xcheck(ctx);
+    bfc_sim_stream_drain(ctx, s2);
+    /* Whoever looks after retired shards (trim) finds it done now. */
+    ck_assert_int_eq(bfc_ctx_trim(ctx), BFC_OK);
+    s = st(ctx);
+    ck_assert_uint_eq(s.num_pending_frees, 0);
+    ck_assert_uint_eq(s.num_regions, 0);
+    xcheck(ctx);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
+static Suite *remote_suite(void)
+{
+    Suite *s = suite_create("remote");
+    TCase *tc = tcase_create("remote");
+    tcase_set_timeout(tc, 30);
+    tcase_add_test(tc, test_enqueue_then_drain);
+    tcase_add_test(tc, test_fence_carried);
+    tcase_add_test(tc, test_fence_records_circulate);
+    tcase_add_test(tc, test_many_freers);
+    tcase_add_test(tc, test_event_fails);
+    tcase_add_test(tc, test_no_fence_record);
+    tcase_add_test(tc, test_retired_owner);
+    tcase_add_test(tc, test_retired_owner_pending);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    return run_suite(remote_suite());
+}
