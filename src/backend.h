@@ -45,6 +45,7 @@
 #define BFC_BACKEND_H
 
 #include "internal.h"
+#include "mutex.h"
 
 typedef void *bfc__event_t; /* cudaEvent_t on CUDA; a struct pointer on SIM */
 

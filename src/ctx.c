@@ -16,69 +16,14 @@
  *   release, trim, stats, check    arenas_lock / each arena lock / pool lock.
  */
 #include <errno.h>
-#include <linux/futex.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "ctx.h"
 #include <shardbfc_sim.h>
-
-void bfc__fatal(const char *what, int err)
-{
-    fprintf(stderr, "libshardbfc: fatal: %s failed: %s\n", what, strerror(err));
-    abort();
-}
-
-/* ------------------------------------------------------- arena mutex */
-
-static inline void cpu_relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    __asm__ __volatile__("yield");
-#endif
-}
-
-static long futex(_Atomic uint32_t *uaddr, int op, uint32_t val)
-{
-    return syscall(SYS_futex, (uint32_t *)uaddr, op, val, NULL, NULL, 0);
-}
-
-void bfc__mutex_lock_slow(bfc__mutex_t *m, uint32_t c)
-{
-    /* Short critical sections: a brief spin usually finds the lock free. */
-    for (int i = 0; i < 100 && c != 0; i++) {
-        cpu_relax();
-        c = atomic_load_explicit(&m->v, memory_order_relaxed);
-        if (c == 0) {
-            uint32_t z = 0;
-            if (atomic_compare_exchange_strong_explicit(&m->v, &z, 1, memory_order_acquire, memory_order_relaxed))
-                return;
-            c = z;
-        }
-    }
-    /* Mark contended (2) and sleep until an unlock finds the mark.
-     * acquire: pairs with the release exchange in bfc__munlock. */
-    if (c != 2)
-        c = atomic_exchange_explicit(&m->v, 2, memory_order_acquire);
-    while (c != 0) {
-        long r = futex(&m->v, FUTEX_WAIT_PRIVATE, 2);
-        if (r != 0 && errno != EAGAIN && errno != EINTR)
-            bfc__fatal("futex wait", errno);
-        c = atomic_exchange_explicit(&m->v, 2, memory_order_acquire);
-    }
-}
-
-void bfc__mutex_wake(bfc__mutex_t *m)
-{
-    if (futex(&m->v, FUTEX_WAKE_PRIVATE, 1) < 0)
-        bfc__fatal("futex wake", errno);
-}
 
 /* ------------------------------------------------------------ process */
 
@@ -117,7 +62,7 @@ void bfc__mutex_wake(bfc__mutex_t *m)
  *           (bfc__ctx_lock_all), each arena's fence-pool dequeue lock (the
  *           mutex of cds_wfcq_dequeue_blocking); then process-wide: the
  *           region map writer lock, the trace buffer registry and each
- *           running trace's file lock, the liburcu gate (arena.h), the SIM
+ *           running trace's file lock, the liburcu gate (rcu.h), the SIM
  *           stream-table lock.
  * Both after-fork handlers release in the reverse order.
  *
@@ -129,7 +74,7 @@ void bfc__mutex_wake(bfc__mutex_t *m)
  *     writer lock whose holder waits for call_rcu_mutex).  liburcu recreates
  *     it in the child;
  *   - a thread is registered with urcu-bp before it takes an inner lock on a
- *     path that may enter RCU (bfc__rcu_register, arena.h): registering takes
+ *     path that may enter RCU (bfc__rcu_register, rcu.h): registering takes
  *     the registry lock;
  *   - the region map hands old arrays to call_rcu after its writer lock is
  *     dropped, and synchronize_rcu / rcu_barrier run only with no inner lock
@@ -142,7 +87,7 @@ void bfc__mutex_wake(bfc__mutex_t *m)
  *
  * Wait-free queues.  An enqueue on a wfcqueue is two stores (swap the tail,
  * then link the old tail) with no lock, so fork() can stop a thread between
- * them.  liburcu's queues are protected by the liburcu gate (arena.h).  Ours
+ * them.  liburcu's queues are protected by the liburcu gate (rcu.h).  Ours
  * -- each arena's remote-free queue (cross-stream frees, wait-free by design)
  * and fence pool -- are repaired in the child instead, so the free path pays
  * nothing: a chain that stops short of its tail is cut at the last linked
@@ -156,7 +101,6 @@ void bfc__mutex_wake(bfc__mutex_t *m)
  */
 static pthread_mutex_t g_ctxs_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct bfc_ctx *g_ctxs;
-pthread_mutex_t bfc__urcu_gate = PTHREAD_MUTEX_INITIALIZER;
 
 static void registry_add(struct bfc_ctx *ctx)
 {

@@ -11,6 +11,7 @@
 #define BFC_OBS_H
 
 #include "internal.h"
+#include "mutex.h"
 
 struct bfc_ctx;
 struct bfc__trace; /* trace.c */

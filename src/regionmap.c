@@ -41,7 +41,6 @@ struct rmap {
 /* Published with a release store and read with an acquire load (C11 rather
  * than rcu_assign_pointer, so race detectors see the edge too). */
 static struct rmap *_Atomic rmap_cur;
-char bfc__rcu_sync;
 static pthread_mutex_t wlock = PTHREAD_MUTEX_INITIALIZER;
 
 static void rmap_free_cb(struct rcu_head *h)

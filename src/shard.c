@@ -135,7 +135,7 @@ struct bfc__arena *bfc__shard_get(struct bfc_ctx *ctx, bfc_stream_t s, int *stat
         ctx->arenas = mine;
         bfc__unlock(&ctx->arenas_lock);
         atomic_store_explicit(&mine->ready, true, memory_order_release);
-        bfc__plock(&bfc__urcu_gate); /* arena.h: may queue a resize */
+        bfc__plock(&bfc__urcu_gate); /* rcu.h: may queue a resize */
         struct cds_lfht_node *got =
             cds_lfht_add_unique(ctx->dir, hash_id(id), match_id, &id, &mine->dir_node);
         bfc__punlock(&bfc__urcu_gate);
@@ -212,7 +212,7 @@ int bfc__shard_retire(struct bfc_ctx *ctx, bfc_stream_t s)
     struct bfc__arena *a = st == BFC_OK ? lookup(ctx, id) : NULL;
     int del = -1;
     if (a) {
-        bfc__plock(&bfc__urcu_gate); /* arena.h: may queue a resize */
+        bfc__plock(&bfc__urcu_gate); /* rcu.h: may queue a resize */
         del = cds_lfht_del(ctx->dir, &a->dir_node);
         bfc__punlock(&bfc__urcu_gate);
     }
@@ -314,7 +314,7 @@ void bfc__shard_dir_fini(struct bfc_ctx *ctx)
     bfc__rcu_lock();
     struct cds_lfht_iter it;
     struct cds_lfht_node *node;
-    bfc__plock(&bfc__urcu_gate); /* arena.h: may queue a resize */
+    bfc__plock(&bfc__urcu_gate); /* rcu.h: may queue a resize */
     cds_lfht_for_each(ctx->dir, &it, node) (void)cds_lfht_del(ctx->dir, node);
     bfc__punlock(&bfc__urcu_gate);
     bfc__rcu_unlock();
