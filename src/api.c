@@ -31,7 +31,7 @@
 #define MAX_DEVICES 64
 
 static bfc_ctx_t *_Atomic devices[MAX_DEVICES];
-static pthread_mutex_t create_lock = PTHREAD_MUTEX_INITIALIZER;
+static bfc__mutex_t create_lock = BFC__MUTEX_INIT(BFC__RANK_API, "the service create lock");
 
 static pthread_once_t env_once = PTHREAD_ONCE_INIT;
 static bfc_config_t env_cfg;

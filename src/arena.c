@@ -683,7 +683,10 @@ struct bfc__arena *bfc__arena_new(struct bfc_ctx *ctx, bfc_stream_t s, uint64_t 
     if (!a)
         return NULL;
     memset(a, 0, sizeof(*a));
-    atomic_init(&a->lock.v, 0);
+    if (bfc__mutex_init(&a->lock, BFC__RANK_ARENA, "an arena") != 0) {
+        bfc__meta_free(a, sizeof(*a));
+        return NULL;
+    }
     a->ctx = ctx;
     a->stream = s;
     a->stream_id = sid;
@@ -758,6 +761,7 @@ void bfc__arena_free(struct bfc__arena *a)
     }
     bfc__fence_pool_destroy(a);
     bfc__slab_destroy(&a->chunk_slab);
+    bfc__mutex_destroy(&a->lock);
     cds_wfcq_destroy(&a->rq_head, &a->rq_tail);
     cds_wfcq_destroy(&a->fpool_head, &a->fpool_tail);
     bfc__meta_free(a, sizeof(*a));

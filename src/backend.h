@@ -199,7 +199,7 @@ struct bfc__vmm_res {
 };
 
 typedef struct bfc__vmm_book {
-    pthread_mutex_t lock;
+    bfc__mutex_t lock;
     size_t granule;
     struct bfc__vmm_res *res; /* sorted by base */
     size_t n, cap;

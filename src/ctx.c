@@ -53,18 +53,23 @@
  * teardown runs synchronize_rcu and rcu_barrier); they are taken before the
  * hooks, which is safe because nothing liburcu waits for needs them.
  *
- * The order, outermost first (every path nests in it, none the other way):
+ * The order, outermost first (every path nests in it, none the other way),
+ * is that of the lock ranks (enum bfc__lock_rank, mutex.h), which debug
+ * builds check on every lock taken:
  *   outer   the service's create lock (api.c); the host table lock (host.c);
  *           the context registry (g_ctxs_lock, below); each context's
  *           obs.lock (trace start/stop, OOM report);
  *   liburcu call_rcu_before_fork, rcu_bp_before_fork;
- *   inner   per context: arenas_lock, each arena's lock, the pool lock
- *           (bfc__ctx_lock_all), each arena's fence-pool dequeue lock (the
- *           mutex of cds_wfcq_dequeue_blocking); then process-wide: the
- *           region map writer lock, the trace buffer registry and each
- *           running trace's file lock, the liburcu gate (rcu.h), the SIM
- *           stream-table lock.
- * Both after-fork handlers release in the reverse order.
+ *   inner   every context's arenas_lock, then every arena's lock, then
+ *           every context's pool lock, then every arena's fence-pool dequeue
+ *           lock (the mutex of cds_wfcq_dequeue_blocking); then process-
+ *           wide: the region map writer lock, the trace buffer registry and
+ *           each running trace's file lock, the liburcu gate (rcu.h), the
+ *           SIM stream-table lock.
+ * Locks of one rank are taken over all contexts before the next rank, so
+ * the handler itself keeps the order the witness checks (bfc__lock_nested
+ * for several locks of one rank).  Both after-fork handlers release in the
+ * reverse order.
  *
  * What makes the inner holders keep the rule:
  *   - the default call_rcu data is created at process set-up (below): else
@@ -99,7 +104,7 @@
  * create, destroy and fork.  A context being destroyed has left it, and the
  * contract of bfc_ctx_destroy (no concurrent users) covers its locks.
  */
-static pthread_mutex_t g_ctxs_lock = PTHREAD_MUTEX_INITIALIZER;
+static bfc__mutex_t g_ctxs_lock = BFC__MUTEX_INIT(BFC__RANK_CTX_REGISTRY, "the context registry");
 static struct bfc_ctx *g_ctxs;
 
 static void registry_add(struct bfc_ctx *ctx)
@@ -138,22 +143,28 @@ static void wfcq_cut(struct cds_wfcq_head *h, struct cds_wfcq_tail *t)
 
 static void before_fork(void)
 {
-    /* Outer. */
+    /* Outer, in rank order (mutex.h): the locks of one rank across every
+     * context before those of the next rank. */
     bfc__api_fork_lock();
     bfc__host_fork_lock();
     bfc__lock(&g_ctxs_lock);
     for (struct bfc_ctx *c = g_ctxs; c; c = c->reg_next)
         if (c->obs.lock_ready)
-            bfc__lock(&c->obs.lock);
+            bfc__lock_nested(&c->obs.lock);
     /* liburcu: its threads paused, its locks held. */
     call_rcu_before_fork();
     rcu_bp_before_fork();
-    /* Inner. */
-    for (struct bfc_ctx *c = g_ctxs; c; c = c->reg_next) {
-        bfc__ctx_lock_all(c);
+    /* Inner, in rank order. */
+    for (struct bfc_ctx *c = g_ctxs; c; c = c->reg_next)
+        bfc__lock_nested(&c->arenas_lock);
+    for (struct bfc_ctx *c = g_ctxs; c; c = c->reg_next)
+        for (struct bfc__arena *a = c->arenas; a; a = a->all_next)
+            bfc__lock_nested(&a->lock);
+    for (struct bfc_ctx *c = g_ctxs; c; c = c->reg_next)
+        bfc__lock_nested(&c->pool.lock);
+    for (struct bfc_ctx *c = g_ctxs; c; c = c->reg_next)
         for (struct bfc__arena *a = c->arenas; a; a = a->all_next)
             cds_wfcq_dequeue_lock(&a->fpool_head, &a->fpool_tail);
-    }
     bfc__regionmap_fork_lock();
     bfc__trace_fork_lock();
     for (struct bfc_ctx *c = g_ctxs; c; c = c->reg_next)
@@ -172,7 +183,7 @@ static void release_inner(bool child)
             bfc__trace_fork_unlock_file(c);
     bfc__trace_fork_unlock();
     bfc__regionmap_fork_unlock();
-    for (struct bfc_ctx *c = g_ctxs; c; c = c->reg_next) {
+    for (struct bfc_ctx *c = g_ctxs; c; c = c->reg_next)
         for (struct bfc__arena *a = c->arenas; a; a = a->all_next) {
             if (child) {
                 wfcq_cut(&a->rq_head, &a->rq_tail);
@@ -180,8 +191,13 @@ static void release_inner(bool child)
             }
             cds_wfcq_dequeue_unlock(&a->fpool_head, &a->fpool_tail);
         }
-        bfc__ctx_unlock_all(c);
-    }
+    for (struct bfc_ctx *c = g_ctxs; c; c = c->reg_next)
+        bfc__unlock(&c->pool.lock);
+    for (struct bfc_ctx *c = g_ctxs; c; c = c->reg_next)
+        for (struct bfc__arena *a = c->arenas; a; a = a->all_next)
+            bfc__unlock(&a->lock);
+    for (struct bfc_ctx *c = g_ctxs; c; c = c->reg_next)
+        bfc__unlock(&c->arenas_lock);
 }
 
 static void release_outer(void)

@@ -19,7 +19,7 @@ struct bfc_ctx {
     size_t bins_max;             /* requests of at least this size skip the bins on the fast path */
     struct bfc__pool pool;
     struct cds_lfht *dir;        /* stream id -> arena */
-    pthread_mutex_t arenas_lock; /* the arena list: shard create/reclaim, stats, slow path */
+    bfc__mutex_t arenas_lock;  /* the arena list: shard create/reclaim, stats, slow path */
     struct bfc__arena *arenas;
     uint64_t arena_seq;
     _Atomic uint64_t ooms;       /* rejected before any shard was involved */
@@ -54,7 +54,7 @@ void bfc__shard_dir_fini(struct bfc_ctx *ctx);
  * caches compare it to know they are stale. */
 extern _Atomic uint64_t bfc__dir_epoch;
 
-/* Every lock of the context / all released (fork, consistent checks). */
+/* Every lock of the context, in rank order / all released (bfc_ctx_check). */
 void bfc__ctx_lock_all(struct bfc_ctx *ctx);
 void bfc__ctx_unlock_all(struct bfc_ctx *ctx);
 

@@ -58,7 +58,7 @@ static bfc_config_t g_cfg;
 static pthread_key_t g_key;
 static struct host_thread *g_threads;             /* MAX_THREADS slots, mapped */
 static atomic_uint g_hw;                          /* slots ever handed out */
-static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static bfc__mutex_t g_lock = BFC__MUTEX_INIT(BFC__RANK_HOST, "the host context table");
 static uint32_t g_free = UINT32_MAX;              /* free slot list (g_lock) */
 static uint64_t g_next_id = 1;                    /* g_lock */
 static bfc_ctx_t *_Atomic g_ctx[MAX_NODES];

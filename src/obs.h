@@ -22,7 +22,7 @@ struct bfc__obs {
      * record is initialised, cleared by trace_stop before a grace period;
      * dereferenced only inside an RCU read-side section (trace.c). */
     struct bfc__trace *_Atomic trace;
-    pthread_mutex_t lock;  /* trace start/stop, the OOM callback, oom_dump */
+    bfc__mutex_t lock;     /* trace start/stop, the OOM callback, oom_dump */
     bool lock_ready;
     bfc_oom_fn oom_fn;     /* under lock */
     void *oom_arg;

@@ -321,10 +321,10 @@ int bfc_ctx_set_oom_callback(bfc_ctx_t *ctx, bfc_oom_fn fn, void *arg)
 {
     if (!ctx || !ctx->obs.lock_ready)
         return BFC_EINVAL;
-    bfc__plock(&ctx->obs.lock);
+    bfc__lock(&ctx->obs.lock);
     ctx->obs.oom_fn = fn;
     ctx->obs.oom_arg = fn ? arg : NULL;
-    bfc__punlock(&ctx->obs.lock);
+    bfc__unlock(&ctx->obs.lock);
     return BFC_OK;
 }
 
@@ -339,14 +339,14 @@ bool bfc__oom_callback(struct bfc_ctx *ctx, size_t n, bfc_stream_t stream)
     bfc_oom_info_t info = r->info; /* the callback's own copy */
     struct bfc__oom_report *old = NULL;
 
-    bfc__plock(&ctx->obs.lock);
+    bfc__lock(&ctx->obs.lock);
     if (r->heap) {
         old = ctx->obs.last_oom;
         ctx->obs.last_oom = r;
     }
     bfc_oom_fn fn = ctx->obs.oom_fn;
     void *arg = ctx->obs.oom_arg;
-    bfc__punlock(&ctx->obs.lock);
+    bfc__unlock(&ctx->obs.lock);
     report_free(old);
     if (!fn)
         return false;
@@ -375,11 +375,11 @@ int bfc_ctx_oom_info(bfc_ctx_t *ctx, bfc_oom_info_t *out)
     memset(out, 0, sizeof(*out));
     if (!ctx->obs.lock_ready)
         return BFC_ESTATE;
-    bfc__plock(&ctx->obs.lock);
+    bfc__lock(&ctx->obs.lock);
     const struct bfc__oom_report *r = ctx->obs.last_oom;
     if (r)
         *out = r->info;
-    bfc__punlock(&ctx->obs.lock);
+    bfc__unlock(&ctx->obs.lock);
     return r ? BFC_OK : BFC_ESTATE;
 }
 
@@ -403,10 +403,10 @@ void bfc__oom_json(struct bfc_ctx *ctx, FILE *f)
         fputs(",\"oom\":null", f);
         return;
     }
-    bfc__plock(&ctx->obs.lock);
+    bfc__lock(&ctx->obs.lock);
     const struct bfc__oom_report *r = ctx->obs.last_oom;
     if (!r) {
-        bfc__punlock(&ctx->obs.lock);
+        bfc__unlock(&ctx->obs.lock);
         fputs(",\"oom\":null", f);
         return;
     }
@@ -442,7 +442,7 @@ void bfc__oom_json(struct bfc_ctx *ctx, FILE *f)
     }
     fprintf(f, "],\"shards_omitted\":%zu,\"spans_omitted\":%zu}", r->nshards_total - r->nshards,
             r->nspans_total - r->nspans);
-    bfc__punlock(&ctx->obs.lock);
+    bfc__unlock(&ctx->obs.lock);
 }
 
 void bfc__oom_dump(struct bfc_ctx *ctx)
@@ -457,13 +457,13 @@ void bfc__oom_dump(struct bfc_ctx *ctx)
      * turn into a storm of multi-megabyte writes, and the newest state is
      * what matters.  The file is written without obs.lock, because the
      * snapshot takes it to print the report. */
-    bfc__plock(&ctx->obs.lock);
+    bfc__lock(&ctx->obs.lock);
     bool go = !ctx->obs.dumping && (ctx->obs.last_dump_ns == 0 || now - ctx->obs.last_dump_ns >= 1000000000u);
     if (go) {
         ctx->obs.dumping = true;
         ctx->obs.last_dump_ns = now ? now : 1;
     }
-    bfc__punlock(&ctx->obs.lock);
+    bfc__unlock(&ctx->obs.lock);
     if (!go)
         return;
     char tmp[sizeof(ctx->cfg.oom_dump) + 8];
@@ -478,9 +478,9 @@ void bfc__oom_dump(struct bfc_ctx *ctx)
             (void)unlink(tmp);
         }
     }
-    bfc__plock(&ctx->obs.lock);
+    bfc__lock(&ctx->obs.lock);
     ctx->obs.dumping = false;
-    bfc__punlock(&ctx->obs.lock);
+    bfc__unlock(&ctx->obs.lock);
 }
 
 void bfc__oom_fini(struct bfc_ctx *ctx)

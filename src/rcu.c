@@ -10,4 +10,4 @@
 #include "rcu.h"
 
 char bfc__rcu_sync;
-pthread_mutex_t bfc__urcu_gate = PTHREAD_MUTEX_INITIALIZER;
+bfc__mutex_t bfc__urcu_gate = BFC__MUTEX_INIT(BFC__RANK_URCU_GATE, "the liburcu gate");

@@ -53,7 +53,7 @@ static inline void bfc__rcu_register(void)
  * The gate is a leaf: its holder only enqueues (never blocking: the thread
  * is registered and the default call_rcu data exists from process set-up).
  */
-extern pthread_mutex_t bfc__urcu_gate;
+extern bfc__mutex_t bfc__urcu_gate;
 
 /* Every call_rcu goes through here: the caller's accesses happen before
  * the callback's (which starts with bfc__rcu_reclaim). */
@@ -61,9 +61,9 @@ static inline void bfc__call_rcu(struct rcu_head *h, void (*fn)(struct rcu_head 
 {
     BFC__TSAN_RELEASE(&bfc__rcu_sync);
     bfc__rcu_register();
-    bfc__plock(&bfc__urcu_gate);
+    bfc__lock(&bfc__urcu_gate);
     call_rcu(h, fn);
-    bfc__punlock(&bfc__urcu_gate);
+    bfc__unlock(&bfc__urcu_gate);
 }
 /* First thing in every call_rcu callback and after synchronize_rcu /
  * rcu_barrier. */

@@ -41,7 +41,7 @@ struct rmap {
 /* Published with a release store and read with an acquire load (C11 rather
  * than rcu_assign_pointer, so race detectors see the edge too). */
 static struct rmap *_Atomic rmap_cur;
-static pthread_mutex_t wlock = PTHREAD_MUTEX_INITIALIZER;
+static bfc__mutex_t wlock = BFC__MUTEX_INIT(BFC__RANK_REGIONMAP, "the region map writer lock");
 
 static void rmap_free_cb(struct rcu_head *h)
 {

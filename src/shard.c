@@ -54,7 +54,7 @@ int bfc__shard_dir_init(struct bfc_ctx *ctx)
     ctx->dir = cds_lfht_new(64, 64, 0, CDS_LFHT_AUTO_RESIZE | CDS_LFHT_ACCOUNTING, NULL);
     if (!ctx->dir)
         return BFC_ENOMEM;
-    if (pthread_mutex_init(&ctx->arenas_lock, NULL)) {
+    if (bfc__mutex_init(&ctx->arenas_lock, BFC__RANK_ARENAS, "a context's arenas list")) {
         cds_lfht_destroy(ctx->dir, NULL);
         return BFC_EBACKEND;
     }
@@ -135,10 +135,10 @@ struct bfc__arena *bfc__shard_get(struct bfc_ctx *ctx, bfc_stream_t s, int *stat
         ctx->arenas = mine;
         bfc__unlock(&ctx->arenas_lock);
         atomic_store_explicit(&mine->ready, true, memory_order_release);
-        bfc__plock(&bfc__urcu_gate); /* rcu.h: may queue a resize */
+        bfc__lock(&bfc__urcu_gate); /* rcu.h: may queue a resize */
         struct cds_lfht_node *got =
             cds_lfht_add_unique(ctx->dir, hash_id(id), match_id, &id, &mine->dir_node);
-        bfc__punlock(&bfc__urcu_gate);
+        bfc__unlock(&bfc__urcu_gate);
         if (got != &mine->dir_node) {
             /* Another thread published this stream's shard first. */
             mine->unlinked = true;
@@ -212,9 +212,9 @@ int bfc__shard_retire(struct bfc_ctx *ctx, bfc_stream_t s)
     struct bfc__arena *a = st == BFC_OK ? lookup(ctx, id) : NULL;
     int del = -1;
     if (a) {
-        bfc__plock(&bfc__urcu_gate); /* rcu.h: may queue a resize */
+        bfc__lock(&bfc__urcu_gate); /* rcu.h: may queue a resize */
         del = cds_lfht_del(ctx->dir, &a->dir_node);
-        bfc__punlock(&bfc__urcu_gate);
+        bfc__unlock(&bfc__urcu_gate);
     }
     if (del != 0) {
         bfc__rcu_unlock();
@@ -294,7 +294,7 @@ void bfc__ctx_lock_all(struct bfc_ctx *ctx)
 {
     bfc__lock(&ctx->arenas_lock);
     for (struct bfc__arena *a = ctx->arenas; a; a = a->all_next)
-        bfc__lock(&a->lock);
+        bfc__lock_nested(&a->lock);
     bfc__lock(&ctx->pool.lock);
 }
 
@@ -314,9 +314,9 @@ void bfc__shard_dir_fini(struct bfc_ctx *ctx)
     bfc__rcu_lock();
     struct cds_lfht_iter it;
     struct cds_lfht_node *node;
-    bfc__plock(&bfc__urcu_gate); /* rcu.h: may queue a resize */
+    bfc__lock(&bfc__urcu_gate); /* rcu.h: may queue a resize */
     cds_lfht_for_each(ctx->dir, &it, node) (void)cds_lfht_del(ctx->dir, node);
-    bfc__punlock(&bfc__urcu_gate);
+    bfc__unlock(&bfc__urcu_gate);
     bfc__rcu_unlock();
     /* Wait for readers, then for every call_rcu callback queued so far
      * (retired arenas, regions) before freeing the rest by hand. */
@@ -331,5 +331,5 @@ void bfc__shard_dir_fini(struct bfc_ctx *ctx)
     rcu_barrier();
     bfc__rcu_reclaim();
     cds_lfht_destroy(ctx->dir, NULL);
-    pthread_mutex_destroy(&ctx->arenas_lock);
+    bfc__mutex_destroy(&ctx->arenas_lock);
 }
