@@ -141,7 +141,7 @@ static int owner_of(const void *p, bfc_ctx_t **ctx, bfc_stream_t *s)
     struct bfc__region *r = bfc__regionmap_lookup((uintptr_t)p);
     int st = BFC_ENOTOWNED;
     if (r) {
-        *ctx = r->ctx;
+        *ctx = r->tag;
         *s = r->owner->stream;
         st = BFC_OK;
     }

@@ -460,7 +460,7 @@ static bool tails_help(struct bfc_ctx *ctx, struct bfc__arena *a, size_t rounded
     struct bfc__range r[TAILS_MAX];
     size_t n = bfc__arena_tails_locked(a, r, TAILS_MAX);
     bfc__unlock(&a->lock);
-    n += bfc__ctx_collect_tails(ctx, a, r + n, TAILS_MAX - n);
+    n += bfc__shard_collect_tails(ctx, a, r + n, TAILS_MAX - n);
     bfc__lock(&a->lock);
     if (n == 0)
         return false;
@@ -522,7 +522,7 @@ void *bfc__ctx_alloc_slow(struct bfc_ctx *ctx, struct bfc__arena *a, size_t n, s
          * guard: wait for their work.  Our lock is dropped meanwhile (no
          * path holds two arena locks). */
         bfc__unlock(&a->lock);
-        bfc__ctx_reclaim_others(ctx, a, false);
+        bfc__shard_reclaim_others(ctx, a, false);
         if (ctx->cfg.garbage_collection)
             bfc__pool_release_free(&ctx->pool);
         bfc__pool_wait(&ctx->pool, a->stream_id, false, wait);
@@ -539,7 +539,7 @@ void *bfc__ctx_alloc_slow(struct bfc_ctx *ctx, struct bfc__arena *a, size_t n, s
         if (tails_help(ctx, a, rounded)) {
             bfc__arena_shed_locked(a, true);
             bfc__unlock(&a->lock);
-            bfc__ctx_reclaim_others(ctx, a, true);
+            bfc__shard_reclaim_others(ctx, a, true);
             bfc__pool_wait(&ctx->pool, a->stream_id, false, wait);
             bfc__lock(&a->lock);
             if ((p = retry_here(ctx, a, n, rounded, large, fit_first, &st)))
@@ -663,7 +663,7 @@ void *bfc_ctx_alloc(bfc_ctx_t *ctx, bfc_stream_t stream, size_t n)
 static int resolve(struct bfc_ctx *ctx, uintptr_t p, struct bfc__region **rp, struct bfc__chunk **cp)
 {
     struct bfc__region *r = bfc__regionmap_lookup(p);
-    if (!r || r->ctx != ctx)
+    if (!r || r->tag != ctx)
         return BFC_ENOTOWNED;
     *rp = r;
     *cp = (p & (BFC__MIN_ALLOC - 1)) ? NULL : bfc__region_handle(r, p);
@@ -743,7 +743,10 @@ int bfc_ctx_free(bfc_ctx_t *ctx, void *ptr, bfc_stream_t stream)
      * free_complete; c->requested is stable while we hold the claim. */
     if (bfc__tracing(&ctx->obs))
         bfc__trace_event(ctx, BFC__TR_FREE, p, c->requested, stream);
-    st = bfc__remote_free(a, c, stream);
+    bool dead;
+    st = bfc__remote_free(a, c, stream, &dead);
+    if (dead)
+        bfc__shard_reclaim(a);
 out:
     bfc__rcu_unlock();
     if (BFC__UNLIKELY(ctx->cfg.debug_check))
@@ -795,7 +798,7 @@ static int record_fn(struct bfc__arena *a, struct bfc__chunk *c, void *arg)
             return BFC_OK;
     /* The fence record is taken now, so that the free never allocates. */
     struct bfc__recorded *rs = bfc__meta_alloc(sizeof(*rs));
-    struct bfc__fence *f = rs ? bfc__fence_get(a) : NULL;
+    struct bfc__fence *f = rs ? bfc__arena_fence_get(a) : NULL;
     if (!f) {
         bfc__meta_free(rs, sizeof(*rs));
         return BFC_ENOMEM;
@@ -869,7 +872,7 @@ int bfc_ctx_trim(bfc_ctx_t *ctx)
     if (!ctx)
         return BFC_EINVAL;
     bfc__rcu_register(); /* before the arenas lock: releases call call_rcu */
-    bfc__ctx_reclaim_others(ctx, NULL, false);
+    bfc__shard_reclaim_others(ctx, NULL, false);
     /* What just left the shards is fenced on their streams: on a device,
      * wait for that work (as PyTorch's empty_cache synchronises its events
      * before it frees), so that trim returns what it can. */

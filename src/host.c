@@ -270,8 +270,8 @@ static int host_owner(const void *p, bfc_ctx_t **ctx, bfc_stream_t *owner)
     st = BFC_ENOTOWNED;
     bfc__rcu_lock();
     struct bfc__region *r = bfc__regionmap_lookup((uintptr_t)p);
-    if (r && r->ctx->is_host) {
-        *ctx = r->ctx;
+    if (r && ((struct bfc_ctx *)r->tag)->is_host) {
+        *ctx = r->tag;
         *owner = r->owner->stream;
         st = BFC_OK;
     }

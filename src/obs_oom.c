@@ -14,7 +14,7 @@
  *
  *   - the request: size, chunk bytes needed, stream;
  *   - every live shard's free bytes, largest free chunk, pending (fenced)
- *     bytes, in-use and reserved bytes (bfc__arenas_free_info, arena.c);
+ *     bytes, in-use and reserved bytes (bfc__shard_free_info, shard.c);
  *   - the pool's free spans, with the stream still fencing each where the
  *     pool records one (bfc__pool_spans, pool.c);
  *   - limit, reserved and unreserved bytes, and the diagnosis.
@@ -125,7 +125,7 @@ static void report_free(struct bfc__oom_report *r)
 static void gather(struct bfc_ctx *ctx, struct bfc__oom_report *r, struct bfc__shard_free *fb_shards,
                    struct bfc__span_info *fb_spans)
 {
-    size_t cap = bfc__arenas_free_info(ctx, NULL, 0) + OOM_SLACK;
+    size_t cap = bfc__shard_free_info(ctx, NULL, 0) + OOM_SLACK;
     r->shards = r->heap ? bfc__meta_alloc(cap * sizeof(*r->shards)) : NULL;
     if (r->shards) {
         r->shards_cap = cap;
@@ -134,7 +134,7 @@ static void gather(struct bfc_ctx *ctx, struct bfc__oom_report *r, struct bfc__s
         r->shards_cap = 0;
     }
     struct bfc__shard_free *sh = r->shards ? r->shards : fb_shards;
-    r->nshards_total = bfc__arenas_free_info(ctx, sh, cap);
+    r->nshards_total = bfc__shard_free_info(ctx, sh, cap);
     r->nshards = r->nshards_total < cap ? r->nshards_total : cap;
     if (!r->shards)
         r->shards = fb_shards;

@@ -239,7 +239,7 @@ int bfc__shard_retire(struct bfc_ctx *ctx, bfc_stream_t s)
     return BFC_OK;
 }
 
-size_t bfc__ctx_reclaim_others(struct bfc_ctx *ctx, struct bfc__arena *self, bool tails)
+size_t bfc__shard_reclaim_others(struct bfc_ctx *ctx, struct bfc__arena *self, bool tails)
 {
     size_t freed = 0;
     bfc__lock(&ctx->arenas_lock);
@@ -266,7 +266,7 @@ size_t bfc__ctx_reclaim_others(struct bfc_ctx *ctx, struct bfc__arena *self, boo
     return freed;
 }
 
-size_t bfc__ctx_collect_tails(struct bfc_ctx *ctx, struct bfc__arena *self, struct bfc__range *out, size_t max)
+size_t bfc__shard_collect_tails(struct bfc_ctx *ctx, struct bfc__arena *self, struct bfc__range *out, size_t max)
 {
     size_t n = 0;
     bfc__lock(&ctx->arenas_lock);
@@ -290,7 +290,7 @@ size_t bfc__ctx_collect_tails(struct bfc_ctx *ctx, struct bfc__arena *self, stru
  * a second arena lock while holding an arena lock: whoever holds one arena
  * lock finishes (taking at most the pool and region-map locks) and lets go.
  */
-void bfc__ctx_lock_all(struct bfc_ctx *ctx)
+void bfc__shard_lock_all(struct bfc_ctx *ctx)
 {
     bfc__lock(&ctx->arenas_lock);
     for (struct bfc__arena *a = ctx->arenas; a; a = a->all_next)
@@ -298,7 +298,7 @@ void bfc__ctx_lock_all(struct bfc_ctx *ctx)
     bfc__lock(&ctx->pool.lock);
 }
 
-void bfc__ctx_unlock_all(struct bfc_ctx *ctx)
+void bfc__shard_unlock_all(struct bfc_ctx *ctx)
 {
     bfc__unlock(&ctx->pool.lock);
     for (struct bfc__arena *a = ctx->arenas; a; a = a->all_next)
@@ -332,4 +332,34 @@ void bfc__shard_dir_fini(struct bfc_ctx *ctx)
     bfc__rcu_reclaim();
     cds_lfht_destroy(ctx->dir, NULL);
     bfc__mutex_destroy(&ctx->arenas_lock);
+}
+
+/* ------------------------------------------------------- OOM report */
+
+size_t bfc__shard_free_info(struct bfc_ctx *ctx, struct bfc__shard_free *out, size_t max)
+{
+    size_t n = 0;
+    bfc__lock(&ctx->arenas_lock);
+    for (struct bfc__arena *a = ctx->arenas; a; a = a->all_next) {
+        bfc__lock(&a->lock);
+        /* A dead shard still listed holds nothing; a retired one may still
+         * hold free chunks next to live blocks, which is worth showing. */
+        if (!a->dead) {
+            bfc__arena_drain_locked(a, true);
+            if (n < max)
+                out[n] = (struct bfc__shard_free){
+                    .stream_id = a->stream_id,
+                    .stream = a->stream,
+                    .free_bytes = a->bins.total_bytes,
+                    .largest_free = bfc__bins_largest(&a->bins),
+                    .pending_bytes = a->st.pending_bytes,
+                    .in_use = a->st.bytes_in_use,
+                    .reserved = a->st.bytes_reserved,
+                };
+            n++;
+        }
+        bfc__unlock(&a->lock);
+    }
+    bfc__unlock(&ctx->arenas_lock);
+    return n;
 }
