@@ -73,7 +73,6 @@
  * a child never inherits it taken.
  */
 #include "backend.h"
-#include "ctx.h" /* bfc__dir_epoch: destroying a stream invalidates cached lookups */
 #include "meta.h"
 
 #include <errno.h>
@@ -664,11 +663,6 @@ void bfc__sim_stream_destroy(bfc__backend_t *be, bfc_stream_t s)
      * release: pairs with the acquire load in sim_stream_id. */
     atomic_store_explicit(&st->dead, true, memory_order_release);
     sim_drain(st);
-    /* Threads cache (stream, shard) pairs keyed by handle; a new epoch
-     * makes every cache miss once, and the lookup then asks stream_id,
-     * which refuses the dead handle.  release: pairs with the acquire
-     * loads of the epoch in shard.c's cache check. */
-    atomic_fetch_add_explicit(&bfc__dir_epoch, 1, memory_order_release);
 }
 
 void bfc__sim_stream_hold(bfc__backend_t *be, bfc_stream_t s)

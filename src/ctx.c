@@ -104,6 +104,8 @@
  * create, destroy and fork.  A context being destroyed has left it, and the
  * contract of bfc_ctx_destroy (no concurrent users) covers its locks.
  */
+bfc__mutex_t bfc__ctx_create_lock = BFC__MUTEX_INIT(BFC__RANK_API, "the service create lock");
+bfc__mutex_t bfc__ctx_host_lock = BFC__MUTEX_INIT(BFC__RANK_HOST, "the host context table");
 static bfc__mutex_t g_ctxs_lock = BFC__MUTEX_INIT(BFC__RANK_CTX_REGISTRY, "the context registry");
 static struct bfc_ctx *g_ctxs;
 
@@ -145,8 +147,8 @@ static void before_fork(void)
 {
     /* Outer, in rank order (mutex.h): the locks of one rank across every
      * context before those of the next rank. */
-    bfc__api_fork_lock();
-    bfc__host_fork_lock();
+    bfc__lock(&bfc__ctx_create_lock);
+    bfc__lock(&bfc__ctx_host_lock);
     bfc__lock(&g_ctxs_lock);
     for (struct bfc_ctx *c = g_ctxs; c; c = c->reg_next)
         if (c->obs.lock_ready)
@@ -206,8 +208,8 @@ static void release_outer(void)
         if (c->obs.lock_ready)
             bfc__unlock(&c->obs.lock);
     bfc__unlock(&g_ctxs_lock);
-    bfc__host_fork_unlock();
-    bfc__api_fork_unlock();
+    bfc__unlock(&bfc__ctx_host_lock);
+    bfc__unlock(&bfc__ctx_create_lock);
 }
 
 static void after_fork_parent(void)
@@ -263,6 +265,84 @@ void bfc__process_init(void)
         bfc__fatal("pthread_once", e);
 }
 
+/* ------------------------------------------------------ observability */
+
+/*
+ * The context's observability state (obs.h) is set up and torn down here,
+ * and the OOM dump is written from here: they use the trace (trace.c), the
+ * OOM report (obs_oom.c) and the snapshot (stats.c) -- all at this layer or
+ * below -- so none of those has to call another to start or stop.
+ */
+static int obs_init(struct bfc_ctx *ctx)
+{
+    int e = bfc__mutex_init(&ctx->obs.lock, BFC__RANK_OBS, "a context's obs lock");
+    if (e != 0)
+        return BFC_ENOMEM;
+    ctx->obs.lock_ready = true;
+    /* Host contexts share the process configuration with the device ones;
+     * one file per context is what a trace means, so only device contexts
+     * follow cfg.trace (a host context can still be traced by the call). */
+    if (ctx->cfg.trace[0] && !ctx->is_host) {
+        int st = bfc_ctx_trace_start(ctx, ctx->cfg.trace);
+        if (st != BFC_OK) {
+            ctx->obs.lock_ready = false;
+            bfc__mutex_destroy(&ctx->obs.lock);
+            return st;
+        }
+    }
+    return BFC_OK;
+}
+
+static void obs_fini(struct bfc_ctx *ctx)
+{
+    if (!ctx->obs.lock_ready)
+        return;
+    if (atomic_load_explicit(&ctx->obs.trace, memory_order_relaxed))
+        (void)bfc_ctx_trace_stop(ctx);
+    bfc__oom_fini(ctx);
+    ctx->obs.lock_ready = false;
+    bfc__mutex_destroy(&ctx->obs.lock);
+}
+
+/* Writes the snapshot to cfg.oom_dump if set (rate-limited). */
+static void oom_dump(struct bfc_ctx *ctx)
+{
+    if (!ctx->cfg.oom_dump[0] || ctx->is_host || !ctx->obs.lock_ready)
+        return;
+    struct timespec ts;
+    if (clock_gettime(CLOCK_MONOTONIC, &ts) != 0)
+        return;
+    uint64_t now = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+    /* At most one dump a second, and one at a time: an OOM storm must not
+     * turn into a storm of multi-megabyte writes, and the newest state is
+     * what matters.  The file is written without obs.lock, because the
+     * snapshot takes it to print the report. */
+    bfc__lock(&ctx->obs.lock);
+    bool go = !ctx->obs.dumping && (ctx->obs.last_dump_ns == 0 || now - ctx->obs.last_dump_ns >= 1000000000u);
+    if (go) {
+        ctx->obs.dumping = true;
+        ctx->obs.last_dump_ns = now ? now : 1;
+    }
+    bfc__unlock(&ctx->obs.lock);
+    if (!go)
+        return;
+    char tmp[sizeof(ctx->cfg.oom_dump) + 8];
+    snprintf(tmp, sizeof(tmp), "%s.tmp", ctx->cfg.oom_dump);
+    FILE *f = fopen(tmp, "w");
+    if (f) {
+        int st = bfc_ctx_snapshot_json(ctx, f);
+        if (fclose(f) == 0 && st == BFC_OK) {
+            if (rename(tmp, ctx->cfg.oom_dump) != 0)
+                (void)unlink(tmp);
+        } else {
+            (void)unlink(tmp);
+        }
+    }
+    bfc__lock(&ctx->obs.lock);
+    ctx->obs.dumping = false;
+    bfc__unlock(&ctx->obs.lock);
+}
+
 /* ------------------------------------------------------------ create */
 
 /* Builds a context over an opened backend (which it then owns, also on
@@ -300,7 +380,7 @@ static int ctx_create(bfc_config_t cfg, bfc__backend_t *be, bool host, bfc_ctx_t
     st = bfc__shard_dir_init(ctx);
     if (st != BFC_OK)
         goto fail_pool;
-    st = bfc__obs_init(ctx); /* last: it may start a trace */
+    st = obs_init(ctx); /* last: it may start a trace */
     if (st != BFC_OK) {
         bfc__shard_dir_fini(ctx);
         goto fail_pool;
@@ -359,7 +439,7 @@ void bfc_ctx_destroy(bfc_ctx_t *ctx)
         return;
     registry_remove(ctx); /* first: a fork from now on does not touch it */
     ctx->destroying = true;
-    bfc__obs_fini(ctx); /* the trace gets every event up to here */
+    obs_fini(ctx); /* the trace gets every event up to here */
     bfc__shard_dir_fini(ctx);
     bfc__pool_fini(&ctx->pool);
     ctx->be->ops->close(ctx->be);
@@ -623,10 +703,10 @@ static __attribute__((noinline, cold)) void *alloc_observed(struct bfc_ctx *ctx,
                                                             void *p, int st)
 {
     if (!p && st == BFC_ENOMEM) {
-        if (bfc__oom_callback(ctx, n, stream))
+        if (bfc__oom_callback(ctx, n, stream, bfc_ctx_stats))
             p = alloc_once(ctx, stream, n, &st);
         if (!p && st == BFC_ENOMEM)
-            bfc__oom_dump(ctx);
+            oom_dump(ctx);
     }
     if (bfc__tracing(&ctx->obs))
         bfc__trace_event(ctx, p ? BFC__TR_ALLOC : BFC__TR_ALLOC_FAIL, (uintptr_t)p, n, stream);
@@ -897,8 +977,15 @@ bfc_stream_t bfc_sim_stream_create(bfc_ctx_t *ctx)
 void bfc_sim_stream_destroy(bfc_ctx_t *ctx, bfc_stream_t s)
 {
     bfc__backend_t *be = sim_be(ctx);
-    if (be)
+    if (be) {
         bfc__sim_stream_destroy(be, s);
+        /* Threads cache (stream, shard) pairs keyed by handle; a new epoch
+         * makes every cache miss once, and the lookup then asks stream_id,
+         * which refuses the dead handle.  The SIM backend knows nothing of
+         * the shard directory, so the bump is here.  release: pairs with
+         * the acquire loads of the epoch in shard.c's cache check. */
+        atomic_fetch_add_explicit(&bfc__dir_epoch, 1, memory_order_release);
+    }
 }
 
 void bfc_sim_stream_hold(bfc_ctx_t *ctx, bfc_stream_t s)

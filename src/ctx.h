@@ -50,14 +50,15 @@ void *bfc__ctx_alloc_slow(struct bfc_ctx *ctx, struct bfc__arena *a, size_t n, s
  * handlers cover for the first time. */
 void bfc__process_init(void);
 
-/* The locks other parts lend to the fork handlers (ctx.c, "Fork", has the
- * order and the rule).  Outer: the service's create lock (api.c), the host
- * table lock (host.c).  Inner: the trace buffer registry and one running
- * trace's file lock (trace.c; the file lock under ctx->obs.lock). */
-void bfc__api_fork_lock(void);
-void bfc__api_fork_unlock(void);
-void bfc__host_fork_lock(void);
-void bfc__host_fork_unlock(void);
+/* The outer locks of the layers above, defined here so that the fork
+ * handlers take them without calling up: the service's create lock (api.c,
+ * rank BFC__RANK_API) and the host table lock (host.c, BFC__RANK_HOST). */
+extern bfc__mutex_t bfc__ctx_create_lock;
+extern bfc__mutex_t bfc__ctx_host_lock;
+
+/* The inner locks trace.c lends to the fork handlers (ctx.c, "Fork", has
+ * the order and the rule): the trace buffer registry and one running
+ * trace's file lock (the file lock under ctx->obs.lock). */
 void bfc__trace_fork_lock(void);
 void bfc__trace_fork_unlock(void);
 void bfc__trace_fork_lock_file(struct bfc_ctx *ctx);

@@ -328,7 +328,8 @@ int bfc_ctx_set_oom_callback(bfc_ctx_t *ctx, bfc_oom_fn fn, void *arg)
     return BFC_OK;
 }
 
-bool bfc__oom_callback(struct bfc_ctx *ctx, size_t n, bfc_stream_t stream)
+bool bfc__oom_callback(struct bfc_ctx *ctx, size_t n, bfc_stream_t stream,
+                       int (*stats)(bfc_ctx_t *ctx, bfc_stats_t *out))
 {
     if (!ctx->obs.lock_ready)
         return false;
@@ -351,7 +352,7 @@ bool bfc__oom_callback(struct bfc_ctx *ctx, size_t n, bfc_stream_t stream)
     if (!fn)
         return false;
     bfc_stats_t s;
-    bfc_ctx_stats(ctx, &s);
+    (void)stats(ctx, &s);
     /* No lock held: the callback may free (or allocate) on this context,
      * and may fail again inside (its own report nests). */
     const bfc_oom_info_t *prev_info = tls_info;
@@ -442,44 +443,6 @@ void bfc__oom_json(struct bfc_ctx *ctx, FILE *f)
     }
     fprintf(f, "],\"shards_omitted\":%zu,\"spans_omitted\":%zu}", r->nshards_total - r->nshards,
             r->nspans_total - r->nspans);
-    bfc__unlock(&ctx->obs.lock);
-}
-
-void bfc__oom_dump(struct bfc_ctx *ctx)
-{
-    if (!ctx->cfg.oom_dump[0] || ctx->is_host || !ctx->obs.lock_ready)
-        return;
-    struct timespec ts;
-    if (clock_gettime(CLOCK_MONOTONIC, &ts) != 0)
-        return;
-    uint64_t now = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-    /* At most one dump a second, and one at a time: an OOM storm must not
-     * turn into a storm of multi-megabyte writes, and the newest state is
-     * what matters.  The file is written without obs.lock, because the
-     * snapshot takes it to print the report. */
-    bfc__lock(&ctx->obs.lock);
-    bool go = !ctx->obs.dumping && (ctx->obs.last_dump_ns == 0 || now - ctx->obs.last_dump_ns >= 1000000000u);
-    if (go) {
-        ctx->obs.dumping = true;
-        ctx->obs.last_dump_ns = now ? now : 1;
-    }
-    bfc__unlock(&ctx->obs.lock);
-    if (!go)
-        return;
-    char tmp[sizeof(ctx->cfg.oom_dump) + 8];
-    snprintf(tmp, sizeof(tmp), "%s.tmp", ctx->cfg.oom_dump);
-    FILE *f = fopen(tmp, "w");
-    if (f) {
-        int st = bfc_ctx_snapshot_json(ctx, f);
-        if (fclose(f) == 0 && st == BFC_OK) {
-            if (rename(tmp, ctx->cfg.oom_dump) != 0)
-                (void)unlink(tmp);
-        } else {
-            (void)unlink(tmp);
-        }
-    }
-    bfc__lock(&ctx->obs.lock);
-    ctx->obs.dumping = false;
     bfc__unlock(&ctx->obs.lock);
 }
 

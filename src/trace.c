@@ -1,8 +1,7 @@
 /*
  * trace.c -- the allocation trace: every allocation, free, fenced-free
  * completion, region grow and release of one context, written as CSV in
- * RMM's logging format (doc/trace.md), and the context's observability
- * set-up (bfc__obs_init / fini).
+ * RMM's logging format (doc/trace.md).
  *
  * Cost model.  With no trace running, each allocation and free path reads
  * ctx->obs.trace once (relaxed) and branches: nothing else.  With a trace
@@ -491,39 +490,6 @@ int bfc_ctx_trace_stop(bfc_ctx_t *ctx)
     int st = t ? finish(t) : BFC_ESTATE;
     bfc__unlock(&ctx->obs.lock);
     return st;
-}
-
-/* ------------------------------------------------------------ set-up */
-
-int bfc__obs_init(struct bfc_ctx *ctx)
-{
-    int e = bfc__mutex_init(&ctx->obs.lock, BFC__RANK_OBS, "a context's obs lock");
-    if (e != 0)
-        return BFC_ENOMEM;
-    ctx->obs.lock_ready = true;
-    /* Host contexts share the process configuration with the device ones;
-     * one file per context is what a trace means, so only device contexts
-     * follow cfg.trace (a host context can still be traced by the call). */
-    if (ctx->cfg.trace[0] && !ctx->is_host) {
-        int st = bfc_ctx_trace_start(ctx, ctx->cfg.trace);
-        if (st != BFC_OK) {
-            ctx->obs.lock_ready = false;
-            bfc__mutex_destroy(&ctx->obs.lock);
-            return st;
-        }
-    }
-    return BFC_OK;
-}
-
-void bfc__obs_fini(struct bfc_ctx *ctx)
-{
-    if (!ctx->obs.lock_ready)
-        return;
-    if (atomic_load_explicit(&ctx->obs.trace, memory_order_relaxed))
-        (void)bfc_ctx_trace_stop(ctx);
-    bfc__oom_fini(ctx);
-    ctx->obs.lock_ready = false;
-    bfc__mutex_destroy(&ctx->obs.lock);
 }
 
 /* ------------------------------------------------------------- fork */
