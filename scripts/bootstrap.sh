@@ -48,6 +48,8 @@ packages=(
     libhwloc-dev
     check
     jq
+    cflow
+    graphviz
 )
 
 missing=()

@@ -926,9 +926,11 @@ int bfc__arena_check_locked(struct bfc__arena *a, char *buf, size_t len)
  * records whose fences completed (wait-free); cross-stream freers
  * (remote.c) dequeue with cds_wfcq_dequeue_blocking, which takes that
  * queue's own small mutex (rank BFC__RANK_FENCE_POOL, mutex.h).  An empty
- * pool creates a record and its event.
+ * pool creates a record and its event.  These are kept out of line, as
+ * they were when they lived in remote.c: inlined into the free path they
+ * cost it registers (callee-saved pushes) on every call, used or not.
  */
-struct bfc__fence *bfc__arena_fence_get(struct bfc__arena *a)
+__attribute__((noinline)) struct bfc__fence *bfc__arena_fence_get(struct bfc__arena *a)
 {
     struct cds_wfcq_node *node = cds_wfcq_dequeue_blocking(&a->fpool_head, &a->fpool_tail);
     struct bfc__fence *f;
@@ -950,7 +952,7 @@ struct bfc__fence *bfc__arena_fence_get(struct bfc__arena *a)
     return f;
 }
 
-void bfc__arena_fence_put(struct bfc__arena *a, struct bfc__fence *f)
+__attribute__((noinline)) void bfc__arena_fence_put(struct bfc__arena *a, struct bfc__fence *f)
 {
     while (f) {
         struct bfc__fence *next = f->extra;
@@ -961,7 +963,7 @@ void bfc__arena_fence_put(struct bfc__arena *a, struct bfc__fence *f)
     }
 }
 
-void bfc__arena_fence_pool_destroy(struct bfc__arena *a)
+__attribute__((noinline)) void bfc__arena_fence_pool_destroy(struct bfc__arena *a)
 {
     struct cds_wfcq_node *node;
     while ((node = cds_wfcq_dequeue_blocking(&a->fpool_head, &a->fpool_tail))) {
