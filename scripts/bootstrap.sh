@@ -49,6 +49,8 @@ packages=(
     check
     libjson-c-dev
     jq
+    cflow
+    graphviz
 )
 
 missing=()

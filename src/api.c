@@ -16,7 +16,7 @@
  * allocation path nothing new; the pointer-only calls (bfc_free,
  * bfc_stream_free, bfc_record_stream) pay one pthread_once fast path.
  *
- * Locking: `create_lock` is taken only when a device's context does not exist
+ * Locking: `bfc__ctx_create_lock` (defined in ctx.c, which takes it across fork) is taken only when a device's context does not exist
  * yet (once per device) and by bfc_shutdown; every other call reads the
  * context table with an acquire load.  It is held while a context is created
  * or destroyed, which waits for liburcu (its locks, grace periods, its
@@ -31,7 +31,6 @@
 #define MAX_DEVICES 64
 
 static bfc_ctx_t *_Atomic devices[MAX_DEVICES];
-static pthread_mutex_t create_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static pthread_once_t env_once = PTHREAD_ONCE_INIT;
 static bfc_config_t env_cfg;
@@ -85,8 +84,8 @@ static bfc_ctx_t *ctx_of_device(int dev, int *status)
     bfc_ctx_t *ctx = atomic_load_explicit(&devices[dev], memory_order_acquire);
     if (BFC__LIKELY(ctx != NULL))
         return ctx;
-    bfc__process_init(); /* the fork handlers exist before create_lock is used */
-    bfc__lock(&create_lock);
+    bfc__process_init(); /* the fork handlers exist before bfc__ctx_create_lock is used */
+    bfc__lock(&bfc__ctx_create_lock);
     ctx = atomic_load_explicit(&devices[dev], memory_order_relaxed);
     if (!ctx) {
         bfc_config_t cfg = env_cfg;
@@ -99,7 +98,7 @@ static bfc_ctx_t *ctx_of_device(int dev, int *status)
             atomic_store_explicit(&devices[dev], ctx, memory_order_release);
         }
     }
-    bfc__unlock(&create_lock);
+    bfc__unlock(&bfc__ctx_create_lock);
     return ctx;
 }
 
@@ -141,7 +140,7 @@ static int owner_of(const void *p, bfc_ctx_t **ctx, bfc_stream_t *s)
     struct bfc__region *r = bfc__regionmap_lookup((uintptr_t)p);
     int st = BFC_ENOTOWNED;
     if (r) {
-        *ctx = r->ctx;
+        *ctx = r->tag;
         *s = r->owner->stream;
         st = BFC_OK;
     }
@@ -201,22 +200,12 @@ int bfc_stream_release(bfc_stream_t stream)
 void bfc_shutdown(void)
 {
     bfc__process_init(); /* as in ctx_of_device */
-    bfc__lock(&create_lock);
+    bfc__lock(&bfc__ctx_create_lock);
     for (int i = 0; i < MAX_DEVICES; i++) {
         bfc_ctx_t *ctx = atomic_exchange_explicit(&devices[i], NULL, memory_order_acq_rel);
         if (ctx)
             bfc_ctx_destroy(ctx);
     }
-    bfc__unlock(&create_lock);
+    bfc__unlock(&bfc__ctx_create_lock);
     bfc__host_shutdown();
-}
-
-void bfc__api_fork_lock(void)
-{
-    bfc__lock(&create_lock);
-}
-
-void bfc__api_fork_unlock(void)
-{
-    bfc__unlock(&create_lock);
 }

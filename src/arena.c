@@ -121,7 +121,7 @@ static int region_new(struct bfc__arena *a, size_t size, bool large, struct bfc_
         goto nomem;
     r->base = base;
     r->size = size;
-    r->ctx = ctx;
+    r->tag = ctx;
     r->owner = a;
     r->seg = seg;
     r->large = large;
@@ -486,7 +486,7 @@ static void fence_recorded(struct bfc__arena *a, struct bfc__chunk *c, struct bf
             f->extra = *chain;
             *chain = f;
         } else {
-            bfc__fence_put(a, f);
+            bfc__arena_fence_put(a, f);
         }
         bfc__meta_free(rs, sizeof(*rs));
         rs = next;
@@ -502,7 +502,7 @@ void bfc__arena_free_chunk_locked(struct bfc__arena *a, struct bfc__chunk *c)
         fence_recorded(a, c, &chain);
         if (chain) {
             if (bfc__fence_query(a->ctx->be, chain) == BFC_OK) {
-                bfc__fence_put(a, chain);
+                bfc__arena_fence_put(a, chain);
                 if (bfc__tracing(&a->ctx->obs))
                     trace_free_complete(a, c);
             } else {
@@ -517,7 +517,7 @@ void bfc__arena_free_chunk_locked(struct bfc__arena *a, struct bfc__chunk *c)
 
 void bfc__arena_drain_locked(struct bfc__arena *a, bool full)
 {
-    if (!bfc__rq_empty(a)) {
+    if (!bfc__arena_rq_empty(a)) {
         struct __cds_wfcq_head h;
         struct cds_wfcq_tail t;
         struct cds_wfcq_node *node, *next;
@@ -534,7 +534,7 @@ void bfc__arena_drain_locked(struct bfc__arena *a, bool full)
             a->st.remote_frees++;
             fence_recorded(a, c, &f->extra);
             if (bfc__fence_query(a->ctx->be, f) == BFC_OK) {
-                bfc__fence_put(a, f);
+                bfc__arena_fence_put(a, f);
                 if (bfc__tracing(&a->ctx->obs))
                     trace_free_complete(a, c);
                 release_chunk(a, c);
@@ -549,7 +549,7 @@ void bfc__arena_drain_locked(struct bfc__arena *a, bool full)
         if (bfc__fence_query(a->ctx->be, f) == BFC_OK) {
             struct bfc__chunk *c = f->chunk;
             pending_unlink(a, f);
-            bfc__fence_put(a, f);
+            bfc__arena_fence_put(a, f);
             if (bfc__tracing(&a->ctx->obs))
                 trace_free_complete(a, c);
             release_chunk(a, c);
@@ -665,7 +665,7 @@ void *bfc__arena_grow_locked(struct bfc__arena *a, size_t n, size_t rounded, boo
 void *bfc__arena_alloc_locked(struct bfc__arena *a, size_t n, size_t rounded)
 {
     struct bfc_ctx *ctx = a->ctx;
-    if (!bfc__rq_empty(a) || a->pending_head)
+    if (!bfc__arena_rq_empty(a) || a->pending_head)
         bfc__arena_drain_locked(a, false);
     if (BFC__LIKELY(rounded < ctx->bins_max)) {
         struct bfc__chunk *c = bfc__bins_best_fit(&a->bins, rounded);
@@ -683,7 +683,10 @@ struct bfc__arena *bfc__arena_new(struct bfc_ctx *ctx, bfc_stream_t s, uint64_t 
     if (!a)
         return NULL;
     memset(a, 0, sizeof(*a));
-    atomic_init(&a->lock.v, 0);
+    if (bfc__mutex_init(&a->lock, BFC__RANK_ARENA, "an arena") != 0) {
+        bfc__meta_free(a, sizeof(*a));
+        return NULL;
+    }
     a->ctx = ctx;
     a->stream = s;
     a->stream_id = sid;
@@ -703,7 +706,7 @@ static void recorded_discard(struct bfc__arena *a, struct bfc__chunk *c)
     struct bfc__recorded *rs = c->recorded;
     while (rs) {
         struct bfc__recorded *x = rs->next;
-        bfc__fence_put(a, rs->fence);
+        bfc__arena_fence_put(a, rs->fence);
         bfc__meta_free(rs, sizeof(*rs));
         rs = x;
     }
@@ -714,8 +717,8 @@ void bfc__arena_free(struct bfc__arena *a)
 {
     /* Teardown path (context destroy, or an arena reclaimed after its
      * grace period): whatever is left goes, every fence record back to the
-     * fence pool first so that bfc__fence_pool_destroy frees them all. */
-    if (!bfc__rq_empty(a)) {
+     * fence pool first so that bfc__arena_fence_pool_destroy frees them all. */
+    if (!bfc__arena_rq_empty(a)) {
         struct __cds_wfcq_head h;
         struct cds_wfcq_tail t;
         struct cds_wfcq_node *node, *next;
@@ -726,13 +729,13 @@ void bfc__arena_free(struct bfc__arena *a)
             struct bfc__fence *f = caa_container_of(node, struct bfc__fence, qnode);
             /* acquire: pairs with the release in bfc__remote_free. */
             (void)atomic_load_explicit(&f->handoff, memory_order_acquire);
-            bfc__fence_put(a, f);
+            bfc__arena_fence_put(a, f);
         }
     }
     while (a->pending_head) {
         struct bfc__fence *f = a->pending_head;
         pending_unlink(a, f);
-        bfc__fence_put(a, f);
+        bfc__arena_fence_put(a, f);
     }
     while (a->regions) {
         struct bfc__region *r = a->regions;
@@ -756,8 +759,9 @@ void bfc__arena_free(struct bfc__arena *a)
         r->live = 0;
         region_depart(a, r, false);
     }
-    bfc__fence_pool_destroy(a);
+    bfc__arena_fence_pool_destroy(a);
     bfc__slab_destroy(&a->chunk_slab);
+    bfc__mutex_destroy(&a->lock);
     cds_wfcq_destroy(&a->rq_head, &a->rq_tail);
     cds_wfcq_destroy(&a->fpool_head, &a->fpool_tail);
     bfc__meta_free(a, sizeof(*a));
@@ -776,23 +780,6 @@ bool bfc__arena_maybe_dead_slow(struct bfc__arena *a)
 }
 
 /* ------------------------------------------------------- validation */
-
-struct bfc__chunk *bfc__region_find_containing(struct bfc__region *r, uintptr_t p)
-{
-    if (p < r->base || p >= r->base + r->size)
-        return NULL;
-    size_t i = (p - r->base) >> BFC__MIN_ALLOC_BITS;
-    if (i >= r->nhandles)
-        i = r->nhandles - 1;
-    for (;;) {
-        struct bfc__chunk *c = atomic_load_explicit(&r->handles[i], memory_order_acquire);
-        if (c && c != BFC__HANDLE_GONE)
-            return (p >= c->ptr && p < c->ptr + c->size) ? c : NULL;
-        if (i == 0)
-            return NULL;
-        i--;
-    }
-}
 
 int bfc__arena_classify_locked(struct bfc__arena *a, struct bfc__region *r, uintptr_t p,
                                struct bfc__chunk **out)
@@ -932,32 +919,56 @@ int bfc__arena_check_locked(struct bfc__arena *a, char *buf, size_t len)
     return 0;
 }
 
-/* ------------------------------------------------------- OOM report */
+/* ------------------------------------------------------- fence pool */
 
-size_t bfc__arenas_free_info(struct bfc_ctx *ctx, struct bfc__shard_free *out, size_t max)
+/*
+ * The arena's pool of fence records, a second wfcqueue: the owner enqueues
+ * records whose fences completed (wait-free); cross-stream freers
+ * (remote.c) dequeue with cds_wfcq_dequeue_blocking, which takes that
+ * queue's own small mutex (rank BFC__RANK_FENCE_POOL, mutex.h).  An empty
+ * pool creates a record and its event.  These are kept out of line, as
+ * they were when they lived in remote.c: inlined into the free path they
+ * cost it registers (callee-saved pushes) on every call, used or not.
+ */
+__attribute__((noinline)) struct bfc__fence *bfc__arena_fence_get(struct bfc__arena *a)
 {
-    size_t n = 0;
-    bfc__lock(&ctx->arenas_lock);
-    for (struct bfc__arena *a = ctx->arenas; a; a = a->all_next) {
-        bfc__lock(&a->lock);
-        /* A dead shard still listed holds nothing; a retired one may still
-         * hold free chunks next to live blocks, which is worth showing. */
-        if (!a->dead) {
-            bfc__arena_drain_locked(a, true);
-            if (n < max)
-                out[n] = (struct bfc__shard_free){
-                    .stream_id = a->stream_id,
-                    .stream = a->stream,
-                    .free_bytes = a->bins.total_bytes,
-                    .largest_free = bfc__bins_largest(&a->bins),
-                    .pending_bytes = a->st.pending_bytes,
-                    .in_use = a->st.bytes_in_use,
-                    .reserved = a->st.bytes_reserved,
-                };
-            n++;
-        }
-        bfc__unlock(&a->lock);
+    struct cds_wfcq_node *node = cds_wfcq_dequeue_blocking(&a->fpool_head, &a->fpool_tail);
+    struct bfc__fence *f;
+    if (node) {
+        f = caa_container_of(node, struct bfc__fence, qnode);
+        /* acquire: pairs with the release in bfc__arena_fence_put. */
+        (void)atomic_load_explicit(&f->handoff, memory_order_acquire);
+        /* A record whose event could not be created: try again. */
+        if (BFC__UNLIKELY(!f->ev) && a->ctx->be->ops->event_create(a->ctx->be, &f->ev) != BFC_OK)
+            f->ev = NULL;
+    } else {
+        f = bfc__fence_new(a->ctx->be);
+        if (!f)
+            return NULL;
+        /* relaxed: a count for teardown accounting only. */
+        atomic_fetch_add_explicit(&a->nfences, 1, memory_order_relaxed);
     }
-    bfc__unlock(&ctx->arenas_lock);
-    return n;
+    bfc__fence_reset(f);
+    return f;
+}
+
+__attribute__((noinline)) void bfc__arena_fence_put(struct bfc__arena *a, struct bfc__fence *f)
+{
+    while (f) {
+        struct bfc__fence *next = f->extra;
+        cds_wfcq_node_init(&f->qnode);
+        atomic_store_explicit(&f->handoff, 0, memory_order_release);
+        cds_wfcq_enqueue(&a->fpool_head, &a->fpool_tail, &f->qnode);
+        f = next;
+    }
+}
+
+__attribute__((noinline)) void bfc__arena_fence_pool_destroy(struct bfc__arena *a)
+{
+    struct cds_wfcq_node *node;
+    while ((node = cds_wfcq_dequeue_blocking(&a->fpool_head, &a->fpool_tail))) {
+        struct bfc__fence *f = caa_container_of(node, struct bfc__fence, qnode);
+        bfc__fence_destroy(a->ctx->be, f);
+        atomic_fetch_sub_explicit(&a->nfences, 1, memory_order_relaxed);
+    }
 }

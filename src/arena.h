@@ -1,11 +1,13 @@
 /*
- * arena.h -- regions, the region pool, the region map and the BFC arena.
+ * arena.h -- the BFC arena: one shard's allocator.
  *
- * A region is one piece of device memory handed to one arena (a shard) by
- * the context's region pool.  An arena cuts its regions into chunks (chunk.h)
- * and serves allocations with TensorFlow's best-fit-with-coalescing.  The
- * region map (process-wide, RCU) finds the region of any pointer without a
- * lock; the region's handle table then finds the chunk that starts there.
+ * An arena takes regions (region.h) from the context's region pool
+ * (pool.h), cuts them into chunks (chunk.h) and serves allocations with
+ * TensorFlow's best-fit-with-coalescing.  It exports primitives -- fit,
+ * grow, drain, wait for pending fences, shed free regions, a "dead" result
+ * -- and no policy: the out-of-memory escalation is the context's (ctx.c).
+ * Each arena keeps its own pool of fence records (bfc__arena_fence_*),
+ * which cross-stream frees (remote.c) draw from.
  *
  * Lock order (outermost first); no path takes two arena locks:
  *     ctx->arenas_lock -> arena->lock -> { pool.lock | region map writer lock }
@@ -22,7 +24,8 @@
 
 #include <pthread.h>
 
-#include <urcu-bp.h>
+#include "rcu.h" /* the urcu-bp flavour, before the data structures that use it */
+
 #include <urcu/rculfhash.h>
 #include <urcu/wfcqueue.h>
 
@@ -31,134 +34,9 @@
 #include "fence.h"
 #include "meta.h"
 #include "pool.h"
+#include "region.h"
 
 struct bfc__arena;
-
-/* RCU read side, and the matching edge for reclamation (see internal.h). */
-extern char bfc__rcu_sync;
-static inline void bfc__rcu_lock(void)
-{
-    rcu_read_lock();
-}
-static inline void bfc__rcu_unlock(void)
-{
-    BFC__TSAN_RELEASE(&bfc__rcu_sync);
-    rcu_read_unlock();
-}
-/*
- * Registers the calling thread with urcu-bp if it is not yet (a thread-local
- * test when it is).  urcu-bp registers a thread at its first rcu_read_lock,
- * and registering takes liburcu's registry lock, which the fork handlers hold
- * while they wait for the library's locks (ctx.c, "Fork").  So a thread must
- * be registered before it takes any library lock on a path that may enter
- * RCU (call_rcu, a nested read section): the allocation and free paths are,
- * because they open a read section first; the slow entry points that start
- * with a lock (trim, statistics, dumps) call this first.
- */
-static inline void bfc__rcu_register(void)
-{
-    urcu_bp_register_thread();
-}
-
-/*
- * The liburcu gate: held around every call of the library that enqueues on
- * one of liburcu's wait-free queues (call_rcu; rculfhash add and delete,
- * which may queue a resize for its worker).  Such an enqueue is two stores
- * (swap the tail, then link the old tail); a thread stopped between them by
- * fork() would leave the child a queue whose consumer -- the child's new
- * call_rcu thread or hash-table worker -- waits forever for the link.  The
- * fork handlers take the gate, so no such enqueue is ever in flight at fork.
- * The gate is a leaf: its holder only enqueues (never blocking: the thread
- * is registered and the default call_rcu data exists from process set-up).
- */
-extern pthread_mutex_t bfc__urcu_gate;
-
-/* Every call_rcu goes through here: the caller's accesses happen before
- * the callback's (which starts with bfc__rcu_reclaim). */
-static inline void bfc__call_rcu(struct rcu_head *h, void (*fn)(struct rcu_head *))
-{
-    BFC__TSAN_RELEASE(&bfc__rcu_sync);
-    bfc__rcu_register();
-    bfc__plock(&bfc__urcu_gate);
-    call_rcu(h, fn);
-    bfc__punlock(&bfc__urcu_gate);
-}
-/* First thing in every call_rcu callback and after synchronize_rcu /
- * rcu_barrier. */
-static inline void bfc__rcu_reclaim(void)
-{
-    BFC__TSAN_ACQUIRE(&bfc__rcu_sync);
-}
-/* Last thing in every call_rcu callback: what it did happens before the
- * return of a later rcu_barrier. */
-static inline void bfc__rcu_reclaim_done(void)
-{
-    BFC__TSAN_RELEASE(&bfc__rcu_sync);
-}
-
-/* A handle-table entry: a chunk record at a chunk start, NULL where no chunk
- * ever started, or BFC__HANDLE_GONE where a chunk started once and has since
- * been merged into its predecessor (tells a double free from a foreign
- * pointer). */
-#define BFC__HANDLE_GONE ((struct bfc__chunk *)(uintptr_t)1)
-
-struct bfc__region {
-    uintptr_t base;
-    size_t size;                 /* shrinks when a free tail departs (owner's lock) */
-    struct bfc_ctx *ctx;
-    /* Written once when the region is created; a region never changes owner
-     * (it goes back to the pool and a new region record is made). */
-    struct bfc__arena *owner;
-    /* One entry per 256 bytes; mapped (MAP_NORESERVE) so that untouched
-     * pages cost nothing; written under the owner's lock, read lock-free by
-     * cross-stream frees (release stores pair with acquire loads). */
-    struct bfc__chunk *_Atomic *handles;
-    size_t nhandles;
-    size_t handles_bytes;
-    struct bfc__segment *seg;    /* pool segment it is carved from */
-    bool large;                  /* a large request's own region */
-    bool gone;                   /* given back to the pool (owner's lock) */
-    size_t live;                 /* chunks not FREE (owner's lock) */
-    struct bfc__chunk *tail;     /* last chunk in address order (owner's lock) */
-    /* The records its departure needs, reserved when it was made, so that
-     * giving it back to the pool never fails. */
-    struct bfc__pool_ticket ticket;
-    struct bfc__region *anext, *aprev; /* owner's region list */
-    struct rcu_head rcu;
-};
-
-/* ----------------------------------------------------------- region map */
-
-/* Process-wide: which region holds an address.  Lookups under
- * rcu_read_lock; updates under a writer mutex (only when regions come or
- * go).  Returns NULL when no region holds p. */
-struct bfc__region *bfc__regionmap_lookup(uintptr_t p);
-int bfc__regionmap_insert(struct bfc__region *r);
-void bfc__regionmap_remove(struct bfc__region *r);
-/* r->size shrank (its tail departed): lookups stop resolving the tail. */
-void bfc__regionmap_shrink(struct bfc__region *r);
-/* Number of regions of ctx in the map (bfc_ctx_check). */
-size_t bfc__regionmap_count(struct bfc_ctx *ctx);
-/* The writer lock, held across fork (ctx.c). */
-void bfc__regionmap_fork_lock(void);
-void bfc__regionmap_fork_unlock(void);
-
-/* Chunk record starting exactly at p in r, or NULL / BFC__HANDLE_GONE. */
-static inline struct bfc__chunk *bfc__region_handle(struct bfc__region *r, uintptr_t p)
-{
-    size_t i = (p - r->base) >> BFC__MIN_ALLOC_BITS;
-    if (i >= r->nhandles)
-        return NULL;
-    /* acquire: pairs with the release store that published the chunk's
-     * fields in bfc__region_set_handle. */
-    return atomic_load_explicit(&r->handles[i], memory_order_acquire);
-}
-
-static inline void bfc__region_set_handle(struct bfc__region *r, uintptr_t p, struct bfc__chunk *c)
-{
-    size_t i = (p - r->base) >> BFC__MIN_ALLOC_BITS;
-    atomic_store_explicit(&r->handles[i], c, memory_order_release);
-}
 
 /* ------------------------------------------------------------------ arena */
 
@@ -209,7 +87,7 @@ struct bfc__arena {
 
 /* Is the remote-free queue empty?  The test of liburcu's _cds_wfcq_empty,
  * inline (the exported cds_wfcq_empty is a call on every allocation). */
-static inline bool bfc__rq_empty(struct bfc__arena *a)
+static inline bool bfc__arena_rq_empty(struct bfc__arena *a)
 {
     return CMM_LOAD_SHARED(a->rq_head.node.next) == NULL && CMM_LOAD_SHARED(a->rq_tail.p) == &a->rq_head.node;
 }
@@ -259,31 +137,12 @@ static inline bool bfc__arena_maybe_dead_locked(struct bfc__arena *a)
  * introspection call; BFC_OK, BFC_ENOTOWNED or BFC_EDOUBLEFREE. */
 int bfc__arena_classify_locked(struct bfc__arena *a, struct bfc__region *r, uintptr_t p,
                                struct bfc__chunk **out);
-/* Chunk of a region p lies in (error path, owner's lock). */
-struct bfc__chunk *bfc__region_find_containing(struct bfc__region *r, uintptr_t p);
 int bfc__arena_check_locked(struct bfc__arena *a, char *buf, size_t len);
 
-/* What one shard could give, as the OOM report shows it. */
-struct bfc__shard_free {
-    uint64_t stream_id;
-    bfc_stream_t stream;
-    size_t free_bytes;      /* in its bins */
-    size_t largest_free;    /* its largest free chunk */
-    size_t pending_bytes;   /* freed blocks still waiting for their fences */
-    size_t in_use;          /* live chunk bytes */
-    size_t reserved;        /* its regions */
-};
-/* Each live shard of ctx in turn (arenas_lock, then each arena's lock, never
- * two; the remote-free queue drained first, as bfc_ctx_stats does): the
- * first `max` into out.  Returns the number of live shards. */
-size_t bfc__arenas_free_info(struct bfc_ctx *ctx, struct bfc__shard_free *out, size_t max);
-
-/* remote.c: cross-stream free of chunk c (claimed: FREEING) of owner a. */
-int bfc__remote_free(struct bfc__arena *a, struct bfc__chunk *c, bfc_stream_t s);
 /* The owner arena's pool of fence records (with events): get (NULL when
  * metadata is exhausted) and put back a chain (through `extra`). */
-struct bfc__fence *bfc__fence_get(struct bfc__arena *a);
-void bfc__fence_put(struct bfc__arena *a, struct bfc__fence *f);
-void bfc__fence_pool_destroy(struct bfc__arena *a);
+struct bfc__fence *bfc__arena_fence_get(struct bfc__arena *a);
+void bfc__arena_fence_put(struct bfc__arena *a, struct bfc__fence *f);
+void bfc__arena_fence_pool_destroy(struct bfc__arena *a);
 
 #endif /* BFC_ARENA_H */

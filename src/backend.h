@@ -45,6 +45,7 @@
 #define BFC_BACKEND_H
 
 #include "internal.h"
+#include "mutex.h"
 
 typedef void *bfc__event_t; /* cudaEvent_t on CUDA; a struct pointer on SIM */
 
@@ -198,7 +199,7 @@ struct bfc__vmm_res {
 };
 
 typedef struct bfc__vmm_book {
-    pthread_mutex_t lock;
+    bfc__mutex_t lock;
     size_t granule;
     struct bfc__vmm_res *res; /* sorted by base */
     size_t n, cap;

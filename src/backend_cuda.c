@@ -576,9 +576,9 @@ static int cuda_va_reserve(bfc__backend_t *be, size_t size, uintptr_t *base)
         return st;
     st = cu_status(g_drv.address_reserve(&p, size, g, 0, 0));
     if (st == BFC_OK) {
-        bfc__plock(&b->book.lock);
+        bfc__lock(&b->book.lock);
         st = bfc__vmm_book_add(&b->book, (uintptr_t)p, size);
-        bfc__punlock(&b->book.lock);
+        bfc__unlock(&b->book.lock);
         /* Out of metadata: give the range back; if even that fails, the
          * addresses (not memory) stay taken until the process ends. */
         if (st != BFC_OK && g_drv.address_free(p, size) != CUDA_SUCCESS)
@@ -623,12 +623,12 @@ static int cuda_va_release(bfc__backend_t *be, uintptr_t base, size_t size)
 
     if (be->vmm_granule == 0)
         return BFC_EINVAL;
-    bfc__plock(&b->book.lock);
+    bfc__lock(&b->book.lock);
     r = bfc__vmm_book_exact(&b->book, base, size);
     st = r ? vmm_enter(be->device, &saved) : BFC_EINVAL;
     if (st == BFC_OK)
         st = vmm_leave(saved, release_locked(b, r));
-    bfc__punlock(&b->book.lock);
+    bfc__unlock(&b->book.lock);
     return st;
 }
 
@@ -642,7 +642,7 @@ static int cuda_va_map(bfc__backend_t *be, uintptr_t addr, size_t size)
 
     if (g == 0)
         return BFC_EINVAL;
-    bfc__plock(&b->book.lock);
+    bfc__lock(&b->book.lock);
     st = bfc__vmm_book_check(&b->book, addr, size, false, &r);
     if (st != BFC_OK)
         goto out;
@@ -691,7 +691,7 @@ static int cuda_va_map(bfc__backend_t *be, uintptr_t addr, size_t size)
     }
     st = vmm_leave(saved, st);
 out:
-    bfc__punlock(&b->book.lock);
+    bfc__unlock(&b->book.lock);
     return st;
 }
 
@@ -704,7 +704,7 @@ static int cuda_va_unmap(bfc__backend_t *be, uintptr_t addr, size_t size)
 
     if (be->vmm_granule == 0)
         return BFC_EINVAL;
-    bfc__plock(&b->book.lock);
+    bfc__lock(&b->book.lock);
     st = bfc__vmm_book_check(&b->book, addr, size, true, &r);
     if (st == BFC_OK)
         st = vmm_enter(be->device, &saved);
@@ -714,7 +714,7 @@ static int cuda_va_unmap(bfc__backend_t *be, uintptr_t addr, size_t size)
         bfc__vmm_book_mark(&b->book, r, addr, done, false);
         st = vmm_leave(saved, st);
     }
-    bfc__punlock(&b->book.lock);
+    bfc__unlock(&b->book.lock);
     return st;
 }
 
@@ -726,7 +726,7 @@ static void cuda_close(bfc__backend_t *be)
     if (be->vmm_granule != 0) {
         /* Reservations the allocator did not release go with the backend;
          * what the driver refuses to free is dropped from the book. */
-        bfc__plock(&b->book.lock);
+        bfc__lock(&b->book.lock);
         if (b->book.n > 0 && vmm_enter(be->device, &saved) == BFC_OK) {
             while (b->book.n > 0) {
                 struct bfc__vmm_res *r = &b->book.res[b->book.n - 1];
@@ -736,7 +736,7 @@ static void cuda_close(bfc__backend_t *be)
             }
             (void)vmm_leave(saved, BFC_OK);
         }
-        bfc__punlock(&b->book.lock);
+        bfc__unlock(&b->book.lock);
         bfc__vmm_book_fini(&b->book);
     }
     /* The primary context stays: other users in the process may share it. */

@@ -73,7 +73,6 @@
  * a child never inherits it taken.
  */
 #include "backend.h"
-#include "ctx.h" /* bfc__dir_epoch: destroying a stream invalidates cached lookups */
 #include "meta.h"
 
 #include <errno.h>
@@ -130,7 +129,7 @@ struct sim_backend {
  * g_reg_lock and read lock-free by handle validation. */
 static struct sim_stream *g_streams;
 static atomic_uint g_n_streams = 1; /* record 0: the default stream */
-static pthread_mutex_t g_reg_lock = PTHREAD_MUTEX_INITIALIZER;
+static bfc__mutex_t g_reg_lock = BFC__MUTEX_INIT(BFC__RANK_SIM_STREAMS, "the SIM stream table");
 static pthread_once_t g_streams_once = PTHREAD_ONCE_INIT;
 
 static void streams_init(void)
@@ -337,9 +336,9 @@ static int sim_va_reserve(bfc__backend_t *be, size_t size, uintptr_t *base)
         (void)munmap(p, span);
         return BFC_EBACKEND;
     }
-    bfc__plock(&b->book.lock);
+    bfc__lock(&b->book.lock);
     st = bfc__vmm_book_add(&b->book, a, size);
-    bfc__punlock(&b->book.lock);
+    bfc__unlock(&b->book.lock);
     if (st != BFC_OK) {
         (void)munmap((void *)a, size); /* nothing more to undo if it fails */
         return st;
@@ -354,7 +353,7 @@ static int sim_va_release(bfc__backend_t *be, uintptr_t base, size_t size)
     struct bfc__vmm_res *r;
     int st = BFC_EINVAL;
 
-    bfc__plock(&b->book.lock);
+    bfc__lock(&b->book.lock);
     r = bfc__vmm_book_exact(&b->book, base, size);
     if (r) {
         size_t mapped = r->n_mapped * b->book.granule;
@@ -367,7 +366,7 @@ static int sim_va_release(bfc__backend_t *be, uintptr_t base, size_t size)
             st = BFC_OK;
         }
     }
-    bfc__punlock(&b->book.lock);
+    bfc__unlock(&b->book.lock);
     return st;
 }
 
@@ -377,7 +376,7 @@ static int sim_va_map(bfc__backend_t *be, uintptr_t addr, size_t size)
     struct bfc__vmm_res *r;
     int st;
 
-    bfc__plock(&b->book.lock);
+    bfc__lock(&b->book.lock);
     st = bfc__vmm_book_check(&b->book, addr, size, false, &r);
     if (st != BFC_OK)
         goto out;
@@ -400,7 +399,7 @@ static int sim_va_map(bfc__backend_t *be, uintptr_t addr, size_t size)
     /* relaxed: a statistic. */
     atomic_fetch_add_explicit(&b->allocs, 1, memory_order_relaxed);
 out:
-    bfc__punlock(&b->book.lock);
+    bfc__unlock(&b->book.lock);
     return st;
 }
 
@@ -410,7 +409,7 @@ static int sim_va_unmap(bfc__backend_t *be, uintptr_t addr, size_t size)
     struct bfc__vmm_res *r;
     int st;
 
-    bfc__plock(&b->book.lock);
+    bfc__lock(&b->book.lock);
     st = bfc__vmm_book_check(&b->book, addr, size, true, &r);
     if (st != BFC_OK)
         goto out;
@@ -428,7 +427,7 @@ static int sim_va_unmap(bfc__backend_t *be, uintptr_t addr, size_t size)
     /* relaxed: a byte count (see sim_take). */
     atomic_fetch_sub_explicit(&b->held, size, memory_order_relaxed);
 out:
-    bfc__punlock(&b->book.lock);
+    bfc__unlock(&b->book.lock);
     return st;
 }
 
@@ -636,16 +635,14 @@ bfc_stream_t bfc__sim_stream_create(bfc__backend_t *be)
         return NULL;
     b = sim_of(be);
     /* The lock only hands out the next index; creation is a rare path. */
-    if (pthread_mutex_lock(&g_reg_lock) != 0)
-        return NULL;
+    bfc__lock(&g_reg_lock);
     idx = atomic_load_explicit(&g_n_streams, memory_order_relaxed);
     if (idx < SIM_MAX_STREAMS) {
         /* The record is fresh from the zero-filled mapping (indices are
          * never reused).  release: pairs with the acquire in sim_lookup. */
         atomic_store_explicit(&g_n_streams, idx + 1, memory_order_release);
     }
-    if (pthread_mutex_unlock(&g_reg_lock) != 0)
-        return NULL;
+    bfc__unlock(&g_reg_lock);
     if (idx >= SIM_MAX_STREAMS)
         return NULL;
     return (bfc_stream_t)(void *)&b->streams[idx];
@@ -666,11 +663,6 @@ void bfc__sim_stream_destroy(bfc__backend_t *be, bfc_stream_t s)
      * release: pairs with the acquire load in sim_stream_id. */
     atomic_store_explicit(&st->dead, true, memory_order_release);
     sim_drain(st);
-    /* Threads cache (stream, shard) pairs keyed by handle; a new epoch
-     * makes every cache miss once, and the lookup then asks stream_id,
-     * which refuses the dead handle.  release: pairs with the acquire
-     * loads of the epoch in shard.c's cache check. */
-    atomic_fetch_add_explicit(&bfc__dir_epoch, 1, memory_order_release);
 }
 
 void bfc__sim_stream_hold(bfc__backend_t *be, bfc_stream_t s)
@@ -701,12 +693,12 @@ void bfc__sim_stream_drain(bfc__backend_t *be, bfc_stream_t s)
 /* A leaf: its holder takes no other lock and never waits (ctx.c, "Fork"). */
 void bfc__sim_fork_lock(void)
 {
-    bfc__plock(&g_reg_lock);
+    bfc__lock(&g_reg_lock);
 }
 
 void bfc__sim_fork_unlock(void)
 {
-    bfc__punlock(&g_reg_lock);
+    bfc__unlock(&g_reg_lock);
 }
 
 /* ------------------------------------------------------- fault injection */
@@ -760,7 +752,7 @@ int bfc__sim_set_vmm_granule(bfc__backend_t *be, size_t granule)
     if (!is_sim(be) || granule < sim_page_size() || (granule & (granule - 1)) != 0)
         return BFC_EINVAL;
     b = sim_of(be);
-    bfc__plock(&b->book.lock);
+    bfc__lock(&b->book.lock);
     if (b->book.n == 0) {
         /* No reservation exists, so no call can be using the old granule
          * (a call racing this one is a test's own mistake). */
@@ -768,7 +760,7 @@ int bfc__sim_set_vmm_granule(bfc__backend_t *be, size_t granule)
         be->vmm_granule = granule;
         st = BFC_OK;
     }
-    bfc__punlock(&b->book.lock);
+    bfc__unlock(&b->book.lock);
     return st;
 }
 

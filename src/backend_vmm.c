@@ -95,7 +95,7 @@ static size_t bits_find(const uint64_t *w, size_t lo, size_t hi, bool v)
 int bfc__vmm_book_init(bfc__vmm_book_t *bk, size_t granule)
 {
     memset(bk, 0, sizeof(*bk));
-    if (pthread_mutex_init(&bk->lock, NULL) != 0)
+    if (bfc__mutex_init(&bk->lock, BFC__RANK_BACKEND_BOOK, "a VMM reservation book") != 0)
         return BFC_ENOMEM;
     bk->granule = granule;
     return BFC_OK;
@@ -103,17 +103,14 @@ int bfc__vmm_book_init(bfc__vmm_book_t *bk, size_t granule)
 
 void bfc__vmm_book_fini(bfc__vmm_book_t *bk)
 {
-    int e;
-
     for (size_t i = 0; i < bk->n; i++)
         bfc__meta_free(bk->res[i].bits,
                        words_for(bk->res[i].size / bk->granule) * sizeof(uint64_t));
     bfc__meta_free(bk->res, bk->cap * sizeof(*bk->res));
     bk->res = NULL;
     bk->n = bk->cap = 0;
-    e = pthread_mutex_destroy(&bk->lock);
-    if (e != 0) /* only a lock still held: a va_* call racing close */
-        bfc__fatal("pthread_mutex_destroy", e);
+    /* Fatal only for a lock still held: a va_* call racing close. */
+    bfc__mutex_destroy(&bk->lock);
 }
 
 /* Index of the first reservation whose base is above addr. */
@@ -252,7 +249,7 @@ int bfc__vmm_book_mapped(bfc__vmm_book_t *bk, uintptr_t addr, size_t n)
 
     if (g == 0 || n == 0 || addr + n < addr)
         return 0;
-    bfc__plock(&bk->lock);
+    bfc__lock(&bk->lock);
     r = holder(bk, addr);
     if (r && n <= r->size - (addr - r->base)) {
         size_t lo = (addr - r->base) / g;
@@ -260,6 +257,6 @@ int bfc__vmm_book_mapped(bfc__vmm_book_t *bk, uintptr_t addr, size_t n)
 
         yes = bits_count(r->bits, lo, hi) == hi - lo;
     }
-    bfc__punlock(&bk->lock);
+    bfc__unlock(&bk->lock);
     return yes;
 }

@@ -16,69 +16,14 @@
  *   release, trim, stats, check    arenas_lock / each arena lock / pool lock.
  */
 #include <errno.h>
-#include <linux/futex.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "ctx.h"
 #include <shardbfc_sim.h>
-
-void bfc__fatal(const char *what, int err)
-{
-    fprintf(stderr, "libshardbfc: fatal: %s failed: %s\n", what, strerror(err));
-    abort();
-}
-
-/* ------------------------------------------------------- arena mutex */
-
-static inline void cpu_relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    __asm__ __volatile__("yield");
-#endif
-}
-
-static long futex(_Atomic uint32_t *uaddr, int op, uint32_t val)
-{
-    return syscall(SYS_futex, (uint32_t *)uaddr, op, val, NULL, NULL, 0);
-}
-
-void bfc__mutex_lock_slow(bfc__mutex_t *m, uint32_t c)
-{
-    /* Short critical sections: a brief spin usually finds the lock free. */
-    for (int i = 0; i < 100 && c != 0; i++) {
-        cpu_relax();
-        c = atomic_load_explicit(&m->v, memory_order_relaxed);
-        if (c == 0) {
-            uint32_t z = 0;
-            if (atomic_compare_exchange_strong_explicit(&m->v, &z, 1, memory_order_acquire, memory_order_relaxed))
-                return;
-            c = z;
-        }
-    }
-    /* Mark contended (2) and sleep until an unlock finds the mark.
-     * acquire: pairs with the release exchange in bfc__munlock. */
-    if (c != 2)
-        c = atomic_exchange_explicit(&m->v, 2, memory_order_acquire);
-    while (c != 0) {
-        long r = futex(&m->v, FUTEX_WAIT_PRIVATE, 2);
-        if (r != 0 && errno != EAGAIN && errno != EINTR)
-            bfc__fatal("futex wait", errno);
-        c = atomic_exchange_explicit(&m->v, 2, memory_order_acquire);
-    }
-}
-
-void bfc__mutex_wake(bfc__mutex_t *m)
-{
-    if (futex(&m->v, FUTEX_WAKE_PRIVATE, 1) < 0)
-        bfc__fatal("futex wake", errno);
-}
 
 /* ------------------------------------------------------------ process */
 
@@ -108,18 +53,23 @@ void bfc__mutex_wake(bfc__mutex_t *m)
  * teardown runs synchronize_rcu and rcu_barrier); they are taken before the
  * hooks, which is safe because nothing liburcu waits for needs them.
  *
- * The order, outermost first (every path nests in it, none the other way):
+ * The order, outermost first (every path nests in it, none the other way),
+ * is that of the lock ranks (enum bfc__lock_rank, mutex.h), which debug
+ * builds check on every lock taken:
  *   outer   the service's create lock (api.c); the host table lock (host.c);
  *           the context registry (g_ctxs_lock, below); each context's
  *           obs.lock (trace start/stop, OOM report);
  *   liburcu call_rcu_before_fork, rcu_bp_before_fork;
- *   inner   per context: arenas_lock, each arena's lock, the pool lock
- *           (bfc__ctx_lock_all), each arena's fence-pool dequeue lock (the
- *           mutex of cds_wfcq_dequeue_blocking); then process-wide: the
- *           region map writer lock, the trace buffer registry and each
- *           running trace's file lock, the liburcu gate (arena.h), the SIM
- *           stream-table lock.
- * Both after-fork handlers release in the reverse order.
+ *   inner   every context's arenas_lock, then every arena's lock, then
+ *           every context's pool lock, then every arena's fence-pool dequeue
+ *           lock (the mutex of cds_wfcq_dequeue_blocking); then process-
+ *           wide: the region map writer lock, the trace buffer registry and
+ *           each running trace's file lock, the liburcu gate (rcu.h), the
+ *           SIM stream-table lock.
+ * Locks of one rank are taken over all contexts before the next rank, so
+ * the handler itself keeps the order the witness checks (bfc__lock_nested
+ * for several locks of one rank).  Both after-fork handlers release in the
+ * reverse order.
  *
  * What makes the inner holders keep the rule:
  *   - the default call_rcu data is created at process set-up (below): else
@@ -129,7 +79,7 @@ void bfc__mutex_wake(bfc__mutex_t *m)
  *     writer lock whose holder waits for call_rcu_mutex).  liburcu recreates
  *     it in the child;
  *   - a thread is registered with urcu-bp before it takes an inner lock on a
- *     path that may enter RCU (bfc__rcu_register, arena.h): registering takes
+ *     path that may enter RCU (bfc__rcu_register, rcu.h): registering takes
  *     the registry lock;
  *   - the region map hands old arrays to call_rcu after its writer lock is
  *     dropped, and synchronize_rcu / rcu_barrier run only with no inner lock
@@ -142,7 +92,7 @@ void bfc__mutex_wake(bfc__mutex_t *m)
  *
  * Wait-free queues.  An enqueue on a wfcqueue is two stores (swap the tail,
  * then link the old tail) with no lock, so fork() can stop a thread between
- * them.  liburcu's queues are protected by the liburcu gate (arena.h).  Ours
+ * them.  liburcu's queues are protected by the liburcu gate (rcu.h).  Ours
  * -- each arena's remote-free queue (cross-stream frees, wait-free by design)
  * and fence pool -- are repaired in the child instead, so the free path pays
  * nothing: a chain that stops short of its tail is cut at the last linked
@@ -154,9 +104,10 @@ void bfc__mutex_wake(bfc__mutex_t *m)
  * create, destroy and fork.  A context being destroyed has left it, and the
  * contract of bfc_ctx_destroy (no concurrent users) covers its locks.
  */
-static pthread_mutex_t g_ctxs_lock = PTHREAD_MUTEX_INITIALIZER;
+bfc__mutex_t bfc__ctx_create_lock = BFC__MUTEX_INIT(BFC__RANK_API, "the service create lock");
+bfc__mutex_t bfc__ctx_host_lock = BFC__MUTEX_INIT(BFC__RANK_HOST, "the host context table");
+static bfc__mutex_t g_ctxs_lock = BFC__MUTEX_INIT(BFC__RANK_CTX_REGISTRY, "the context registry");
 static struct bfc_ctx *g_ctxs;
-pthread_mutex_t bfc__urcu_gate = PTHREAD_MUTEX_INITIALIZER;
 
 static void registry_add(struct bfc_ctx *ctx)
 {
@@ -194,22 +145,28 @@ static void wfcq_cut(struct cds_wfcq_head *h, struct cds_wfcq_tail *t)
 
 static void before_fork(void)
 {
-    /* Outer. */
-    bfc__api_fork_lock();
-    bfc__host_fork_lock();
+    /* Outer, in rank order (mutex.h): the locks of one rank across every
+     * context before those of the next rank. */
+    bfc__lock(&bfc__ctx_create_lock);
+    bfc__lock(&bfc__ctx_host_lock);
     bfc__lock(&g_ctxs_lock);
     for (struct bfc_ctx *c = g_ctxs; c; c = c->reg_next)
         if (c->obs.lock_ready)
-            bfc__lock(&c->obs.lock);
+            bfc__lock_nested(&c->obs.lock);
     /* liburcu: its threads paused, its locks held. */
     call_rcu_before_fork();
     rcu_bp_before_fork();
-    /* Inner. */
-    for (struct bfc_ctx *c = g_ctxs; c; c = c->reg_next) {
-        bfc__ctx_lock_all(c);
+    /* Inner, in rank order. */
+    for (struct bfc_ctx *c = g_ctxs; c; c = c->reg_next)
+        bfc__lock_nested(&c->arenas_lock);
+    for (struct bfc_ctx *c = g_ctxs; c; c = c->reg_next)
+        for (struct bfc__arena *a = c->arenas; a; a = a->all_next)
+            bfc__lock_nested(&a->lock);
+    for (struct bfc_ctx *c = g_ctxs; c; c = c->reg_next)
+        bfc__lock_nested(&c->pool.lock);
+    for (struct bfc_ctx *c = g_ctxs; c; c = c->reg_next)
         for (struct bfc__arena *a = c->arenas; a; a = a->all_next)
             cds_wfcq_dequeue_lock(&a->fpool_head, &a->fpool_tail);
-    }
     bfc__regionmap_fork_lock();
     bfc__trace_fork_lock();
     for (struct bfc_ctx *c = g_ctxs; c; c = c->reg_next)
@@ -228,7 +185,7 @@ static void release_inner(bool child)
             bfc__trace_fork_unlock_file(c);
     bfc__trace_fork_unlock();
     bfc__regionmap_fork_unlock();
-    for (struct bfc_ctx *c = g_ctxs; c; c = c->reg_next) {
+    for (struct bfc_ctx *c = g_ctxs; c; c = c->reg_next)
         for (struct bfc__arena *a = c->arenas; a; a = a->all_next) {
             if (child) {
                 wfcq_cut(&a->rq_head, &a->rq_tail);
@@ -236,8 +193,13 @@ static void release_inner(bool child)
             }
             cds_wfcq_dequeue_unlock(&a->fpool_head, &a->fpool_tail);
         }
-        bfc__ctx_unlock_all(c);
-    }
+    for (struct bfc_ctx *c = g_ctxs; c; c = c->reg_next)
+        bfc__unlock(&c->pool.lock);
+    for (struct bfc_ctx *c = g_ctxs; c; c = c->reg_next)
+        for (struct bfc__arena *a = c->arenas; a; a = a->all_next)
+            bfc__unlock(&a->lock);
+    for (struct bfc_ctx *c = g_ctxs; c; c = c->reg_next)
+        bfc__unlock(&c->arenas_lock);
 }
 
 static void release_outer(void)
@@ -246,8 +208,8 @@ static void release_outer(void)
         if (c->obs.lock_ready)
             bfc__unlock(&c->obs.lock);
     bfc__unlock(&g_ctxs_lock);
-    bfc__host_fork_unlock();
-    bfc__api_fork_unlock();
+    bfc__unlock(&bfc__ctx_host_lock);
+    bfc__unlock(&bfc__ctx_create_lock);
 }
 
 static void after_fork_parent(void)
@@ -303,6 +265,84 @@ void bfc__process_init(void)
         bfc__fatal("pthread_once", e);
 }
 
+/* ------------------------------------------------------ observability */
+
+/*
+ * The context's observability state (obs.h) is set up and torn down here,
+ * and the OOM dump is written from here: they use the trace (trace.c), the
+ * OOM report (obs_oom.c) and the snapshot (stats.c) -- all at this layer or
+ * below -- so none of those has to call another to start or stop.
+ */
+static int obs_init(struct bfc_ctx *ctx)
+{
+    int e = bfc__mutex_init(&ctx->obs.lock, BFC__RANK_OBS, "a context's obs lock");
+    if (e != 0)
+        return BFC_ENOMEM;
+    ctx->obs.lock_ready = true;
+    /* Host contexts share the process configuration with the device ones;
+     * one file per context is what a trace means, so only device contexts
+     * follow cfg.trace (a host context can still be traced by the call). */
+    if (ctx->cfg.trace[0] && !ctx->is_host) {
+        int st = bfc_ctx_trace_start(ctx, ctx->cfg.trace);
+        if (st != BFC_OK) {
+            ctx->obs.lock_ready = false;
+            bfc__mutex_destroy(&ctx->obs.lock);
+            return st;
+        }
+    }
+    return BFC_OK;
+}
+
+static void obs_fini(struct bfc_ctx *ctx)
+{
+    if (!ctx->obs.lock_ready)
+        return;
+    if (atomic_load_explicit(&ctx->obs.trace, memory_order_relaxed))
+        (void)bfc_ctx_trace_stop(ctx);
+    bfc__oom_fini(ctx);
+    ctx->obs.lock_ready = false;
+    bfc__mutex_destroy(&ctx->obs.lock);
+}
+
+/* Writes the snapshot to cfg.oom_dump if set (rate-limited). */
+static void oom_dump(struct bfc_ctx *ctx)
+{
+    if (!ctx->cfg.oom_dump[0] || ctx->is_host || !ctx->obs.lock_ready)
+        return;
+    struct timespec ts;
+    if (clock_gettime(CLOCK_MONOTONIC, &ts) != 0)
+        return;
+    uint64_t now = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+    /* At most one dump a second, and one at a time: an OOM storm must not
+     * turn into a storm of multi-megabyte writes, and the newest state is
+     * what matters.  The file is written without obs.lock, because the
+     * snapshot takes it to print the report. */
+    bfc__lock(&ctx->obs.lock);
+    bool go = !ctx->obs.dumping && (ctx->obs.last_dump_ns == 0 || now - ctx->obs.last_dump_ns >= 1000000000u);
+    if (go) {
+        ctx->obs.dumping = true;
+        ctx->obs.last_dump_ns = now ? now : 1;
+    }
+    bfc__unlock(&ctx->obs.lock);
+    if (!go)
+        return;
+    char tmp[sizeof(ctx->cfg.oom_dump) + 8];
+    snprintf(tmp, sizeof(tmp), "%s.tmp", ctx->cfg.oom_dump);
+    FILE *f = fopen(tmp, "w");
+    if (f) {
+        int st = bfc_ctx_snapshot_json(ctx, f);
+        if (fclose(f) == 0 && st == BFC_OK) {
+            if (rename(tmp, ctx->cfg.oom_dump) != 0)
+                (void)unlink(tmp);
+        } else {
+            (void)unlink(tmp);
+        }
+    }
+    bfc__lock(&ctx->obs.lock);
+    ctx->obs.dumping = false;
+    bfc__unlock(&ctx->obs.lock);
+}
+
 /* ------------------------------------------------------------ create */
 
 /* Builds a context over an opened backend (which it then owns, also on
@@ -340,7 +380,7 @@ static int ctx_create(bfc_config_t cfg, bfc__backend_t *be, bool host, bfc_ctx_t
     st = bfc__shard_dir_init(ctx);
     if (st != BFC_OK)
         goto fail_pool;
-    st = bfc__obs_init(ctx); /* last: it may start a trace */
+    st = obs_init(ctx); /* last: it may start a trace */
     if (st != BFC_OK) {
         bfc__shard_dir_fini(ctx);
         goto fail_pool;
@@ -399,7 +439,7 @@ void bfc_ctx_destroy(bfc_ctx_t *ctx)
         return;
     registry_remove(ctx); /* first: a fork from now on does not touch it */
     ctx->destroying = true;
-    bfc__obs_fini(ctx); /* the trace gets every event up to here */
+    obs_fini(ctx); /* the trace gets every event up to here */
     bfc__shard_dir_fini(ctx);
     bfc__pool_fini(&ctx->pool);
     ctx->be->ops->close(ctx->be);
@@ -500,7 +540,7 @@ static bool tails_help(struct bfc_ctx *ctx, struct bfc__arena *a, size_t rounded
     struct bfc__range r[TAILS_MAX];
     size_t n = bfc__arena_tails_locked(a, r, TAILS_MAX);
     bfc__unlock(&a->lock);
-    n += bfc__ctx_collect_tails(ctx, a, r + n, TAILS_MAX - n);
+    n += bfc__shard_collect_tails(ctx, a, r + n, TAILS_MAX - n);
     bfc__lock(&a->lock);
     if (n == 0)
         return false;
@@ -562,7 +602,7 @@ void *bfc__ctx_alloc_slow(struct bfc_ctx *ctx, struct bfc__arena *a, size_t n, s
          * guard: wait for their work.  Our lock is dropped meanwhile (no
          * path holds two arena locks). */
         bfc__unlock(&a->lock);
-        bfc__ctx_reclaim_others(ctx, a, false);
+        bfc__shard_reclaim_others(ctx, a, false);
         if (ctx->cfg.garbage_collection)
             bfc__pool_release_free(&ctx->pool);
         bfc__pool_wait(&ctx->pool, a->stream_id, false, wait);
@@ -579,7 +619,7 @@ void *bfc__ctx_alloc_slow(struct bfc_ctx *ctx, struct bfc__arena *a, size_t n, s
         if (tails_help(ctx, a, rounded)) {
             bfc__arena_shed_locked(a, true);
             bfc__unlock(&a->lock);
-            bfc__ctx_reclaim_others(ctx, a, true);
+            bfc__shard_reclaim_others(ctx, a, true);
             bfc__pool_wait(&ctx->pool, a->stream_id, false, wait);
             bfc__lock(&a->lock);
             if ((p = retry_here(ctx, a, n, rounded, large, fit_first, &st)))
@@ -663,10 +703,10 @@ static __attribute__((noinline, cold)) void *alloc_observed(struct bfc_ctx *ctx,
                                                             void *p, int st)
 {
     if (!p && st == BFC_ENOMEM) {
-        if (bfc__oom_callback(ctx, n, stream))
+        if (bfc__oom_callback(ctx, n, stream, bfc_ctx_stats))
             p = alloc_once(ctx, stream, n, &st);
         if (!p && st == BFC_ENOMEM)
-            bfc__oom_dump(ctx);
+            oom_dump(ctx);
     }
     if (bfc__tracing(&ctx->obs))
         bfc__trace_event(ctx, p ? BFC__TR_ALLOC : BFC__TR_ALLOC_FAIL, (uintptr_t)p, n, stream);
@@ -703,7 +743,7 @@ void *bfc_ctx_alloc(bfc_ctx_t *ctx, bfc_stream_t stream, size_t n)
 static int resolve(struct bfc_ctx *ctx, uintptr_t p, struct bfc__region **rp, struct bfc__chunk **cp)
 {
     struct bfc__region *r = bfc__regionmap_lookup(p);
-    if (!r || r->ctx != ctx)
+    if (!r || r->tag != ctx)
         return BFC_ENOTOWNED;
     *rp = r;
     *cp = (p & (BFC__MIN_ALLOC - 1)) ? NULL : bfc__region_handle(r, p);
@@ -783,7 +823,10 @@ int bfc_ctx_free(bfc_ctx_t *ctx, void *ptr, bfc_stream_t stream)
      * free_complete; c->requested is stable while we hold the claim. */
     if (bfc__tracing(&ctx->obs))
         bfc__trace_event(ctx, BFC__TR_FREE, p, c->requested, stream);
-    st = bfc__remote_free(a, c, stream);
+    bool dead;
+    st = bfc__remote_free(a, c, stream, &dead);
+    if (dead)
+        bfc__shard_reclaim(a);
 out:
     bfc__rcu_unlock();
     if (BFC__UNLIKELY(ctx->cfg.debug_check))
@@ -835,7 +878,7 @@ static int record_fn(struct bfc__arena *a, struct bfc__chunk *c, void *arg)
             return BFC_OK;
     /* The fence record is taken now, so that the free never allocates. */
     struct bfc__recorded *rs = bfc__meta_alloc(sizeof(*rs));
-    struct bfc__fence *f = rs ? bfc__fence_get(a) : NULL;
+    struct bfc__fence *f = rs ? bfc__arena_fence_get(a) : NULL;
     if (!f) {
         bfc__meta_free(rs, sizeof(*rs));
         return BFC_ENOMEM;
@@ -909,7 +952,7 @@ int bfc_ctx_trim(bfc_ctx_t *ctx)
     if (!ctx)
         return BFC_EINVAL;
     bfc__rcu_register(); /* before the arenas lock: releases call call_rcu */
-    bfc__ctx_reclaim_others(ctx, NULL, false);
+    bfc__shard_reclaim_others(ctx, NULL, false);
     /* What just left the shards is fenced on their streams: on a device,
      * wait for that work (as PyTorch's empty_cache synchronises its events
      * before it frees), so that trim returns what it can. */
@@ -934,8 +977,15 @@ bfc_stream_t bfc_sim_stream_create(bfc_ctx_t *ctx)
 void bfc_sim_stream_destroy(bfc_ctx_t *ctx, bfc_stream_t s)
 {
     bfc__backend_t *be = sim_be(ctx);
-    if (be)
+    if (be) {
         bfc__sim_stream_destroy(be, s);
+        /* Threads cache (stream, shard) pairs keyed by handle; a new epoch
+         * makes every cache miss once, and the lookup then asks stream_id,
+         * which refuses the dead handle.  The SIM backend knows nothing of
+         * the shard directory, so the bump is here.  release: pairs with
+         * the acquire loads of the epoch in shard.c's cache check. */
+        atomic_fetch_add_explicit(&bfc__dir_epoch, 1, memory_order_release);
+    }
 }
 
 void bfc_sim_stream_hold(bfc_ctx_t *ctx, bfc_stream_t s)

@@ -22,8 +22,9 @@
  * (live blocks stay valid and are freed later by anyone; free regions go back
  * to the node's pool at once, the rest when the last block is freed).
  *
- * Locking: `g_lock` guards the thread-slot free list and host context
- * creation: once per thread and once per node, never per allocation.  It is
+ * Locking: `bfc__ctx_host_lock` (defined in ctx.c, which takes it across
+ * fork) guards the thread-slot free list and host context creation: once
+ * per thread and once per node, never per allocation.  It is
  * held while a host context is created or destroyed, which waits for liburcu,
  * so it is an "outer" lock in the fork order (ctx.c), taken by the fork
  * handlers before liburcu's hooks.  The process set-up (and with it the fork
@@ -58,9 +59,8 @@ static bfc_config_t g_cfg;
 static pthread_key_t g_key;
 static struct host_thread *g_threads;             /* MAX_THREADS slots, mapped */
 static atomic_uint g_hw;                          /* slots ever handed out */
-static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
-static uint32_t g_free = UINT32_MAX;              /* free slot list (g_lock) */
-static uint64_t g_next_id = 1;                    /* g_lock */
+static uint32_t g_free = UINT32_MAX;              /* free slot list (bfc__ctx_host_lock) */
+static uint64_t g_next_id = 1;                    /* bfc__ctx_host_lock */
 static bfc_ctx_t *_Atomic g_ctx[MAX_NODES];
 static __thread struct host_thread *tls_thread;
 
@@ -173,14 +173,14 @@ static struct host_thread *thread_slot(void)
     if (BFC__LIKELY(tls_thread != NULL))
         return tls_thread;
     int node = pick_node();
-    bfc__lock(&g_lock);
+    bfc__lock(&bfc__ctx_host_lock);
     uint32_t idx = g_free;
     if (idx != UINT32_MAX) {
         g_free = g_threads[idx].next_free;
     } else {
         idx = atomic_load_explicit(&g_hw, memory_order_relaxed);
         if (idx >= MAX_THREADS) {
-            bfc__unlock(&g_lock);
+            bfc__unlock(&bfc__ctx_host_lock);
             return NULL;
         }
     }
@@ -190,7 +190,7 @@ static struct host_thread *thread_slot(void)
     atomic_store_explicit(&t->id, g_next_id++, memory_order_release);
     if (idx == atomic_load_explicit(&g_hw, memory_order_relaxed))
         atomic_store_explicit(&g_hw, idx + 1, memory_order_release);
-    bfc__unlock(&g_lock);
+    bfc__unlock(&bfc__ctx_host_lock);
     if (pthread_setspecific(g_key, t) != 0) {
         /* Without the key the arena is never retired at exit; keep the
          * slot anyway (it is still a valid owner). */
@@ -209,7 +209,7 @@ static bfc_ctx_t *node_ctx(int node, int *status)
     bfc_ctx_t *ctx = atomic_load_explicit(&g_ctx[node], memory_order_acquire);
     if (BFC__LIKELY(ctx != NULL))
         return ctx;
-    bfc__lock(&g_lock);
+    bfc__lock(&bfc__ctx_host_lock);
     ctx = atomic_load_explicit(&g_ctx[node], memory_order_relaxed);
     if (!ctx) {
         hwloc_obj_t o = hwloc_get_numanode_obj_by_os_index(g_topo, (unsigned)node);
@@ -227,7 +227,7 @@ static bfc_ctx_t *node_ctx(int node, int *status)
         else
             *status = st;
     }
-    bfc__unlock(&g_lock);
+    bfc__unlock(&bfc__ctx_host_lock);
     return ctx;
 }
 
@@ -237,11 +237,11 @@ static void thread_exit(void *arg)
     bfc_ctx_t *ctx = atomic_load_explicit(&g_ctx[t->node], memory_order_acquire);
     if (ctx)
         (void)bfc_ctx_stream_release(ctx, (bfc_stream_t)t);
-    bfc__lock(&g_lock);
+    bfc__lock(&bfc__ctx_host_lock);
     atomic_store_explicit(&t->id, 0, memory_order_release);
     t->next_free = g_free;
     g_free = (uint32_t)(t - g_threads);
-    bfc__unlock(&g_lock);
+    bfc__unlock(&bfc__ctx_host_lock);
     tls_thread = NULL;
 }
 
@@ -270,8 +270,8 @@ static int host_owner(const void *p, bfc_ctx_t **ctx, bfc_stream_t *owner)
     st = BFC_ENOTOWNED;
     bfc__rcu_lock();
     struct bfc__region *r = bfc__regionmap_lookup((uintptr_t)p);
-    if (r && r->ctx->is_host) {
-        *ctx = r->ctx;
+    if (r && ((struct bfc_ctx *)r->tag)->is_host) {
+        *ctx = r->tag;
         *owner = r->owner->stream;
         st = BFC_OK;
     }
@@ -374,22 +374,12 @@ int bfc_host_numa_nodes(void)
 
 void bfc__host_shutdown(void)
 {
-    /* bfc_shutdown did the process set-up: the fork handlers cover g_lock. */
-    bfc__lock(&g_lock);
+    /* bfc_shutdown did the process set-up: the fork handlers cover bfc__ctx_host_lock. */
+    bfc__lock(&bfc__ctx_host_lock);
     for (int i = 0; i < MAX_NODES; i++) {
         bfc_ctx_t *ctx = atomic_exchange_explicit(&g_ctx[i], NULL, memory_order_acq_rel);
         if (ctx)
             bfc_ctx_destroy(ctx);
     }
-    bfc__unlock(&g_lock);
-}
-
-void bfc__host_fork_lock(void)
-{
-    bfc__lock(&g_lock);
-}
-
-void bfc__host_fork_unlock(void)
-{
-    bfc__unlock(&g_lock);
+    bfc__unlock(&bfc__ctx_host_lock);
 }

@@ -1,6 +1,7 @@
 /*
  * obs.h -- observability state of a context: the allocation trace (trace.c)
- * and the out-of-memory report (stats.c).
+ * and the out-of-memory report (obs_oom.c); set up and torn down by the
+ * context (ctx.c), which also writes the OOM dump.
  *
  * Embedded in struct bfc_ctx (ctx.h).  The fast paths read one field of it,
  * `trace`, with a relaxed load: NULL (no trace running) costs one predictable
@@ -11,6 +12,7 @@
 #define BFC_OBS_H
 
 #include "internal.h"
+#include "mutex.h"
 
 struct bfc_ctx;
 struct bfc__trace; /* trace.c */
@@ -21,7 +23,7 @@ struct bfc__obs {
      * record is initialised, cleared by trace_stop before a grace period;
      * dereferenced only inside an RCU read-side section (trace.c). */
     struct bfc__trace *_Atomic trace;
-    pthread_mutex_t lock;  /* trace start/stop, the OOM callback, oom_dump */
+    bfc__mutex_t lock;     /* trace start/stop, the OOM callback, oom_dump */
     bool lock_ready;
     bfc_oom_fn oom_fn;     /* under lock */
     void *oom_arg;
@@ -48,12 +50,6 @@ static inline bool bfc__tracing(struct bfc__obs *o)
     return BFC__UNLIKELY(atomic_load_explicit(&o->trace, memory_order_relaxed) != NULL);
 }
 
-/* Context creation: the lock; a trace when cfg.trace names a path (device
- * contexts only).  BFC_OK, BFC_EINVAL (trace path cannot be created),
- * BFC_ENOMEM.  On failure nothing is left to undo. */
-int bfc__obs_init(struct bfc_ctx *ctx);
-/* Context destruction: stops a running trace (flushing it). */
-void bfc__obs_fini(struct bfc_ctx *ctx);
 
 /* Records one event of the calling thread (trace.c).  Call with or without
  * an arena lock held (the trace's locks nest inside arena locks); never with
@@ -63,10 +59,11 @@ void bfc__trace_event(struct bfc_ctx *ctx, enum bfc__trace_action action, uintpt
 
 /* OOM report (obs_oom.c), called with no allocator lock held: makes the
  * report (bfc_ctx_oom_info), then calls the callback: true when it asks for
- * a retry. */
-bool bfc__oom_callback(struct bfc_ctx *ctx, size_t n, bfc_stream_t stream);
-/* Writes the snapshot to cfg.oom_dump if set (rate-limited). */
-void bfc__oom_dump(struct bfc_ctx *ctx);
+ * a retry.  `stats` fills the statistics the callback is given: the context
+ * passes bfc_ctx_stats, so the report does not call up into the snapshot
+ * code (stats.c), which itself prints the report (bfc__oom_json). */
+bool bfc__oom_callback(struct bfc_ctx *ctx, size_t n, bfc_stream_t stream,
+                       int (*stats)(bfc_ctx_t *ctx, bfc_stats_t *out));
 /* The "oom" member of the snapshot: `,"oom":{...}` or `,"oom":null`.  Takes
  * obs.lock; call with no allocator lock held. */
 void bfc__oom_json(struct bfc_ctx *ctx, FILE *f);

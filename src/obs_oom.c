@@ -14,7 +14,7 @@
  *
  *   - the request: size, chunk bytes needed, stream;
  *   - every live shard's free bytes, largest free chunk, pending (fenced)
- *     bytes, in-use and reserved bytes (bfc__arenas_free_info, arena.c);
+ *     bytes, in-use and reserved bytes (bfc__shard_free_info, shard.c);
  *   - the pool's free spans, with the stream still fencing each where the
  *     pool records one (bfc__pool_spans, pool.c);
  *   - limit, reserved and unreserved bytes, and the diagnosis.
@@ -125,7 +125,7 @@ static void report_free(struct bfc__oom_report *r)
 static void gather(struct bfc_ctx *ctx, struct bfc__oom_report *r, struct bfc__shard_free *fb_shards,
                    struct bfc__span_info *fb_spans)
 {
-    size_t cap = bfc__arenas_free_info(ctx, NULL, 0) + OOM_SLACK;
+    size_t cap = bfc__shard_free_info(ctx, NULL, 0) + OOM_SLACK;
     r->shards = r->heap ? bfc__meta_alloc(cap * sizeof(*r->shards)) : NULL;
     if (r->shards) {
         r->shards_cap = cap;
@@ -134,7 +134,7 @@ static void gather(struct bfc_ctx *ctx, struct bfc__oom_report *r, struct bfc__s
         r->shards_cap = 0;
     }
     struct bfc__shard_free *sh = r->shards ? r->shards : fb_shards;
-    r->nshards_total = bfc__arenas_free_info(ctx, sh, cap);
+    r->nshards_total = bfc__shard_free_info(ctx, sh, cap);
     r->nshards = r->nshards_total < cap ? r->nshards_total : cap;
     if (!r->shards)
         r->shards = fb_shards;
@@ -321,14 +321,15 @@ int bfc_ctx_set_oom_callback(bfc_ctx_t *ctx, bfc_oom_fn fn, void *arg)
 {
     if (!ctx || !ctx->obs.lock_ready)
         return BFC_EINVAL;
-    bfc__plock(&ctx->obs.lock);
+    bfc__lock(&ctx->obs.lock);
     ctx->obs.oom_fn = fn;
     ctx->obs.oom_arg = fn ? arg : NULL;
-    bfc__punlock(&ctx->obs.lock);
+    bfc__unlock(&ctx->obs.lock);
     return BFC_OK;
 }
 
-bool bfc__oom_callback(struct bfc_ctx *ctx, size_t n, bfc_stream_t stream)
+bool bfc__oom_callback(struct bfc_ctx *ctx, size_t n, bfc_stream_t stream,
+                       int (*stats)(bfc_ctx_t *ctx, bfc_stats_t *out))
 {
     if (!ctx->obs.lock_ready)
         return false;
@@ -339,19 +340,19 @@ bool bfc__oom_callback(struct bfc_ctx *ctx, size_t n, bfc_stream_t stream)
     bfc_oom_info_t info = r->info; /* the callback's own copy */
     struct bfc__oom_report *old = NULL;
 
-    bfc__plock(&ctx->obs.lock);
+    bfc__lock(&ctx->obs.lock);
     if (r->heap) {
         old = ctx->obs.last_oom;
         ctx->obs.last_oom = r;
     }
     bfc_oom_fn fn = ctx->obs.oom_fn;
     void *arg = ctx->obs.oom_arg;
-    bfc__punlock(&ctx->obs.lock);
+    bfc__unlock(&ctx->obs.lock);
     report_free(old);
     if (!fn)
         return false;
     bfc_stats_t s;
-    bfc_ctx_stats(ctx, &s);
+    (void)stats(ctx, &s);
     /* No lock held: the callback may free (or allocate) on this context,
      * and may fail again inside (its own report nests). */
     const bfc_oom_info_t *prev_info = tls_info;
@@ -375,11 +376,11 @@ int bfc_ctx_oom_info(bfc_ctx_t *ctx, bfc_oom_info_t *out)
     memset(out, 0, sizeof(*out));
     if (!ctx->obs.lock_ready)
         return BFC_ESTATE;
-    bfc__plock(&ctx->obs.lock);
+    bfc__lock(&ctx->obs.lock);
     const struct bfc__oom_report *r = ctx->obs.last_oom;
     if (r)
         *out = r->info;
-    bfc__punlock(&ctx->obs.lock);
+    bfc__unlock(&ctx->obs.lock);
     return r ? BFC_OK : BFC_ESTATE;
 }
 
@@ -403,10 +404,10 @@ void bfc__oom_json(struct bfc_ctx *ctx, FILE *f)
         fputs(",\"oom\":null", f);
         return;
     }
-    bfc__plock(&ctx->obs.lock);
+    bfc__lock(&ctx->obs.lock);
     const struct bfc__oom_report *r = ctx->obs.last_oom;
     if (!r) {
-        bfc__punlock(&ctx->obs.lock);
+        bfc__unlock(&ctx->obs.lock);
         fputs(",\"oom\":null", f);
         return;
     }
@@ -442,45 +443,7 @@ void bfc__oom_json(struct bfc_ctx *ctx, FILE *f)
     }
     fprintf(f, "],\"shards_omitted\":%zu,\"spans_omitted\":%zu}", r->nshards_total - r->nshards,
             r->nspans_total - r->nspans);
-    bfc__punlock(&ctx->obs.lock);
-}
-
-void bfc__oom_dump(struct bfc_ctx *ctx)
-{
-    if (!ctx->cfg.oom_dump[0] || ctx->is_host || !ctx->obs.lock_ready)
-        return;
-    struct timespec ts;
-    if (clock_gettime(CLOCK_MONOTONIC, &ts) != 0)
-        return;
-    uint64_t now = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-    /* At most one dump a second, and one at a time: an OOM storm must not
-     * turn into a storm of multi-megabyte writes, and the newest state is
-     * what matters.  The file is written without obs.lock, because the
-     * snapshot takes it to print the report. */
-    bfc__plock(&ctx->obs.lock);
-    bool go = !ctx->obs.dumping && (ctx->obs.last_dump_ns == 0 || now - ctx->obs.last_dump_ns >= 1000000000u);
-    if (go) {
-        ctx->obs.dumping = true;
-        ctx->obs.last_dump_ns = now ? now : 1;
-    }
-    bfc__punlock(&ctx->obs.lock);
-    if (!go)
-        return;
-    char tmp[sizeof(ctx->cfg.oom_dump) + 8];
-    snprintf(tmp, sizeof(tmp), "%s.tmp", ctx->cfg.oom_dump);
-    FILE *f = fopen(tmp, "w");
-    if (f) {
-        int st = bfc_ctx_snapshot_json(ctx, f);
-        if (fclose(f) == 0 && st == BFC_OK) {
-            if (rename(tmp, ctx->cfg.oom_dump) != 0)
-                (void)unlink(tmp);
-        } else {
-            (void)unlink(tmp);
-        }
-    }
-    bfc__plock(&ctx->obs.lock);
-    ctx->obs.dumping = false;
-    bfc__punlock(&ctx->obs.lock);
+    bfc__unlock(&ctx->obs.lock);
 }
 
 void bfc__oom_fini(struct bfc_ctx *ctx)

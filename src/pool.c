@@ -342,7 +342,7 @@ static size_t release_free_locked(struct bfc__pool *p)
 int bfc__pool_init(struct bfc__pool *p, bfc__backend_t *be, size_t limit, bool growth)
 {
     memset(p, 0, sizeof(*p));
-    int e = pthread_mutex_init(&p->lock, NULL);
+    int e = bfc__mutex_init(&p->lock, BFC__RANK_POOL, "a region pool");
     if (e != 0)
         return e == ENOMEM ? BFC_ENOMEM : BFC_EBACKEND;
     p->be = be;
@@ -352,7 +352,7 @@ int bfc__pool_init(struct bfc__pool *p, bfc__backend_t *be, size_t limit, bool g
         struct bfc__span *s;
         int st = seg_new_locked(p, limit, &s);
         if (st != BFC_OK) {
-            pthread_mutex_destroy(&p->lock);
+            bfc__mutex_destroy(&p->lock);
             return st;
         }
     }
@@ -381,7 +381,7 @@ void bfc__pool_fini(struct bfc__pool *p)
     }
     p->held = 0;
     p->fenced_bytes = 0;
-    pthread_mutex_destroy(&p->lock);
+    bfc__mutex_destroy(&p->lock);
 }
 
 int bfc__pool_get(struct bfc__pool *p, size_t size, uint64_t sid, uintptr_t *base, struct bfc__segment **segp,

@@ -50,7 +50,7 @@ struct bfc__pool_ticket {
 };
 
 struct bfc__pool {
-    pthread_mutex_t lock;        /* device-wide: slow paths only (see pool.c) */
+    bfc__mutex_t lock;           /* device-wide: slow paths only (see pool.c) */
     bfc__backend_t *be;
     size_t limit;
     bool growth;

@@ -25,7 +25,8 @@
  */
 #include <string.h>
 
-#include "ctx.h"
+#include "meta.h"
+#include "regionmap.h"
 
 struct rmap_entry {
     uintptr_t base, end;
@@ -41,8 +42,7 @@ struct rmap {
 /* Published with a release store and read with an acquire load (C11 rather
  * than rcu_assign_pointer, so race detectors see the edge too). */
 static struct rmap *_Atomic rmap_cur;
-char bfc__rcu_sync;
-static pthread_mutex_t wlock = PTHREAD_MUTEX_INITIALIZER;
+static bfc__mutex_t wlock = BFC__MUTEX_INIT(BFC__RANK_REGIONMAP, "the region map writer lock");
 
 static void rmap_free_cb(struct rcu_head *h)
 {
@@ -203,7 +203,7 @@ void bfc__regionmap_shrink(struct bfc__region *r)
     bfc__unlock(&wlock);
 }
 
-size_t bfc__regionmap_count(struct bfc_ctx *ctx)
+size_t bfc__regionmap_count(const void *tag)
 {
     size_t n = 0;
     bfc__rcu_lock();
@@ -211,7 +211,7 @@ size_t bfc__regionmap_count(struct bfc_ctx *ctx)
     for (size_t i = 0; m && i < m->n; i++)
         /* An emptied entry (a removal that could not copy) may name a
          * region already freed: test the range first. */
-        if (m->e[i].end > m->e[i].base && m->e[i].r->ctx == ctx)
+        if (m->e[i].end > m->e[i].base && m->e[i].r->tag == tag)
             n++;
     bfc__rcu_unlock();
     return n;

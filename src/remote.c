@@ -10,8 +10,12 @@
  * that has completed returns the chunk to the bins; one still in flight puts
  * it on the pending list, where it is never merged or handed out.
  *
- * Fence records and their events come from the owner's pool, a second
- * wfcqueue: the owner enqueues records whose fences completed (wait-free);
+ * A retired owner has no thread to drain its queue, so a free into one
+ * drains it; if that leaves the owner dead, the free says so (*dead) and
+ * its caller -- the context, which owns the shard directory -- reclaims it.
+ *
+ * Fence records and their events come from the owner's pool (arena.c,
+ * bfc__arena_fence_*), a second wfcqueue: the owner enqueues records whose fences completed (wait-free);
  * freers dequeue with cds_wfcq_dequeue_blocking, which takes that queue's own
  * small mutex -- contended only by threads freeing into the same owner at
  * the same instant, held for a few instructions, and never an arena lock.
@@ -28,53 +32,11 @@
  */
 #include "ctx.h"
 
-struct bfc__fence *bfc__fence_get(struct bfc__arena *a)
+int bfc__remote_free(struct bfc__arena *a, struct bfc__chunk *c, bfc_stream_t s, bool *dead)
 {
-    struct cds_wfcq_node *node = cds_wfcq_dequeue_blocking(&a->fpool_head, &a->fpool_tail);
-    struct bfc__fence *f;
-    if (node) {
-        f = caa_container_of(node, struct bfc__fence, qnode);
-        /* acquire: pairs with the release in bfc__fence_put. */
-        (void)atomic_load_explicit(&f->handoff, memory_order_acquire);
-        /* A record whose event could not be created: try again. */
-        if (BFC__UNLIKELY(!f->ev) && a->ctx->be->ops->event_create(a->ctx->be, &f->ev) != BFC_OK)
-            f->ev = NULL;
-    } else {
-        f = bfc__fence_new(a->ctx->be);
-        if (!f)
-            return NULL;
-        /* relaxed: a count for teardown accounting only. */
-        atomic_fetch_add_explicit(&a->nfences, 1, memory_order_relaxed);
-    }
-    bfc__fence_reset(f);
-    return f;
-}
-
-void bfc__fence_put(struct bfc__arena *a, struct bfc__fence *f)
-{
-    while (f) {
-        struct bfc__fence *next = f->extra;
-        cds_wfcq_node_init(&f->qnode);
-        atomic_store_explicit(&f->handoff, 0, memory_order_release);
-        cds_wfcq_enqueue(&a->fpool_head, &a->fpool_tail, &f->qnode);
-        f = next;
-    }
-}
-
-void bfc__fence_pool_destroy(struct bfc__arena *a)
-{
-    struct cds_wfcq_node *node;
-    while ((node = cds_wfcq_dequeue_blocking(&a->fpool_head, &a->fpool_tail))) {
-        struct bfc__fence *f = caa_container_of(node, struct bfc__fence, qnode);
-        bfc__fence_destroy(a->ctx->be, f);
-        atomic_fetch_sub_explicit(&a->nfences, 1, memory_order_relaxed);
-    }
-}
-
-int bfc__remote_free(struct bfc__arena *a, struct bfc__chunk *c, bfc_stream_t s)
-{
+    *dead = false;
     bfc__backend_t *be = a->ctx->be;
-    struct bfc__fence *f = bfc__fence_get(a);
+    struct bfc__fence *f = bfc__arena_fence_get(a);
     if (!f) {
         atomic_store_explicit(&c->state, BFC__CHUNK_INUSE, memory_order_release);
         return BFC_ENOMEM;
@@ -82,7 +44,7 @@ int bfc__remote_free(struct bfc__arena *a, struct bfc__chunk *c, bfc_stream_t s)
     f->chunk = c;
     if (!f->ev || be->ops->event_record(be, f->ev, s) != BFC_OK) {
         if (be->ops->stream_sync(be, s) != BFC_OK) {
-            bfc__fence_put(a, f);
+            bfc__arena_fence_put(a, f);
             /* release: pairs with the acquire CAS of the next free. */
             atomic_store_explicit(&c->state, BFC__CHUNK_INUSE, memory_order_release);
             return BFC_EBACKEND;
@@ -98,13 +60,10 @@ int bfc__remote_free(struct bfc__arena *a, struct bfc__chunk *c, bfc_stream_t s)
      * it; at least one side sees the other. */
     atomic_thread_fence(memory_order_seq_cst);
     if (BFC__UNLIKELY(atomic_load_explicit(&a->retired, memory_order_relaxed))) {
-        bool dead;
         bfc__lock(&a->lock);
         bfc__arena_drain_locked(a, true);
-        dead = bfc__arena_maybe_dead_locked(a);
+        *dead = bfc__arena_maybe_dead_locked(a);
         bfc__unlock(&a->lock);
-        if (dead)
-            bfc__shard_reclaim(a);
     }
     return BFC_OK;
 }

@@ -54,7 +54,7 @@ int bfc__shard_dir_init(struct bfc_ctx *ctx)
     ctx->dir = cds_lfht_new(64, 64, 0, CDS_LFHT_AUTO_RESIZE | CDS_LFHT_ACCOUNTING, NULL);
     if (!ctx->dir)
         return BFC_ENOMEM;
-    if (pthread_mutex_init(&ctx->arenas_lock, NULL)) {
+    if (bfc__mutex_init(&ctx->arenas_lock, BFC__RANK_ARENAS, "a context's arenas list")) {
         cds_lfht_destroy(ctx->dir, NULL);
         return BFC_EBACKEND;
     }
@@ -135,10 +135,10 @@ struct bfc__arena *bfc__shard_get(struct bfc_ctx *ctx, bfc_stream_t s, int *stat
         ctx->arenas = mine;
         bfc__unlock(&ctx->arenas_lock);
         atomic_store_explicit(&mine->ready, true, memory_order_release);
-        bfc__plock(&bfc__urcu_gate); /* arena.h: may queue a resize */
+        bfc__lock(&bfc__urcu_gate); /* rcu.h: may queue a resize */
         struct cds_lfht_node *got =
             cds_lfht_add_unique(ctx->dir, hash_id(id), match_id, &id, &mine->dir_node);
-        bfc__punlock(&bfc__urcu_gate);
+        bfc__unlock(&bfc__urcu_gate);
         if (got != &mine->dir_node) {
             /* Another thread published this stream's shard first. */
             mine->unlinked = true;
@@ -212,9 +212,9 @@ int bfc__shard_retire(struct bfc_ctx *ctx, bfc_stream_t s)
     struct bfc__arena *a = st == BFC_OK ? lookup(ctx, id) : NULL;
     int del = -1;
     if (a) {
-        bfc__plock(&bfc__urcu_gate); /* arena.h: may queue a resize */
+        bfc__lock(&bfc__urcu_gate); /* rcu.h: may queue a resize */
         del = cds_lfht_del(ctx->dir, &a->dir_node);
-        bfc__punlock(&bfc__urcu_gate);
+        bfc__unlock(&bfc__urcu_gate);
     }
     if (del != 0) {
         bfc__rcu_unlock();
@@ -239,7 +239,7 @@ int bfc__shard_retire(struct bfc_ctx *ctx, bfc_stream_t s)
     return BFC_OK;
 }
 
-size_t bfc__ctx_reclaim_others(struct bfc_ctx *ctx, struct bfc__arena *self, bool tails)
+size_t bfc__shard_reclaim_others(struct bfc_ctx *ctx, struct bfc__arena *self, bool tails)
 {
     size_t freed = 0;
     bfc__lock(&ctx->arenas_lock);
@@ -266,7 +266,7 @@ size_t bfc__ctx_reclaim_others(struct bfc_ctx *ctx, struct bfc__arena *self, boo
     return freed;
 }
 
-size_t bfc__ctx_collect_tails(struct bfc_ctx *ctx, struct bfc__arena *self, struct bfc__range *out, size_t max)
+size_t bfc__shard_collect_tails(struct bfc_ctx *ctx, struct bfc__arena *self, struct bfc__range *out, size_t max)
 {
     size_t n = 0;
     bfc__lock(&ctx->arenas_lock);
@@ -290,15 +290,15 @@ size_t bfc__ctx_collect_tails(struct bfc_ctx *ctx, struct bfc__arena *self, stru
  * a second arena lock while holding an arena lock: whoever holds one arena
  * lock finishes (taking at most the pool and region-map locks) and lets go.
  */
-void bfc__ctx_lock_all(struct bfc_ctx *ctx)
+void bfc__shard_lock_all(struct bfc_ctx *ctx)
 {
     bfc__lock(&ctx->arenas_lock);
     for (struct bfc__arena *a = ctx->arenas; a; a = a->all_next)
-        bfc__lock(&a->lock);
+        bfc__lock_nested(&a->lock);
     bfc__lock(&ctx->pool.lock);
 }
 
-void bfc__ctx_unlock_all(struct bfc_ctx *ctx)
+void bfc__shard_unlock_all(struct bfc_ctx *ctx)
 {
     bfc__unlock(&ctx->pool.lock);
     for (struct bfc__arena *a = ctx->arenas; a; a = a->all_next)
@@ -314,9 +314,9 @@ void bfc__shard_dir_fini(struct bfc_ctx *ctx)
     bfc__rcu_lock();
     struct cds_lfht_iter it;
     struct cds_lfht_node *node;
-    bfc__plock(&bfc__urcu_gate); /* arena.h: may queue a resize */
+    bfc__lock(&bfc__urcu_gate); /* rcu.h: may queue a resize */
     cds_lfht_for_each(ctx->dir, &it, node) (void)cds_lfht_del(ctx->dir, node);
-    bfc__punlock(&bfc__urcu_gate);
+    bfc__unlock(&bfc__urcu_gate);
     bfc__rcu_unlock();
     /* Wait for readers, then for every call_rcu callback queued so far
      * (retired arenas, regions) before freeing the rest by hand. */
@@ -331,5 +331,35 @@ void bfc__shard_dir_fini(struct bfc_ctx *ctx)
     rcu_barrier();
     bfc__rcu_reclaim();
     cds_lfht_destroy(ctx->dir, NULL);
-    pthread_mutex_destroy(&ctx->arenas_lock);
+    bfc__mutex_destroy(&ctx->arenas_lock);
+}
+
+/* ------------------------------------------------------- OOM report */
+
+size_t bfc__shard_free_info(struct bfc_ctx *ctx, struct bfc__shard_free *out, size_t max)
+{
+    size_t n = 0;
+    bfc__lock(&ctx->arenas_lock);
+    for (struct bfc__arena *a = ctx->arenas; a; a = a->all_next) {
+        bfc__lock(&a->lock);
+        /* A dead shard still listed holds nothing; a retired one may still
+         * hold free chunks next to live blocks, which is worth showing. */
+        if (!a->dead) {
+            bfc__arena_drain_locked(a, true);
+            if (n < max)
+                out[n] = (struct bfc__shard_free){
+                    .stream_id = a->stream_id,
+                    .stream = a->stream,
+                    .free_bytes = a->bins.total_bytes,
+                    .largest_free = bfc__bins_largest(&a->bins),
+                    .pending_bytes = a->st.pending_bytes,
+                    .in_use = a->st.bytes_in_use,
+                    .reserved = a->st.bytes_reserved,
+                };
+            n++;
+        }
+        bfc__unlock(&a->lock);
+    }
+    bfc__unlock(&ctx->arenas_lock);
+    return n;
 }

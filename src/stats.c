@@ -21,7 +21,7 @@
  * thread with urcu-bp first: a drain under an arena lock can release a region
  * (call_rcu), and registering under a library lock can deadlock a fork
  * (ctx.c, "Fork").  These are rare, observational paths.  bfc_ctx_check is the
- * exception: it holds every lock at once (bfc__ctx_lock_all) to compare
+ * exception: it holds every lock at once (bfc__shard_lock_all) to compare
  * shards, pool and region map in one consistent state.  obs.lock, when
  * taken, is outermost.
  */
@@ -151,11 +151,11 @@ int bfc_ctx_check_report(bfc_ctx_t *ctx, char *buf, size_t len)
     int bad = 0;
     uint64_t regions = 0, reserved = 0;
     /* One consistent picture: shards, pool and region map are compared with
-     * every lock of the context held (bfc__ctx_lock_all), so a check running
+     * every lock of the context held (bfc__shard_lock_all), so a check running
      * beside busy threads never sees a region half-way between them; the
      * read section keeps the region map array alive while it is read. */
     bfc__rcu_lock();
-    bfc__ctx_lock_all(ctx);
+    bfc__shard_lock_all(ctx);
     for (struct bfc__arena *a = ctx->arenas; a && !bad; a = a->all_next) {
         if (!a->dead) {
             bad = bfc__arena_check_locked(a, buf, len);
@@ -181,7 +181,7 @@ int bfc_ctx_check_report(bfc_ctx_t *ctx, char *buf, size_t len)
     }
     if (!bad)
         bad = bfc__pool_check_locked(&ctx->pool, buf, len);
-    bfc__ctx_unlock_all(ctx);
+    bfc__shard_unlock_all(ctx);
     bfc__rcu_unlock();
     return bad ? BFC_ECORRUPT : BFC_OK;
 }

@@ -1,8 +1,7 @@
 /*
  * trace.c -- the allocation trace: every allocation, free, fenced-free
  * completion, region grow and release of one context, written as CSV in
- * RMM's logging format (doc/trace.md), and the context's observability
- * set-up (bfc__obs_init / fini).
+ * RMM's logging format (doc/trace.md).
  *
  * Cost model.  With no trace running, each allocation and free path reads
  * ctx->obs.trace once (relaxed) and branches: nothing else.  With a trace
@@ -94,7 +93,7 @@ struct bfc__trace {
     uint64_t t0;             /* CLOCK_MONOTONIC ns at start: times are relative to it */
     int fd;
     pid_t pid;               /* the process that started it: the only one that writes */
-    pthread_mutex_t flock;   /* fd and werr */
+    bfc__mutex_t flock;      /* fd and werr */
     bool werr;               /* a write failed */
     struct tbuf *bufs;       /* attached buffers (reg_lock) */
     struct bfc_ctx *ctx;     /* traced context (alive while listed) */
@@ -112,7 +111,7 @@ struct tbuf {
     char out[TB_EVENTS * ROW_MAX];
 };
 
-static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
+static bfc__mutex_t reg_lock = BFC__MUTEX_INIT(BFC__RANK_TRACE_REGISTRY, "the trace buffer registry");
 static struct bfc__trace *running; /* traces not yet claimed by a stopper (reg_lock) */
 static pthread_once_t exit_once = PTHREAD_ONCE_INIT;
 static int exit_status;            /* BFC_OK once the exit handler is registered */
@@ -213,10 +212,10 @@ static void flush_to(struct tbuf *tb, struct bfc__trace *t)
      * parent's: writing it would duplicate the parent's events. */
     if (getpid() != t->pid)
         return;
-    bfc__plock(&t->flock);
+    bfc__lock(&t->flock);
     if (!write_all(t->fd, tb->out, len))
         t->werr = true;
-    bfc__punlock(&t->flock);
+    bfc__unlock(&t->flock);
 }
 
 static void unlink_buf(struct tbuf *tb)
@@ -237,12 +236,12 @@ static void unlink_buf(struct tbuf *tb)
 static void tb_destructor(void *arg)
 {
     struct tbuf *tb = arg;
-    bfc__plock(&reg_lock);
+    bfc__lock(&reg_lock);
     if (tb->sess) {
         flush_to(tb, tb->sess);
         unlink_buf(tb);
     }
-    bfc__punlock(&reg_lock);
+    bfc__unlock(&reg_lock);
     if (tls_tb == tb)
         tls_tb = NULL;
     bfc__meta_free(tb, sizeof(*tb));
@@ -272,7 +271,7 @@ static struct tbuf *attach(struct bfc__trace *t)
         }
         tls_tb = tb;
     }
-    bfc__plock(&reg_lock);
+    bfc__lock(&reg_lock);
     if (tb->sess) {
         /* Still attached to another trace, which cannot have been freed:
          * its stop detaches us under reg_lock before freeing it. */
@@ -286,7 +285,7 @@ static struct tbuf *attach(struct bfc__trace *t)
         t->bufs->prev = tb;
     t->bufs = tb;
     atomic_store_explicit(&tb->gen, t->gen, memory_order_relaxed);
-    bfc__punlock(&reg_lock);
+    bfc__unlock(&reg_lock);
     return tb;
 }
 
@@ -353,20 +352,18 @@ static int finish(struct bfc__trace *list)
     while (list) {
         struct bfc__trace *t = list;
         list = t->run_next;
-        bfc__plock(&reg_lock);
+        bfc__lock(&reg_lock);
         while (t->bufs) {
             struct tbuf *tb = t->bufs;
             flush_to(tb, t);
             unlink_buf(tb);
         }
-        bfc__punlock(&reg_lock);
+        bfc__unlock(&reg_lock);
         if (t->werr)
             st = BFC_EBACKEND;
         if (close(t->fd) != 0 && errno != EINTR)
             st = BFC_EBACKEND;
-        int e = pthread_mutex_destroy(&t->flock);
-        if (e != 0)
-            bfc__fatal("pthread_mutex_destroy", e);
+        bfc__mutex_destroy(&t->flock);
         bfc__meta_free(t, sizeof(*t));
     }
     return st;
@@ -381,7 +378,7 @@ static void stop_all_at_exit(void)
 {
     struct bfc__trace *mine = NULL, *last = NULL;
     pid_t self = getpid();
-    bfc__plock(&reg_lock);
+    bfc__lock(&reg_lock);
     for (struct bfc__trace *t = running, *next; t; t = next) {
         next = t->run_next;
         if (t->pid != self)
@@ -396,7 +393,7 @@ static void stop_all_at_exit(void)
             mine = t;
         last = t;
     }
-    bfc__punlock(&reg_lock);
+    bfc__unlock(&reg_lock);
     (void)finish(mine); /* nothing left to report a write error to */
 }
 
@@ -421,7 +418,7 @@ int bfc_ctx_trace_start(bfc_ctx_t *ctx, const char *path)
         bfc__fatal("pthread_once", e);
     if (exit_status != BFC_OK)
         return exit_status; /* a trace that would lose its tail at exit */
-    bfc__plock(&ctx->obs.lock);
+    bfc__lock(&ctx->obs.lock);
     int st = BFC_OK;
     if (atomic_load_explicit(&ctx->obs.trace, memory_order_relaxed)) {
         st = BFC_EBUSY;
@@ -432,7 +429,7 @@ int bfc_ctx_trace_start(bfc_ctx_t *ctx, const char *path)
         st = BFC_ENOMEM;
         goto out;
     }
-    e = pthread_mutex_init(&t->flock, NULL);
+    e = bfc__mutex_init(&t->flock, BFC__RANK_TRACE_FILE, "a trace's file");
     if (e != 0) {
         bfc__meta_free(t, sizeof(*t));
         st = BFC_ENOMEM;
@@ -445,9 +442,7 @@ int bfc_ctx_trace_start(bfc_ctx_t *ctx, const char *path)
     if (t->fd < 0 || !write_all(t->fd, header, sizeof header - 1)) {
         if (t->fd >= 0)
             (void)close(t->fd);
-        e = pthread_mutex_destroy(&t->flock);
-        if (e != 0)
-            bfc__fatal("pthread_mutex_destroy", e);
+        bfc__mutex_destroy(&t->flock);
         bfc__meta_free(t, sizeof(*t));
         st = BFC_EINVAL;
         goto out;
@@ -457,7 +452,7 @@ int bfc_ctx_trace_start(bfc_ctx_t *ctx, const char *path)
     /* relaxed: uniqueness is all that matters. */
     t->gen = atomic_fetch_add_explicit(&next_gen, 1, memory_order_relaxed);
     t->t0 = now_ns();
-    bfc__plock(&reg_lock);
+    bfc__lock(&reg_lock);
     t->run_next = running;
     if (running)
         running->run_prev = t;
@@ -466,9 +461,9 @@ int bfc_ctx_trace_start(bfc_ctx_t *ctx, const char *path)
      * reg_lock, so the exit handler sees the trace listed and published
      * together. */
     atomic_store_explicit(&ctx->obs.trace, t, memory_order_release);
-    bfc__punlock(&reg_lock);
+    bfc__unlock(&reg_lock);
 out:
-    bfc__punlock(&ctx->obs.lock);
+    bfc__unlock(&ctx->obs.lock);
     return st;
 }
 
@@ -476,70 +471,35 @@ int bfc_ctx_trace_stop(bfc_ctx_t *ctx)
 {
     if (!ctx || !ctx->obs.lock_ready)
         return BFC_EINVAL;
-    bfc__plock(&ctx->obs.lock);
+    bfc__lock(&ctx->obs.lock);
     struct bfc__trace *t = atomic_load_explicit(&ctx->obs.trace, memory_order_relaxed);
     if (t) {
         /* Claim it, unless the exit handler did first (it clears the
          * pointer under reg_lock when it takes a trace). */
-        bfc__plock(&reg_lock);
+        bfc__lock(&reg_lock);
         if (atomic_load_explicit(&ctx->obs.trace, memory_order_relaxed) == t) {
             run_unlink(t);
             atomic_store_explicit(&ctx->obs.trace, NULL, memory_order_relaxed);
         } else {
             t = NULL;
         }
-        bfc__punlock(&reg_lock);
+        bfc__unlock(&reg_lock);
     }
     int st = t ? finish(t) : BFC_ESTATE;
-    bfc__punlock(&ctx->obs.lock);
+    bfc__unlock(&ctx->obs.lock);
     return st;
-}
-
-/* ------------------------------------------------------------ set-up */
-
-int bfc__obs_init(struct bfc_ctx *ctx)
-{
-    int e = pthread_mutex_init(&ctx->obs.lock, NULL);
-    if (e != 0)
-        return BFC_ENOMEM;
-    ctx->obs.lock_ready = true;
-    /* Host contexts share the process configuration with the device ones;
-     * one file per context is what a trace means, so only device contexts
-     * follow cfg.trace (a host context can still be traced by the call). */
-    if (ctx->cfg.trace[0] && !ctx->is_host) {
-        int st = bfc_ctx_trace_start(ctx, ctx->cfg.trace);
-        if (st != BFC_OK) {
-            ctx->obs.lock_ready = false;
-            pthread_mutex_destroy(&ctx->obs.lock);
-            return st;
-        }
-    }
-    return BFC_OK;
-}
-
-void bfc__obs_fini(struct bfc_ctx *ctx)
-{
-    if (!ctx->obs.lock_ready)
-        return;
-    if (atomic_load_explicit(&ctx->obs.trace, memory_order_relaxed))
-        (void)bfc_ctx_trace_stop(ctx);
-    bfc__oom_fini(ctx);
-    ctx->obs.lock_ready = false;
-    int e = pthread_mutex_destroy(&ctx->obs.lock);
-    if (e != 0)
-        bfc__fatal("pthread_mutex_destroy", e);
 }
 
 /* ------------------------------------------------------------- fork */
 
 void bfc__trace_fork_lock(void)
 {
-    bfc__plock(&reg_lock);
+    bfc__lock(&reg_lock);
 }
 
 void bfc__trace_fork_unlock(void)
 {
-    bfc__punlock(&reg_lock);
+    bfc__unlock(&reg_lock);
 }
 
 /* Under ctx->obs.lock (held by the fork handlers), so no trace starts or
@@ -549,12 +509,12 @@ void bfc__trace_fork_lock_file(struct bfc_ctx *ctx)
     /* relaxed: obs.lock orders every store of the pointer before us. */
     struct bfc__trace *t = atomic_load_explicit(&ctx->obs.trace, memory_order_relaxed);
     if (t)
-        bfc__plock(&t->flock);
+        bfc__lock_nested(&t->flock);
 }
 
 void bfc__trace_fork_unlock_file(struct bfc_ctx *ctx)
 {
     struct bfc__trace *t = atomic_load_explicit(&ctx->obs.trace, memory_order_relaxed);
     if (t)
-        bfc__punlock(&t->flock);
+        bfc__unlock(&t->flock);
 }

@@ -1,0 +1,81 @@
+/*
+ * rcu.h -- the library's one door to liburcu's urcu-bp flavour: read-side
+ * sections, thread registration, call_rcu, and the edges that let
+ * ThreadSanitizer see what a grace period orders.
+ *
+ * Every translation unit that enters RCU includes this header and no other
+ * urcu flavour (one flavour per process: the application shares urcu-bp's
+ * domain with us).  A leaf: it needs internal.h and mutex.h only.  Its two
+ * globals, the TSan sync object and the liburcu gate, live in rcu.c.
+ */
+#ifndef BFC_RCU_H
+#define BFC_RCU_H
+
+#include <urcu-bp.h>
+
+#include "internal.h"
+#include "mutex.h"
+
+/* RCU read side, and the matching edge for reclamation (BFC__TSAN_RELEASE, internal.h). */
+extern char bfc__rcu_sync;
+static inline void bfc__rcu_lock(void)
+{
+    rcu_read_lock();
+}
+static inline void bfc__rcu_unlock(void)
+{
+    BFC__TSAN_RELEASE(&bfc__rcu_sync);
+    rcu_read_unlock();
+}
+/*
+ * Registers the calling thread with urcu-bp if it is not yet (a thread-local
+ * test when it is).  urcu-bp registers a thread at its first rcu_read_lock,
+ * and registering takes liburcu's registry lock, which the fork handlers hold
+ * while they wait for the library's locks (ctx.c, "Fork").  So a thread must
+ * be registered before it takes any library lock on a path that may enter
+ * RCU (call_rcu, a nested read section): the allocation and free paths are,
+ * because they open a read section first; the slow entry points that start
+ * with a lock (trim, statistics, dumps) call this first.
+ */
+static inline void bfc__rcu_register(void)
+{
+    urcu_bp_register_thread();
+}
+
+/*
+ * The liburcu gate: held around every call of the library that enqueues on
+ * one of liburcu's wait-free queues (call_rcu; rculfhash add and delete,
+ * which may queue a resize for its worker).  Such an enqueue is two stores
+ * (swap the tail, then link the old tail); a thread stopped between them by
+ * fork() would leave the child a queue whose consumer -- the child's new
+ * call_rcu thread or hash-table worker -- waits forever for the link.  The
+ * fork handlers take the gate, so no such enqueue is ever in flight at fork.
+ * The gate is a leaf: its holder only enqueues (never blocking: the thread
+ * is registered and the default call_rcu data exists from process set-up).
+ */
+extern bfc__mutex_t bfc__urcu_gate;
+
+/* Every call_rcu goes through here: the caller's accesses happen before
+ * the callback's (which starts with bfc__rcu_reclaim). */
+static inline void bfc__call_rcu(struct rcu_head *h, void (*fn)(struct rcu_head *))
+{
+    BFC__TSAN_RELEASE(&bfc__rcu_sync);
+    bfc__rcu_register();
+    bfc__lock(&bfc__urcu_gate);
+    call_rcu(h, fn);
+    bfc__unlock(&bfc__urcu_gate);
+}
+/* First thing in every call_rcu callback and after synchronize_rcu /
+ * rcu_barrier. */
+static inline void bfc__rcu_reclaim(void)
+{
+    BFC__TSAN_ACQUIRE(&bfc__rcu_sync);
+}
+/* Last thing in every call_rcu callback: what it did happens before the
+ * return of a later rcu_barrier. */
+static inline void bfc__rcu_reclaim_done(void)
+{
+    BFC__TSAN_RELEASE(&bfc__rcu_sync);
+}
+
+#endif /* BFC_RCU_H */

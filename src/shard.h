@@ -1,0 +1,65 @@
+/*
+ * shard.h -- the shard directory (shard.c): stream -> arena, one arena
+ * (shard) per stream, created on first use and retired when its stream goes.
+ *
+ * The directory is an RCU lock-free hash keyed by stream id, fronted by a
+ * thread-local cache that bfc__dir_epoch invalidates.  The context's list
+ * of arenas (ctx->arenas, under arenas_lock, rank BFC__RANK_ARENAS) is the
+ * directory's too: the walks over every shard -- reclaim from the others,
+ * collect free tails, the OOM report's per-shard figures, every lock for a
+ * consistency check -- are here, and the context decides when to run them.
+ */
+#ifndef BFC_SHARD_H
+#define BFC_SHARD_H
+
+#include "arena.h"
+
+struct bfc_ctx;
+
+int bfc__shard_dir_init(struct bfc_ctx *ctx);
+int bfc__shard_dir_init(struct bfc_ctx *ctx);
+/* The arena of stream s, created on first use.  Call under rcu_read_lock;
+ * the arena stays valid until rcu_read_unlock.  NULL on ENOMEM/EBACKEND. */
+struct bfc__arena *bfc__shard_get(struct bfc_ctx *ctx, bfc_stream_t s, int *status);
+/* Existing arena of s or NULL (no creation).  Under rcu_read_lock. */
+struct bfc__arena *bfc__shard_find(struct bfc_ctx *ctx, bfc_stream_t s);
+/* Stream id of s (thread-local cache first). */
+int bfc__shard_stream_id(struct bfc_ctx *ctx, bfc_stream_t s, uint64_t *id);
+int bfc__shard_retire(struct bfc_ctx *ctx, bfc_stream_t s);
+/* Unlinks a dead arena and frees it after a grace period. */
+void bfc__shard_reclaim(struct bfc__arena *a);
+/* Destroys every arena (ctx teardown; no concurrent users). */
+void bfc__shard_dir_fini(struct bfc_ctx *ctx);
+/* Bumped whenever a shard leaves a directory or a context dies: thread-local
+ * caches compare it to know they are stale. */
+extern _Atomic uint64_t bfc__dir_epoch;
+
+/* Every lock of the context's shards, in rank order (arenas_lock, each
+ * arena, the pool) / all released (bfc_ctx_check). */
+void bfc__shard_lock_all(struct bfc_ctx *ctx);
+void bfc__shard_unlock_all(struct bfc_ctx *ctx);
+
+/* Slow path: every other arena gives its fully free regions (with tails,
+ * also the free tails of its regions) back to the pool; returns the bytes. */
+size_t bfc__shard_reclaim_others(struct bfc_ctx *ctx, struct bfc__arena *self, bool tails);
+
+/* The free tails of every other arena's regions (see
+ * bfc__arena_tails_locked), up to max; returns how many. */
+size_t bfc__shard_collect_tails(struct bfc_ctx *ctx, struct bfc__arena *self, struct bfc__range *out, size_t max);
+
+/* What one shard could give, as the OOM report shows it. */
+struct bfc__shard_free {
+    uint64_t stream_id;
+    bfc_stream_t stream;
+    size_t free_bytes;      /* in its bins */
+    size_t largest_free;    /* its largest free chunk */
+    size_t pending_bytes;   /* freed blocks still waiting for their fences */
+    size_t in_use;          /* live chunk bytes */
+    size_t reserved;        /* its regions */
+};
+/* Each live shard of ctx in turn (arenas_lock, then each arena's lock, never
+ * two; the remote-free queue drained first, as bfc_ctx_stats does): the
+ * first `max` into out.  Returns the number of live shards. */
+size_t bfc__shard_free_info(struct bfc_ctx *ctx, struct bfc__shard_free *out, size_t max);
+
+#endif /* BFC_SHARD_H */
