@@ -14,22 +14,24 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
-#include "arena.h"
+#include "region.h"
+#include "regionmap.h"
+#include "rcu.h"
 
 /* Made-up device addresses, far from anything the process maps. */
 #define BASE ((uintptr_t)0x5a0000000000ull)
 
-/* Two contexts, only ever compared by address. */
+/* Two owners' tags, only ever compared by address. */
 static char ctx_tag_a, ctx_tag_b;
-#define CTX_A ((struct bfc_ctx *)(void *)&ctx_tag_a)
-#define CTX_B ((struct bfc_ctx *)(void *)&ctx_tag_b)
+#define CTX_A ((const void *)&ctx_tag_a)
+#define CTX_B ((const void *)&ctx_tag_b)
 
-static void rgn_init(struct bfc__region *r, uintptr_t base, size_t size, struct bfc_ctx *ctx)
+static void rgn_init(struct bfc__region *r, uintptr_t base, size_t size, const void *tag)
 {
     memset(r, 0, sizeof *r);
     r->base = base;
     r->size = size;
-    r->ctx = ctx;
+    r->tag = (void *)tag;
 }
 
 static struct bfc__region *lookup(uintptr_t p)

@@ -18,6 +18,9 @@
 #include <stdatomic.h>
 
 #include "ctx.h"
+#include "regionmap.h"
+#include "remote.h"
+#include "shard.h"
 
 static bfc_ctx_t *ctx_grow(void)
 {
@@ -55,16 +58,26 @@ static uint32_t state(struct blk b)
     return atomic_load_explicit(&b.c->state, memory_order_acquire);
 }
 
-/* Claims p as the free path does and frees it on stream s. */
-static int remote_free(void *p, bfc_stream_t s)
+/* Claims p as the free path does and frees it on stream s; *dead: the
+ * owner died with this free, and reclaiming it is the caller's job. */
+static int remote_free_dead(void *p, bfc_stream_t s, bool *dead)
 {
     struct blk b = resolve(p);
     uint32_t want = BFC__CHUNK_INUSE;
     REQUIRE(atomic_compare_exchange_strong(&b.c->state, &want, BFC__CHUNK_FREEING), "%p: state %u, not in use",
             p, (unsigned)want);
     bfc__rcu_lock();
-    int rc = bfc__remote_free(b.a, b.c, s);
+    int rc = bfc__remote_free(b.a, b.c, s, dead);
     bfc__rcu_unlock();
+    return rc;
+}
+
+/* The same for an owner that is not retired: it never dies of a free. */
+static int remote_free(void *p, bfc_stream_t s)
+{
+    bool dead = true;
+    int rc = remote_free_dead(p, s, &dead);
+    REQUIRE(!dead, "%p: the owner died of a free", p);
     return rc;
 }
 
@@ -84,16 +97,16 @@ START_TEST(test_enqueue_then_drain)
     void *p = xalloc(ctx, s1, 1000);
     void *q = xalloc(ctx, s1, 5000);
     struct blk b = resolve(p);
-    ck_assert(bfc__rq_empty(b.a));
+    ck_assert(bfc__arena_rq_empty(b.a));
 
     ck_assert_int_eq(remote_free(p, s2), BFC_OK);
     /* In the owner's queue, not yet the owner's business. */
-    ck_assert(!bfc__rq_empty(b.a));
+    ck_assert(!bfc__arena_rq_empty(b.a));
     ck_assert_uint_eq(state(b), BFC__CHUNK_FREEING);
     ck_assert_uint_eq(b.a->st.bytes_in_use, 256 * 4 + 5120);
 
     drain(b.a);
-    ck_assert(bfc__rq_empty(b.a));
+    ck_assert(bfc__arena_rq_empty(b.a));
     ck_assert_uint_eq(state(b), BFC__CHUNK_FREE); /* s2 idle: fence complete */
     bfc_stats_t s = sst(ctx, s1);
     ck_assert_uint_eq(s.num_remote_frees, 1);
@@ -199,6 +212,7 @@ static void *freer_main(void *arg)
         ;
     for (int i = 0; i < PER; i++) {
         struct blk b = { NULL, NULL };
+        bool dead = false;
         bfc__rcu_lock();
         struct bfc__region *r = bfc__regionmap_lookup((uintptr_t)f->blocks[i]);
         if (r) {
@@ -208,7 +222,7 @@ static void *freer_main(void *arg)
         uint32_t want = BFC__CHUNK_INUSE;
         if (!b.c || b.c == BFC__HANDLE_GONE ||
             !atomic_compare_exchange_strong(&b.c->state, &want, BFC__CHUNK_FREEING) ||
-            bfc__remote_free(b.a, b.c, f->s) != BFC_OK)
+            bfc__remote_free(b.a, b.c, f->s, &dead) != BFC_OK || dead)
             f->errors++;
         bfc__rcu_unlock();
     }
@@ -243,7 +257,7 @@ START_TEST(test_many_freers)
         ck_assert_int_eq(f[i].errors, 0);
     }
     drain(a);
-    ck_assert(bfc__rq_empty(a));
+    ck_assert(bfc__arena_rq_empty(a));
     bfc_stats_t s = sst(ctx, s1);
     ck_assert_uint_eq(s.num_remote_frees, NFREERS * PER);
     ck_assert_uint_eq(s.num_frees, NFREERS * PER + 2000);
@@ -276,7 +290,7 @@ START_TEST(test_event_fails)
     struct blk bq = resolve(q);
     ck_assert_int_eq(remote_free(q, s2), BFC_EBACKEND);
     ck_assert_uint_eq(state(bq), BFC__CHUNK_INUSE);
-    ck_assert(bfc__rq_empty(b.a));
+    ck_assert(bfc__arena_rq_empty(b.a));
     bfc_sim_fail_event_every(ctx, 0);
     /* It is still a live block, freed normally now. */
     ck_assert_uint_eq(bfc_ctx_requested_size(ctx, q), 4096);
@@ -305,7 +319,7 @@ START_TEST(test_no_fence_record)
     bfc_sim_fail_meta_every(0);
     ck_assert_int_eq(rc, BFC_ENOMEM);
     ck_assert_uint_eq(state(b), BFC__CHUNK_INUSE);
-    ck_assert(bfc__rq_empty(b.a));
+    ck_assert(bfc__arena_rq_empty(b.a));
     ck_assert_int_eq(remote_free(p, s2), BFC_OK);
     drain(b.a);
     ck_assert_uint_eq(state(b), BFC__CHUNK_FREE);
@@ -316,8 +330,9 @@ END_TEST
 
 /* ------------------------------------------------------ dead shards */
 
-/* A retired owner has no thread to drain its queue: the freer drains it,
- * and the last block of the shard takes the shard with it. */
+/* A retired owner has no thread to drain its queue: the freer drains it.
+ * The last block's free reports the shard dead; the caller (the context's
+ * free path) reclaims it, and its memory goes back then. */
 START_TEST(test_retired_owner)
 {
     bfc_ctx_t *ctx = ctx_grow();
@@ -333,17 +348,30 @@ START_TEST(test_retired_owner)
     ck_assert_uint_eq(st(ctx).bytes_in_use, 4096 + 8192);
     ck_assert_uint_eq(st(ctx).num_regions, 1);
 
-    ck_assert_int_eq(remote_free(p, s2), BFC_OK);
+    bool dead = true;
+    ck_assert_int_eq(remote_free_dead(p, s2, &dead), BFC_OK);
+    ck_assert(!dead);
     /* Drained by us: nothing waits in the queue, q keeps the shard. */
-    ck_assert(bfc__rq_empty(b.a));
+    ck_assert(bfc__arena_rq_empty(b.a));
     ck_assert_uint_eq(state(b), BFC__CHUNK_FREE);
     ck_assert(!b.a->dead);
     ck_assert_uint_eq(st(ctx).bytes_in_use, 8192);
     ck_assert_uint_eq(st(ctx).num_regions, 1);
     xcheck(ctx);
 
-    /* The last block: the shard dies and its memory goes back. */
-    ck_assert_int_eq(remote_free(q, s2), BFC_OK);
+    /* The last block: the shard dies, and is the caller's to reclaim. */
+    ck_assert_int_eq(remote_free_dead(q, s2, &dead), BFC_OK);
+    ck_assert(dead);
+    ck_assert(b.a->dead);
+    ck_assert_uint_eq(st(ctx).bytes_in_use, 0);
+    /* Its memory went back as it died; the shard record stays on the
+     * context's list until the caller reclaims it (read under RCU: the
+     * record is freed a grace period after the reclaim). */
+    bfc__rcu_lock();
+    ck_assert(!b.a->unlinked);
+    bfc__shard_reclaim(b.a);
+    ck_assert(b.a->unlinked);
+    bfc__rcu_unlock();
     bfc_stats_t s = st(ctx);
     ck_assert_uint_eq(s.bytes_in_use, 0);
     ck_assert_uint_eq(s.num_regions, 0);
