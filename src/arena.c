@@ -345,7 +345,7 @@ static void account_free(struct bfc__arena *a, struct bfc__chunk *c)
 
 /* Splits c so that it keeps `rounded` bytes; the leftover after it goes to
  * the bins.  Returns false (c unchanged) if no record is available. */
-static bool split(struct bfc__arena *a, struct bfc__chunk *c, size_t rounded)
+static inline __attribute__((always_inline)) bool split(struct bfc__arena *a, struct bfc__chunk *c, size_t rounded)
 {
     struct bfc__chunk *n = chunk_new(a);
     if (!n)
@@ -394,8 +394,10 @@ static __attribute__((noinline, cold)) void poison_verify(struct bfc__arena *a, 
 /* Expandable arena: the granules under a block about to be handed out are
  * mapped first.  NULL when they cannot be (c back in the bins). */
 static __attribute__((noinline)) struct bfc__chunk *take_vmm(struct bfc__arena *a, struct bfc__chunk *c,
-                                                             size_t keep, bool cut, size_t rounded)
+                                                             size_t rounded)
 {
+    bool cut = c->size >= 2 * rounded || c->size - rounded >= a->ctx->max_frag;
+    size_t keep = cut ? rounded : c->size;
     /* Granules not mapped are no internal fragmentation: a leftover that
      * has some is cut off rather than mapped for the block. */
     if (!cut && keep > rounded && !bfc__expand_ready(a->x, c->ptr + rounded, keep - rounded)) {
@@ -416,14 +418,13 @@ static __attribute__((noinline)) struct bfc__chunk *take_vmm(struct bfc__arena *
 
 static void *take_chunk(struct bfc__arena *a, struct bfc__chunk *c, size_t rounded, size_t n)
 {
-    bool cut = !c->region->large && (c->size >= 2 * rounded || c->size - rounded >= a->ctx->max_frag);
     if (BFC__UNLIKELY(a->x != NULL)) {
-        if (!take_vmm(a, c, cut ? rounded : c->size, cut, rounded))
+        if (!take_vmm(a, c, rounded))
             return NULL;
     } else {
         if (c->link.bin != BFC__NO_BIN)
             bfc__bins_remove(&a->bins, c);
-        if (cut)
+        if (!c->region->large && (c->size >= 2 * rounded || c->size - rounded >= a->ctx->max_frag))
             (void)split(a, c, rounded); /* without a record the whole chunk is used */
     }
     if (BFC__UNLIKELY(a->ctx->cfg.poison) && a->ctx->be->host_accessible)
