@@ -165,8 +165,20 @@ typedef struct bfc_config {
                                      (see bfc_ctx_set_oom_callback) */
     char trace[256];              /* "": off; else every context traces to this path from its
                                      creation (see bfc_ctx_trace_start) */
-    uint64_t reserved[16];        /* room for the settings of later versions: zero (see "version") */
+    /* ---- added in 0.9 from the reserved words (zero is the default) ---- */
+    uint64_t release_threshold;   /* expandable arenas: mapped-but-free bytes a shard keeps before it
+                                     unmaps pages (cudaMemPoolAttrReleaseThreshold; default 0) */
+    int32_t vmm;                  /* bfc_vmm_t: expandable (virtual-memory) arenas; default AUTO */
+    uint32_t reserved_flags;      /* zero */
+    uint64_t reserved[14];        /* room for the settings of later versions: zero (see "version") */
 } bfc_config_t;
+
+/* bfc_config_t.vmm (see "Expandable arenas" below). */
+typedef enum {
+    BFC_VMM_AUTO = 0, /* on when the backend has virtual memory and allow_growth is true */
+    BFC_VMM_ON = 1,   /* on; BFC_EINVAL at create without backend support or with allow_growth=false */
+    BFC_VMM_OFF = 2   /* classic regions */
+} bfc_vmm_t;
 
 /*
  * Sets every field of *cfg to its default: backend AUTO, device 0,
@@ -174,7 +186,8 @@ typedef struct bfc_config {
  * allow_growth true, initial_region 2 MiB, fragmentation_fraction 0,
  * garbage_collection true (as TensorFlow, whose TF_ENABLE_GPU_GARBAGE_COLLECTION
  * defaults to true), large_alloc 32 MiB, retry_ms 0, debug off,
- * host_numa thread, no oom_dump, no trace, reserved words zero.  (Fault
+ * host_numa thread, no oom_dump, no trace, vmm AUTO, release_threshold 0,
+ * reserved words zero.  (Fault
  * injection, a test facility, is set on a context through shardbfc_sim.h.)
  * Context: thread-safe (touches only *cfg), never blocks.
  */
@@ -182,8 +195,8 @@ BFC_API void bfc_config_init(bfc_config_t *cfg);
 
 /*
  * Applies a "key=value,key=value" spec to *cfg (fields not named keep their
- * value).  Keys are the field names above plus "backend" (auto|cuda|sim) and
- * "host_numa" (thread|gpu|N).  Sizes take an optional K/M/G suffix (KiB, MiB,
+ * value).  Keys are the field names above plus "backend" (auto|cuda|sim),
+ * "host_numa" (thread|gpu|N) and "vmm" (auto|on|off).  Sizes take an optional K/M/G suffix (KiB, MiB,
  * GiB); booleans are true/false/1/0 (also yes/no/on/off).  Paths (oom_dump,
  * trace) are taken verbatim (no commas, no control characters, at most 255
  * bytes).  An unknown key, a malformed, negative or out-of-range value
@@ -196,6 +209,7 @@ BFC_API void bfc_config_init(bfc_config_t *cfg);
  *   large_alloc       any size; 0 turns the large-request rule off
  *   fragmentation_fraction   a decimal number from 0 to 1
  *   retry_ms          0 to 3600000 (one hour)
+ *   release_threshold any size
  *   device, host_numa node   0 to 2147483647
  *   oom_dump, trace   at most 255 bytes
  *   one item          at most 4096 bytes (the spec itself is unbounded)
@@ -253,6 +267,32 @@ BFC_API int bfc_config_validate(const bfc_config_t *cfg);
  *     work finishes); on SIM a held stream finishes only when drained, so the
  *     allocator does not wait there, and retry_ms bounds how long it polls
  *     (on either backend) for memory other threads free or drain.
+ *   - Expandable arenas (vmm=on; vmm=auto, the default, picks them when
+ *     the backend has virtual memory -- SIM always, CUDA where the device
+ *     reports it -- allow_growth is true and the limit holds one granule;
+ *     vmm=on without those makes bfc_ctx_create fail with BFC_EINVAL; host
+ *     contexts always keep classic regions).  A shard then reserves, at its
+ *     first allocation, addresses for the whole limit as its one region and
+ *     maps device memory behind it granule by granule (2 MiB on SIM and
+ *     most GPUs): an allocation maps exactly the granules its block lacks
+ *     -- no doubling --, and bytes_reserved counts mapped bytes.  Free
+ *     granules (wholly inside free chunks) are unmapped only after an
+ *     event recorded on the shard's stream has completed: when another
+ *     shard needs the limit (its slow path waits for those events, without
+ *     bound on CUDA, not at all on SIM), when a free leaves more than
+ *     release_threshold bytes mapped but free in the shard (checked at
+ *     frees, at most once per granule of growth, the unmap done once the
+ *     event has completed; default 0: free granules go back at the first
+ *     such check, as cudaMemPoolAttrReleaseThreshold's default), and on
+ *     bfc_ctx_trim.  An allocation that lands on a granule waiting for its
+ *     event takes it back at no cost.  So one stream's peak never keeps
+ *     another stream out: a request succeeds when the limit minus what is
+ *     mapped, plus what other shards can unmap, covers it (granules aside).
+ *     large_alloc is ignored (a big block is a chunk like any other and its
+ *     granules go back when freed); bins, best fit, the split rule and
+ *     coalescing are TensorFlow's, except that a leftover with unmapped
+ *     granules is always split off.  num_vmm_maps / num_vmm_unmaps count
+ *     the device calls.
  *   - allow_growth=false.  The whole limit is reserved at create and a
  *     stream's first region is all of it: one stream gets exactly
  *     TensorFlow's layout (one region, exact splits from its front, large
@@ -463,13 +503,15 @@ BFC_API int bfc_host_record_stream(void *p, bfc_stream_t stream);
     X(largest_free_chunk, MAX, "largest free chunk of any shard")                              \
     X(bytes_pending, SUM, "bytes of blocks waiting for their fences")                         \
     X(num_chunks, SUM, "chunk records in use (free + in use + pending)")                      \
-    X(num_poison_errors, SUM, "poison=true: blocks found written after free when reused")
+    X(num_poison_errors, SUM, "poison=true: blocks found written after free when reused")     \
+    X(num_vmm_maps, SUM, "expandable arenas: map calls to the device (each a run of granules)") \
+    X(num_vmm_unmaps, SUM, "expandable arenas: unmap calls to the device")
 
 typedef struct bfc_stats {
 #define BFC__STATS_STRUCT(name, combine, desc) uint64_t name;
     BFC_STATS_FIELDS(BFC__STATS_STRUCT)
 #undef BFC__STATS_STRUCT
-    uint64_t reserved[16]; /* room for the figures of later versions: zero (see "version") */
+    uint64_t reserved[14]; /* room for the figures of later versions: zero (see "version") */
 } bfc_stats_t;
 
 /*

@@ -9,6 +9,9 @@
  *
  *   perf/pairs N     runs N pairs after the warm-up (N = 0: warm-up only)
  *
+ * PAIRS_CONF (SHARDBFC_CONF syntax) is applied after the defaults, e.g.
+ * PAIRS_CONF=vmm=off for classic regions.
+ *
  * perf/pair_instructions.sh runs it under callgrind with N and with 0 and
  * divides the difference by N: instructions per alloc+free pair, exact and
  * repeatable (unlike a timing on a shared machine).
@@ -44,7 +47,8 @@ int main(int argc, char **argv)
     void *live[LIVE];
 
     bfc_config_init(&cfg);
-    if (bfc_config_parse(&cfg, "backend=sim,memory_limit=4G") != BFC_OK || bfc_ctx_create(&cfg, &ctx) != BFC_OK) {
+    if (bfc_config_parse(&cfg, "backend=sim,memory_limit=4G") != BFC_OK ||
+        bfc_config_parse(&cfg, getenv("PAIRS_CONF")) != BFC_OK || bfc_ctx_create(&cfg, &ctx) != BFC_OK) {
         fprintf(stderr, "pairs: cannot create a SIM context\n");
         return 1;
     }

@@ -100,21 +100,10 @@ static void handles_free(struct bfc__region *r)
  * covering it, published in the region map.  BFC_ENOMEM when refused.
  * Everything its departure will need is reserved first (the ticket), so a
  * metadata failure refuses the region and changes nothing. */
-static int region_new(struct bfc__arena *a, size_t size, bool large, struct bfc__region **out)
+static int region_setup(struct bfc__arena *a, uintptr_t base, size_t size, struct bfc__segment *seg, bool used,
+                        bool large, bool vmm, struct bfc__region **out)
 {
     struct bfc_ctx *ctx = a->ctx;
-    struct bfc__pool *pool = &ctx->pool;
-    struct bfc__pool_ticket t;
-    uintptr_t base;
-    struct bfc__segment *seg;
-    bool used;
-    if (bfc__pool_ticket_get(pool, &t) != BFC_OK)
-        return BFC_ENOMEM;
-    int st = bfc__pool_get(pool, size, a->stream_id, &base, &seg, &used, NULL);
-    if (st != BFC_OK) {
-        bfc__pool_ticket_put(pool, &t);
-        return st;
-    }
     struct bfc__region *r = bfc__meta_zalloc(sizeof(*r));
     struct bfc__chunk *c = chunk_new(a);
     if (!r || !c)
@@ -125,6 +114,7 @@ static int region_new(struct bfc__arena *a, size_t size, bool large, struct bfc_
     r->owner = a;
     r->seg = seg;
     r->large = large;
+    r->vmm = vmm;
     r->nhandles = large ? 1 : size >> BFC__MIN_ALLOC_BITS;
     size_t hb = r->nhandles * sizeof(r->handles[0]);
     if (hb >= 64 * BFC__KiB) {
@@ -151,20 +141,22 @@ static int region_new(struct bfc__arena *a, size_t size, bool large, struct bfc_
     bfc__region_set_handle(r, base, c);
     if (bfc__regionmap_insert(r) != BFC_OK)
         goto nomem;
-    r->ticket = t;
     r->anext = a->regions;
     if (a->regions)
         a->regions->aprev = r;
     a->regions = r;
     a->st.num_regions++;
-    a->st.bytes_reserved += size;
-    if (a->st.bytes_reserved > a->st.peak_reserved)
-        a->st.peak_reserved = a->st.bytes_reserved;
-    if (ctx->cfg.poison && ctx->be->host_accessible)
-        memset((void *)base, 0xDB, size);
+    /* An expandable arena's reserved bytes are its mapped granules. */
+    if (!vmm) {
+        a->st.bytes_reserved += size;
+        if (a->st.bytes_reserved > a->st.peak_reserved)
+            a->st.peak_reserved = a->st.bytes_reserved;
+        if (ctx->cfg.poison && ctx->be->host_accessible)
+            memset((void *)base, 0xDB, size);
+    }
     if (!large)
         bfc__bins_insert(&a->bins, c);
-    if (bfc__tracing(&ctx->obs))
+    if (bfc__tracing(&ctx->obs) && !vmm)
         bfc__trace_event(ctx, BFC__TR_GROW, base, size, a->stream);
     *out = r;
     return BFC_OK;
@@ -175,8 +167,35 @@ nomem:
         handles_free(r);
         bfc__meta_free(r, sizeof(*r));
     }
-    bfc__pool_put(pool, base, size, seg, used, a->stream, a->stream_id, &t);
     return BFC_ENOMEM;
+}
+
+static int region_new(struct bfc__arena *a, size_t size, bool large, struct bfc__region **out)
+{
+    struct bfc__pool *pool = &a->ctx->pool;
+    struct bfc__pool_ticket t;
+    uintptr_t base;
+    struct bfc__segment *seg;
+    bool used;
+    if (bfc__pool_ticket_get(pool, &t) != BFC_OK)
+        return BFC_ENOMEM;
+    int st = bfc__pool_get(pool, size, a->stream_id, &base, &seg, &used, NULL);
+    if (st != BFC_OK) {
+        bfc__pool_ticket_put(pool, &t);
+        return st;
+    }
+    st = region_setup(a, base, size, seg, used, large, false, out);
+    if (st != BFC_OK) {
+        bfc__pool_put(pool, base, size, seg, used, a->stream, a->stream_id, &t);
+        return st;
+    }
+    (*out)->ticket = t;
+    return BFC_OK;
+}
+
+int bfc__arena_vmm_region_locked(struct bfc__arena *a, uintptr_t base, size_t size, struct bfc__region **out)
+{
+    return region_setup(a, base, size, NULL, false, false, true, out);
 }
 
 static size_t initial_region_bytes(struct bfc_ctx *ctx)
@@ -211,8 +230,9 @@ static void region_depart(struct bfc__arena *a, struct bfc__region *r, bool fenc
     r->gone = true;
     r->tail = NULL;
     a->st.num_regions--;
-    a->st.bytes_reserved -= r->size;
-    if (bfc__tracing(&a->ctx->obs))
+    if (!r->vmm)
+        a->st.bytes_reserved -= r->size;
+    if (bfc__tracing(&a->ctx->obs) && !r->vmm)
         bfc__trace_event(a->ctx, BFC__TR_RELEASE, r->base, r->size, a->stream);
     /* An arena that holds nothing any more starts its schedule afresh:
      * TensorFlow never gives regions back (bar GC), but a shard trimmed
@@ -224,14 +244,17 @@ static void region_depart(struct bfc__arena *a, struct bfc__region *r, bool fenc
     /* Out of the map first: no lookup may find r once another shard can
      * be handed the memory. */
     bfc__regionmap_remove(r);
-    bfc__pool_put(&a->ctx->pool, r->base, r->size, r->seg, used, a->stream, a->stream_id, &r->ticket);
+    if (r->vmm) /* expandable arena: its reservation goes (expand.c) */
+        bfc__expand_depart_locked(a, fence);
+    else
+        bfc__pool_put(&a->ctx->pool, r->base, r->size, r->seg, used, a->stream, a->stream_id, &r->ticket);
     bfc__call_rcu(&r->rcu, region_free_cb);
 }
 
 static bool has_free_tail(struct bfc__region *r)
 {
     struct bfc__chunk *c = r->tail;
-    return !r->large && r->live != 0 && atomic_load_explicit(&c->state, memory_order_relaxed) == BFC__CHUNK_FREE &&
+    return !r->large && !r->vmm && r->live != 0 && atomic_load_explicit(&c->state, memory_order_relaxed) == BFC__CHUNK_FREE &&
            c->ptr != r->base;
 }
 
@@ -283,9 +306,13 @@ size_t bfc__arena_shed_locked(struct bfc__arena *a, bool tails)
     struct bfc__region *r = a->regions;
     while (r) {
         struct bfc__region *next = r->anext;
+        /* A fully free expandable arena gives its whole reservation back
+         * (fenced); one in use, its free granules. */
         if (r->live == 0) {
-            freed += r->size;
+            freed += r->vmm ? a->x->mapped_bytes : r->size;
             region_depart(a, r, true);
+        } else if (r->vmm) {
+            freed += bfc__expand_release_locked(a, 0);
         } else if (tails) {
             freed += region_shed_tail(a, r);
         }
@@ -318,7 +345,7 @@ static void account_free(struct bfc__arena *a, struct bfc__chunk *c)
 
 /* Splits c so that it keeps `rounded` bytes; the leftover after it goes to
  * the bins.  Returns false (c unchanged) if no record is available. */
-static bool split(struct bfc__arena *a, struct bfc__chunk *c, size_t rounded)
+static inline __attribute__((always_inline)) bool split(struct bfc__arena *a, struct bfc__chunk *c, size_t rounded)
 {
     struct bfc__chunk *n = chunk_new(a);
     if (!n)
@@ -364,12 +391,42 @@ static __attribute__((noinline, cold)) void poison_verify(struct bfc__arena *a, 
                 (unsigned long)c->ptr, c->size, i, (unsigned)m[i]);
 }
 
-static void *take_chunk(struct bfc__arena *a, struct bfc__chunk *c, size_t rounded, size_t n)
+/* Expandable arena: the granules under a block about to be handed out are
+ * mapped first.  NULL when they cannot be (c back in the bins). */
+static __attribute__((noinline)) struct bfc__chunk *take_vmm(struct bfc__arena *a, struct bfc__chunk *c,
+                                                             size_t rounded)
 {
+    bool cut = c->size >= 2 * rounded || c->size - rounded >= a->ctx->max_frag;
+    size_t keep = cut ? rounded : c->size;
+    /* Granules not mapped are no internal fragmentation: a leftover that
+     * has some is cut off rather than mapped for the block. */
+    if (!cut && keep > rounded && !bfc__expand_ready(a->x, c->ptr + rounded, keep - rounded)) {
+        cut = true;
+        keep = rounded;
+    }
+    if (!bfc__expand_ready(a->x, c->ptr, keep) && bfc__expand_make_ready_locked(a, c->ptr, keep) != BFC_OK)
+        return NULL;
     if (c->link.bin != BFC__NO_BIN)
         bfc__bins_remove(&a->bins, c);
-    if (!c->region->large && (c->size >= 2 * rounded || c->size - rounded >= a->ctx->max_frag))
-        (void)split(a, c, rounded); /* without a record the whole chunk is used */
+    if (cut && !split(a, c, rounded) && !bfc__expand_ready(a->x, c->ptr, c->size) &&
+        bfc__expand_make_ready_locked(a, c->ptr, c->size) != BFC_OK) {
+        bfc__bins_insert(&a->bins, c);
+        return NULL;
+    }
+    return c;
+}
+
+static void *take_chunk(struct bfc__arena *a, struct bfc__chunk *c, size_t rounded, size_t n)
+{
+    if (BFC__UNLIKELY(a->x != NULL)) {
+        if (!take_vmm(a, c, rounded))
+            return NULL;
+    } else {
+        if (c->link.bin != BFC__NO_BIN)
+            bfc__bins_remove(&a->bins, c);
+        if (!c->region->large && (c->size >= 2 * rounded || c->size - rounded >= a->ctx->max_frag))
+            (void)split(a, c, rounded); /* without a record the whole chunk is used */
+    }
     if (BFC__UNLIKELY(a->ctx->cfg.poison) && a->ctx->be->host_accessible)
         poison_verify(a, c);
     c->requested = n;
@@ -429,6 +486,8 @@ static void release_chunk(struct bfc__arena *a, struct bfc__chunk *c)
     /* A retired shard keeps nothing it does not need. */
     if (r->live == 0 && atomic_load_explicit(&a->retired, memory_order_relaxed))
         region_depart(a, r, true);
+    else if (BFC__UNLIKELY(r->vmm))
+        bfc__expand_after_free_locked(a);
 }
 
 /* ------------------------------------------------------------- fences */
@@ -814,7 +873,7 @@ int bfc__arena_check_locked(struct bfc__arena *a, char *buf, size_t len)
     uint64_t free_chunks = 0, free_bytes = 0, chunks = 0, live = 0;
     for (struct bfc__region *r = a->regions; r; r = r->anext) {
         regions++;
-        reserved += r->size;
+        reserved += r->vmm ? a->x->mapped_bytes : r->size;
         struct bfc__chunk *c = bfc__region_handle(r, r->base);
         uintptr_t expect = r->base;
         struct bfc__chunk *prev = NULL;
@@ -886,6 +945,8 @@ int bfc__arena_check_locked(struct bfc__arena *a, char *buf, size_t len)
         }
         live += rlive;
     }
+    if (a->x && bfc__expand_check_locked(a, buf, len) != 0)
+        return -1;
     char bb[256];
     if (bfc__bins_verify(&a->bins, bb, sizeof(bb)) != 0) {
         snprintf(buf, len, "invariant 3: bins: %s", bb);

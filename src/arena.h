@@ -31,6 +31,7 @@
 
 #include "backend.h"
 #include "chunk.h"
+#include "expand.h"
 #include "fence.h"
 #include "meta.h"
 #include "pool.h"
@@ -50,6 +51,7 @@ struct bfc__astats {
     uint64_t pending, pending_bytes;
     uint64_t ooms;
     uint64_t chunks;
+    uint64_t vmm_maps, vmm_unmaps; /* expandable arena: device calls */
 };
 
 struct bfc__arena {
@@ -65,6 +67,7 @@ struct bfc__arena {
     int64_t next_id;
     struct bfc__astats st;
     struct bfc__fence *pending_head, *pending_tail;
+    struct bfc__expand *x;       /* expandable arena: its reservation, else NULL */
     bool dead;                   /* reclaimed: no regions, no chunks; awaiting RCU */
     bool unlinked;
     size_t live;                 /* chunks in use, freeing or pending */
@@ -122,6 +125,10 @@ void *bfc__arena_grow_locked(struct bfc__arena *a, size_t n, size_t rounded, boo
 void bfc__arena_drain_locked(struct bfc__arena *a, bool full);
 void bfc__arena_wait_pending_locked(struct bfc__arena *a, uint32_t timeout_ms);
 size_t bfc__arena_shed_locked(struct bfc__arena *a, bool tails);
+/* A region over [base, base + size) of an expandable arena's reservation
+ * (nothing mapped), one free chunk covering it, published in the region
+ * map.  BFC_ENOMEM (metadata). */
+int bfc__arena_vmm_region_locked(struct bfc__arena *a, uintptr_t base, size_t size, struct bfc__region **out);
 /* Local free of a live chunk c (validated and claimed by the caller). */
 void bfc__arena_free_chunk_locked(struct bfc__arena *a, struct bfc__chunk *c);
 /* Retired and empty: give everything back, mark dead.  Returns true when the

@@ -209,7 +209,7 @@ typedef struct bfc__vmm_book {
  * made); fini frees the records, whatever they still describe. */
 int bfc__vmm_book_init(bfc__vmm_book_t *bk, size_t granule);
 void bfc__vmm_book_fini(bfc__vmm_book_t *bk);
-/* The rest is called with bk->lock held (bfc__plock / bfc__punlock). */
+/* The rest is called with bk->lock held (bfc__lock / bfc__unlock). */
 /* Records a new reservation: BFC_OK, or BFC_ENOMEM (metadata). */
 int bfc__vmm_book_add(bfc__vmm_book_t *bk, uintptr_t base, size_t size);
 /* The reservation [base, base + size) exactly, or NULL. */

@@ -64,6 +64,7 @@ enum kind {
     K_UINT,
     K_HOST_NUMA,
     K_PATH,
+    K_VMM,
 };
 
 static const struct key {
@@ -93,6 +94,8 @@ static const struct key {
     {"oom_dump", K_PATH, offsetof(bfc_config_t, oom_dump), 0, false,
      sizeof(((bfc_config_t *)0)->oom_dump)},
     {"trace", K_PATH, offsetof(bfc_config_t, trace), 0, false, sizeof(((bfc_config_t *)0)->trace)},
+    {"vmm", K_VMM, offsetof(bfc_config_t, vmm), 0, false, 0},
+    {"release_threshold", K_SIZE, offsetof(bfc_config_t, release_threshold), 0, true, 0},
 };
 
 /* A piece of the spec string, not NUL-terminated. */
@@ -361,6 +364,18 @@ static const char *apply(bfc_config_t *cfg, const struct key *k, struct span v)
         *(int *)(void *)field = node;
         return NULL;
     }
+    case K_VMM: {
+        int32_t m;
+        bool b;
+        if (eq_nocase(v, "auto"))
+            m = BFC_VMM_AUTO;
+        else if (parse_bool(v, &b))
+            m = b ? BFC_VMM_ON : BFC_VMM_OFF;
+        else
+            return "expected auto, on or off";
+        *(int32_t *)(void *)field = m;
+        return NULL;
+    }
     case K_PATH:
         /* Taken verbatim (UTF-8 allowed), but no control character can be
          * part of a path a user meant; ',' never reaches here. */
@@ -484,6 +499,8 @@ void bfc_config_init(bfc_config_t *cfg)
     cfg->debug_check = false;
     cfg->poison = false;
     cfg->host_numa = BFC_HOST_NUMA_THREAD;
+    cfg->vmm = BFC_VMM_AUTO;
+    cfg->release_threshold = 0;
 }
 
 static int parse(bfc_config_t *cfg, const char *spec, struct errbuf *e)
@@ -549,6 +566,10 @@ int bfc_config_validate(const bfc_config_t *cfg)
         return BFC_EINVAL;
     /* Filled in by hand, a path must still be a C string. */
     if (!memchr(cfg->oom_dump, '\0', sizeof cfg->oom_dump) || !memchr(cfg->trace, '\0', sizeof cfg->trace))
+        return BFC_EINVAL;
+    if (cfg->vmm != BFC_VMM_AUTO && cfg->vmm != BFC_VMM_ON && cfg->vmm != BFC_VMM_OFF)
+        return BFC_EINVAL;
+    if (cfg->reserved_flags != 0)
         return BFC_EINVAL;
     /* Room for later versions' settings: a non-zero word here means a
      * setting this library does not know (or an uninitialised struct). */

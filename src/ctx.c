@@ -374,6 +374,16 @@ static int ctx_create(bfc_config_t cfg, bfc__backend_t *be, bool host, bfc_ctx_t
     /* allow_growth=false: TensorFlow serves large requests from its one
      * region too, so the fast path tries the bins for every size. */
     ctx->bins_max = (cfg.large_alloc && cfg.allow_growth) ? cfg.large_alloc : SIZE_MAX;
+    /* Expandable arenas (expand.c): auto where the backend can; a host
+     * context keeps classic regions whatever the setting. */
+    bool vmm_able = be->vmm_granule && cfg.allow_growth && ctx->limit >= be->vmm_granule;
+    if (!host && cfg.vmm == BFC_VMM_ON && !vmm_able) {
+        st = BFC_EINVAL;
+        goto fail_be;
+    }
+    ctx->vmm = !host && cfg.vmm != BFC_VMM_OFF && vmm_able;
+    if (ctx->vmm)
+        ctx->bins_max = SIZE_MAX; /* large_alloc is ignored: every block is a chunk */
     st = bfc__pool_init(&ctx->pool, be, ctx->limit, cfg.allow_growth);
     if (st != BFC_OK)
         goto fail_be;
@@ -559,6 +569,8 @@ static bool tails_help(struct bfc_ctx *ctx, struct bfc__arena *a, size_t rounded
  */
 void *bfc__ctx_alloc_slow(struct bfc_ctx *ctx, struct bfc__arena *a, size_t n, size_t rounded, int *status)
 {
+    if (ctx->vmm) /* expandable arenas have their own escalation */
+        return bfc__expand_alloc_slow(ctx, a, n, rounded, status);
     bool large = ctx->cfg.large_alloc && rounded >= ctx->cfg.large_alloc;
     /* allow_growth=false: TensorFlow serves large requests from its region. */
     bool fit_first = !large || !ctx->cfg.allow_growth;
@@ -952,6 +964,8 @@ int bfc_ctx_trim(bfc_ctx_t *ctx)
     if (!ctx)
         return BFC_EINVAL;
     bfc__rcu_register(); /* before the arenas lock: releases call call_rcu */
+    if (ctx->vmm) /* the free granules of shards still in use */
+        bfc__expand_unmap_others(ctx, NULL, fence_wait_ms(ctx));
     bfc__shard_reclaim_others(ctx, NULL, false);
     /* What just left the shards is fenced on their streams: on a device,
      * wait for that work (as PyTorch's empty_cache synchronises its events

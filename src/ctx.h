@@ -29,6 +29,7 @@ struct bfc_ctx {
     struct bfc__astats retired;  /* cumulative counters of reclaimed shards (arenas_lock) */
     _Atomic uint64_t shards_live;
     _Atomic uint64_t poison_errors; /* poison=true: reused blocks found written after free */
+    bool vmm;                    /* shards are expandable arenas (expand.c) */
     bool destroying;
     bool is_host;                /* a host pinned-memory context (host.c) */
     struct bfc_ctx *reg_next;    /* the process's context registry (ctx.c, fork) */

@@ -177,10 +177,40 @@ static void span_insert_locked(struct bfc__pool *p, uintptr_t base, size_t size,
     }
 }
 
+/* Departed reservations whose fences completed (all: every one, teardown)
+ * go back to the backend. */
+static void vmm_gone_poll_locked(struct bfc__pool *p, bool all)
+{
+    struct bfc__vmm_gone **pp = &p->vmm_gone;
+    while (*pp) {
+        struct bfc__vmm_gone *g = *pp;
+        if (!all && g->fence && bfc__fence_query(p->be, g->fence) != BFC_OK) {
+            pp = &g->next;
+            continue;
+        }
+        *pp = g->next;
+        /* On failure the backend's book keeps what it could not unmap; the
+         * memory is lost to the limit's accounting either way. */
+        (void)p->be->ops->va_release(p->be, g->base, g->size);
+        if (g->fence)
+            fcache_put_locked(p, g->fence);
+        p->vmm_mapped -= g->mapped;
+        p->held -= g->mapped;
+        size_t committed = atomic_load_explicit(&p->committed, memory_order_relaxed);
+        /* relaxed: see carve_locked. */
+        atomic_store_explicit(&p->committed, committed - g->mapped, memory_order_relaxed);
+        if (g->mapped)
+            p->vmm_unmaps++;
+        bfc__meta_free(g, sizeof(*g));
+    }
+}
+
 /* Fences that completed: their spans become free for every stream and merge
  * with free neighbours. */
 static void poll_locked(struct bfc__pool *p)
 {
+    if (p->vmm_gone)
+        vmm_gone_poll_locked(p, false);
     if (p->fenced_bytes == 0)
         return;
     struct bfc__span *s = p->spans;
@@ -361,6 +391,7 @@ int bfc__pool_init(struct bfc__pool *p, bfc__backend_t *be, size_t limit, bool g
 
 void bfc__pool_fini(struct bfc__pool *p)
 {
+    vmm_gone_poll_locked(p, true);
     while (p->spans) {
         struct bfc__span *s = p->spans;
         p->spans = s->next;
@@ -453,9 +484,9 @@ bool bfc__pool_wait(struct bfc__pool *p, uint64_t sid, bool all, uint32_t timeou
     bfc__event_t evs[WAIT_MAX_EVENTS];
     size_t n = 0;
     bfc__lock(&p->lock);
-    size_t before = p->fenced_bytes;
+    size_t before = p->fenced_bytes + p->vmm_mapped;
     poll_locked(p);
-    bool progress = p->fenced_bytes < before;
+    bool progress = p->fenced_bytes + p->vmm_mapped < before;
     /* Event handles stay valid after we unlock: fence records are only
      * destroyed by bfc__pool_fini.  One re-recorded meanwhile just makes
      * the wait end at another point; the poll below decides. */
@@ -464,6 +495,9 @@ bool bfc__pool_wait(struct bfc__pool *p, uint64_t sid, bool all, uint32_t timeou
             for (struct bfc__fence *f = s->fence; f && n < WAIT_MAX_EVENTS; f = f->extra)
                 if (f->ev && !f->synced && !f->unfenced)
                     evs[n++] = f->ev;
+    for (struct bfc__vmm_gone *g = p->vmm_gone; g && n < WAIT_MAX_EVENTS; g = g->next)
+        if (g->fence && g->fence->ev && !g->fence->synced && !g->fence->unfenced)
+            evs[n++] = g->fence->ev;
     if (n)
         p->fence_waits++;
     bfc__unlock(&p->lock);
@@ -472,9 +506,9 @@ bool bfc__pool_wait(struct bfc__pool *p, uint64_t sid, bool all, uint32_t timeou
     for (size_t i = 0; i < n; i++)
         (void)p->be->ops->event_wait(p->be, evs[i], timeout_ms);
     bfc__lock(&p->lock);
-    before = p->fenced_bytes;
+    before = p->fenced_bytes + p->vmm_mapped;
     poll_locked(p);
-    progress |= p->fenced_bytes < before;
+    progress |= p->fenced_bytes + p->vmm_mapped < before;
     bfc__unlock(&p->lock);
     return progress;
 }
@@ -539,6 +573,8 @@ void bfc__pool_stats(struct bfc__pool *p, struct bfc__pool_stats *out)
     out->departures = p->departures;
     out->fenced_departures = p->fenced_departures;
     out->fence_waits = p->fence_waits;
+    out->vmm_maps = p->vmm_maps;
+    out->vmm_unmaps = p->vmm_unmaps;
     bfc__unlock(&p->lock);
 }
 
@@ -595,6 +631,15 @@ int bfc__pool_check_locked(struct bfc__pool *p, char *buf, size_t len)
             return -1;
         }
     }
+    size_t gone = 0;
+    for (struct bfc__vmm_gone *g = p->vmm_gone; g; g = g->next)
+        gone += g->mapped;
+    if (gone > p->vmm_mapped) {
+        snprintf(buf, len, "invariant 4: pool: departed reservations hold %zu mapped bytes, more than %zu mapped",
+                 gone, p->vmm_mapped);
+        return -1;
+    }
+    held += p->vmm_mapped;
     size_t committed = atomic_load_explicit(&p->committed, memory_order_relaxed);
     if (held != p->held || p->held - free_total != committed || fenced != p->fenced_bytes) {
         snprintf(buf, len, "invariant 4: pool holds %zu (counted %zu), free %zu, committed %zu, fenced %zu (counted %zu)",
@@ -602,4 +647,101 @@ int bfc__pool_check_locked(struct bfc__pool *p, char *buf, size_t len)
         return -1;
     }
     return 0;
+}
+
+/* ---------------------------------------------------- expandable arenas */
+
+struct bfc__fence *bfc__pool_fence_get(struct bfc__pool *p)
+{
+    bfc__lock(&p->lock);
+    struct bfc__fence *f = fcache_get_locked(p);
+    bfc__unlock(&p->lock);
+    return f ? f : bfc__fence_new(p->be); /* outside the lock: calls the backend */
+}
+
+void bfc__pool_fence_put(struct bfc__pool *p, struct bfc__fence *f)
+{
+    bfc__lock(&p->lock);
+    fcache_put_locked(p, f);
+    bfc__unlock(&p->lock);
+}
+
+int bfc__pool_vmm_reserve(struct bfc__pool *p, size_t size, uintptr_t *base)
+{
+    int st = p->be->ops->va_reserve(p->be, size, base);
+    return st == BFC_EINVAL ? BFC_EBACKEND : st;
+}
+
+void bfc__pool_vmm_unreserve(struct bfc__pool *p, uintptr_t base, size_t size)
+{
+    (void)p->be->ops->va_release(p->be, base, size);
+}
+
+static void vmm_charge_locked(struct bfc__pool *p, size_t size, bool add)
+{
+    size_t committed = atomic_load_explicit(&p->committed, memory_order_relaxed);
+    /* relaxed: see carve_locked. */
+    atomic_store_explicit(&p->committed, add ? committed + size : committed - size, memory_order_relaxed);
+    if (add) {
+        p->vmm_mapped += size;
+        p->held += size;
+        if (p->held > p->peak_held)
+            p->peak_held = p->held;
+    } else {
+        p->vmm_mapped -= size;
+        p->held -= size;
+    }
+}
+
+int bfc__pool_vmm_map(struct bfc__pool *p, uintptr_t addr, size_t size)
+{
+    bfc__lock(&p->lock);
+    size_t committed = atomic_load_explicit(&p->committed, memory_order_relaxed);
+    if (committed > p->limit - size && p->vmm_gone) {
+        vmm_gone_poll_locked(p, false);
+        committed = atomic_load_explicit(&p->committed, memory_order_relaxed);
+    }
+    if (size > p->limit || committed > p->limit - size) {
+        bfc__unlock(&p->lock);
+        return BFC_ENOMEM;
+    }
+    /* Charged first, so that two shards mapping at once cannot both pass
+     * the limit; the driver call runs without the pool lock. */
+    vmm_charge_locked(p, size, true);
+    bfc__unlock(&p->lock);
+    int st = p->be->ops->va_map(p->be, addr, size);
+    bfc__lock(&p->lock);
+    if (st != BFC_OK)
+        vmm_charge_locked(p, size, false);
+    else
+        p->vmm_maps++;
+    bfc__unlock(&p->lock);
+    return st == BFC_OK || st == BFC_ENOMEM ? st : BFC_EBACKEND;
+}
+
+int bfc__pool_vmm_unmap(struct bfc__pool *p, uintptr_t addr, size_t size)
+{
+    int st = p->be->ops->va_unmap(p->be, addr, size);
+    bfc__lock(&p->lock);
+    /* Uncharged even on failure: the caller never uses the range again
+     * before mapping it anew, and the backend's book keeps what it could
+     * not unmap until the reservation is released. */
+    vmm_charge_locked(p, size, false);
+    p->vmm_unmaps++;
+    bfc__unlock(&p->lock);
+    return st;
+}
+
+void bfc__pool_vmm_depart(struct bfc__pool *p, struct bfc__vmm_gone *rec, uintptr_t base, size_t size,
+                          size_t mapped, struct bfc__fence *fence)
+{
+    *rec = (struct bfc__vmm_gone){ base, size, mapped, fence, NULL };
+    bfc__lock(&p->lock);
+    rec->next = p->vmm_gone;
+    p->vmm_gone = rec;
+    p->departures++;
+    if (fence)
+        p->fenced_departures++;
+    vmm_gone_poll_locked(p, false);
+    bfc__unlock(&p->lock);
 }

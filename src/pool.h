@@ -49,6 +49,16 @@ struct bfc__pool_ticket {
     struct bfc__fence *fence;
 };
 
+/* A reservation an expandable arena gave back with granules still mapped:
+ * released (va_release) once its departure fence completes.  The record is
+ * reserved with the arena, so the departure never allocates. */
+struct bfc__vmm_gone {
+    uintptr_t base;
+    size_t size, mapped;
+    struct bfc__fence *fence;    /* NULL: release at once */
+    struct bfc__vmm_gone *next;
+};
+
 struct bfc__pool {
     bfc__mutex_t lock;           /* device-wide: slow paths only (see pool.c) */
     bfc__backend_t *be;
@@ -65,6 +75,12 @@ struct bfc__pool {
     struct bfc__fence *fcache;   /* departure fence records ready for reuse */
     uint64_t backend_allocs, backend_frees;
     uint64_t departures, fenced_departures, fence_waits;
+    /* Expandable arenas: bytes mapped (counted in held and committed, so
+     * the limit covers them), reservations waiting for their fences, and
+     * the backend calls made. */
+    size_t vmm_mapped;
+    struct bfc__vmm_gone *vmm_gone;
+    uint64_t vmm_maps, vmm_unmaps;
 };
 
 /* With growth == false the whole limit is reserved from the backend here.
@@ -127,12 +143,40 @@ bool bfc__pool_fits_with(struct bfc__pool *p, uint64_t sid, const struct bfc__ra
  * only); returns the bytes released. */
 size_t bfc__pool_release_free(struct bfc__pool *p);
 
+/*
+ * Expandable arenas (expand.c).  The pool does their limit accounting and
+ * their backend calls, so that mapped bytes of every shard and classic
+ * regions share one limit:
+ * vmm_reserve  an address range of `size` bytes (nothing mapped);
+ * vmm_map      charges `size` bytes against the limit (BFC_ENOMEM when it
+ *              would pass it, after releasing departed reservations whose
+ *              fences completed), then maps them; the charge is undone when
+ *              the backend refuses (its status is returned);
+ * vmm_unmap    unmaps and uncharges (the caller has waited for the fences);
+ * vmm_depart   a whole reservation leaves its arena with `mapped` bytes
+ *              still mapped: released at once without fence, else once the
+ *              fence completes (polled with the pool's other fences, waited
+ *              for by bfc__pool_wait); consumes `rec` and the fence.
+ * fence_get / fence_put  departure fence records owned by the pool (never
+ *              destroyed before bfc__pool_fini, so a waiter may hold their
+ *              event without a lock).
+ */
+int bfc__pool_vmm_reserve(struct bfc__pool *p, size_t size, uintptr_t *base);
+void bfc__pool_vmm_unreserve(struct bfc__pool *p, uintptr_t base, size_t size);
+int bfc__pool_vmm_map(struct bfc__pool *p, uintptr_t addr, size_t size);
+int bfc__pool_vmm_unmap(struct bfc__pool *p, uintptr_t addr, size_t size);
+void bfc__pool_vmm_depart(struct bfc__pool *p, struct bfc__vmm_gone *rec, uintptr_t base, size_t size,
+                          size_t mapped, struct bfc__fence *fence);
+struct bfc__fence *bfc__pool_fence_get(struct bfc__pool *p);
+void bfc__pool_fence_put(struct bfc__pool *p, struct bfc__fence *f);
+
 struct bfc__pool_stats {
     size_t held, peak_held, committed;
     size_t free_bytes;           /* in free spans, fenced or not */
     size_t fenced_bytes;         /* of which behind an incomplete departure fence */
     size_t spans, segments;
     uint64_t departures, fenced_departures, fence_waits;
+    uint64_t vmm_maps, vmm_unmaps;
 };
 void bfc__pool_stats(struct bfc__pool *p, struct bfc__pool_stats *out);
 void bfc__pool_clear_peak(struct bfc__pool *p);

@@ -45,6 +45,7 @@ struct bfc__region {
     size_t handles_bytes;
     struct bfc__segment *seg;    /* pool segment it is carved from */
     bool large;                  /* a large request's own region */
+    bool vmm;                    /* an expandable arena's reservation (expand.h) */
     bool gone;                   /* given back to the pool (owner's lock) */
     size_t live;                 /* chunks not FREE (owner's lock) */
     struct bfc__chunk *tail;     /* last chunk in address order (owner's lock) */

@@ -56,6 +56,8 @@ static void add_arena(bfc_stats_t *o, const struct bfc__arena *a)
     if (lf > o->largest_free_chunk)
         o->largest_free_chunk = lf;
     o->num_chunks += s->chunks;
+    o->num_vmm_maps += s->vmm_maps;
+    o->num_vmm_unmaps += s->vmm_unmaps;
 }
 
 int bfc_ctx_stats(bfc_ctx_t *ctx, bfc_stats_t *out)
@@ -87,6 +89,9 @@ int bfc_ctx_stats(bfc_ctx_t *ctx, bfc_stats_t *out)
     bfc__pool_stats(&ctx->pool, &ps);
     out->bytes_reserved = ps.held;
     out->peak_bytes_reserved = ps.peak_held;
+    /* The pool makes every device call (a departed reservation's too). */
+    out->num_vmm_maps = ps.vmm_maps;
+    out->num_vmm_unmaps = ps.vmm_unmaps;
     out->bytes_limit = ctx->limit;
     out->num_shards = atomic_load_explicit(&ctx->shards_live, memory_order_relaxed);
     out->num_ooms += atomic_load_explicit(&ctx->ooms, memory_order_relaxed);
@@ -173,6 +178,10 @@ int bfc_ctx_check_report(bfc_ctx_t *ctx, char *buf, size_t len)
     }
     if (!bad) {
         size_t committed = atomic_load_explicit(&ctx->pool.committed, memory_order_relaxed);
+        /* Reservations of expandable arenas that departed are still
+         * mapped (and counted) until their fences complete. */
+        for (struct bfc__vmm_gone *g = ctx->pool.vmm_gone; g; g = g->next)
+            reserved += g->mapped;
         if (committed != reserved) {
             snprintf(buf, len, "invariant 6: the pool lent %zu bytes of regions, shards hold %" PRIu64, committed,
                      reserved);

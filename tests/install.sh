@@ -65,7 +65,7 @@ int main(int argc, char **argv)
         return 1;
     }
     char spec[600];
-    snprintf(spec, sizeof spec, "backend=sim,memory_limit=8M,initial_region=8M%s%s%s%s",
+    snprintf(spec, sizeof spec, "backend=sim,vmm=off,memory_limit=8M,initial_region=8M%s%s%s%s",
              argc > 1 ? ",oom_dump=" : "", argc > 1 ? argv[1] : "", argc > 2 ? ",trace=" : "",
              argc > 2 ? argv[2] : "");
     if (bfc_config_parse_err(&cfg, spec, err, sizeof err) != BFC_OK) {

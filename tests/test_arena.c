@@ -61,12 +61,14 @@ static bfc_config_t cfg_tf(size_t limit)
     return c;
 }
 
-/* Growth from 2 MiB regions, large requests (>= 32 MiB) in regions of their own. */
+/* Growth from 2 MiB regions, large requests (>= 32 MiB) in regions of their
+ * own: classic regions (vmm=off), whose layout these tests check. */
 static bfc_config_t cfg_grow(size_t limit)
 {
     bfc_config_t c;
     bfc_config_init(&c);
     c.backend = BFC_BACKEND_SIM;
+    c.vmm = BFC_VMM_OFF;
     c.memory_limit = limit;
     c.allow_growth = true;
     c.initial_region = 2 * MiB;

@@ -71,7 +71,9 @@ static bfc_ctx_t *mkctx(const char *spec)
 {
     bfc_config_t c;
     bfc_config_init(&c);
-    ck_assert_int_eq(bfc_config_parse(&c, "backend=sim"), BFC_OK);
+    /* Classic regions (vmm=off): the reports checked here name regions,
+     * region tails and pool spans. */
+    ck_assert_int_eq(bfc_config_parse(&c, "backend=sim,vmm=off"), BFC_OK);
     ck_assert_int_eq(bfc_config_parse(&c, spec), BFC_OK);
     bfc_ctx_t *ctx = NULL;
     ck_assert_int_eq(bfc_ctx_create(&c, &ctx), BFC_OK);
@@ -1225,7 +1227,7 @@ START_TEST(test_replay_reproduces_peaks_and_addresses)
     char path[400], path2[400];
     tmp_path(path, sizeof path, "orig.csv");
     tmp_path(path2, sizeof path2, "replayed.csv");
-    const char *spec = "memory_limit=64M,initial_region=1M";
+    const char *spec = "memory_limit=64M,initial_region=1M,vmm=off";
     bfc_ctx_t *ctx = mkctx(spec);
     bfc_stream_t s[2] = {bfc_sim_stream_create(ctx), bfc_sim_stream_create(ctx)};
     ck_assert_int_eq(bfc_ctx_trace_start(ctx, path), BFC_OK);

@@ -364,7 +364,7 @@ START_TEST(test_fixed_pool_emptied)
 }
 END_TEST
 
-#define GROW_SPEC "memory_limit=8M,allow_growth=true,initial_region=1M"
+#define GROW_SPEC "memory_limit=8M,allow_growth=true,initial_region=1M,vmm=off"
 
 /* Growth from 1 MiB regions: one shard ends up with several regions; freed,
  * they must serve a request of the whole limit. */
@@ -1082,8 +1082,11 @@ static int model_configs(char (*out)[160], int max)
             for (int gc = 0; gc <= 1; gc++)
                 for (size_t la = 0; la < sizeof large / sizeof large[0]; la++) {
                     ck_assert_int_lt(n, max);
-                    snprintf(out[n++], 160, "memory_limit=%s,allow_growth=%s,garbage_collection=%s,%sretry_ms=0",
-                             limits[li], g ? "true" : "false", gc ? "true" : "false", large[la]);
+                    /* With growth, classic regions and expandable arenas
+                     * (vmm=on) alternate over the other dimensions. */
+                    const char *vmm = !g ? "" : (li + (size_t)gc + la) % 2 ? "vmm=off," : "vmm=on,";
+                    snprintf(out[n++], 160, "memory_limit=%s,allow_growth=%s,garbage_collection=%s,%s%sretry_ms=0",
+                             limits[li], g ? "true" : "false", gc ? "true" : "false", large[la], vmm);
                 }
     return n;
 }

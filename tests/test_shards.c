@@ -51,12 +51,14 @@
 /* ------------------------------------------------------------- helpers */
 
 /* Growth from 2 MiB regions, no large-region path, no GC: every block of
- * these tests lives in a binned region of its shard. */
+ * these tests lives in a binned region of its shard (classic regions,
+ * vmm=off: the scenarios count regions and what shards hold). */
 static bfc_config_t cfg_grow(size_t limit)
 {
     bfc_config_t c;
     bfc_config_init(&c);
     c.backend = BFC_BACKEND_SIM;
+    c.vmm = BFC_VMM_OFF;
     c.memory_limit = limit;
     c.allow_growth = true;
     c.initial_region = 2 * MiB;

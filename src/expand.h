@@ -1,0 +1,74 @@
+/*
+ * expand.h -- expandable arenas: a shard's chunks in one reserved virtual
+ * address range whose granules are mapped on demand and unmapped when free
+ * (expand.c has the essay).
+ *
+ * Every field is the owner arena's: written and read under its lock only.
+ */
+#ifndef BFC_EXPAND_H
+#define BFC_EXPAND_H
+
+#include "backend.h"
+#include "pool.h"
+
+struct bfc__arena;
+struct bfc__region;
+struct bfc_ctx;
+
+struct bfc__expand {
+    uintptr_t base;             /* the reservation: one region of the arena */
+    size_t size;
+    unsigned shift;             /* log2 of the granule */
+    size_t ngran;
+    /* One bit per granule.  mapped: memory behind it.  ready: mapped and
+     * not marked to leave -- what an allocation needs; the one test on the
+     * common path.  mapped & ~ready: leaving, unmapped once `fence` (armed
+     * after they were marked) has completed, unless an allocation takes
+     * them back first (which costs no backend call). */
+    uint64_t *mapped, *ready;
+    size_t mapped_bytes;
+    size_t leaving_bytes;
+    struct bfc__fence *fence;   /* a pool record, held for the arena's life */
+    bool armed;                 /* fence recorded after the leaving granules were marked */
+    size_t threshold;           /* release_threshold */
+    size_t next_check;          /* mapped-but-free bytes that trigger the next release */
+    int map_status;             /* why the last fit failed to map */
+    struct bfc__region *region;
+    struct bfc__vmm_gone *gone; /* the record its departure uses */
+};
+
+/* Are the granules under [p, p + size) all ready?  (The common path.) */
+static inline bool bfc__expand_ready(const struct bfc__expand *x, uintptr_t p, size_t size)
+{
+    size_t g = (p - x->base) >> x->shift, last = (p + size - 1 - x->base) >> x->shift;
+    for (; g <= last; g++)
+        if (!((x->ready[g >> 6] >> (g & 63)) & 1))
+            return false;
+    return true;
+}
+
+/* All under a->lock. */
+/* Maps (or takes back from leaving) the granules under [p, p + size).
+ * BFC_OK, BFC_ENOMEM (limit or device), BFC_EBACKEND. */
+int bfc__expand_make_ready_locked(struct bfc__arena *a, uintptr_t p, size_t size);
+/* Marks the free whole granules to leave, records the departure fence, and
+ * unmaps what may go: waits up to wait_ms for the fence (0: only when it
+ * has already completed).  Returns the bytes unmapped. */
+size_t bfc__expand_release_locked(struct bfc__arena *a, uint32_t wait_ms);
+/* After a free: release when mapped-but-free memory passed the threshold. */
+void bfc__expand_after_free_locked(struct bfc__arena *a);
+/* The reservation leaves the arena (the region is unlinked by the caller);
+ * with `fence`, released once the owner stream's work has completed. */
+void bfc__expand_depart_locked(struct bfc__arena *a, bool fence);
+/* Invariants of the granule state (bfc_ctx_check): 0 or -1 and a message. */
+int bfc__expand_check_locked(struct bfc__arena *a, char *buf, size_t len);
+
+/* The slow path of an expandable arena (ctx.c calls it in place of its
+ * own): a->lock held, dropped and retaken as bfc__ctx_alloc_slow does. */
+void *bfc__expand_alloc_slow(struct bfc_ctx *ctx, struct bfc__arena *a, size_t n, size_t rounded, int *status);
+/* Every shard but `self` unmaps its free granules: marks them, waits up to
+ * wait_ms for their fences with no lock held, then unmaps.  Trim and the
+ * slow path.  Takes arenas_lock and each arena lock in turn. */
+void bfc__expand_unmap_others(struct bfc_ctx *ctx, struct bfc__arena *self, uint32_t wait_ms);
+
+#endif /* BFC_EXPAND_H */

@@ -1,0 +1,495 @@
+/*
+ * test_vmm_arena.c -- expandable arenas (vmm=on, src/expand.c) on the SIM
+ * backend: granules mapped on demand under live blocks and nothing else,
+ * growth by granules, free granules unmapped on trim, above the release
+ * threshold and under another shard's pressure -- each only after the
+ * owner stream's fence --, a hole mapped again, the stranding case that
+ * classic regions fail, backend and metadata failures leaving a consistent
+ * allocator, and the configuration rules (vmm=on refused without support).
+ *
+ * White-box only in setting the SIM granule (bfc__sim_set_vmm_granule on
+ * the context's backend, before its first allocation) so that small tests
+ * map small pages; everything else is the public API, and bfc_sim_mapped
+ * is how the tests see what is mapped.
+ */
+#include "ctx.h"
+#include "host.h"
+
+#include <shardbfc.h>
+#include <shardbfc_sim.h>
+
+#include <check.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define KiB ((size_t)1 << 10)
+#define MiB ((size_t)1 << 20)
+#define G (64 * KiB) /* the granule most tests use */
+
+static bfc_ctx_t *ctx_spec(const char *spec, size_t granule)
+{
+    bfc_config_t c;
+    bfc_config_init(&c);
+    c.backend = BFC_BACKEND_SIM;
+    int rc = bfc_config_parse(&c, spec);
+    ck_assert_msg(rc == BFC_OK, "bfc_config_parse(\"%s\"): %s", spec, bfc_err_name(rc));
+    bfc_ctx_t *ctx = NULL;
+    rc = bfc_ctx_create(&c, &ctx);
+    ck_assert_msg(rc == BFC_OK, "bfc_ctx_create(\"%s\"): %s", spec, bfc_err_name(rc));
+    if (granule)
+        ck_assert_int_eq(bfc__sim_set_vmm_granule(ctx->be, granule), BFC_OK);
+    return ctx;
+}
+
+static void check_ok(bfc_ctx_t *ctx)
+{
+    char buf[512];
+    int rc = bfc_ctx_check_report(ctx, buf, sizeof buf);
+    ck_assert_msg(rc == BFC_OK, "bfc_ctx_check: %s", buf);
+}
+
+static uint64_t reserved(bfc_ctx_t *ctx)
+{
+    bfc_stats_t st;
+    ck_assert_int_eq(bfc_ctx_stats(ctx, &st), BFC_OK);
+    ck_assert_uint_eq(st.bytes_reserved, bfc_sim_backend_bytes_held(ctx));
+    return st.bytes_reserved;
+}
+
+static bool mapped(bfc_ctx_t *ctx, const void *p, size_t n)
+{
+    return bfc_sim_mapped(ctx, p, n) == 1;
+}
+
+static size_t round_g(size_t n)
+{
+    return (n + G - 1) / G * G;
+}
+
+/* ------------------------------------------------------------- mapping */
+
+START_TEST(test_on_demand)
+{
+    bfc_ctx_t *ctx = ctx_spec("memory_limit=64M,vmm=on,release_threshold=1G", G);
+    ck_assert(ctx->vmm);
+    ck_assert_uint_eq(reserved(ctx), 0);
+    char *a = bfc_ctx_alloc(ctx, NULL, 100 * KiB);
+    ck_assert_ptr_nonnull(a);
+    /* The block's granules and nothing past them. */
+    ck_assert(mapped(ctx, a, 100 * KiB));
+    ck_assert(mapped(ctx, a, round_g(100 * KiB)));
+    ck_assert(!mapped(ctx, a + round_g(100 * KiB), 1));
+    ck_assert_uint_eq(reserved(ctx), round_g(100 * KiB));
+    memset(a, 1, 100 * KiB);
+    /* Growth by the granules a request needs: no doubling. */
+    char *b[10];
+    for (int i = 0; i < 10; i++) {
+        b[i] = bfc_ctx_alloc(ctx, NULL, G);
+        ck_assert_ptr_nonnull(b[i]);
+        memset(b[i], 2, G);
+    }
+    ck_assert_uint_le(reserved(ctx), round_g(100 * KiB) + 11 * G);
+    ck_assert_uint_ge(reserved(ctx), round_g(100 * KiB) + 9 * G);
+    /* large_alloc is ignored: a big block is a chunk of the one region. */
+    char *big = bfc_ctx_alloc(ctx, NULL, 40 * MiB);
+    ck_assert_ptr_nonnull(big);
+    ck_assert(mapped(ctx, big, 40 * MiB));
+    bfc_stats_t st;
+    ck_assert_int_eq(bfc_ctx_stats(ctx, &st), BFC_OK);
+    ck_assert_uint_eq(st.num_regions, 1);
+    ck_assert_uint_ge(st.num_vmm_maps, 2);
+    check_ok(ctx);
+    ck_assert_int_eq(bfc_ctx_free(ctx, big, NULL), BFC_OK);
+    for (int i = 0; i < 10; i++)
+        ck_assert_int_eq(bfc_ctx_free(ctx, b[i], NULL), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_free(ctx, a, NULL), BFC_OK);
+    check_ok(ctx);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
+/* The default configuration picks expandable arenas on SIM; vmm=off and
+ * allow_growth=false keep classic regions. */
+START_TEST(test_auto)
+{
+    bfc_ctx_t *ctx = ctx_spec("memory_limit=64M", 0);
+    ck_assert(ctx->vmm);
+    bfc_ctx_destroy(ctx);
+    ctx = ctx_spec("memory_limit=64M,vmm=off", 0);
+    ck_assert(!ctx->vmm);
+    void *p = bfc_ctx_alloc(ctx, NULL, 40 * MiB);
+    ck_assert_ptr_nonnull(p);
+    bfc_stats_t st;
+    ck_assert_int_eq(bfc_ctx_stats(ctx, &st), BFC_OK);
+    ck_assert_uint_eq(st.num_vmm_maps, 0);
+    ck_assert_int_eq(bfc_ctx_free(ctx, p, NULL), BFC_OK);
+    bfc_ctx_destroy(ctx);
+    ctx = ctx_spec("memory_limit=64M,allow_growth=false", 0);
+    ck_assert(!ctx->vmm);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
+START_TEST(test_einval)
+{
+    bfc_config_t c;
+    bfc_ctx_t *ctx = NULL;
+    bfc_config_init(&c);
+    c.backend = BFC_BACKEND_SIM;
+    ck_assert_int_eq(bfc_config_parse(&c, "vmm=on,allow_growth=false"), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_create(&c, &ctx), BFC_EINVAL);
+    ck_assert_ptr_null(ctx);
+    /* A value outside the enum, or the reserved flags, is refused. */
+    bfc_config_init(&c);
+    c.vmm = 7;
+    ck_assert_int_eq(bfc_config_validate(&c), BFC_EINVAL);
+    bfc_config_init(&c);
+    c.reserved_flags = 1;
+    ck_assert_int_eq(bfc_config_validate(&c), BFC_EINVAL);
+    /* A backend without virtual memory (the host backend). */
+    bfc_config_init(&c);
+    c.backend = BFC_BACKEND_SIM;
+    c.vmm = BFC_VMM_ON;
+    bfc__backend_t *be = NULL;
+    ck_assert_int_eq(bfc__backend_host_open(&c, NULL, 0, false, 64 * MiB, &be), BFC_OK);
+    ck_assert_uint_eq(be->vmm_granule, 0);
+    ck_assert_int_eq(bfc__ctx_create_with_backend(&c, be, false, &ctx), BFC_EINVAL);
+    ck_assert_ptr_null(ctx);
+    /* auto there: classic regions. */
+    c.vmm = BFC_VMM_AUTO;
+    ck_assert_int_eq(bfc__backend_host_open(&c, NULL, 0, false, 64 * MiB, &be), BFC_OK);
+    ck_assert_int_eq(bfc__ctx_create_with_backend(&c, be, false, &ctx), BFC_OK);
+    ck_assert(!ctx->vmm);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
+START_TEST(test_config_keys)
+{
+    bfc_config_t c;
+    bfc_config_init(&c);
+    ck_assert_int_eq(c.vmm, BFC_VMM_AUTO);
+    ck_assert_uint_eq(c.release_threshold, 0);
+    ck_assert_int_eq(bfc_config_parse(&c, "vmm=on,release_threshold=64M"), BFC_OK);
+    ck_assert_int_eq(c.vmm, BFC_VMM_ON);
+    ck_assert_uint_eq(c.release_threshold, 64 * MiB);
+    ck_assert_int_eq(bfc_config_parse(&c, "vmm=off"), BFC_OK);
+    ck_assert_int_eq(c.vmm, BFC_VMM_OFF);
+    ck_assert_int_eq(bfc_config_parse(&c, "vmm=AUTO,release_threshold=0"), BFC_OK);
+    ck_assert_int_eq(c.vmm, BFC_VMM_AUTO);
+    ck_assert_uint_eq(c.release_threshold, 0);
+    ck_assert_int_eq(bfc_config_parse(&c, "vmm=true"), BFC_OK);
+    ck_assert_int_eq(c.vmm, BFC_VMM_ON);
+    bfc_config_t before = c;
+    char err[512];
+    ck_assert_int_eq(bfc_config_parse_err(&c, "vmm=maybe", err, sizeof err), BFC_EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "auto, on or off"));
+    ck_assert_int_eq(bfc_config_parse(&c, "release_threshold=-1"), BFC_EINVAL);
+    ck_assert_int_eq(bfc_config_parse(&c, "release_threshold=1X"), BFC_EINVAL);
+    ck_assert_int_eq(memcmp(&before, &c, sizeof c), 0);
+    ck_assert_int_eq(bfc_config_validate(&c), BFC_OK);
+}
+END_TEST
+
+/* ----------------------------------------------------------- unmapping */
+
+START_TEST(test_trim)
+{
+    bfc_ctx_t *ctx = ctx_spec("memory_limit=64M,vmm=on,release_threshold=1G", G);
+    char *a = bfc_ctx_alloc(ctx, NULL, MiB);
+    char *b = bfc_ctx_alloc(ctx, NULL, MiB);
+    ck_assert(a && b);
+    ck_assert_int_eq(bfc_ctx_free(ctx, a, NULL), BFC_OK);
+    /* Below the threshold: kept. */
+    ck_assert(mapped(ctx, a, MiB));
+    ck_assert_uint_eq(reserved(ctx), 2 * MiB);
+    ck_assert_int_eq(bfc_ctx_trim(ctx), BFC_OK);
+    ck_assert(!mapped(ctx, a, 1));
+    ck_assert(mapped(ctx, b, MiB));
+    ck_assert_uint_eq(reserved(ctx), MiB);
+    check_ok(ctx);
+    /* A hole is mapped again by the next allocation that lands there. */
+    char *c = bfc_ctx_alloc(ctx, NULL, MiB);
+    ck_assert_ptr_eq(c, a);
+    ck_assert(mapped(ctx, c, MiB));
+    memset(c, 3, MiB);
+    ck_assert_uint_eq(reserved(ctx), 2 * MiB);
+    check_ok(ctx);
+    ck_assert_int_eq(bfc_ctx_free(ctx, b, NULL), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_free(ctx, c, NULL), BFC_OK);
+    /* Nothing live: trim gives the whole reservation back. */
+    ck_assert_int_eq(bfc_ctx_trim(ctx), BFC_OK);
+    ck_assert_uint_eq(reserved(ctx), 0);
+    check_ok(ctx);
+    c = bfc_ctx_alloc(ctx, NULL, MiB);
+    ck_assert_ptr_nonnull(c);
+    memset(c, 4, MiB);
+    ck_assert_int_eq(bfc_ctx_free(ctx, c, NULL), BFC_OK);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
+START_TEST(test_threshold)
+{
+    /* Default threshold 0: whole free granules go at the free when the
+     * stream is idle (their fence has completed). */
+    bfc_ctx_t *ctx = ctx_spec("memory_limit=64M,vmm=on", G);
+    char *a = bfc_ctx_alloc(ctx, NULL, MiB);
+    char *b = bfc_ctx_alloc(ctx, NULL, MiB);
+    ck_assert_int_eq(bfc_ctx_free(ctx, a, NULL), BFC_OK);
+    ck_assert(!mapped(ctx, a, 1));
+    ck_assert_uint_eq(reserved(ctx), MiB);
+    check_ok(ctx);
+    ck_assert_int_eq(bfc_ctx_free(ctx, b, NULL), BFC_OK);
+    bfc_ctx_destroy(ctx);
+
+    /* 4 MiB: kept until more than that is free. */
+    ctx = ctx_spec("memory_limit=64M,vmm=on,release_threshold=4M", G);
+    char *p[8];
+    for (int i = 0; i < 8; i++)
+        ck_assert_ptr_nonnull(p[i] = bfc_ctx_alloc(ctx, NULL, MiB));
+    for (int i = 0; i < 4; i++)
+        ck_assert_int_eq(bfc_ctx_free(ctx, p[i], NULL), BFC_OK);
+    ck_assert_uint_eq(reserved(ctx), 8 * MiB);
+    for (int i = 4; i < 7; i++)
+        ck_assert_int_eq(bfc_ctx_free(ctx, p[i], NULL), BFC_OK);
+    ck_assert_uint_lt(reserved(ctx), 8 * MiB);
+    ck_assert(mapped(ctx, p[7], MiB));
+    check_ok(ctx);
+    ck_assert_int_eq(bfc_ctx_free(ctx, p[7], NULL), BFC_OK);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
+/* Unmapping waits for the owner stream's work: a held stream keeps its
+ * free granules mapped (trim, threshold and another shard's pressure),
+ * and they go once it is drained. */
+START_TEST(test_fenced)
+{
+    bfc_ctx_t *ctx = ctx_spec("memory_limit=8M,vmm=on", G);
+    bfc_stream_t s = bfc_sim_stream_create(ctx), t = bfc_sim_stream_create(ctx);
+    char *a = bfc_ctx_alloc(ctx, s, 6 * MiB);
+    ck_assert_ptr_nonnull(a);
+    char *keep = bfc_ctx_alloc(ctx, s, 256);
+    ck_assert_ptr_nonnull(keep);
+    bfc_sim_stream_hold(ctx, s);
+    ck_assert_int_eq(bfc_ctx_free(ctx, a, s), BFC_OK);
+    ck_assert(mapped(ctx, a, 6 * MiB));
+    /* Another stream cannot have it while s is busy. */
+    ck_assert_ptr_null(bfc_ctx_alloc(ctx, t, 6 * MiB));
+    ck_assert_int_eq(bfc_last_error(), BFC_ENOMEM);
+    ck_assert(mapped(ctx, a, 6 * MiB));
+    check_ok(ctx);
+    /* s's own allocation takes its leaving granules back at once. */
+    char *a2 = bfc_ctx_alloc(ctx, s, 6 * MiB);
+    ck_assert_ptr_eq(a2, a);
+    ck_assert_int_eq(bfc_ctx_free(ctx, a2, s), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_trim(ctx), BFC_OK);
+    ck_assert(mapped(ctx, a, 6 * MiB));
+    ck_assert_int_eq(bfc_ctx_free(ctx, keep, s), BFC_OK);
+    /* Nothing live: trim gives the reservation back, released once s's
+     * work is done. */
+    ck_assert_int_eq(bfc_ctx_trim(ctx), BFC_OK);
+    ck_assert_uint_eq(bfc_sim_backend_bytes_held(ctx), 6 * MiB + G);
+    bfc_sim_stream_drain(ctx, s);
+    char *b = bfc_ctx_alloc(ctx, t, 6 * MiB);
+    ck_assert_ptr_nonnull(b);
+    ck_assert(!mapped(ctx, a, 1));
+    ck_assert(mapped(ctx, b, 6 * MiB));
+    memset(b, 5, 6 * MiB);
+    check_ok(ctx);
+    ck_assert_int_eq(bfc_ctx_free(ctx, b, t), BFC_OK);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
+/* Pressure: a shard that keeps its free granules (threshold) gives them up
+ * when another shard needs the limit. */
+START_TEST(test_pressure)
+{
+    bfc_ctx_t *ctx = ctx_spec("memory_limit=8M,vmm=on,release_threshold=1G", G);
+    bfc_stream_t s = bfc_sim_stream_create(ctx), t = bfc_sim_stream_create(ctx);
+    char *a = bfc_ctx_alloc(ctx, s, 6 * MiB);
+    char *keep = bfc_ctx_alloc(ctx, s, 512 * KiB);
+    ck_assert(a && keep);
+    ck_assert_int_eq(bfc_ctx_free(ctx, a, s), BFC_OK);
+    ck_assert(mapped(ctx, a, 6 * MiB));
+    char *b = bfc_ctx_alloc(ctx, t, 7 * MiB);
+    ck_assert_ptr_nonnull(b);
+    ck_assert(!mapped(ctx, a, 1));
+    ck_assert(mapped(ctx, keep, 512 * KiB));
+    ck_assert_uint_le(reserved(ctx), 8 * MiB);
+    bfc_stats_t st;
+    ck_assert_int_eq(bfc_ctx_stream_stats(ctx, s, &st), BFC_OK);
+    ck_assert_uint_eq(st.bytes_reserved, 512 * KiB);
+    ck_assert_uint_ge(st.num_vmm_unmaps, 1);
+    check_ok(ctx);
+    ck_assert_int_eq(bfc_ctx_free(ctx, b, t), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_free(ctx, keep, s), BFC_OK);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
+/* One stream's peak never keeps another out: limit 1 GiB; A takes 600 x 1
+ * MiB and frees all but 9 scattered ones; B then gets 700 x 1 MiB and 200
+ * MiB more (classic regions give B 62 blocks and refuse the 200 MiB). */
+static void stranding(const char *spec)
+{
+    bfc_ctx_t *ctx = ctx_spec(spec, 0);
+    bfc_stream_t sa = bfc_sim_stream_create(ctx), sb = bfc_sim_stream_create(ctx);
+    static void *pa[600], *pb[700];
+    for (int i = 0; i < 600; i++)
+        ck_assert_ptr_nonnull(pa[i] = bfc_ctx_alloc(ctx, sa, MiB));
+    int kept = 0;
+    for (int i = 0; i < 600; i++) {
+        if (i % 67 == 0) {
+            kept++;
+            continue;
+        }
+        ck_assert_int_eq(bfc_ctx_free(ctx, pa[i], sa), BFC_OK);
+    }
+    ck_assert_int_eq(kept, 9);
+    for (int i = 0; i < 700; i++) {
+        pb[i] = bfc_ctx_alloc(ctx, sb, MiB);
+        ck_assert_msg(pb[i] != NULL, "%s: stream B got %d of 700 blocks", spec, i);
+    }
+    void *big = bfc_ctx_alloc(ctx, sb, 200 * MiB);
+    ck_assert_msg(big != NULL, "%s: the 200 MiB request failed", spec);
+    ck_assert_uint_le(reserved(ctx), 1024 * MiB);
+    check_ok(ctx);
+    ck_assert_int_eq(bfc_ctx_free(ctx, big, sb), BFC_OK);
+    for (int i = 0; i < 700; i++)
+        ck_assert_int_eq(bfc_ctx_free(ctx, pb[i], sb), BFC_OK);
+    for (int i = 0; i < 600; i += 67)
+        ck_assert_int_eq(bfc_ctx_free(ctx, pa[i], sa), BFC_OK);
+    check_ok(ctx);
+    bfc_ctx_destroy(ctx);
+}
+
+START_TEST(test_stranding)
+{
+    stranding("memory_limit=1G");
+    stranding("memory_limit=1G,release_threshold=16G");
+}
+END_TEST
+
+/* ------------------------------------------------------------ failures */
+
+START_TEST(test_map_failures)
+{
+    bfc_ctx_t *ctx = ctx_spec("memory_limit=64M,vmm=on", G);
+    char *a = bfc_ctx_alloc(ctx, NULL, MiB);
+    ck_assert_ptr_nonnull(a);
+    /* The device refuses every map. */
+    bfc_sim_fail_alloc_every(ctx, 1);
+    ck_assert_ptr_null(bfc_ctx_alloc(ctx, NULL, 2 * MiB));
+    ck_assert_int_eq(bfc_last_error(), BFC_ENOMEM);
+    check_ok(ctx);
+    ck_assert_uint_eq(reserved(ctx), MiB);
+    bfc_sim_fail_alloc_every(ctx, 0);
+    /* A ceiling below the limit. */
+    bfc_sim_set_alloc_ceiling(ctx, 4 * MiB);
+    ck_assert_ptr_null(bfc_ctx_alloc(ctx, NULL, 8 * MiB));
+    check_ok(ctx);
+    char *b = bfc_ctx_alloc(ctx, NULL, 2 * MiB);
+    ck_assert_ptr_nonnull(b);
+    memset(b, 6, 2 * MiB);
+    bfc_sim_set_alloc_ceiling(ctx, SIZE_MAX);
+    /* Every other map refused: what succeeds is usable, the rest fails
+     * cleanly. */
+    bfc_sim_fail_alloc_every(ctx, 2);
+    void *q[16];
+    for (int i = 0; i < 16; i++) {
+        q[i] = bfc_ctx_alloc(ctx, NULL, 3 * G);
+        if (q[i])
+            memset(q[i], 7, 3 * G);
+        check_ok(ctx);
+    }
+    bfc_sim_fail_alloc_every(ctx, 0);
+    for (int i = 0; i < 16; i++)
+        ck_assert_int_eq(bfc_ctx_free(ctx, q[i], NULL), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_free(ctx, a, NULL), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_free(ctx, b, NULL), BFC_OK);
+    check_ok(ctx);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
+START_TEST(test_meta_failures)
+{
+    for (unsigned every = 1; every <= 7; every++) {
+        bfc_ctx_t *ctx = ctx_spec("memory_limit=64M,vmm=on", G);
+        bfc_stream_t s = bfc_sim_stream_create(ctx);
+        bfc_sim_fail_meta_every(every);
+        void *p[32];
+        for (int i = 0; i < 32; i++) {
+            p[i] = bfc_ctx_alloc(ctx, i % 2 ? s : NULL, (size_t)(i + 1) * 40 * KiB);
+            if (p[i])
+                memset(p[i], 8, (size_t)(i + 1) * 40 * KiB);
+        }
+        for (int i = 0; i < 32; i += 2)
+            (void)bfc_ctx_free(ctx, p[i], NULL);
+        (void)bfc_ctx_trim(ctx);
+        bfc_sim_fail_meta_every(0);
+        check_ok(ctx);
+        for (int i = 1; i < 32; i += 2)
+            ck_assert_int_eq(bfc_ctx_free(ctx, p[i], s), BFC_OK);
+        ck_assert_int_eq(bfc_ctx_trim(ctx), BFC_OK);
+        check_ok(ctx);
+        bfc_ctx_destroy(ctx);
+    }
+}
+END_TEST
+
+/* A released stream's reservation goes back once its work is done. */
+START_TEST(test_release)
+{
+    bfc_ctx_t *ctx = ctx_spec("memory_limit=8M,vmm=on,release_threshold=1G", G);
+    bfc_stream_t s = bfc_sim_stream_create(ctx), t = bfc_sim_stream_create(ctx);
+    char *a = bfc_ctx_alloc(ctx, s, 6 * MiB);
+    ck_assert_int_eq(bfc_ctx_free(ctx, a, s), BFC_OK);
+    bfc_sim_stream_hold(ctx, s);
+    ck_assert_int_eq(bfc_ctx_stream_release(ctx, s), BFC_OK);
+    /* Still counted (its fence is pending): t cannot take 6 MiB. */
+    ck_assert_ptr_null(bfc_ctx_alloc(ctx, t, 6 * MiB));
+    bfc_sim_stream_drain(ctx, s);
+    char *b = bfc_ctx_alloc(ctx, t, 6 * MiB);
+    ck_assert_ptr_nonnull(b);
+    memset(b, 9, 6 * MiB);
+    check_ok(ctx);
+    ck_assert_int_eq(bfc_ctx_free(ctx, b, t), BFC_OK);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
+static Suite *vmm_suite(void)
+{
+    Suite *s = suite_create("vmm_arena");
+    TCase *tc = tcase_create("vmm");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, test_on_demand);
+    tcase_add_test(tc, test_auto);
+    tcase_add_test(tc, test_einval);
+    tcase_add_test(tc, test_config_keys);
+    tcase_add_test(tc, test_trim);
+    tcase_add_test(tc, test_threshold);
+    tcase_add_test(tc, test_fenced);
+    tcase_add_test(tc, test_pressure);
+    tcase_add_test(tc, test_stranding);
+    tcase_add_test(tc, test_map_failures);
+    tcase_add_test(tc, test_meta_failures);
+    tcase_add_test(tc, test_release);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(vmm_suite());
+    srunner_run_all(sr, CK_ENV);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
