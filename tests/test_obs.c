@@ -1243,7 +1243,8 @@ START_TEST(test_rmm_csv_edge_cases)
     ck_assert_uint_eq(r.skipped, 2);
     ck_assert_uint_eq(r.ooms, 0);
     ck_assert_uint_eq(r.streams, 1);
-    ck_assert_uint_eq(r.peak_live, 1024 + 2048);
+    ck_assert_uint_eq(r.peak_allocated, 1024 + 2048);
+    ck_assert_uint_eq(r.peak_requested, 1024 + 2048); /* failure rows asked for nothing live */
     free(ev);
 
     /* Errors name the line. */
@@ -1314,6 +1315,9 @@ START_TEST(test_replay_reproduces_peaks_and_addresses)
     ck_assert_int_eq(bfc_ctx_trace_start(ctx, path), BFC_OK);
     void *live[64] = {0};
     int owner[64];
+    size_t req[64], asz[64];
+    /* The exact peaks, in the order the calls were issued. */
+    uint64_t req_live = 0, req_peak = 0, alloc_live = 0, alloc_peak = 0;
     unsigned x = 12345;
     for (int i = 0; i < 3000; i++) {
         x = x * 1103515245u + 12345u;
@@ -1323,9 +1327,19 @@ START_TEST(test_replay_reproduces_peaks_and_addresses)
             int fs = ((x >> 20) & 7) == 0 ? 1 - owner[k] : owner[k];
             xfree(ctx, live[k], s[fs]);
             live[k] = NULL;
+            req_live -= req[k];
+            alloc_live -= asz[k];
         } else {
             owner[k] = (int)((x >> 24) & 1);
-            live[k] = xalloc(ctx, s[owner[k]], 256 + (x >> 12) % (256 * KiB));
+            req[k] = 256 + (x >> 12) % (256 * KiB);
+            live[k] = xalloc(ctx, s[owner[k]], req[k]);
+            asz[k] = bfc_ctx_allocated_size(ctx, live[k]);
+            req_live += req[k];
+            alloc_live += asz[k];
+            if (req_live > req_peak)
+                req_peak = req_live;
+            if (alloc_live > alloc_peak)
+                alloc_peak = alloc_live;
         }
     }
     for (int k = 0; k < 64; k++)
@@ -1347,8 +1361,15 @@ START_TEST(test_replay_reproduces_peaks_and_addresses)
     ck_assert_uint_eq(r.frees, orig.num_frees);
     ck_assert_uint_eq(r.ooms, 0);
     ck_assert_uint_eq(r.streams, 2);
-    ck_assert_uint_eq(r.peak_in_use, orig.peak_bytes_in_use);
+    /* The measures: exact, and the context's own peak only a bound. */
+    ck_assert_uint_eq(r.peak_requested, req_peak);
+    ck_assert_uint_eq(r.peak_allocated, alloc_peak);
+    ck_assert_uint_le(r.peak_allocated, orig.peak_bytes_in_use);
+    ck_assert_uint_le(orig.peak_bytes_requested, orig.peak_bytes_in_use);
+    ck_assert_uint_ge(orig.peak_bytes_requested, req_peak);
     ck_assert_uint_eq(r.peak_reserved, orig.peak_bytes_reserved);
+    ck_assert(fabs(r.overhead - (double)r.peak_reserved / (double)req_peak) < 1e-12);
+    ck_assert(r.overhead >= 1.0);
     ck_assert(r.fragmentation >= 0.0 && r.fragmentation < 1.0);
 
     /* The same addresses, relative to the regions. */
@@ -1420,7 +1441,8 @@ START_TEST(test_replay_order_shared)
      * every free matches an allocation. */
     bfc_replay_result_t r;
     ck_assert_msg(bfc_replay_run(ev, n, "memory_limit=64M", NULL, &r, err, sizeof err) == 0, "%s", err);
-    ck_assert_uint_eq(r.peak_live, 4 * MiB);
+    ck_assert_uint_eq(r.peak_allocated, 4 * MiB);
+    ck_assert_uint_eq(r.peak_requested, 4 * MiB);
     ck_assert_uint_eq(r.skipped, 0);
     ck_assert_uint_eq(r.unmatched_frees, 0);
 
