@@ -478,22 +478,41 @@ BFC_API int bfc_host_record_stream(void *p, bfc_stream_t stream);
  * everywhere.  combine: how figures of several shards or nodes make one --
  * SUM, MAX, or SAME (a setting, e.g. the limit, taken from any of them).
  *
- * Exact or bound: every figure is exact at the moment of the call, except
- * peak_bytes_in_use of a context with several shards, which is the sum of
- * the shards' own peaks: an upper bound on the context's true peak (each
- * shard keeps its own, so that no counter is shared on the allocation path).
- * peak_bytes_reserved is exact (the pool's own peak).
+ * Measures, one vocabulary in the header, the snapshot, the tools and the
+ * harness: requested bytes are what callers asked for; allocated bytes are
+ * the chunks that hold them (rounded up, possibly split-rule slack:
+ * bytes_in_use); reserved bytes are device memory held from the backend
+ * (bytes_reserved); overhead = peak reserved / peak requested, what the
+ * allocator cost over what the program needed.  Fragmentation means only
+ * the scatter of free memory (bfc_stats_fragmentation).
+ *
+ * Exact or bound: every figure is exact at the moment of the call except two
+ * peaks of a context, peak_bytes_in_use and peak_bytes_requested.  Each shard
+ * keeps its own peaks (no counter is shared on the allocation path), so a
+ * context knows only its shards' peaks, which may fall at different times:
+ * it reports the sum of its shards' peaks (retired shards included), capped
+ * by what it held (peak_bytes_in_use <= peak_bytes_reserved, and
+ * peak_bytes_requested <= peak_bytes_in_use, at every moment).  That is an
+ * upper bound on the true peak, never above the limit, and the true peak
+ * while the context has had one shard.  peak_bytes_reserved is exact: the
+ * pool's own peak, kept under the pool's lock where memory is taken from the
+ * device or given back (slow-path events).  bfc_host_stats sums its nodes'
+ * figures, so its peaks are bounds too.  The JSON snapshot names a context's
+ * bounds as such (doc/snapshot.md); a shard's figures are all exact.
+ *
+ * ABI: a new figure goes at the end of the table, where it takes a word of
+ * `reserved` (the struct keeps BFC__STATS_WORDS words).
  */
 #define BFC_STATS_FIELDS(X)                                                                     \
     X(num_allocs, SUM, "cumulative successful allocations")                                    \
     X(num_frees, SUM, "cumulative frees (a fenced free counts when it is issued)")             \
-    X(bytes_in_use, SUM, "allocated bytes: the sum of live chunk sizes (bfc_ctx_allocated_size)") \
-    X(peak_bytes_in_use, SUM, "peak allocated bytes: exact for one shard, a bound for a context") \
-    X(bytes_requested, SUM, "requested bytes: the sum of the sizes asked for, live")            \
+    X(bytes_in_use, SUM, "allocated bytes, live: the sum of chunk sizes (bfc_ctx_allocated_size)") \
+    X(peak_bytes_in_use, SUM, "peak allocated bytes: exact for a shard, an upper bound for a context") \
+    X(bytes_requested, SUM, "requested bytes, live: the sum of the sizes callers asked for")     \
     X(largest_alloc_size, MAX, "largest chunk handed out (TensorFlow counts the chunk size)")   \
     X(bytes_limit, SAME, "the memory limit")                                                   \
     X(bytes_reserved, SUM, "reserved bytes, held from the device: context = all, shard = its regions") \
-    X(peak_bytes_reserved, SUM, "peak reserved bytes (exact: the pool's own)")                 \
+    X(peak_bytes_reserved, SUM, "peak reserved bytes: exact (a context's is the pool's own)")  \
     X(num_regions, SUM, "regions owned by shards (context) / by this shard")                  \
     X(num_shards, SUM, "live shards (context) / 1")                                           \
     X(num_remote_frees, SUM, "frees issued on a stream other than the owner's")                \
@@ -503,15 +522,24 @@ BFC_API int bfc_host_record_stream(void *p, bfc_stream_t stream);
     X(largest_free_chunk, MAX, "largest free chunk of any shard")                              \
     X(bytes_pending, SUM, "bytes of blocks waiting for their fences")                         \
     X(num_chunks, SUM, "chunk records in use (free + in use + pending)")                      \
-    X(num_poison_errors, SUM, "poison=true: blocks found written after free when reused")     \
+    X(num_poison_errors, SUM, "poison=true: blocks found written after free when reused")      \
     X(num_vmm_maps, SUM, "expandable arenas: map calls to the device (each a run of granules)") \
-    X(num_vmm_unmaps, SUM, "expandable arenas: unmap calls to the device")
+    X(num_vmm_unmaps, SUM, "expandable arenas: unmap calls to the device")                     \
+    X(peak_bytes_requested, SUM, "peak requested bytes: exact for a shard, an upper bound for a context")
+
+/* Words of bfc_stats_t, figures and `reserved` together: fixed. */
+#define BFC__STATS_WORDS 35
+
+#define BFC__STATS_ONE(name, combine, desc) +1
+enum { BFC__STATS_COUNT = 0 BFC_STATS_FIELDS(BFC__STATS_ONE) };
+#undef BFC__STATS_ONE
 
 typedef struct bfc_stats {
 #define BFC__STATS_STRUCT(name, combine, desc) uint64_t name;
     BFC_STATS_FIELDS(BFC__STATS_STRUCT)
 #undef BFC__STATS_STRUCT
-    uint64_t reserved[14]; /* room for the figures of later versions: zero (see "version") */
+    /* room for the figures of later versions: zero (see "version") */
+    uint64_t reserved[BFC__STATS_WORDS - BFC__STATS_COUNT];
 } bfc_stats_t;
 
 /*
@@ -537,7 +565,8 @@ BFC_API double bfc_stats_fragmentation(const bfc_stats_t *s);
 
 /*
  * Host statistics: all NUMA nodes summed, or one node's (os index), in the
- * same bfc_stats_t as device memory (num_shards = live thread arenas).
+ * same bfc_stats_t as device memory (num_shards = live thread arenas); the
+ * sum's peaks are sums of the nodes' peaks, upper bounds.
  * bfc_host_node_stats gives BFC_EINVAL for a node with no host arena yet.
  * bfc_host_ctx returns the host context of a node (for bfc_ctx_dump,
  * bfc_ctx_check, bfc_ctx_snapshot_json), or NULL if it has none yet.
@@ -549,7 +578,7 @@ BFC_API int bfc_host_node_stats(int node, bfc_stats_t *out);
 BFC_API bfc_ctx_t *bfc_host_ctx(int node);
 BFC_API int bfc_host_numa_nodes(void);
 
-/* Peaks (in use, reserved) := current values.  Context: as bfc_ctx_stats. */
+/* Peaks (in use, requested, reserved) := current values.  Context: as bfc_ctx_stats. */
 BFC_API int bfc_ctx_clear_peaks(bfc_ctx_t *ctx);
 
 /*

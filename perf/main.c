@@ -603,12 +603,12 @@ static void report_targets(const struct perf_report *rp, const struct opts *o)
         if (s == NULL)
             continue;
         if (l != NULL && l->have_mem)
-            snprintf(name, sizeof(name), "inference %u thr: shardbfc fragmentation"
-                     " (single-lock %.3f)", o->threads[k], l->fragmentation);
+            snprintf(name, sizeof(name), "inference %u thr: shardbfc overhead"
+                     " (single-lock %.3f)", o->threads[k], l->overhead);
         else
-            snprintf(name, sizeof(name), "inference %u thr: shardbfc fragmentation",
+            snprintf(name, sizeof(name), "inference %u thr: shardbfc overhead",
                      o->threads[k]);
-        add_target(name, s->fragmentation, s->have_mem, 1.15, true);
+        add_target(name, s->overhead, s->have_mem, 1.15, true);
     }
     /* The arena's own pair, alone and among free fragments. */
     s = perf_report_find(rp, "arena", "shardbfc", 1);
@@ -742,7 +742,7 @@ static const char *measure(const struct opts *o, const struct perf_env *env, int
     if (rc != 0)
         *failed = true;
     r->have_mem = ops->stats(&a, &r->peak_reserved) && r->peak_requested > 0;
-    r->fragmentation = r->have_mem ? (double)r->peak_reserved / (double)r->peak_requested : 0.0;
+    r->overhead = r->have_mem ? (double)r->peak_reserved / (double)r->peak_requested : 0.0;
     if (ops->in_use(&a, &used) && used != 0) {
         perf_progress_done();
         printf("  VERIFY FAILED: %s %s %u threads: %" PRIu64
@@ -887,7 +887,7 @@ int main(int argc, char **argv)
     print_params(&o, o.wl[W_REPLAY] ? &replay : NULL, rp.params_json, sizeof(rp.params_json));
     printf("measures: ops/s = allocation and free calls of all threads per second of the"
            " window; latency per call from per-thread log-linear histograms (1 clock read"
-           " per call, ~20 ns included; none in the arena workloads); fragmentation = peak"
+           " per call, ~20 ns included; none in the arena workloads); overhead = peak"
            " bytes reserved / peak bytes requested (null where the allocator cannot say);"
            " cpu = CPU time of the timed threads / (window x usable CPUs); speed-up, ALU,"
            " eff: see below each table\n");

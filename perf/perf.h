@@ -217,10 +217,10 @@ struct perf_result {
     double ops_per_cpu_sec;  /* ops / CPU-seconds of the timed threads (load-independent) */
     double sleeps_per_sec;   /* voluntary context switches of the timed threads per second */
     bool disturbed;          /* perf_disturbed(): other load took the CPUs */
-    bool have_mem;           /* peak_reserved / fragmentation known */
+    bool have_mem;           /* peak_reserved / overhead known */
     uint64_t peak_reserved;
     uint64_t peak_requested; /* always measured by the harness */
-    double fragmentation;    /* peak_reserved / peak_requested */
+    double overhead;         /* peak_reserved / peak_requested */
     double frees_per_sec_per_consumer; /* cross: frees / time inside free; else 0 */
     unsigned consumers;
     /* cross: the producers' side and the pipeline */

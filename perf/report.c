@@ -186,13 +186,13 @@ void perf_report_table(const struct perf_report *rp, const char *workload, FILE 
     else
         fprintf(f, "  %3s %-12s %10s %7s %8s", "thr", "allocator", "ops/s", "vs bfc",
                 "ns/pair");
-    fprintf(f, " %11s %11s %6s %5s %8s %6s %5s\n", "peak resv", "peak req", "frag", "cpu",
+    fprintf(f, " %11s %11s %6s %5s %8s %6s %5s\n", "peak resv", "peak req", "ovhd", "cpu",
             "speed-up", "ALU", "eff");
     for (unsigned k = 0; k < nt; k++) {
         const struct perf_result *base = base_row(rp, workload, threads[k]);
         for (unsigned i = 0; i < rp->nres; i++) {
             const struct perf_result *r = &rp->res[i];
-            char rate[32], ratio[16], resv[24], req[24], frag[16], sp[16], alu[16], eff[16];
+            char rate[32], ratio[16], resv[24], req[24], ovhd[16], sp[16], alu[16], eff[16];
             if (strcmp(r->workload, workload) != 0 || r->threads != threads[k])
                 continue;
             fmt_rate(rate, sizeof(rate), r->ops_per_sec);
@@ -203,10 +203,10 @@ void perf_report_table(const struct perf_report *rp, const char *workload, FILE 
             fmt_bytes(req, sizeof(req), r->peak_requested);
             if (r->have_mem) {
                 fmt_bytes(resv, sizeof(resv), r->peak_reserved);
-                snprintf(frag, sizeof(frag), "%.3f", r->fragmentation);
+                snprintf(ovhd, sizeof(ovhd), "%.3f", r->overhead);
             } else {
                 snprintf(resv, sizeof(resv), "-");
-                snprintf(frag, sizeof(frag), "-");
+                snprintf(ovhd, sizeof(ovhd), "-");
             }
             fmt_x(sp, sizeof(sp), r->speedup, true);
             fmt_x(alu, sizeof(alu), r->alu_speedup, true);
@@ -219,7 +219,7 @@ void perf_report_table(const struct perf_report *rp, const char *workload, FILE 
                 fprintf(f, " %8s %8s %9s %9s", "-", "-", "-", "-");
             else
                 fprintf(f, " %8.1f", ns_per_pair(r));
-            fprintf(f, " %11s %11s %6s %4.0f%% %8s %6s %5s\n", resv, req, frag,
+            fprintf(f, " %11s %11s %6s %4.0f%% %8s %6s %5s\n", resv, req, ovhd,
                     100 * r->cpu_share, sp, alu, eff);
         }
     }
@@ -325,8 +325,8 @@ static void json_result(FILE *f, const struct perf_result *r)
     json_u64(f, r->p999_ns, r->have_lat);
     fprintf(f, ", \"peak_reserved\": ");
     json_u64(f, r->peak_reserved, r->have_mem);
-    fprintf(f, ", \"peak_requested\": %" PRIu64 ", \"fragmentation\": ", r->peak_requested);
-    json_num(f, r->fragmentation, r->have_mem);
+    fprintf(f, ", \"peak_requested\": %" PRIu64 ", \"overhead\": ", r->peak_requested);
+    json_num(f, r->overhead, r->have_mem);
     fprintf(f, ", \"alloc_p99_ns\": ");
     json_u64(f, r->alloc_p99_ns, r->have_lat);
     fprintf(f, ", \"free_p99_ns\": ");

@@ -42,7 +42,7 @@
  * only by that thread); with one thread that total is the exact peak, with
  * more every 16th allocation of each thread sums all lines and raises a
  * shared maximum (CAS).  Sampling can miss a short peak, so the figure is a
- * lower bound and fragmentation = reserved / requested errs high, never in
+ * lower bound and overhead = reserved / requested errs high, never in
  * the allocator's favour.  A counted run publishes once per batch instead:
  * its thread keeps its own peak in a register (exact with one thread) and
  * raises the shared maximum to the sum of the lines.

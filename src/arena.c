@@ -331,6 +331,8 @@ static void account_alloc(struct bfc__arena *a, struct bfc__chunk *c, size_t n)
     if (st->bytes_in_use > st->peak_in_use)
         st->peak_in_use = st->bytes_in_use;
     st->bytes_requested += n;
+    if (st->bytes_requested > st->peak_requested)
+        st->peak_requested = st->bytes_requested;
     /* TensorFlow counts the chunk size as the largest allocation. */
     if (c->size > st->largest_alloc)
         st->largest_alloc = c->size;

@@ -44,7 +44,7 @@ struct bfc__arena;
 struct bfc__astats {
     uint64_t num_allocs, num_frees;
     uint64_t bytes_in_use, peak_in_use;
-    uint64_t bytes_requested, largest_alloc;
+    uint64_t bytes_requested, peak_requested, largest_alloc;
     uint64_t bytes_reserved, peak_reserved;
     uint64_t num_regions;
     uint64_t remote_frees;

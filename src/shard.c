@@ -183,6 +183,7 @@ static void unlink_locked(struct bfc_ctx *ctx, struct bfc__arena *a)
     r->remote_frees += a->st.remote_frees;
     r->ooms += a->st.ooms;
     r->peak_in_use += a->st.peak_in_use;
+    r->peak_requested += a->st.peak_requested;
     if (a->st.largest_alloc > r->largest_alloc)
         r->largest_alloc = a->st.largest_alloc;
     if (a->all_prev)

@@ -5,11 +5,14 @@
  * Counters live in each arena (written under its lock, no shared counter on
  * the hot path) and are summed on read.  A read drains each shard's
  * remote-free queue first, so the figures are exact at the moment of the
- * call.  The context's peak_bytes_in_use is the sum of the shards' peaks:
+ * call.  The context's peak_bytes_in_use and peak_bytes_requested are the
+ * sums of the shards' peaks, capped by what the context held (what is
+ * requested sits in chunks, and chunks in reserved memory, at every moment):
  * exact for one shard, an upper bound when several shards peak at different
  * times (an exact context-wide peak would need a shared counter on every
  * allocation).  bytes_reserved / peak_bytes_reserved of the context are the
- * pool's figures: memory held from the backend.
+ * pool's figures, exact: memory held from the backend.  The dump and the
+ * snapshot name the bounds (ctx_bound below).
  *
  * The snapshot (schema: doc/snapshot.md) walks the same structures under
  * the same locks as the dump; its "oom" object is the context's latest OOM
@@ -34,7 +37,9 @@
 
 /* doc/snapshot.md: bump on any change a reader could notice other than an
  * added field. */
-#define BFC__SNAPSHOT_VERSION 1
+#define BFC__SNAPSHOT_VERSION 2
+
+_Static_assert(sizeof(bfc_stats_t) == BFC__STATS_WORDS * sizeof(uint64_t), "bfc_stats_t keeps its size");
 
 static void add_arena(bfc_stats_t *o, const struct bfc__arena *a)
 {
@@ -44,6 +49,7 @@ static void add_arena(bfc_stats_t *o, const struct bfc__arena *a)
     o->bytes_in_use += s->bytes_in_use;
     o->peak_bytes_in_use += s->peak_in_use;
     o->bytes_requested += s->bytes_requested;
+    o->peak_bytes_requested += s->peak_requested;
     if (s->largest_alloc > o->largest_alloc_size)
         o->largest_alloc_size = s->largest_alloc;
     o->num_regions += s->num_regions;
@@ -82,6 +88,7 @@ int bfc_ctx_stats(bfc_ctx_t *ctx, bfc_stats_t *out)
     out->num_remote_frees += r->remote_frees;
     out->num_ooms += r->ooms;
     out->peak_bytes_in_use += r->peak_in_use;
+    out->peak_bytes_requested += r->peak_requested;
     if (r->largest_alloc > out->largest_alloc_size)
         out->largest_alloc_size = r->largest_alloc;
     bfc__unlock(&ctx->arenas_lock);
@@ -92,6 +99,13 @@ int bfc_ctx_stats(bfc_ctx_t *ctx, bfc_stats_t *out)
     /* The pool makes every device call (a departed reservation's too). */
     out->num_vmm_maps = ps.vmm_maps;
     out->num_vmm_unmaps = ps.vmm_unmaps;
+    /* The caps keep the bounds honest when shards peaked at different
+     * times: chunks never outgrow what the pool held, nor requests their
+     * chunks. */
+    if (out->peak_bytes_in_use > out->peak_bytes_reserved)
+        out->peak_bytes_in_use = out->peak_bytes_reserved;
+    if (out->peak_bytes_requested > out->peak_bytes_in_use)
+        out->peak_bytes_requested = out->peak_bytes_in_use;
     out->bytes_limit = ctx->limit;
     out->num_shards = atomic_load_explicit(&ctx->shards_live, memory_order_relaxed);
     out->num_ooms += atomic_load_explicit(&ctx->ooms, memory_order_relaxed);
@@ -129,17 +143,21 @@ int bfc_ctx_clear_peaks(bfc_ctx_t *ctx)
     if (!ctx)
         return BFC_EINVAL;
     bfc__rcu_register(); /* before the arenas lock: a drain may call call_rcu */
+    /* The pool first: its new peak then covers the shards' whole new
+     * window, so the cap in bfc_ctx_stats never cuts below a true peak. */
+    bfc__pool_clear_peak(&ctx->pool);
     bfc__lock(&ctx->arenas_lock);
     for (struct bfc__arena *a = ctx->arenas; a; a = a->all_next) {
         bfc__lock(&a->lock);
         bfc__arena_drain_locked(a, true);
         a->st.peak_in_use = a->st.bytes_in_use;
+        a->st.peak_requested = a->st.bytes_requested;
         a->st.peak_reserved = a->st.bytes_reserved;
         bfc__unlock(&a->lock);
     }
     ctx->retired.peak_in_use = 0;
+    ctx->retired.peak_requested = 0;
     bfc__unlock(&ctx->arenas_lock);
-    bfc__pool_clear_peak(&ctx->pool);
     return BFC_OK;
 }
 
@@ -216,6 +234,16 @@ static const char *state_name(uint32_t s)
     }
 }
 
+/*
+ * The figures of a context that are upper bounds, not exact (shardbfc.h,
+ * "Exact or bound"): the dump and the snapshot print them with a "_bound"
+ * suffix so that no reader takes them for a true peak.
+ */
+static bool ctx_bound(const char *name)
+{
+    return strcmp(name, "peak_bytes_in_use") == 0 || strcmp(name, "peak_bytes_requested") == 0;
+}
+
 static void dump_arena(struct bfc__arena *a, FILE *f)
 {
     fprintf(f, "Shard stream_id=%" PRIu64 "%s: %" PRIu64 " regions, %" PRIu64 " bytes reserved, %" PRIu64
@@ -260,7 +288,7 @@ int bfc_ctx_dump(bfc_ctx_t *ctx, FILE *f)
     bfc__unlock(&ctx->arenas_lock);
     const char *sep = "Stats: ";
 #define DUMP_FIELD(name, combine, desc)                                                                     \
-    fprintf(f, "%s" #name " %" PRIu64, sep, s.name);                                                        \
+    fprintf(f, "%s" #name "%s %" PRIu64, sep, ctx_bound(#name) ? "_bound" : "", s.name);                   \
     sep = ", ";
     BFC_STATS_FIELDS(DUMP_FIELD)
 #undef DUMP_FIELD
@@ -283,11 +311,12 @@ static void json_fraction(FILE *f, double v)
     fprintf(f, "%.6f", v);
 }
 
-static void json_stats(FILE *f, const bfc_stats_t *s)
+/* A context's figures name their bounds (bfc_ctx_stats); a shard's are exact. */
+static void json_stats(FILE *f, const bfc_stats_t *s, bool context)
 {
     char sep = '{';
 #define JSON_FIELD(name, combine, desc)                                                                     \
-    fprintf(f, "%c\"" #name "\":%" PRIu64, sep, s->name);                                                 \
+    fprintf(f, "%c\"" #name "%s\":%" PRIu64, sep, context && ctx_bound(#name) ? "_bound" : "", s->name);   \
     sep = ',';
     BFC_STATS_FIELDS(JSON_FIELD)
 #undef JSON_FIELD
@@ -307,7 +336,7 @@ static void json_arena(struct bfc__arena *a, FILE *f, struct bfc_ctx *ctx)
     s.num_shards = 1;
     fprintf(f, "{\"stream_id\":%" PRIu64 ",\"stream\":\"0x%" PRIxPTR "\",\"seq\":%" PRIu64 ",\"retired\":%s,\"stats\":",
             a->stream_id, (uintptr_t)a->stream, a->seq, atomic_load(&a->retired) ? "true" : "false");
-    json_stats(f, &s);
+    json_stats(f, &s, false);
     fprintf(f, ",\"regions\":[");
     for (struct bfc__region *r = a->regions; r; r = r->anext) {
         fprintf(f,
@@ -351,7 +380,7 @@ int bfc_ctx_snapshot_json(bfc_ctx_t *ctx, FILE *f)
             ctx->cfg.device, ctx->cfg.allow_growth ? "true" : "false", ctx->limit, ctx->cfg.initial_region,
             ctx->cfg.large_alloc, ctx->max_frag);
     fprintf(f, ",\"totals\":");
-    json_stats(f, &s);
+    json_stats(f, &s, true);
     fprintf(f,
             ",\"pool\":{\"held\":%zu,\"peak_held\":%zu,\"committed\":%zu,\"free\":%zu,\"fenced\":%zu,"
             "\"departures\":%" PRIu64 ",\"fenced_departures\":%" PRIu64 ",\"fence_waits\":%" PRIu64 "}",

@@ -4,7 +4,7 @@
 # the JSON with a real parser (jq, which scripts/bootstrap.sh installs;
 # python3 -m json.tool when jq is missing): the `machine` and `results`
 # contract other tools read, one result per measured (workload, allocator,
-# threads), null fragmentation where an allocator cannot report it,
+# threads), null overhead where an allocator cannot report it,
 # latencies on the timed workloads and ns per pair on the counted arena
 # one, the ALU loop timed beside every thread count and the scaling
 # efficiency on every 2-thread row, libshardbfc's counters agreeing with
@@ -53,8 +53,8 @@ if command -v jq >/dev/null 2>&1; then
               and (.threads | type == "number" and . >= 1)
               and (.ops_per_sec | type == "number" and . > 0)
               and (.peak_requested | type == "number" and . > 0)
-              and has("peak_reserved") and has("fragmentation")
-              and ((.fragmentation == null) == (.peak_reserved == null))
+              and has("peak_reserved") and has("overhead")
+              and ((.overhead == null) == (.peak_reserved == null))
               and has("speedup") and has("alu_speedup") and has("efficiency")
               and (.runs | type == "array" and length == 1))
       and all(.results[] | select(.workload | startswith("arena") | not);
@@ -69,7 +69,7 @@ if command -v jq >/dev/null 2>&1; then
               and (.alu_speedup | type == "number" and . > 0)
               and (.efficiency - .speedup / .alu_speedup | fabs) < 1e-3 * .efficiency + 1e-9)
       and ([.results[] | select(.allocator == "shardbfc")] | length) == 10
-      and all(.results[] | select(.allocator == "shardbfc"); .fragmentation >= 1)
+      and all(.results[] | select(.allocator == "shardbfc"); .overhead >= 1)
       and all(.results[] | select(.allocator == "shardbfc" or .allocator == "single-lock");
               .verified == true)
       and (.baselines | type == "array")
@@ -78,7 +78,7 @@ if command -v jq >/dev/null 2>&1; then
                                        and .threads == $r.threads and .kind == "alu")]
               | length == 1))
       and all(.results[] | select(.allocator == "jemalloc" or .allocator == "malloc");
-              .fragmentation == null)
+              .overhead == null)
       and (.skipped | type == "array")
       and (.targets | type == "array" and length > 0)
     ' "$tmp/perf.json" >/dev/null || {

@@ -180,7 +180,7 @@ struct model {
     struct blk *live;
     size_t nlive, cap;
     uint64_t allocs, frees, ooms;
-    uint64_t in_use, requested, peak;
+    uint64_t in_use, requested, peak, peak_req;
     size_t max_n, max_asz;
     int64_t last_id;
 };
@@ -213,6 +213,7 @@ static void model_checkpoint(bfc_ctx_t *ctx, const struct model_cfg *mc, struct 
     EQ(bytes_in_use, m->in_use);
     EQ(bytes_requested, m->requested);
     EQ(peak_bytes_in_use, m->peak);
+    EQ(peak_bytes_requested, m->peak_req);
     EQ(num_ooms, m->ooms);
     EQ(bytes_limit, mc->limit);
     EQ(num_remote_frees, 0);
@@ -297,6 +298,8 @@ static void model_alloc(bfc_ctx_t *ctx, bfc_stream_t st, const struct model_cfg 
     m->requested += n;
     if (m->in_use > m->peak)
         m->peak = m->in_use;
+    if (m->requested > m->peak_req)
+        m->peak_req = m->requested;
     if (n > m->max_n)
         m->max_n = n;
     if (b.asz > m->max_asz)
@@ -376,6 +379,8 @@ START_TEST(test_random_model)
                 m.allocs++;
                 if (mc->limit > m.peak)
                     m.peak = mc->limit;
+                if (mc->limit > m.peak_req)
+                    m.peak_req = mc->limit;
                 if (mc->limit > m.max_n)
                     m.max_n = m.max_asz = mc->limit;
                 REQUIRE(bfc_ctx_free(ctx, all, st) == BFC_OK, "free of the whole limit failed");

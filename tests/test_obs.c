@@ -183,14 +183,28 @@ static json_object *snapshot(bfc_ctx_t *ctx)
     return v;
 }
 
-/* Every bfc_stats_t field of a JSON stats object equals *s. */
-static void assert_stats_equal(const json_object *j, const bfc_stats_t *s)
+/* A context's figures that are upper bounds, not exact: the snapshot must
+ * call them so (key + "_bound"), and never by the bare name. */
+static bool is_ctx_bound(const char *name)
+{
+    return strcmp(name, "peak_bytes_in_use") == 0 || strcmp(name, "peak_bytes_requested") == 0;
+}
+
+/* Every bfc_stats_t field of a JSON stats object equals *s; a context's
+ * (totals) names its bounds as such, a shard's figures are all exact. */
+static void assert_stats_equal(const json_object *j, const bfc_stats_t *s, bool context)
 {
     ck_assert_ptr_nonnull(j);
     /* Every field of the table, so a field added to it is checked too. */
 #define F(name, combine, desc)                                                                                 \
-    ck_assert_msg(bfc_json_u64(j, #name, UINT64_MAX) == s->name, "%s: json %" PRIu64 " stats %" PRIu64, #name, \
-                  bfc_json_u64(j, #name, UINT64_MAX), (uint64_t)s->name);
+    do {                                                                                                       \
+        bool bound = context && is_ctx_bound(#name);                                                           \
+        const char *key = bound ? #name "_bound" : #name;                                                      \
+        ck_assert_msg(bfc_json_u64(j, key, UINT64_MAX) == s->name, "%s: json %" PRIu64 " stats %" PRIu64, key, \
+                      bfc_json_u64(j, key, UINT64_MAX), (uint64_t)s->name);                                    \
+        if (bound)                                                                                             \
+            ck_assert_msg(bfc_json_get(j, #name) == NULL, "%s: a bound under the exact name", #name);          \
+    } while (0);
     BFC_STATS_FIELDS(F)
 #undef F
     double fj = bfc_json_num(j, "fragmentation", -1);
@@ -277,6 +291,75 @@ END_TEST
 
 /* ----------------------------------------------------------- snapshot */
 
+/* ---------------------------------------------------- exact or bound */
+
+/*
+ * Two streams that peak one after the other.  Each shard's peaks are exact;
+ * the context's are the sum of its shards' peaks capped by what it held:
+ * never below the true peak, never above the limit.  Stream a holds a
+ * 40 MiB block (a region of its own) and frees it; the region goes back to
+ * the pool, and stream b's 40 MiB reuses it.  The true peak is 40 MiB, the
+ * shards' peaks sum to 80 MiB, more than the 64 MiB limit.
+ */
+START_TEST(test_peaks_exact_or_bound)
+{
+    bfc_ctx_t *ctx = mkctx("memory_limit=64M");
+    bfc_stream_t a = bfc_sim_stream_create(ctx), b = bfc_sim_stream_create(ctx);
+    const size_t n = 40 * MiB - 1000;
+    void *p = xalloc(ctx, a, n);
+    size_t asz = bfc_ctx_allocated_size(ctx, p);
+    ck_assert_uint_ge(asz, n);
+    xfree(ctx, p, a);
+    void *q = xalloc(ctx, b, n);
+    ck_assert_uint_eq(bfc_ctx_allocated_size(ctx, q), asz);
+
+    bfc_stats_t sa, sb, st = stats(ctx);
+    ck_assert_int_eq(bfc_ctx_stream_stats(ctx, a, &sa), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_stream_stats(ctx, b, &sb), BFC_OK);
+    ck_assert_uint_eq(sa.peak_bytes_requested, n);
+    ck_assert_uint_eq(sa.peak_bytes_in_use, asz);
+    ck_assert_uint_eq(sb.peak_bytes_requested, n);
+    ck_assert_uint_eq(sb.peak_bytes_in_use, asz);
+    /* One region of 40 MiB served both: what the context held is exact. */
+    ck_assert_uint_eq(st.peak_bytes_reserved, 40 * MiB);
+    /* The bounds: at least the true peak, at most what was held. */
+    ck_assert_uint_ge(st.peak_bytes_in_use, asz);
+    ck_assert_uint_le(st.peak_bytes_in_use, st.peak_bytes_reserved);
+    ck_assert_uint_le(st.peak_bytes_in_use, st.bytes_limit);
+    ck_assert_uint_ge(st.peak_bytes_requested, n);
+    ck_assert_uint_le(st.peak_bytes_requested, st.peak_bytes_in_use);
+
+    /* Cleared, the peaks are the current figures, requested ones too. */
+    ck_assert_int_eq(bfc_ctx_clear_peaks(ctx), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_stream_stats(ctx, a, &sa), BFC_OK);
+    ck_assert_uint_eq(sa.peak_bytes_requested, 0);
+    ck_assert_uint_eq(sa.peak_bytes_in_use, 0);
+    xfree(ctx, q, b);
+    ck_assert_int_eq(bfc_ctx_stream_stats(ctx, b, &sb), BFC_OK);
+    ck_assert_uint_eq(sb.peak_bytes_requested, n);
+    ck_assert_uint_eq(sb.bytes_requested, 0);
+    st = stats(ctx);
+    ck_assert_uint_eq(st.peak_bytes_requested, n);
+    ck_assert_uint_eq(st.peak_bytes_in_use, asz);
+
+    /* The dump says which figures are bounds. */
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    ck_assert_ptr_nonnull(f);
+    ck_assert_int_eq(bfc_ctx_dump(ctx, f), BFC_OK);
+    fclose(f);
+    ck_assert_msg(strstr(text, " peak_bytes_in_use_bound ") && strstr(text, " peak_bytes_requested_bound ") &&
+                      strstr(text, " peak_bytes_reserved "),
+                  "%s", text);
+    free(text);
+    ck_assert_int_eq(bfc_ctx_check(ctx), BFC_OK);
+    bfc_sim_stream_destroy(ctx, a);
+    bfc_sim_stream_destroy(ctx, b);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
 START_TEST(test_snapshot_matches_stats)
 {
     tmp_setup();
@@ -297,10 +380,10 @@ START_TEST(test_snapshot_matches_stats)
 
     json_object *v = snapshot(ctx);
     bfc_stats_t tot = stats(ctx);
-    ck_assert_uint_eq(bfc_json_u64(v, "version", 0), 1);
+    ck_assert_uint_eq(bfc_json_u64(v, "version", 0), 2);
     ck_assert_str_eq(bfc_json_str(v, "backend", ""), "sim");
     ck_assert_uint_eq(bfc_json_u64(v, "limit", 0), 256 * MiB);
-    assert_stats_equal(bfc_json_get(v, "totals"), &tot);
+    assert_stats_equal(bfc_json_get(v, "totals"), &tot, true);
     ck_assert_uint_eq(tot.num_pending_frees, 1);
     const json_object *pool = bfc_json_get(v, "pool");
     ck_assert_uint_eq(bfc_json_u64(pool, "held", 0), tot.bytes_reserved);
@@ -315,7 +398,7 @@ START_TEST(test_snapshot_matches_stats)
         ck_assert_msg(sh != NULL, "no shard for stream %d", k);
         bfc_stats_t st;
         ck_assert_int_eq(bfc_ctx_stream_stats(ctx, ss[k], &st), BFC_OK);
-        assert_stats_equal(bfc_json_get(sh, "stats"), &st);
+        assert_stats_equal(bfc_json_get(sh, "stats"), &st, false);
         uint64_t sid = bfc_json_u64(sh, "stream_id", UINT64_MAX);
         uint64_t in_use = 0, requested = 0, pending = 0, freeb = 0, chunks = 0, reserved = 0;
         const json_object *regions = array_of(sh, "regions");
@@ -1162,7 +1245,8 @@ START_TEST(test_rmm_csv_edge_cases)
     ck_assert_uint_eq(r.skipped, 2);
     ck_assert_uint_eq(r.ooms, 0);
     ck_assert_uint_eq(r.streams, 1);
-    ck_assert_uint_eq(r.peak_live, 1024 + 2048);
+    ck_assert_uint_eq(r.peak_allocated, 1024 + 2048);
+    ck_assert_uint_eq(r.peak_requested, 1024 + 2048); /* failure rows asked for nothing live */
     free(ev);
 
     /* Errors name the line. */
@@ -1233,6 +1317,9 @@ START_TEST(test_replay_reproduces_peaks_and_addresses)
     ck_assert_int_eq(bfc_ctx_trace_start(ctx, path), BFC_OK);
     void *live[64] = {0};
     int owner[64];
+    size_t req[64], asz[64];
+    /* The exact peaks, in the order the calls were issued. */
+    uint64_t req_live = 0, req_peak = 0, alloc_live = 0, alloc_peak = 0;
     unsigned x = 12345;
     for (int i = 0; i < 3000; i++) {
         x = x * 1103515245u + 12345u;
@@ -1242,9 +1329,19 @@ START_TEST(test_replay_reproduces_peaks_and_addresses)
             int fs = ((x >> 20) & 7) == 0 ? 1 - owner[k] : owner[k];
             xfree(ctx, live[k], s[fs]);
             live[k] = NULL;
+            req_live -= req[k];
+            alloc_live -= asz[k];
         } else {
             owner[k] = (int)((x >> 24) & 1);
-            live[k] = xalloc(ctx, s[owner[k]], 256 + (x >> 12) % (256 * KiB));
+            req[k] = 256 + (x >> 12) % (256 * KiB);
+            live[k] = xalloc(ctx, s[owner[k]], req[k]);
+            asz[k] = bfc_ctx_allocated_size(ctx, live[k]);
+            req_live += req[k];
+            alloc_live += asz[k];
+            if (req_live > req_peak)
+                req_peak = req_live;
+            if (alloc_live > alloc_peak)
+                alloc_peak = alloc_live;
         }
     }
     for (int k = 0; k < 64; k++)
@@ -1266,8 +1363,15 @@ START_TEST(test_replay_reproduces_peaks_and_addresses)
     ck_assert_uint_eq(r.frees, orig.num_frees);
     ck_assert_uint_eq(r.ooms, 0);
     ck_assert_uint_eq(r.streams, 2);
-    ck_assert_uint_eq(r.peak_in_use, orig.peak_bytes_in_use);
+    /* The measures: exact, and the context's own peak only a bound. */
+    ck_assert_uint_eq(r.peak_requested, req_peak);
+    ck_assert_uint_eq(r.peak_allocated, alloc_peak);
+    ck_assert_uint_le(r.peak_allocated, orig.peak_bytes_in_use);
+    ck_assert_uint_le(orig.peak_bytes_requested, orig.peak_bytes_in_use);
+    ck_assert_uint_ge(orig.peak_bytes_requested, req_peak);
     ck_assert_uint_eq(r.peak_reserved, orig.peak_bytes_reserved);
+    ck_assert(fabs(r.overhead - (double)r.peak_reserved / (double)req_peak) < 1e-12);
+    ck_assert(r.overhead >= 1.0);
     ck_assert(r.fragmentation >= 0.0 && r.fragmentation < 1.0);
 
     /* The same addresses, relative to the regions. */
@@ -1339,7 +1443,8 @@ START_TEST(test_replay_order_shared)
      * every free matches an allocation. */
     bfc_replay_result_t r;
     ck_assert_msg(bfc_replay_run(ev, n, "memory_limit=64M", NULL, &r, err, sizeof err) == 0, "%s", err);
-    ck_assert_uint_eq(r.peak_live, 4 * MiB);
+    ck_assert_uint_eq(r.peak_allocated, 4 * MiB);
+    ck_assert_uint_eq(r.peak_requested, 4 * MiB);
     ck_assert_uint_eq(r.skipped, 0);
     ck_assert_uint_eq(r.unmatched_frees, 0);
 
@@ -1535,7 +1640,8 @@ static const char node_dom_js[] =
     "global.window = { addEventListener() {}, innerWidth: 1200, innerHeight: 800 };\n"
     "try { eval(code); } catch (e) { console.log('error=' + e.stack); }\n"
     "console.log('state=' + byId('status').attrs['data-state']);\n"
-    "console.log('oom=' + byId('oom').textContent);\n";
+    "console.log('oom=' + byId('oom').textContent);\n"
+    "console.log('summary=' + byId('summary').textContent);\n";
 
 static char *render_in_node(bfc_ctx_t *ctx)
 {
@@ -1574,6 +1680,13 @@ START_TEST(test_view_script_in_node)
     /* No failure yet: no OOM section. */
     char *text = render_in_node(ctx);
     ck_assert_msg(strstr(text, "oom=\n") != NULL, "%s", text);
+    /* The context's peaks that are bounds are shown as bounds. */
+    bfc_stats_t st = stats(ctx);
+    char peak[64];
+    snprintf(peak, sizeof peak, " \u2264 %.2f MiB", (double)st.peak_bytes_in_use / (double)MiB);
+    ck_assert_msg(strstr(text, "peak allocated") && strstr(text, "peak requested") && strstr(text, peak) &&
+                      strstr(text, "an upper bound"),
+                  "%s\nlacks %s", text, peak);
     free(text);
     /* After one, the page opens with the report. */
     ck_assert_ptr_null(bfc_ctx_alloc(ctx, b, 5 * MiB));
@@ -1635,6 +1748,7 @@ static Suite *obs_suite(void)
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_fragmentation_formula);
     tcase_add_test(tc, test_fragmentation_live);
+    tcase_add_test(tc, test_peaks_exact_or_bound);
     tcase_add_test(tc, test_snapshot_matches_stats);
     tcase_add_test(tc, test_oom_callback_args_and_no_retry);
     tcase_add_test(tc, test_oom_callback_frees_and_retry_succeeds);

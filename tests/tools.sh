@@ -6,7 +6,9 @@
 #                    table's skipped column counts it and stderr warns; a
 #                    misspelt --config key is named with the reason;
 #                    per-thread batches out of time order are replayed in
-#                    time order (nothing skipped);
+#                    time order (nothing skipped); a two-stream trace's
+#                    measures (peak requested, reserved, allocated,
+#                    overhead) equal figures worked out by hand;
 #   shardbfc-stat    --help / -h, an unknown option is a usage error (not a
 #                    file name), a missing file is exit 1;
 #   shardbfc-view    --help, a missing -o is a usage error.
@@ -30,8 +32,8 @@ Thread,Time,Action,Pointer,Size,Stream
 CSV
 "$replay" "$tmp/bad.csv" >"$tmp/out" 2>"$tmp/err" || { cat "$tmp/out" "$tmp/err" >&2; fail "replay failed"; }
 grep -q 'skipped' "$tmp/out" || fail "no skipped column: $(cat "$tmp/out")"
-# config, peak_reserved, peak_in_use, peak_live, frag, ooms, skipped, seconds
-awk '$1 == "(defaults)" && $7 == 1 {ok = 1} END {exit !ok}' "$tmp/out" ||
+# config, peak_requested, peak_reserved, peak_allocated, overhead, frag, ooms, skipped, seconds
+awk '$1 == "(defaults)" && $8 == 1 {ok = 1} END {exit !ok}' "$tmp/out" ||
     { cat "$tmp/out" >&2; fail "the table does not show 1 skipped event"; }
 grep -q 'warning: 1 free of pointers no earlier allocate row returned was skipped' "$tmp/err" ||
     { cat "$tmp/err" >&2; fail "no warning about the skipped free"; }
@@ -50,8 +52,30 @@ Thread,Time,Action,Pointer,Size,Stream
 CSV
 "$replay" "$tmp/batches.csv" >"$tmp/out" 2>"$tmp/err" || fail "replay of batches failed"
 [ ! -s "$tmp/err" ] || { cat "$tmp/err" >&2; fail "a warning for a well-formed trace"; }
-awk '$1 == "(defaults)" && $4 == 3145728 && $7 == 0 {ok = 1} END {exit !ok}' "$tmp/out" ||
-    { cat "$tmp/out" >&2; fail "batches not replayed in time order (peak_live should be 3 MiB)"; }
+awk '$1 == "(defaults)" && $2 == 3145728 && $4 == 3145728 && $8 == 0 {ok = 1} END {exit !ok}' "$tmp/out" ||
+    { cat "$tmp/out" >&2; fail "batches not replayed in time order (peak requested and allocated should be 3 MiB)"; }
+
+# The measures on a trace whose figures are known by hand.  Requested, live:
+# 1000, 4000, 3000, 8000 (the peak), 3000, 0.  Allocated (256-byte chunks):
+# 1024 + 3072, then 3072 + 5120 = 8192 at the peak, although the two
+# streams' shards peak at 4096 and 5120 (their sum, 9216, is only a bound).
+# Reserved: a 2 MiB region for each stream.  overhead = 4 MiB / 8000.
+cat > "$tmp/measures.csv" <<'CSV'
+Thread,Time,Action,Pointer,Size,Stream
+1,10,allocate,0x1000,1000,0x1
+1,20,allocate,0x2000,3000,0x1
+1,30,free,0x1000,1000,0x1
+2,40,allocate,0x3000,5000,0x2
+2,50,free,0x3000,5000,0x2
+1,60,free,0x2000,3000,0x1
+CSV
+"$replay" --json "$tmp/measures.csv" >"$tmp/out" 2>"$tmp/err" || { cat "$tmp/err" >&2; fail "replay of measures.csv failed"; }
+grep -q '"peak_requested":8000,"peak_reserved":4194304,"peak_allocated":8192,"overhead":524.288000,' "$tmp/out" ||
+    { cat "$tmp/out" >&2; fail "measures of measures.csv wrong"; }
+"$replay" --compare memory_limit=1G "allow_growth=false,memory_limit=64M" "$tmp/measures.csv" >"$tmp/out" 2>&1 ||
+    { cat "$tmp/out" >&2; fail "--compare of measures.csv failed"; }
+# The trace's peak requested is the same for every configuration.
+[ "$(awk '$2 == 8000' "$tmp/out" | wc -l)" -eq 2 ] || { cat "$tmp/out" >&2; fail "peak_requested differs by configuration"; }
 
 "$replay" --config memory_limt=1G "$tmp/batches.csv" >"$tmp/out" 2>"$tmp/err"
 [ $? -eq 1 ] || fail "a bad --config does not exit 1"

@@ -3,8 +3,12 @@
 # PyTorch allocation logs, gzip-compressed) decompresses, matches its row in
 # tests/traces/README.md (events and exact peak requested bytes, from
 # scripts/trace_stats.sh, which also checks the trace's own consistency),
-# and replays: tools/shardbfc-replay on the defaults exits 0.  Then the
-# overhead (peak reserved / the trace's exact peak requested) is printed
+# and replays: tools/shardbfc-replay on the defaults exits 0, its own peak
+# requested is the README's (two independent computations of the exact
+# figure), and its overhead (peak reserved / peak requested) is at least 1,
+# as it must be when no allocation failed.  One line per trace gives peak
+# requested, peak reserved and overhead on the default configuration.  Then
+# the overhead (peak reserved / the trace's exact peak requested) is printed
 # for classic regions (vmm=off) and expandable arenas (vmm=auto, the
 # default, on SIM), and the default's is checked against MAX_OVERHEAD: the
 # target is 1.10; what every trace reaches today is 1.16 (decoder_gen,
@@ -62,9 +66,28 @@ for gz in "$dir"/*.csv.gz; do
     esac
     if ! "$replay" "$csv" >"$tmp/out.txt" 2>&1; then
         echo "FAIL $name: shardbfc-replay exited non-zero:"
+        cat "$tmp/out.txt"
         failed=1
+        continue
     fi
     cat "$tmp/out.txt"
+    # config, peak_requested, peak_reserved, peak_allocated, overhead, frag, ooms, ...
+    line=$(awk '$1 == "(defaults)" {print $2, $3, $5, $7}' "$tmp/out.txt")
+    set -- $line
+    if [ $# -ne 4 ]; then
+        echo "FAIL $name: no (defaults) row in the replay's table"
+        failed=1
+        continue
+    fi
+    echo "measures $name: peak_requested=$1 peak_reserved=$2 overhead=$3"
+    if [ "$1" != "$want_peak" ]; then
+        echo "FAIL $name: the replay's peak requested $1, README says $want_peak"
+        failed=1
+    fi
+    if [ "$4" != 0 ] || ! awk -v o="$3" 'BEGIN {exit !(o + 0 >= 1)}'; then
+        echo "FAIL $name: overhead $3 below 1 with $4 failed allocations"
+        failed=1
+    fi
     if ! "$replay" --json --compare vmm=off vmm=auto "$csv" >"$tmp/cmp.json" 2>/dev/null; then
         echo "FAIL $name: shardbfc-replay --compare exited non-zero"
         failed=1

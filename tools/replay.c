@@ -10,6 +10,13 @@
  * the file order or a stable sort by time of per-thread monotone
  * sequences.
  *
+ * Measures: the trace's own peak requested comes from its rows alone
+ * (bfc_replay_peak_requested), the same for every configuration; the
+ * replay itself tracks the peak of live chunk bytes (allocated) exactly,
+ * since it issues every call from one thread, and reads the peak reserved
+ * from the pool, which keeps it exactly.  The context's own
+ * peak_bytes_in_use is not used: with several shards it is a bound.
+ *
  * Two open-addressing hash tables (linear probing, power-of-two sizes, no
  * deletion tombstones needed for streams; pointers use backward-shift
  * deletion) map trace streams to SIM streams and trace pointers to live
@@ -152,6 +159,36 @@ static bfc_stream_t stream_for(bfc_ctx_t *ctx, struct smap *m, uint64_t key, boo
     }
 }
 
+int bfc_replay_peak_requested(const bfc_trace_event_t *ev, size_t n, const size_t *order, uint64_t *peak)
+{
+    struct pmap pm = {0};
+    uint64_t live = 0;
+    *peak = 0;
+    for (size_t k = 0; k < n; k++) {
+        const bfc_trace_event_t *e = &ev[order[k]];
+        if (e->action == BFC_TRACE_ALLOC) {
+            struct pslot *sl = e->ptr ? pmap_find(&pm, e->ptr) : NULL;
+            if (sl)
+                live -= sl->size;
+            if (e->ptr && !pmap_put(&pm, e->ptr, NULL, (size_t)e->size)) {
+                free(pm.s);
+                return -1;
+            }
+            live += e->size;
+            if (live > *peak)
+                *peak = live;
+        } else if (e->action == BFC_TRACE_FREE) {
+            struct pslot *sl = e->ptr ? pmap_find(&pm, e->ptr) : NULL;
+            if (sl) {
+                live -= sl->size;
+                pmap_del(&pm, sl);
+            }
+        }
+    }
+    free(pm.s);
+    return 0;
+}
+
 static double now_s(void)
 {
     struct timespec ts;
@@ -189,7 +226,8 @@ int bfc_replay_run(const bfc_trace_event_t *ev, size_t n, const char *spec, cons
     }
     sm = calloc(1, sizeof(*sm));
     order = malloc((n ? n : 1) * sizeof(*order));
-    if (!sm || !order || bfc_trace_order(ev, n, order) < 0) {
+    if (!sm || !order || bfc_trace_order(ev, n, order) < 0 ||
+        bfc_replay_peak_requested(ev, n, order, &out->peak_requested) < 0) {
         set_err(err, errlen, "out of memory");
         goto done;
     }
@@ -224,9 +262,9 @@ int bfc_replay_run(const bfc_trace_event_t *ev, size_t n, const char *spec, cons
                 goto done;
             }
             live += sz;
-            if (live > out->peak_live) {
+            if (live > out->peak_allocated) {
                 bfc_stats_t stt;
-                out->peak_live = live;
+                out->peak_allocated = live;
                 if (bfc_ctx_stats(ctx, &stt) == BFC_OK) {
                     out->fragmentation = bfc_stats_fragmentation(&stt);
                     if (out->fragmentation > out->fragmentation_max)
@@ -264,10 +302,10 @@ int bfc_replay_run(const bfc_trace_event_t *ev, size_t n, const char *spec, cons
     }
     out->seconds = now_s() - t0;
     bfc_stats_t stt;
-    if (bfc_ctx_stats(ctx, &stt) == BFC_OK) {
+    if (bfc_ctx_stats(ctx, &stt) == BFC_OK)
         out->peak_reserved = stt.peak_bytes_reserved;
-        out->peak_in_use = stt.peak_bytes_in_use;
-    }
+    if (out->peak_requested)
+        out->overhead = (double)out->peak_reserved / (double)out->peak_requested;
     out->streams = sm->n;
     rc = 0;
 done:

@@ -12,11 +12,19 @@
 
 #include "trace_csv.h"
 
+/*
+ * The measures (README, "Measures"): requested = what the trace's program
+ * asked for; allocated = the chunks this configuration handed out; reserved
+ * = what it held from the (simulated) device; overhead = peak reserved /
+ * peak requested.  Every figure here is exact.
+ */
 typedef struct bfc_replay_result {
-    uint64_t peak_reserved;   /* bfc_stats_t.peak_bytes_reserved at the end */
-    uint64_t peak_in_use;     /* bfc_stats_t.peak_bytes_in_use at the end */
-    uint64_t peak_live;       /* exact context-wide peak of live chunk bytes seen by the replay */
-    double fragmentation;     /* bfc_stats_fragmentation when peak_live was reached */
+    uint64_t peak_requested;  /* the trace's own peak of live requested bytes (bfc_replay_peak_requested):
+                                 the same for every configuration */
+    uint64_t peak_allocated;  /* peak of live chunk bytes of this replay, context-wide */
+    uint64_t peak_reserved;   /* bfc_stats_t.peak_bytes_reserved at the end (the pool's own peak) */
+    double overhead;          /* peak_reserved / peak_requested; 0 when nothing was requested */
+    double fragmentation;     /* bfc_stats_fragmentation when peak_allocated was reached */
     double fragmentation_max; /* largest value seen at any new peak */
     uint64_t ooms;            /* trace allocations the replay could not serve */
     uint64_t allocs, frees;   /* operations replayed */
@@ -41,6 +49,17 @@ typedef struct bfc_replay_result {
  * are ignored.  trace_out: when non-NULL the replay itself is traced there.
  * Returns 0, or -1 with a message in err.
  */
+/*
+ * The exact peak of requested bytes of ev[0..n) taken in order[] (the replay
+ * order, bfc_trace_order): the largest sum of the sizes of live blocks.
+ * allocate rows add their size, a free of a live pointer subtracts its
+ * allocation's, an allocate of a pointer already live replaces it (its free
+ * row is missing), failure rows and frees of unknown pointers count nothing.
+ * Independent of any configuration: what the program needed.
+ * Returns 0, or -1 when out of memory.
+ */
+int bfc_replay_peak_requested(const bfc_trace_event_t *ev, size_t n, const size_t *order, uint64_t *peak);
+
 int bfc_replay_run(const bfc_trace_event_t *ev, size_t n, const char *spec, const char *trace_out,
                    bfc_replay_result_t *out, char *err, size_t errlen);
 

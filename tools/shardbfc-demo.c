@@ -150,7 +150,7 @@ static void report(struct demo *d, const char *title)
 
     printf("\n%s\n", title);
     printf("  %-7s %7s %7s %7s %7s %10s %10s %10s %7s\n", "stream", "allocs", "frees",
-           "remote", "pending", "in use MiB", "peak MiB", "resvd MiB", "regions");
+           "remote", "pending", "alloc MiB", "peak MiB", "resvd MiB", "regions");
     for (int s = 0; s < NSTREAMS; s++) {
         rc = bfc_ctx_stream_stats(d->ctx, d->streams[s], &st);
         if (rc == BFC_OK)
@@ -164,6 +164,8 @@ static void report(struct demo *d, const char *title)
         return;
     }
     print_row("total", &st);
+    printf("  (allocated = chunk bytes; the total's peak is an upper bound: the shards'\n"
+           "  peaks summed, capped by the peak reserved)\n");
     printf("  shards %" PRIu64 ", limit %.0f MiB, reserved peak %.2f MiB, "
            "largest request %.2f MiB, OOMs %" PRIu64 "\n",
            st.num_shards, mib(st.bytes_limit), mib(st.peak_bytes_reserved),

@@ -9,9 +9,11 @@
  * logging_resource_adaptor CSV log.  Each SPEC (SHARDBFC_CONF syntax, e.g.
  * "memory_limit=4G,allow_growth=false") is one run on a fresh SIM context;
  * no SPEC means one run on the defaults.  The table (or, with --json, a list
- * of objects with config, peak_reserved, peak_in_use, peak_live,
- * fragmentation, fragmentation_max, ooms, allocs, frees, skipped,
- * unmatched_frees, seconds) goes to stdout.  Events are read in replay order
+ * of objects with config, peak_requested, peak_reserved, peak_allocated,
+ * overhead, fragmentation, fragmentation_max, ooms, allocs, frees, skipped,
+ * unmatched_frees, seconds) goes to stdout: the trace's own exact peak of
+ * requested bytes beside what each configuration reserved and allocated at
+ * its peak, and overhead = peak reserved / peak requested.  Events are read in replay order
  * (bfc_trace_csv_read_ordered: time order when each thread's rows are in
  * time order).  Frees of pointers no earlier allocate row returned are
  * skipped, counted in the table, and warned about on stderr: the blocks
@@ -52,11 +54,15 @@ static void help(void)
            "\n"
            "Events are replayed in time order when each thread's rows are in time\n"
            "order (libshardbfc writes per-thread batches), else in file order.  The\n"
-           "table gives peak_reserved, peak_in_use, peak_live (exact peak of live\n"
-           "bytes), frag (fragmentation at that peak), ooms, skipped (frees of blocks\n"
-           "the replay never handed out, allocate failure rows) and seconds; frees\n"
-           "that match no earlier allocation are also warned about on stderr, since\n"
-           "the blocks they would free stay live and the peaks may be overstated.\n"
+           "table gives peak_requested (the trace's own peak of live requested bytes,\n"
+           "the same for every configuration), peak_reserved (device memory held),\n"
+           "peak_allocated (live chunk bytes), overhead (peak_reserved /\n"
+           "peak_requested), frag (1 - largest free chunk / free bytes at the peak\n"
+           "of allocated bytes), ooms, skipped (frees of blocks the replay never\n"
+           "handed out, allocate failure rows) and seconds; all of them exact.\n"
+           "Frees that match no earlier allocation are also warned about on stderr,\n"
+           "since the blocks they would free stay live and the peaks may be\n"
+           "overstated.\n"
            "\n"
            "Exit status: 0; 1 when a run failed (bad SPEC, unreadable trace); 2 on a\n"
            "usage error.  See shardbfc-replay(1) and trace.md\n"
@@ -149,8 +155,8 @@ int main(int argc, char **argv)
     if (json)
         printf("[");
     else
-        printf("%-40s %14s %14s %14s %8s %8s %8s %9s\n", "config", "peak_reserved", "peak_in_use", "peak_live",
-               "frag", "ooms", "skipped", "seconds");
+        printf("%-40s %14s %14s %14s %8s %8s %8s %8s %9s\n", "config", "peak_requested", "peak_reserved",
+               "peak_allocated", "overhead", "frag", "ooms", "skipped", "seconds");
     uint64_t unmatched_max = 0;
     for (size_t i = 0; i < nspecs; i++) {
         bfc_replay_result_t r;
@@ -164,23 +170,35 @@ int main(int argc, char **argv)
         if (json) {
             printf("%s{\"config\":", i ? "," : "");
             json_string(specs[i]);
-            printf(",\"peak_reserved\":%" PRIu64 ",\"peak_in_use\":%" PRIu64 ",\"peak_live\":%" PRIu64
-                   ",\"fragmentation\":%.6f,\"fragmentation_max\":%.6f,\"ooms\":%" PRIu64 ",\"allocs\":%" PRIu64
+            printf(",\"peak_requested\":%" PRIu64 ",\"peak_reserved\":%" PRIu64 ",\"peak_allocated\":%" PRIu64
+                   ",\"overhead\":",
+                   r.peak_requested, r.peak_reserved, r.peak_allocated);
+            if (r.peak_requested)
+                printf("%.6f", r.overhead);
+            else
+                printf("null");
+            printf(",\"fragmentation\":%.6f,\"fragmentation_max\":%.6f,\"ooms\":%" PRIu64 ",\"allocs\":%" PRIu64
                    ",\"frees\":%" PRIu64 ",\"skipped\":%" PRIu64 ",\"unmatched_frees\":%" PRIu64
                    ",\"seconds\":%.6f}",
-                   r.peak_reserved, r.peak_in_use, r.peak_live, r.fragmentation, r.fragmentation_max, r.ooms,
-                   r.allocs, r.frees, r.skipped, r.unmatched_frees, r.seconds);
+                   r.fragmentation, r.fragmentation_max, r.ooms, r.allocs, r.frees, r.skipped, r.unmatched_frees,
+                   r.seconds);
         } else {
-            printf("%-40s %14" PRIu64 " %14" PRIu64 " %14" PRIu64 " %8.4f %8" PRIu64 " %8" PRIu64 " %9.4f\n",
-                   specs[i][0] ? specs[i] : "(defaults)", r.peak_reserved, r.peak_in_use, r.peak_live,
+            char ovh[32];
+            if (r.peak_requested)
+                snprintf(ovh, sizeof ovh, "%.3f", r.overhead);
+            else
+                snprintf(ovh, sizeof ovh, "-");
+            printf("%-40s %14" PRIu64 " %14" PRIu64 " %14" PRIu64 " %8s %8.4f %8" PRIu64 " %8" PRIu64 " %9.4f\n",
+                   specs[i][0] ? specs[i] : "(defaults)", r.peak_requested, r.peak_reserved, r.peak_allocated, ovh,
                    r.fragmentation, r.ooms, r.skipped, r.seconds);
         }
     }
     if (json)
         printf("]\n");
     else
-        printf("%zu events (%s); frag = 1 - largest free chunk / free bytes at the peak of live bytes;\n"
-               "skipped = allocate failure rows + frees of blocks the replay never handed out\n",
+        printf("%zu events (%s); overhead = peak_reserved / peak_requested; frag = 1 - largest free\n"
+               "chunk / free bytes at the peak of allocated bytes; skipped = allocate failure rows + frees\n"
+               "of blocks the replay never handed out\n",
                n, sorted ? "in time order" : "in file order: some thread's rows are not in time order");
     /* Skipped frees leave blocks live that the traced program had freed:
      * every peak above may be overstated, and that must not hide in --json. */

@@ -1,7 +1,8 @@
 /*
  * shardbfc-stat.c -- prints a libshardbfc snapshot (bfc_ctx_snapshot_json,
- * or an oom_dump file) as text: the context totals, then per shard its
- * statistics, fragmentation, regions with their chunks in address order
+ * or an oom_dump file) as text: the context totals (its peaks that are
+ * bounds marked "<= ... (bound)"), then per shard its statistics,
+ * fragmentation, regions with their chunks in address order
  * (the layout of bfc_ctx_dump) and non-empty bins.
  *
  *   shardbfc-stat [--summary] SNAPSHOT.json      ("-" reads stdin)
@@ -19,12 +20,28 @@
 #include "json_read.h"
 #include "toolutil.h"
 
+/*
+ * A peak: "peak N", or "peak <= N (bound)" where the snapshot names the
+ * figure a bound (a context's peaks of allocated and requested bytes,
+ * key "..._bound"; doc/snapshot.md).
+ */
+static void print_peak(const json_object *s, const char *key)
+{
+    char bkey[64];
+    snprintf(bkey, sizeof bkey, "%s_bound", key);
+    if (bfc_json_get(s, bkey))
+        printf("peak <= %" PRIu64 " (bound)", bfc_json_u64(s, bkey, 0));
+    else
+        printf("peak %" PRIu64, bfc_json_u64(s, key, 0));
+}
+
 static void print_stats(const char *indent, const json_object *s)
 {
-    printf("%sin use %" PRIu64 " (peak %" PRIu64 "), requested %" PRIu64 ", reserved %" PRIu64 " (peak %" PRIu64
-           "), limit %" PRIu64 "\n",
-           indent, bfc_json_u64(s, "bytes_in_use", 0), bfc_json_u64(s, "peak_bytes_in_use", 0),
-           bfc_json_u64(s, "bytes_requested", 0), bfc_json_u64(s, "bytes_reserved", 0),
+    printf("%sallocated %" PRIu64 " (", indent, bfc_json_u64(s, "bytes_in_use", 0));
+    print_peak(s, "peak_bytes_in_use");
+    printf("), requested %" PRIu64 " (", bfc_json_u64(s, "bytes_requested", 0));
+    print_peak(s, "peak_bytes_requested");
+    printf("), reserved %" PRIu64 " (peak %" PRIu64 "), limit %" PRIu64 "\n", bfc_json_u64(s, "bytes_reserved", 0),
            bfc_json_u64(s, "peak_bytes_reserved", 0), bfc_json_u64(s, "bytes_limit", 0));
     printf("%sfree %" PRIu64 ", largest free chunk %" PRIu64 ", fragmentation %.4f, pending %" PRIu64
            " blocks / %" PRIu64 " bytes\n",
@@ -46,7 +63,8 @@ static void help(void)
            "Prints a libshardbfc snapshot (bfc_ctx_snapshot_json, or the file that\n"
            "SHARDBFC_CONF=oom_dump=PATH writes when an allocation fails) as text:\n"
            "the OOM report first when there is one (the diagnosis, the request, each\n"
-           "shard's largest free chunk, the pool's free spans), the context totals,\n"
+           "shard's largest free chunk, the pool's free spans), the context totals\n"
+           "(a peak that is an upper bound, not exact, reads \"peak <= N (bound)\"),\n"
            "the pool, then per shard its statistics, regions with their chunks in\n"
            "address order (the layout of bfc_ctx_dump) and non-empty bins.\n"
            "\n"
