@@ -193,9 +193,15 @@ static int region_new(struct bfc__arena *a, size_t size, bool large, struct bfc_
     return BFC_OK;
 }
 
-int bfc__arena_vmm_region_locked(struct bfc__arena *a, uintptr_t base, size_t size, struct bfc__region **out)
+int bfc__arena_expand_locked(struct bfc__arena *a)
 {
-    return region_setup(a, base, size, NULL, false, false, true, out);
+    int st = bfc__expand_create_locked(a);
+    if (st != BFC_OK)
+        return st;
+    st = region_setup(a, a->x->base, a->x->size, NULL, false, false, true, &a->x->region);
+    if (st != BFC_OK)
+        bfc__expand_destroy_locked(a);
+    return st;
 }
 
 static size_t initial_region_bytes(struct bfc_ctx *ctx)

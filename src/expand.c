@@ -57,11 +57,19 @@
  * bits; every granule under a chunk in use or pending is ready; the
  * arena's bytes_reserved is mapped_bytes.
  *
+ * Layering: the arena (arena.c) calls in here; this file calls only the
+ * layers below -- the pool, fences, regions, the backend -- never back
+ * into the arena: the arena makes the reservation's region itself
+ * (bfc__arena_expand_locked).  The escalation that strings these
+ * primitives together -- (a) above, waits, retry_ms -- is the context's
+ * (ctx.c), as the classic arena's is.
+ *
  * Locking: everything here runs under the owner arena's lock, which the
  * callers hold; the pool lock is taken beneath it for charges and the
  * backend's book lock beneath that (backend.h), never the other way.  The
- * slow-path helpers drop the arena lock to reach other shards (arenas_lock,
- * then each arena lock in turn, never two) and to wait for fences.
+ * escalation (ctx.c) drops the arena lock to reach other shards
+ * (arenas_lock, then each arena lock in turn, never two) and to wait for
+ * fences.
  */
 #include <string.h>
 
@@ -82,12 +90,6 @@ static void set_bit(uint64_t *w, size_t g, bool on)
         w[g >> 6] &= ~((uint64_t)1 << (g & 63));
 }
 
-static uint32_t fence_wait_ms(struct bfc_ctx *ctx)
-{
-    /* As the classic slow path (ctx.c): unbounded on a device, none on SIM. */
-    return ctx->be->kind == BFC_BACKEND_SIM ? 0 : UINT32_MAX;
-}
-
 /* ------------------------------------------------------------- set-up */
 
 static void expand_free(struct bfc__arena *a, struct bfc__expand *x)
@@ -100,8 +102,7 @@ static void expand_free(struct bfc__arena *a, struct bfc__expand *x)
     bfc__meta_free(x, sizeof(*x));
 }
 
-/* The reservation, its region and every record its departure needs. */
-static int expand_init(struct bfc__arena *a)
+int bfc__expand_create_locked(struct bfc__arena *a)
 {
     struct bfc_ctx *ctx = a->ctx;
     size_t g = ctx->be->vmm_granule;
@@ -127,15 +128,16 @@ static int expand_init(struct bfc__arena *a)
         expand_free(a, x);
         return st;
     }
-    a->x = x; /* before the region: its accounting reads it */
-    st = bfc__arena_vmm_region_locked(a, x->base, x->size, &x->region);
-    if (st != BFC_OK) {
-        a->x = NULL;
-        bfc__pool_vmm_unreserve(&ctx->pool, x->base, x->size);
-        expand_free(a, x);
-        return st;
-    }
+    a->x = x; /* before the region (arena.c): its accounting reads it */
     return BFC_OK;
+}
+
+void bfc__expand_destroy_locked(struct bfc__arena *a)
+{
+    struct bfc__expand *x = a->x;
+    a->x = NULL;
+    bfc__pool_vmm_unreserve(&a->ctx->pool, x->base, x->size);
+    expand_free(a, x);
 }
 
 void bfc__expand_depart_locked(struct bfc__arena *a, bool fence)
@@ -310,142 +312,6 @@ void bfc__expand_after_free_locked(struct bfc__arena *a)
     /* What could not go (granules shared with live blocks, or waiting for
      * the fence) does not trigger a rescan until a granule more is free. */
     x->next_check = (free_mapped > x->threshold ? free_mapped : x->threshold) + GRAN(x);
-}
-
-/* ---------------------------------------------------------- slow path */
-
-#define UNMAP_WAIT_MAX 64
-
-void bfc__expand_unmap_others(struct bfc_ctx *ctx, struct bfc__arena *self, uint32_t wait_ms)
-{
-    bfc__event_t evs[UNMAP_WAIT_MAX];
-    size_t n = 0;
-    bool again = false;
-    bfc__lock(&ctx->arenas_lock);
-    for (struct bfc__arena *a = ctx->arenas; a; a = a->all_next) {
-        if (a == self)
-            continue;
-        bfc__lock(&a->lock);
-        if (!a->dead && a->x) {
-            bfc__arena_drain_locked(a, true); /* may retire its reservation */
-            (void)bfc__expand_release_locked(a, 0);
-            if (a->x && a->x->leaving_bytes) {
-                again = true;
-                /* The record is the pool's: its event outlives our locks. */
-                struct bfc__fence *f = a->x->fence;
-                if (n < UNMAP_WAIT_MAX && f->ev && !f->synced && !f->unfenced)
-                    evs[n++] = f->ev;
-            }
-        }
-        bfc__unlock(&a->lock);
-    }
-    bfc__unlock(&ctx->arenas_lock);
-    if (!again || wait_ms == 0)
-        return;
-    for (size_t i = 0; i < n; i++)
-        (void)ctx->be->ops->event_wait(ctx->be, evs[i], wait_ms);
-    bfc__lock(&ctx->arenas_lock);
-    for (struct bfc__arena *a = ctx->arenas; a; a = a->all_next) {
-        if (a == self)
-            continue;
-        bfc__lock(&a->lock);
-        if (!a->dead && a->x && a->x->leaving_bytes)
-            (void)bfc__expand_release_locked(a, 0);
-        bfc__unlock(&a->lock);
-    }
-    bfc__unlock(&ctx->arenas_lock);
-}
-
-/* The best fit, mapped; NULL with *st why. */
-static void *fit(struct bfc__arena *a, size_t n, size_t rounded, int *st)
-{
-    if (!a->x) {
-        *st = BFC_ENOMEM;
-        return NULL;
-    }
-    a->x->map_status = BFC_ENOMEM;
-    void *p = bfc__arena_fit_locked(a, n, rounded);
-    *st = p ? BFC_OK : a->x->map_status;
-    return p;
-}
-
-static void *retry(struct bfc__arena *a, size_t n, size_t rounded, int *st)
-{
-    /* acquire: pairs with the seq_cst store in bfc__shard_retire. */
-    if (atomic_load_explicit(&a->retired, memory_order_acquire)) {
-        *st = BFC__RETRY;
-        return NULL;
-    }
-    if (!a->x) {
-        int s = expand_init(a);
-        if (s != BFC_OK) {
-            *st = s;
-            return NULL;
-        }
-    }
-    bfc__arena_drain_locked(a, true);
-    return fit(a, n, rounded, st);
-}
-
-/*
- * The escalation of an expandable arena, cheapest first: our queue and
- * pending fences; the best fit, mapping what it lacks; waiting for our own
- * pending frees; unmapping our own free granules (so that the limit lets us
- * map where the best fit lands); other shards' free granules, their fences
- * waited for without a lock; departed reservations' fences; retry_ms.
- */
-void *bfc__expand_alloc_slow(struct bfc_ctx *ctx, struct bfc__arena *a, size_t n, size_t rounded, int *status)
-{
-    uint32_t wait = fence_wait_ms(ctx);
-    int st = BFC_ENOMEM;
-    void *p;
-    if ((p = retry(a, n, rounded, &st)))
-        return p;
-    if (st != BFC_ENOMEM)
-        goto fail;
-    if (a->pending_head && a->st.pending_bytes + a->bins.total_bytes >= rounded) {
-        bfc__arena_wait_pending_locked(a, wait);
-        if ((p = fit(a, n, rounded, &st)))
-            return p;
-        if (st != BFC_ENOMEM)
-            goto fail;
-    }
-    for (uint64_t deadline = 0;;) {
-        if (bfc__expand_release_locked(a, wait) && (p = fit(a, n, rounded, &st)))
-            return p;
-        if (st != BFC_ENOMEM)
-            goto fail;
-        bfc__unlock(&a->lock);
-        bfc__expand_unmap_others(ctx, a, wait);
-        bfc__pool_wait(&ctx->pool, a->stream_id, true, wait);
-        bfc__lock(&a->lock);
-        if ((p = retry(a, n, rounded, &st)))
-            return p;
-        if (st != BFC_ENOMEM)
-            goto fail;
-        if (ctx->cfg.retry_ms == 0)
-            break;
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        uint64_t now = (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-        if (deadline == 0)
-            deadline = now + ctx->cfg.retry_ms;
-        if (now >= deadline)
-            break;
-        bfc__unlock(&a->lock);
-        struct timespec ms = { 0, 1000000L };
-        nanosleep(&ms, NULL);
-        bfc__lock(&a->lock);
-        if ((p = retry(a, n, rounded, &st)))
-            return p;
-        if (st != BFC_ENOMEM)
-            goto fail;
-    }
-fail:
-    *status = st;
-    if (st != BFC__RETRY)
-        a->st.ooms++;
-    return NULL;
 }
 
 /* ------------------------------------------------------------- checks */
