@@ -368,12 +368,12 @@ static int ctx_create(bfc_config_t cfg, bfc__backend_t *be, bool host, bfc_ctx_t
     }
     ctx->cfg = cfg;
     if (cfg.fragmentation_fraction > 0)
-        ctx->max_frag = (size_t)(cfg.fragmentation_fraction * (double)ctx->limit);
+        ctx->env.max_frag = (size_t)(cfg.fragmentation_fraction * (double)ctx->limit);
     else
-        ctx->max_frag = BFC__MAX_INTERNAL_FRAG;
+        ctx->env.max_frag = BFC__MAX_INTERNAL_FRAG;
     /* allow_growth=false: TensorFlow serves large requests from its one
      * region too, so the fast path tries the bins for every size. */
-    ctx->bins_max = (cfg.large_alloc && cfg.allow_growth) ? cfg.large_alloc : SIZE_MAX;
+    ctx->env.bins_max = (cfg.large_alloc && cfg.allow_growth) ? cfg.large_alloc : SIZE_MAX;
     /* Expandable arenas (expand.c): auto where the backend can; a host
      * context keeps classic regions whatever the setting. */
     bool vmm_able = be->vmm_granule && cfg.allow_growth && ctx->limit >= be->vmm_granule;
@@ -383,10 +383,24 @@ static int ctx_create(bfc_config_t cfg, bfc__backend_t *be, bool host, bfc_ctx_t
     }
     ctx->vmm = !host && cfg.vmm != BFC_VMM_OFF && vmm_able;
     if (ctx->vmm)
-        ctx->bins_max = SIZE_MAX; /* large_alloc is ignored: every block is a chunk */
+        ctx->env.bins_max = SIZE_MAX; /* large_alloc is ignored: every block is a chunk */
     st = bfc__pool_init(&ctx->pool, be, ctx->limit, cfg.allow_growth);
     if (st != BFC_OK)
         goto fail_be;
+    /* What the arenas see (max_frag and bins_max are set above). */
+    ctx->env.limit = ctx->limit;
+    ctx->env.initial_region = cfg.initial_region;
+    ctx->env.large_alloc = cfg.large_alloc;
+    ctx->env.release_threshold = cfg.release_threshold;
+    ctx->env.allow_growth = cfg.allow_growth;
+    ctx->env.poison = cfg.poison && be->host_accessible;
+    ctx->env.vmm = ctx->vmm;
+    ctx->env.pool = &ctx->pool;
+    ctx->env.be = be;
+    ctx->env.obs = &ctx->obs;
+    ctx->env.tag = ctx;
+    ctx->env.poison_errors = &ctx->poison_errors;
+    ctx->env.shards_live = &ctx->shards_live;
     st = bfc__shard_dir_init(ctx);
     if (st != BFC_OK)
         goto fail_pool;
@@ -861,7 +875,7 @@ static __attribute__((noinline, cold)) void *alloc_observed(struct bfc_ctx *ctx,
             oom_dump(ctx);
     }
     if (bfc__tracing(&ctx->obs))
-        bfc__trace_event(ctx, p ? BFC__TR_ALLOC : BFC__TR_ALLOC_FAIL, (uintptr_t)p, n, stream);
+        bfc__trace_event(&ctx->obs, p ? BFC__TR_ALLOC : BFC__TR_ALLOC_FAIL, (uintptr_t)p, n, stream);
     bfc__set_last_error(p ? BFC_OK : st);
     if (BFC__UNLIKELY(ctx->cfg.debug_check))
         debug_check(ctx);
@@ -918,8 +932,8 @@ static int free_locked_path(struct bfc__arena *a, struct bfc__region *r, uintptr
             st = BFC_EDOUBLEFREE;
     }
     if (st == BFC_OK) {
-        if (bfc__tracing(&a->ctx->obs))
-            bfc__trace_event(a->ctx, BFC__TR_FREE, p, c->requested, stream);
+        if (bfc__tracing(a->env->obs))
+            bfc__trace_event(a->env->obs, BFC__TR_FREE, p, c->requested, stream);
         bfc__arena_free_chunk_locked(a, c);
         dead = bfc__arena_maybe_dead_locked(a);
     }
@@ -974,7 +988,7 @@ int bfc_ctx_free(bfc_ctx_t *ctx, void *ptr, bfc_stream_t stream)
     /* Recorded before the hand-off, so that it precedes the owner's
      * free_complete; c->requested is stable while we hold the claim. */
     if (bfc__tracing(&ctx->obs))
-        bfc__trace_event(ctx, BFC__TR_FREE, p, c->requested, stream);
+        bfc__trace_event(&ctx->obs, BFC__TR_FREE, p, c->requested, stream);
     bool dead;
     st = bfc__remote_free(a, c, stream, &dead);
     if (dead)

@@ -73,7 +73,7 @@
  */
 #include <string.h>
 
-#include "ctx.h"
+#include "arena.h"
 
 #define GRAN(x) ((size_t)1 << (x)->shift)
 
@@ -95,7 +95,7 @@ static void set_bit(uint64_t *w, size_t g, bool on)
 static void expand_free(struct bfc__arena *a, struct bfc__expand *x)
 {
     if (x->fence)
-        bfc__pool_fence_put(&a->ctx->pool, x->fence);
+        bfc__pool_fence_put(a->env->pool, x->fence);
     bfc__meta_free(x->gone, sizeof(*x->gone));
     bfc__meta_free(x->mapped, ((x->ngran + 63) / 64) * sizeof(uint64_t));
     bfc__meta_free(x->ready, ((x->ngran + 63) / 64) * sizeof(uint64_t));
@@ -104,26 +104,26 @@ static void expand_free(struct bfc__arena *a, struct bfc__expand *x)
 
 int bfc__expand_create_locked(struct bfc__arena *a)
 {
-    struct bfc_ctx *ctx = a->ctx;
-    size_t g = ctx->be->vmm_granule;
+    const struct bfc__arena_env *env = a->env;
+    size_t g = env->be->vmm_granule;
     struct bfc__expand *x = bfc__meta_zalloc(sizeof(*x));
     if (!x)
         return BFC_ENOMEM;
     x->shift = (unsigned)__builtin_ctzll(g);
-    x->size = bfc__round_up(ctx->limit, g);
+    x->size = bfc__round_up(env->limit, g);
     x->ngran = x->size >> x->shift;
     size_t words = (x->ngran + 63) / 64;
     x->mapped = bfc__meta_zalloc(words * sizeof(uint64_t));
     x->ready = bfc__meta_zalloc(words * sizeof(uint64_t));
     x->gone = bfc__meta_zalloc(sizeof(*x->gone));
-    x->fence = x->mapped && x->ready && x->gone ? bfc__pool_fence_get(&ctx->pool) : NULL;
-    x->threshold = ctx->cfg.release_threshold;
+    x->fence = x->mapped && x->ready && x->gone ? bfc__pool_fence_get(env->pool) : NULL;
+    x->threshold = env->release_threshold;
     x->next_check = x->threshold;
     if (!x->fence) {
         expand_free(a, x);
         return BFC_ENOMEM;
     }
-    int st = bfc__pool_vmm_reserve(&ctx->pool, x->size, &x->base);
+    int st = bfc__pool_vmm_reserve(env->pool, x->size, &x->base);
     if (st != BFC_OK) {
         expand_free(a, x);
         return st;
@@ -136,7 +136,7 @@ void bfc__expand_destroy_locked(struct bfc__arena *a)
 {
     struct bfc__expand *x = a->x;
     a->x = NULL;
-    bfc__pool_vmm_unreserve(&a->ctx->pool, x->base, x->size);
+    bfc__pool_vmm_unreserve(a->env->pool, x->base, x->size);
     expand_free(a, x);
 }
 
@@ -148,12 +148,12 @@ void bfc__expand_depart_locked(struct bfc__arena *a, bool fence)
         f = x->fence;
         x->fence = NULL;
         bfc__fence_reset(f);
-        bfc__fence_arm(a->ctx->be, f, a->stream);
+        bfc__fence_arm(a->env->be, f, a->stream);
     }
     a->st.bytes_reserved -= x->mapped_bytes;
     struct bfc__vmm_gone *rec = x->gone;
     x->gone = NULL;
-    bfc__pool_vmm_depart(&a->ctx->pool, rec, x->base, x->size, x->mapped_bytes, f);
+    bfc__pool_vmm_depart(a->env->pool, rec, x->base, x->size, x->mapped_bytes, f);
     a->x = NULL;
     expand_free(a, x);
 }
@@ -176,7 +176,7 @@ static void account_map(struct bfc__arena *a, size_t bytes)
 int bfc__expand_make_ready_locked(struct bfc__arena *a, uintptr_t p, size_t size)
 {
     struct bfc__expand *x = a->x;
-    struct bfc_ctx *ctx = a->ctx;
+    const struct bfc__arena_env *env = a->env;
     size_t g0 = (p - x->base) >> x->shift, g1 = ((p + size - 1 - x->base) >> x->shift) + 1;
     /* Leaving granules come back at no cost. */
     for (size_t g = g0; g < g1; g++)
@@ -194,7 +194,7 @@ int bfc__expand_make_ready_locked(struct bfc__arena *a, uintptr_t p, size_t size
             e++;
         uintptr_t addr = x->base + (g << x->shift);
         size_t len = (e - g) << x->shift;
-        int st = bfc__pool_vmm_map(&ctx->pool, addr, len);
+        int st = bfc__pool_vmm_map(env->pool, addr, len);
         if (st != BFC_OK) {
             x->map_status = st;
             return st;
@@ -204,10 +204,10 @@ int bfc__expand_make_ready_locked(struct bfc__arena *a, uintptr_t p, size_t size
             set_bit(x->ready, i, true);
         }
         account_map(a, len);
-        if (ctx->cfg.poison && ctx->be->host_accessible)
+        if (env->poison)
             memset((void *)addr, 0xDB, len);
-        if (bfc__tracing(&ctx->obs))
-            bfc__trace_event(ctx, BFC__TR_GROW, addr, len, a->stream);
+        if (bfc__tracing(env->obs))
+            bfc__trace_event(env->obs, BFC__TR_GROW, addr, len, a->stream);
         g = e;
     }
     return BFC_OK;
@@ -219,7 +219,7 @@ int bfc__expand_make_ready_locked(struct bfc__arena *a, uintptr_t p, size_t size
 static size_t unmap_leaving(struct bfc__arena *a)
 {
     struct bfc__expand *x = a->x;
-    struct bfc_ctx *ctx = a->ctx;
+    const struct bfc__arena_env *env = a->env;
     size_t freed = 0;
     for (size_t g = 0; g < x->ngran && x->leaving_bytes;) {
         uint64_t w = x->mapped[g >> 6] & ~x->ready[g >> 6];
@@ -239,7 +239,7 @@ static size_t unmap_leaving(struct bfc__arena *a)
         /* On failure the range is given up all the same (pool.c): it is
          * free, and a later map of it fails rather than hand out memory
          * that might not be there. */
-        (void)bfc__pool_vmm_unmap(&ctx->pool, addr, len);
+        (void)bfc__pool_vmm_unmap(env->pool, addr, len);
         for (size_t i = g; i < e; i++)
             set_bit(x->mapped, i, false);
         x->mapped_bytes -= len;
@@ -247,8 +247,8 @@ static size_t unmap_leaving(struct bfc__arena *a)
         a->st.vmm_unmaps++;
         a->st.bytes_reserved -= len;
         freed += len;
-        if (bfc__tracing(&ctx->obs))
-            bfc__trace_event(ctx, BFC__TR_RELEASE, addr, len, a->stream);
+        if (bfc__tracing(env->obs))
+            bfc__trace_event(env->obs, BFC__TR_RELEASE, addr, len, a->stream);
         g = e;
     }
     x->armed = false;
@@ -279,7 +279,7 @@ static size_t mark_free(struct bfc__arena *a)
 size_t bfc__expand_release_locked(struct bfc__arena *a, uint32_t wait_ms)
 {
     struct bfc__expand *x = a->x;
-    bfc__backend_t *be = a->ctx->be;
+    bfc__backend_t *be = a->env->be;
     size_t freed = 0;
     if (!x)
         return 0;
