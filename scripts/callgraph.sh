@@ -16,7 +16,7 @@
 #   0 base      internal.h mutex rcu errors config meta
 #   1 backend   backend backend_sim backend_cuda backend_host backend_vmm
 #   2 memory    fence pool region regionmap trace obs
-#   3 arena     chunk bins arena remote
+#   3 arena     chunk bins arena expand remote
 #   4 shards    shard
 #   5 context   ctx stats obs_oom host
 #   6 api       api torch_plugin
@@ -58,7 +58,7 @@ BEGIN {
     split("internal mutex rcu errors config meta", l0, " ");          for (i in l0) rank[l0[i]] = 0
     split("backend backend_sim backend_cuda backend_host backend_vmm", l1, " "); for (i in l1) rank[l1[i]] = 1
     split("fence pool region regionmap trace obs", l2, " ");          for (i in l2) rank[l2[i]] = 2
-    split("chunk bins arena remote", l3, " ");                        for (i in l3) rank[l3[i]] = 3
+    split("chunk bins arena expand remote", l3, " ");                 for (i in l3) rank[l3[i]] = 3
     split("shard", l4, " ");                                          for (i in l4) rank[l4[i]] = 4
     split("ctx stats obs_oom host", l5, " ");                         for (i in l5) rank[l5[i]] = 5
     split("api torch_plugin", l6, " ");                               for (i in l6) rank[l6[i]] = 6

@@ -50,7 +50,8 @@
 #include <sys/mman.h>
 #include <time.h>
 
-#include "ctx.h"
+#include "arena.h"
+#include "regionmap.h"
 
 /* ------------------------------------------------------------ regions */
 
@@ -103,14 +104,14 @@ static void handles_free(struct bfc__region *r)
 static int region_setup(struct bfc__arena *a, uintptr_t base, size_t size, struct bfc__segment *seg, bool used,
                         bool large, bool vmm, struct bfc__region **out)
 {
-    struct bfc_ctx *ctx = a->ctx;
+    const struct bfc__arena_env *env = a->env;
     struct bfc__region *r = bfc__meta_zalloc(sizeof(*r));
     struct bfc__chunk *c = chunk_new(a);
     if (!r || !c)
         goto nomem;
     r->base = base;
     r->size = size;
-    r->tag = ctx;
+    r->tag = env->tag;
     r->owner = a;
     r->seg = seg;
     r->large = large;
@@ -151,13 +152,13 @@ static int region_setup(struct bfc__arena *a, uintptr_t base, size_t size, struc
         a->st.bytes_reserved += size;
         if (a->st.bytes_reserved > a->st.peak_reserved)
             a->st.peak_reserved = a->st.bytes_reserved;
-        if (ctx->cfg.poison && ctx->be->host_accessible)
+        if (env->poison)
             memset((void *)base, 0xDB, size);
     }
     if (!large)
         bfc__bins_insert(&a->bins, c);
-    if (bfc__tracing(&ctx->obs) && !vmm)
-        bfc__trace_event(ctx, BFC__TR_GROW, base, size, a->stream);
+    if (bfc__tracing(env->obs) && !vmm)
+        bfc__trace_event(env->obs, BFC__TR_GROW, base, size, a->stream);
     *out = r;
     return BFC_OK;
 nomem:
@@ -172,7 +173,7 @@ nomem:
 
 static int region_new(struct bfc__arena *a, size_t size, bool large, struct bfc__region **out)
 {
-    struct bfc__pool *pool = &a->ctx->pool;
+    struct bfc__pool *pool = a->env->pool;
     struct bfc__pool_ticket t;
     uintptr_t base;
     struct bfc__segment *seg;
@@ -193,17 +194,23 @@ static int region_new(struct bfc__arena *a, size_t size, bool large, struct bfc_
     return BFC_OK;
 }
 
-int bfc__arena_vmm_region_locked(struct bfc__arena *a, uintptr_t base, size_t size, struct bfc__region **out)
+int bfc__arena_expand_locked(struct bfc__arena *a)
 {
-    return region_setup(a, base, size, NULL, false, false, true, out);
+    int st = bfc__expand_create_locked(a);
+    if (st != BFC_OK)
+        return st;
+    st = region_setup(a, a->x->base, a->x->size, NULL, false, false, true, &a->x->region);
+    if (st != BFC_OK)
+        bfc__expand_destroy_locked(a);
+    return st;
 }
 
-static size_t initial_region_bytes(struct bfc_ctx *ctx)
+static size_t initial_region_bytes(const struct bfc__arena_env *env)
 {
     /* allow_growth=false: TensorFlow's layout, one region of everything. */
-    size_t init = !ctx->cfg.allow_growth ? ctx->limit
-                  : ctx->cfg.initial_region < ctx->limit ? ctx->cfg.initial_region
-                                                         : ctx->limit;
+    size_t init = !env->allow_growth ? env->limit
+                  : env->initial_region < env->limit ? env->initial_region
+                                                         : env->limit;
     size_t r = bfc__round256(init);
     return r ? r : BFC__MIN_ALLOC;
 }
@@ -232,22 +239,22 @@ static void region_depart(struct bfc__arena *a, struct bfc__region *r, bool fenc
     a->st.num_regions--;
     if (!r->vmm)
         a->st.bytes_reserved -= r->size;
-    if (bfc__tracing(&a->ctx->obs) && !r->vmm)
-        bfc__trace_event(a->ctx, BFC__TR_RELEASE, r->base, r->size, a->stream);
+    if (bfc__tracing(a->env->obs) && !r->vmm)
+        bfc__trace_event(a->env->obs, BFC__TR_RELEASE, r->base, r->size, a->stream);
     /* An arena that holds nothing any more starts its schedule afresh:
      * TensorFlow never gives regions back (bar GC), but a shard trimmed
      * and re-grown many times would otherwise take ever larger regions --
      * eventually the whole limit for one small block, starving the other
      * shards. */
     if (!a->regions)
-        a->curr_region_bytes = initial_region_bytes(a->ctx);
+        a->curr_region_bytes = initial_region_bytes(a->env);
     /* Out of the map first: no lookup may find r once another shard can
      * be handed the memory. */
     bfc__regionmap_remove(r);
     if (r->vmm) /* expandable arena: its reservation goes (expand.c) */
         bfc__expand_depart_locked(a, fence);
     else
-        bfc__pool_put(&a->ctx->pool, r->base, r->size, r->seg, used, a->stream, a->stream_id, &r->ticket);
+        bfc__pool_put(a->env->pool, r->base, r->size, r->seg, used, a->stream, a->stream_id, &r->ticket);
     bfc__call_rcu(&r->rcu, region_free_cb);
 }
 
@@ -272,7 +279,7 @@ static size_t region_shed_tail(struct bfc__arena *a, struct bfc__region *r)
     if (!has_free_tail(r))
         return 0;
     struct bfc__pool_ticket t;
-    if (bfc__pool_ticket_get(&a->ctx->pool, &t) != BFC_OK)
+    if (bfc__pool_ticket_get(a->env->pool, &t) != BFC_OK)
         return 0;
     uintptr_t base = c->ptr;
     size_t size = c->size;
@@ -284,10 +291,10 @@ static size_t region_shed_tail(struct bfc__arena *a, struct bfc__region *r)
     chunk_delete(a, c);
     r->size -= size;
     a->st.bytes_reserved -= size;
-    if (bfc__tracing(&a->ctx->obs))
-        bfc__trace_event(a->ctx, BFC__TR_RELEASE, base, size, a->stream);
+    if (bfc__tracing(a->env->obs))
+        bfc__trace_event(a->env->obs, BFC__TR_RELEASE, base, size, a->stream);
     bfc__regionmap_shrink(r);
-    bfc__pool_put(&a->ctx->pool, base, size, r->seg, used, a->stream, a->stream_id, &t);
+    bfc__pool_put(a->env->pool, base, size, r->seg, used, a->stream, a->stream_id, &t);
     return size;
 }
 
@@ -386,7 +393,7 @@ static __attribute__((noinline, cold)) void poison_verify(struct bfc__arena *a, 
     if (i == c->size)
         return;
     /* relaxed: a statistic; the first increment also elects the reporter. */
-    if (atomic_fetch_add_explicit(&a->ctx->poison_errors, 1, memory_order_relaxed) == 0)
+    if (atomic_fetch_add_explicit(a->env->poison_errors, 1, memory_order_relaxed) == 0)
         fprintf(stderr,
                 "libshardbfc: poison: block %#lx (size %zu) was written after free "
                 "(byte %zu is %#x, expected 0xdb); further reports counted in stats only\n",
@@ -398,7 +405,7 @@ static __attribute__((noinline, cold)) void poison_verify(struct bfc__arena *a, 
 static __attribute__((noinline)) struct bfc__chunk *take_vmm(struct bfc__arena *a, struct bfc__chunk *c,
                                                              size_t rounded)
 {
-    bool cut = c->size >= 2 * rounded || c->size - rounded >= a->ctx->max_frag;
+    bool cut = c->size >= 2 * rounded || c->size - rounded >= a->env->max_frag;
     size_t keep = cut ? rounded : c->size;
     /* Granules not mapped are no internal fragmentation: a leftover that
      * has some is cut off rather than mapped for the block. */
@@ -426,10 +433,10 @@ static void *take_chunk(struct bfc__arena *a, struct bfc__chunk *c, size_t round
     } else {
         if (c->link.bin != BFC__NO_BIN)
             bfc__bins_remove(&a->bins, c);
-        if (!c->region->large && (c->size >= 2 * rounded || c->size - rounded >= a->ctx->max_frag))
+        if (!c->region->large && (c->size >= 2 * rounded || c->size - rounded >= a->env->max_frag))
             (void)split(a, c, rounded); /* without a record the whole chunk is used */
     }
-    if (BFC__UNLIKELY(a->ctx->cfg.poison) && a->ctx->be->host_accessible)
+    if (BFC__UNLIKELY(a->env->poison))
         poison_verify(a, c);
     c->requested = n;
     c->alloc_id = (int64_t)((a->seq << 40) | (uint64_t)a->next_id++);
@@ -461,13 +468,13 @@ static void merge(struct bfc__arena *a, struct bfc__chunk *c, struct bfc__chunk 
 static void release_chunk(struct bfc__arena *a, struct bfc__chunk *c)
 {
     struct bfc__region *r = c->region;
-    struct bfc_ctx *ctx = a->ctx;
+    const struct bfc__arena_env *env = a->env;
     atomic_store_explicit(&c->state, BFC__CHUNK_FREE, memory_order_relaxed);
     c->requested = 0;
     c->alloc_id = -1;
     r->live--;
     a->live--;
-    if (ctx->cfg.poison && ctx->be->host_accessible)
+    if (env->poison)
         memset((void *)c->ptr, 0xDB, c->size);
     if (r->large) {
         region_depart(a, r, true);
@@ -498,7 +505,7 @@ static void release_chunk(struct bfc__arena *a, struct bfc__chunk *c)
  * which clears requested and may merge c away. */
 static __attribute__((noinline, cold)) void trace_free_complete(struct bfc__arena *a, struct bfc__chunk *c)
 {
-    bfc__trace_event(a->ctx, BFC__TR_FREE_COMPLETE, c->ptr, c->requested, a->stream);
+    bfc__trace_event(a->env->obs, BFC__TR_FREE_COMPLETE, c->ptr, c->requested, a->stream);
 }
 
 static void pending_append(struct bfc__arena *a, struct bfc__fence *f)
@@ -542,7 +549,7 @@ static void fence_recorded(struct bfc__arena *a, struct bfc__chunk *c, struct bf
         struct bfc__recorded *next = rs->next;
         struct bfc__fence *f = rs->fence;
         if (rs->id != a->stream_id) {
-            bfc__fence_arm(a->ctx->be, f, rs->stream);
+            bfc__fence_arm(a->env->be, f, rs->stream);
             f->chunk = c;
             f->extra = *chain;
             *chain = f;
@@ -562,9 +569,9 @@ void bfc__arena_free_chunk_locked(struct bfc__arena *a, struct bfc__chunk *c)
         struct bfc__fence *chain = NULL;
         fence_recorded(a, c, &chain);
         if (chain) {
-            if (bfc__fence_query(a->ctx->be, chain) == BFC_OK) {
+            if (bfc__fence_query(a->env->be, chain) == BFC_OK) {
                 bfc__arena_fence_put(a, chain);
-                if (bfc__tracing(&a->ctx->obs))
+                if (bfc__tracing(a->env->obs))
                     trace_free_complete(a, c);
             } else {
                 chain->chunk = c;
@@ -594,9 +601,9 @@ void bfc__arena_drain_locked(struct bfc__arena *a, bool full)
             account_free(a, c);
             a->st.remote_frees++;
             fence_recorded(a, c, &f->extra);
-            if (bfc__fence_query(a->ctx->be, f) == BFC_OK) {
+            if (bfc__fence_query(a->env->be, f) == BFC_OK) {
                 bfc__arena_fence_put(a, f);
-                if (bfc__tracing(&a->ctx->obs))
+                if (bfc__tracing(a->env->obs))
                     trace_free_complete(a, c);
                 release_chunk(a, c);
             } else {
@@ -607,11 +614,11 @@ void bfc__arena_drain_locked(struct bfc__arena *a, bool full)
     struct bfc__fence *f = a->pending_head;
     while (f) {
         struct bfc__fence *next = f->pnext;
-        if (bfc__fence_query(a->ctx->be, f) == BFC_OK) {
+        if (bfc__fence_query(a->env->be, f) == BFC_OK) {
             struct bfc__chunk *c = f->chunk;
             pending_unlink(a, f);
             bfc__arena_fence_put(a, f);
-            if (bfc__tracing(&a->ctx->obs))
+            if (bfc__tracing(a->env->obs))
                 trace_free_complete(a, c);
             release_chunk(a, c);
         } else if (!full) {
@@ -627,7 +634,7 @@ void bfc__arena_wait_pending_locked(struct bfc__arena *a, uint32_t timeout_ms)
 {
     if (timeout_ms)
         for (struct bfc__fence *f = a->pending_head; f; f = f->pnext)
-            bfc__fence_wait(a->ctx->be, f, timeout_ms);
+            bfc__fence_wait(a->env->be, f, timeout_ms);
     bfc__arena_drain_locked(a, true);
 }
 
@@ -638,16 +645,16 @@ void bfc__arena_wait_pending_locked(struct bfc__arena *a, uint32_t timeout_ms)
  * are trimmed and re-taken forever must not double its way to overflow. */
 static void grow_schedule(struct bfc__arena *a)
 {
-    if (a->curr_region_bytes < a->ctx->limit && a->curr_region_bytes <= SIZE_MAX / 2)
+    if (a->curr_region_bytes < a->env->limit && a->curr_region_bytes <= SIZE_MAX / 2)
         a->curr_region_bytes *= 2;
 }
 
 /* TensorFlow's Extend, per arena. */
 static int extend(struct bfc__arena *a, size_t rounded)
 {
-    struct bfc_ctx *ctx = a->ctx;
-    size_t committed = atomic_load_explicit(&ctx->pool.committed, memory_order_relaxed);
-    size_t available = committed < ctx->limit ? (ctx->limit - committed) & ~(BFC__MIN_ALLOC - 1) : 0;
+    const struct bfc__arena_env *env = a->env;
+    size_t committed = atomic_load_explicit(&env->pool->committed, memory_order_relaxed);
+    size_t available = committed < env->limit ? (env->limit - committed) & ~(BFC__MIN_ALLOC - 1) : 0;
     if (rounded > available)
         return BFC_ENOMEM;
     bool grew = false;
@@ -662,7 +669,7 @@ static int extend(struct bfc__arena *a, size_t rounded)
      * next stream.  So while other shards exist a new region takes at most
      * half of what remains (never less than the request).  One shard alone
      * behaves exactly like TensorFlow.  relaxed: an estimate is enough. */
-    if (atomic_load_explicit(&ctx->shards_live, memory_order_relaxed) > 1 && size > available / 2) {
+    if (atomic_load_explicit(env->shards_live, memory_order_relaxed) > 1 && size > available / 2) {
         size_t half = (available / 2) & ~(BFC__MIN_ALLOC - 1);
         size = half > rounded ? half : rounded;
     }
@@ -690,10 +697,10 @@ static int extend(struct bfc__arena *a, size_t rounded)
 
 static void *alloc_large(struct bfc__arena *a, size_t n, size_t rounded, int *status)
 {
-    struct bfc_ctx *ctx = a->ctx;
+    const struct bfc__arena_env *env = a->env;
     size_t size = bfc__round_up(rounded, 2 * BFC__MiB);
-    size_t committed = atomic_load_explicit(&ctx->pool.committed, memory_order_relaxed);
-    size_t available = committed < ctx->limit ? (ctx->limit - committed) & ~(BFC__MIN_ALLOC - 1) : 0;
+    size_t committed = atomic_load_explicit(&env->pool->committed, memory_order_relaxed);
+    size_t available = committed < env->limit ? (env->limit - committed) & ~(BFC__MIN_ALLOC - 1) : 0;
     if (size == 0 || size > available)
         size = rounded; /* the 2 MiB rounding must not turn a fitting request into an OOM */
     struct bfc__region *r;
@@ -725,10 +732,10 @@ void *bfc__arena_grow_locked(struct bfc__arena *a, size_t n, size_t rounded, boo
 
 void *bfc__arena_alloc_locked(struct bfc__arena *a, size_t n, size_t rounded)
 {
-    struct bfc_ctx *ctx = a->ctx;
+    const struct bfc__arena_env *env = a->env;
     if (!bfc__arena_rq_empty(a) || a->pending_head)
         bfc__arena_drain_locked(a, false);
-    if (BFC__LIKELY(rounded < ctx->bins_max)) {
+    if (BFC__LIKELY(rounded < env->bins_max)) {
         struct bfc__chunk *c = bfc__bins_best_fit(&a->bins, rounded);
         if (BFC__LIKELY(c != NULL))
             return take_chunk(a, c, rounded, n);
@@ -738,7 +745,7 @@ void *bfc__arena_alloc_locked(struct bfc__arena *a, size_t n, size_t rounded)
 
 /* ---------------------------------------------------------- lifecycle */
 
-struct bfc__arena *bfc__arena_new(struct bfc_ctx *ctx, bfc_stream_t s, uint64_t sid)
+struct bfc__arena *bfc__arena_new(const struct bfc__arena_env *env, bfc_stream_t s, uint64_t sid)
 {
     struct bfc__arena *a = bfc__meta_aligned_alloc(BFC__CACHELINE, sizeof(*a));
     if (!a)
@@ -748,12 +755,12 @@ struct bfc__arena *bfc__arena_new(struct bfc_ctx *ctx, bfc_stream_t s, uint64_t 
         bfc__meta_free(a, sizeof(*a));
         return NULL;
     }
-    a->ctx = ctx;
+    a->env = env;
     a->stream = s;
     a->stream_id = sid;
     bfc__bins_init(&a->bins);
     bfc__slab_init(&a->chunk_slab, sizeof(struct bfc__chunk));
-    a->curr_region_bytes = initial_region_bytes(ctx);
+    a->curr_region_bytes = initial_region_bytes(env);
     a->next_id = 1;
     cds_wfcq_init(&a->rq_head, &a->rq_tail);
     cds_wfcq_init(&a->fpool_head, &a->fpool_tail);
@@ -1002,10 +1009,10 @@ __attribute__((noinline)) struct bfc__fence *bfc__arena_fence_get(struct bfc__ar
         /* acquire: pairs with the release in bfc__arena_fence_put. */
         (void)atomic_load_explicit(&f->handoff, memory_order_acquire);
         /* A record whose event could not be created: try again. */
-        if (BFC__UNLIKELY(!f->ev) && a->ctx->be->ops->event_create(a->ctx->be, &f->ev) != BFC_OK)
+        if (BFC__UNLIKELY(!f->ev) && a->env->be->ops->event_create(a->env->be, &f->ev) != BFC_OK)
             f->ev = NULL;
     } else {
-        f = bfc__fence_new(a->ctx->be);
+        f = bfc__fence_new(a->env->be);
         if (!f)
             return NULL;
         /* relaxed: a count for teardown accounting only. */
@@ -1031,7 +1038,7 @@ __attribute__((noinline)) void bfc__arena_fence_pool_destroy(struct bfc__arena *
     struct cds_wfcq_node *node;
     while ((node = cds_wfcq_dequeue_blocking(&a->fpool_head, &a->fpool_tail))) {
         struct bfc__fence *f = caa_container_of(node, struct bfc__fence, qnode);
-        bfc__fence_destroy(a->ctx->be, f);
+        bfc__fence_destroy(a->env->be, f);
         atomic_fetch_sub_explicit(&a->nfences, 1, memory_order_relaxed);
     }
 }

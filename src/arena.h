@@ -34,10 +34,37 @@
 #include "expand.h"
 #include "fence.h"
 #include "meta.h"
+#include "obs.h"
 #include "pool.h"
 #include "region.h"
 
 struct bfc__arena;
+
+/*
+ * What an arena sees of the world above it: the context fills one at its
+ * creation (ctx.c) and every arena of the context points to it.  Read-only
+ * after creation, except through the pointers, which name state with its
+ * own synchronisation (the pool's lock, the observer's trace pointer, the
+ * two counters' atomics).  An arena never sees the context itself: `tag`
+ * is only stored in the regions it makes, for the layers above.
+ */
+struct bfc__arena_env {
+    size_t limit;                /* the context's memory limit */
+    size_t max_frag;             /* split when the leftover reaches this */
+    size_t bins_max;             /* requests of at least this size skip the bins on the fast path */
+    size_t initial_region;       /* the first region (allow_growth=true) */
+    size_t large_alloc;          /* requests of at least this size get a region of their own; 0: none */
+    size_t release_threshold;    /* expandable arenas: mapped-but-free bytes kept (expand.c) */
+    bool allow_growth;           /* false: one region of the whole limit */
+    bool poison;                 /* poison=true on a host-accessible backend: fill and verify */
+    bool vmm;                    /* shards are expandable arenas (expand.c) */
+    struct bfc__pool *pool;
+    bfc__backend_t *be;
+    struct bfc__obs *obs;        /* trace events */
+    void *tag;                   /* regions' tag (region.h): the context */
+    _Atomic uint64_t *poison_errors; /* poison=true: reused blocks found written after free */
+    _Atomic uint64_t *shards_live;   /* live shards of the context (a region is sized by it) */
+};
 
 /* ------------------------------------------------------------------ arena */
 
@@ -57,7 +84,7 @@ struct bfc__astats {
 struct bfc__arena {
     /* ---- owner side: written under `lock` ---- */
     bfc__mutex_t lock;           /* normally taken by the one thread driving the stream */
-    struct bfc_ctx *ctx;
+    const struct bfc__arena_env *env;
     bfc_stream_t stream;
     uint64_t stream_id;
     struct bfc__bins bins;
@@ -95,7 +122,7 @@ static inline bool bfc__arena_rq_empty(struct bfc__arena *a)
     return CMM_LOAD_SHARED(a->rq_head.node.next) == NULL && CMM_LOAD_SHARED(a->rq_tail.p) == &a->rq_head.node;
 }
 
-struct bfc__arena *bfc__arena_new(struct bfc_ctx *ctx, bfc_stream_t s, uint64_t sid);
+struct bfc__arena *bfc__arena_new(const struct bfc__arena_env *env, bfc_stream_t s, uint64_t sid);
 /* Frees an arena that was never published, or one reclaimed after its
  * grace period (regions must all be gone). */
 void bfc__arena_free(struct bfc__arena *a);
@@ -125,10 +152,11 @@ void *bfc__arena_grow_locked(struct bfc__arena *a, size_t n, size_t rounded, boo
 void bfc__arena_drain_locked(struct bfc__arena *a, bool full);
 void bfc__arena_wait_pending_locked(struct bfc__arena *a, uint32_t timeout_ms);
 size_t bfc__arena_shed_locked(struct bfc__arena *a, bool tails);
-/* A region over [base, base + size) of an expandable arena's reservation
- * (nothing mapped), one free chunk covering it, published in the region
- * map.  BFC_ENOMEM (metadata). */
-int bfc__arena_vmm_region_locked(struct bfc__arena *a, uintptr_t base, size_t size, struct bfc__region **out);
+/* Makes a an expandable arena (expand.c): the reservation, then its one
+ * region (nothing mapped), one free chunk covering it, published in the
+ * region map.  BFC_OK, BFC_ENOMEM or the backend's error; a unchanged on
+ * failure. */
+int bfc__arena_expand_locked(struct bfc__arena *a);
 /* Local free of a live chunk c (validated and claimed by the caller). */
 void bfc__arena_free_chunk_locked(struct bfc__arena *a, struct bfc__chunk *c);
 /* Retired and empty: give everything back, mark dead.  Returns true when the

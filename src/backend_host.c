@@ -9,26 +9,105 @@
  * nothing to choose and the binding is skipped.
  *
  * Streams and events: a host arena is owned by a thread, not a stream.  Each
- * thread gets a pseudo-stream handle from host.c (bfc__host_thread_id tells
- * them apart); events "recorded" on a pseudo-stream are complete at once (a
- * thread has no queued device work), while events on real streams
- * (bfc_host_record_stream) are the inner backend's events.
+ * thread gets a pseudo-stream handle: the address of its slot in the thread
+ * table below, which host.c hands out (bfc__backend_host_thread_take) and
+ * this backend recognises (bfc__backend_host_thread_id); events "recorded"
+ * on a pseudo-stream are complete at once (a thread has no queued device
+ * work), while events on real streams (bfc_host_record_stream) are the
+ * inner backend's events.
+ *
+ * The thread table: MAX_THREADS slots mapped once, with MAP_NORESERVE, so
+ * that a handle is recognised by its address alone (in the table, on a slot
+ * boundary, below the high-water mark) with no lock.  A slot's id is unique
+ * for its owner (a reused slot gets a new one), so a shard keyed by the id
+ * never outlives its thread into the next.  Taking and giving back slots is
+ * serialised by the caller (host.c's lock, which the fork handlers take);
+ * readers need only the release stores of the id and the high-water mark.
  *
  * Virtual memory: none (vmm_granule 0).  Host arenas keep classic regions:
  * each is bound to a node and pinned as a whole, which reserving and mapping
  * piecemeal would only complicate.  The va_* calls answer BFC_EINVAL.
  *
- * Thread safety: as every backend; the only shared state is the topology
- * (read-only after load) and counters (relaxed atomics).
+ * Thread safety: as every backend; the shared state is the topology
+ * (read-only after load), counters (relaxed atomics) and the thread table.
  */
 #include <errno.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <hwloc.h>
 
-#include "host.h"
+#include "backend_host.h"
+#include "meta.h"
+
+#define MAX_THREADS (1u << 16)
+#define THREAD_ID_BIT (1ull << 62)
+#define TABLE_BYTES ((size_t)MAX_THREADS * sizeof(struct bfc__host_thread))
+
+static struct bfc__host_thread *g_threads; /* MAX_THREADS slots, mapped */
+static atomic_uint g_hw;                   /* slots ever handed out */
+static uint32_t g_free = UINT32_MAX;       /* free slot list (the caller's lock) */
+static uint64_t g_next_id = 1;             /* the caller's lock */
+
+int bfc__backend_host_threads_init(void)
+{
+    void *tab = mmap(NULL, TABLE_BYTES, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (tab == MAP_FAILED)
+        return BFC_ENOMEM;
+    g_threads = tab;
+    return BFC_OK;
+}
+
+struct bfc__host_thread *bfc__backend_host_thread_take(int node)
+{
+    uint32_t idx = g_free;
+    if (idx != UINT32_MAX) {
+        g_free = g_threads[idx].next_free;
+    } else {
+        /* relaxed: only the caller, serialised, writes g_hw. */
+        idx = atomic_load_explicit(&g_hw, memory_order_relaxed);
+        if (idx >= MAX_THREADS)
+            return NULL;
+    }
+    struct bfc__host_thread *t = &g_threads[idx];
+    t->node = node;
+    /* release: pairs with the acquire load of the id in
+     * bfc__backend_host_thread_id. */
+    atomic_store_explicit(&t->id, g_next_id++, memory_order_release);
+    /* relaxed load: as above.  release store: pairs with the acquire load
+     * of g_hw in bfc__backend_host_thread_id (the slot's id is set). */
+    if (idx == atomic_load_explicit(&g_hw, memory_order_relaxed))
+        atomic_store_explicit(&g_hw, idx + 1, memory_order_release);
+    return t;
+}
+
+void bfc__backend_host_thread_give(struct bfc__host_thread *t)
+{
+    /* release: pairs with the acquire load in bfc__backend_host_thread_id. */
+    atomic_store_explicit(&t->id, 0, memory_order_release);
+    t->next_free = g_free;
+    g_free = (uint32_t)(t - g_threads);
+}
+
+bool bfc__backend_host_thread_id(bfc_stream_t s, uint64_t *id)
+{
+    uintptr_t base = (uintptr_t)g_threads, a = (uintptr_t)s;
+    if (!base || a < base)
+        return false;
+    uintptr_t off = a - base;
+    if (off >= TABLE_BYTES || off % sizeof(struct bfc__host_thread))
+        return false;
+    /* acquire: pairs with the release store of g_hw in
+     * bfc__backend_host_thread_take. */
+    if (off / sizeof(struct bfc__host_thread) >= atomic_load_explicit(&g_hw, memory_order_acquire))
+        return false;
+    /* acquire: pairs with the release stores of the slot's id in
+     * bfc__backend_host_thread_take and _give. */
+    *id = atomic_load_explicit(&((struct bfc__host_thread *)s)->id, memory_order_acquire) | THREAD_ID_BIT;
+    return true;
+}
 
 struct host_backend {
     struct bfc__backend base;
@@ -118,7 +197,7 @@ static int host_event_record(bfc__backend_t *be, bfc__event_t e, bfc_stream_t s)
 {
     struct host_event *ev = e;
     uint64_t id;
-    if (bfc__host_thread_id(s, &id)) {
+    if (bfc__backend_host_thread_id(s, &id)) {
         ev->trivial = true;
         return BFC_OK;
     }
@@ -140,7 +219,7 @@ static int host_event_wait(bfc__backend_t *be, bfc__event_t e, uint32_t timeout_
 
 static int host_stream_id(bfc__backend_t *be, bfc_stream_t s, uint64_t *id)
 {
-    if (bfc__host_thread_id(s, id))
+    if (bfc__backend_host_thread_id(s, id))
         return BFC_OK;
     return hb(be)->inner->ops->stream_id(hb(be)->inner, s, id);
 }
@@ -148,7 +227,7 @@ static int host_stream_id(bfc__backend_t *be, bfc_stream_t s, uint64_t *id)
 static int host_stream_sync(bfc__backend_t *be, bfc_stream_t s)
 {
     uint64_t id;
-    if (bfc__host_thread_id(s, &id))
+    if (bfc__backend_host_thread_id(s, &id))
         return BFC_OK;
     return hb(be)->inner->ops->stream_sync(hb(be)->inner, s);
 }

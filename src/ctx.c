@@ -368,12 +368,12 @@ static int ctx_create(bfc_config_t cfg, bfc__backend_t *be, bool host, bfc_ctx_t
     }
     ctx->cfg = cfg;
     if (cfg.fragmentation_fraction > 0)
-        ctx->max_frag = (size_t)(cfg.fragmentation_fraction * (double)ctx->limit);
+        ctx->env.max_frag = (size_t)(cfg.fragmentation_fraction * (double)ctx->limit);
     else
-        ctx->max_frag = BFC__MAX_INTERNAL_FRAG;
+        ctx->env.max_frag = BFC__MAX_INTERNAL_FRAG;
     /* allow_growth=false: TensorFlow serves large requests from its one
      * region too, so the fast path tries the bins for every size. */
-    ctx->bins_max = (cfg.large_alloc && cfg.allow_growth) ? cfg.large_alloc : SIZE_MAX;
+    ctx->env.bins_max = (cfg.large_alloc && cfg.allow_growth) ? cfg.large_alloc : SIZE_MAX;
     /* Expandable arenas (expand.c): auto where the backend can; a host
      * context keeps classic regions whatever the setting. */
     bool vmm_able = be->vmm_granule && cfg.allow_growth && ctx->limit >= be->vmm_granule;
@@ -383,10 +383,24 @@ static int ctx_create(bfc_config_t cfg, bfc__backend_t *be, bool host, bfc_ctx_t
     }
     ctx->vmm = !host && cfg.vmm != BFC_VMM_OFF && vmm_able;
     if (ctx->vmm)
-        ctx->bins_max = SIZE_MAX; /* large_alloc is ignored: every block is a chunk */
+        ctx->env.bins_max = SIZE_MAX; /* large_alloc is ignored: every block is a chunk */
     st = bfc__pool_init(&ctx->pool, be, ctx->limit, cfg.allow_growth);
     if (st != BFC_OK)
         goto fail_be;
+    /* What the arenas see (max_frag and bins_max are set above). */
+    ctx->env.limit = ctx->limit;
+    ctx->env.initial_region = cfg.initial_region;
+    ctx->env.large_alloc = cfg.large_alloc;
+    ctx->env.release_threshold = cfg.release_threshold;
+    ctx->env.allow_growth = cfg.allow_growth;
+    ctx->env.poison = cfg.poison && be->host_accessible;
+    ctx->env.vmm = ctx->vmm;
+    ctx->env.pool = &ctx->pool;
+    ctx->env.be = be;
+    ctx->env.obs = &ctx->obs;
+    ctx->env.tag = ctx;
+    ctx->env.poison_errors = &ctx->poison_errors;
+    ctx->env.shards_live = &ctx->shards_live;
     st = bfc__shard_dir_init(ctx);
     if (st != BFC_OK)
         goto fail_pool;
@@ -505,6 +519,146 @@ static uint32_t fence_wait_ms(struct bfc_ctx *ctx)
     return ctx->be->kind == BFC_BACKEND_SIM ? 0 : UINT32_MAX;
 }
 
+/* ------------------------------------------- expandable arenas' escalation
+ *
+ * The primitives are expand.c's (mark, fence and unmap free granules) and
+ * the arena's (fit, drain, wait for pending fences); the order in which
+ * they are tried, reaching other shards and waiting, is policy, here. */
+
+#define UNMAP_WAIT_MAX 64
+
+static void expand_unmap_others(struct bfc_ctx *ctx, struct bfc__arena *self, uint32_t wait_ms)
+{
+    bfc__event_t evs[UNMAP_WAIT_MAX];
+    size_t n = 0;
+    bool again = false;
+    bfc__lock(&ctx->arenas_lock);
+    for (struct bfc__arena *a = ctx->arenas; a; a = a->all_next) {
+        if (a == self)
+            continue;
+        bfc__lock(&a->lock);
+        if (!a->dead && a->x) {
+            bfc__arena_drain_locked(a, true); /* may retire its reservation */
+            (void)bfc__expand_release_locked(a, 0);
+            if (a->x && a->x->leaving_bytes) {
+                again = true;
+                /* The record is the pool's: its event outlives our locks. */
+                struct bfc__fence *f = a->x->fence;
+                if (n < UNMAP_WAIT_MAX && f->ev && !f->synced && !f->unfenced)
+                    evs[n++] = f->ev;
+            }
+        }
+        bfc__unlock(&a->lock);
+    }
+    bfc__unlock(&ctx->arenas_lock);
+    if (!again || wait_ms == 0)
+        return;
+    for (size_t i = 0; i < n; i++)
+        (void)ctx->be->ops->event_wait(ctx->be, evs[i], wait_ms);
+    bfc__lock(&ctx->arenas_lock);
+    for (struct bfc__arena *a = ctx->arenas; a; a = a->all_next) {
+        if (a == self)
+            continue;
+        bfc__lock(&a->lock);
+        if (!a->dead && a->x && a->x->leaving_bytes)
+            (void)bfc__expand_release_locked(a, 0);
+        bfc__unlock(&a->lock);
+    }
+    bfc__unlock(&ctx->arenas_lock);
+}
+
+/* The best fit, mapped; NULL with *st why. */
+static void *expand_fit(struct bfc__arena *a, size_t n, size_t rounded, int *st)
+{
+    if (!a->x) {
+        *st = BFC_ENOMEM;
+        return NULL;
+    }
+    a->x->map_status = BFC_ENOMEM;
+    void *p = bfc__arena_fit_locked(a, n, rounded);
+    *st = p ? BFC_OK : a->x->map_status;
+    return p;
+}
+
+static void *expand_retry(struct bfc__arena *a, size_t n, size_t rounded, int *st)
+{
+    /* acquire: pairs with the seq_cst store in bfc__shard_retire. */
+    if (atomic_load_explicit(&a->retired, memory_order_acquire)) {
+        *st = BFC__RETRY;
+        return NULL;
+    }
+    if (!a->x) {
+        int s = bfc__arena_expand_locked(a);
+        if (s != BFC_OK) {
+            *st = s;
+            return NULL;
+        }
+    }
+    bfc__arena_drain_locked(a, true);
+    return expand_fit(a, n, rounded, st);
+}
+
+/*
+ * The escalation of an expandable arena, cheapest first: our queue and
+ * pending fences; the best fit, mapping what it lacks; waiting for our own
+ * pending frees; unmapping our own free granules (so that the limit lets us
+ * map where the best fit lands); other shards' free granules, their fences
+ * waited for without a lock; departed reservations' fences; retry_ms.
+ */
+static void *expand_alloc_slow(struct bfc_ctx *ctx, struct bfc__arena *a, size_t n, size_t rounded, int *status)
+{
+    uint32_t wait = fence_wait_ms(ctx);
+    int st = BFC_ENOMEM;
+    void *p;
+    if ((p = expand_retry(a, n, rounded, &st)))
+        return p;
+    if (st != BFC_ENOMEM)
+        goto fail;
+    if (a->pending_head && a->st.pending_bytes + a->bins.total_bytes >= rounded) {
+        bfc__arena_wait_pending_locked(a, wait);
+        if ((p = expand_fit(a, n, rounded, &st)))
+            return p;
+        if (st != BFC_ENOMEM)
+            goto fail;
+    }
+    for (uint64_t deadline = 0;;) {
+        if (bfc__expand_release_locked(a, wait) && (p = expand_fit(a, n, rounded, &st)))
+            return p;
+        if (st != BFC_ENOMEM)
+            goto fail;
+        bfc__unlock(&a->lock);
+        expand_unmap_others(ctx, a, wait);
+        bfc__pool_wait(&ctx->pool, a->stream_id, true, wait);
+        bfc__lock(&a->lock);
+        if ((p = expand_retry(a, n, rounded, &st)))
+            return p;
+        if (st != BFC_ENOMEM)
+            goto fail;
+        if (ctx->cfg.retry_ms == 0)
+            break;
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        uint64_t now = (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+        if (deadline == 0)
+            deadline = now + ctx->cfg.retry_ms;
+        if (now >= deadline)
+            break;
+        bfc__unlock(&a->lock);
+        struct timespec ms = { 0, 1000000L };
+        nanosleep(&ms, NULL);
+        bfc__lock(&a->lock);
+        if ((p = expand_retry(a, n, rounded, &st)))
+            return p;
+        if (st != BFC_ENOMEM)
+            goto fail;
+    }
+fail:
+    *status = st;
+    if (st != BFC__RETRY)
+        a->st.ooms++;
+    return NULL;
+}
+
 /* Could giving our own free memory back to the pool make room for
  * `rounded` bytes?  (A hopeless request leaves the shard as it was.) */
 static bool own_room(struct bfc_ctx *ctx, struct bfc__arena *a, size_t rounded)
@@ -570,7 +724,7 @@ static bool tails_help(struct bfc_ctx *ctx, struct bfc__arena *a, size_t rounded
 void *bfc__ctx_alloc_slow(struct bfc_ctx *ctx, struct bfc__arena *a, size_t n, size_t rounded, int *status)
 {
     if (ctx->vmm) /* expandable arenas have their own escalation */
-        return bfc__expand_alloc_slow(ctx, a, n, rounded, status);
+        return expand_alloc_slow(ctx, a, n, rounded, status);
     bool large = ctx->cfg.large_alloc && rounded >= ctx->cfg.large_alloc;
     /* allow_growth=false: TensorFlow serves large requests from its region. */
     bool fit_first = !large || !ctx->cfg.allow_growth;
@@ -721,7 +875,7 @@ static __attribute__((noinline, cold)) void *alloc_observed(struct bfc_ctx *ctx,
             oom_dump(ctx);
     }
     if (bfc__tracing(&ctx->obs))
-        bfc__trace_event(ctx, p ? BFC__TR_ALLOC : BFC__TR_ALLOC_FAIL, (uintptr_t)p, n, stream);
+        bfc__trace_event(&ctx->obs, p ? BFC__TR_ALLOC : BFC__TR_ALLOC_FAIL, (uintptr_t)p, n, stream);
     bfc__set_last_error(p ? BFC_OK : st);
     if (BFC__UNLIKELY(ctx->cfg.debug_check))
         debug_check(ctx);
@@ -778,8 +932,8 @@ static int free_locked_path(struct bfc__arena *a, struct bfc__region *r, uintptr
             st = BFC_EDOUBLEFREE;
     }
     if (st == BFC_OK) {
-        if (bfc__tracing(&a->ctx->obs))
-            bfc__trace_event(a->ctx, BFC__TR_FREE, p, c->requested, stream);
+        if (bfc__tracing(a->env->obs))
+            bfc__trace_event(a->env->obs, BFC__TR_FREE, p, c->requested, stream);
         bfc__arena_free_chunk_locked(a, c);
         dead = bfc__arena_maybe_dead_locked(a);
     }
@@ -834,7 +988,7 @@ int bfc_ctx_free(bfc_ctx_t *ctx, void *ptr, bfc_stream_t stream)
     /* Recorded before the hand-off, so that it precedes the owner's
      * free_complete; c->requested is stable while we hold the claim. */
     if (bfc__tracing(&ctx->obs))
-        bfc__trace_event(ctx, BFC__TR_FREE, p, c->requested, stream);
+        bfc__trace_event(&ctx->obs, BFC__TR_FREE, p, c->requested, stream);
     bool dead;
     st = bfc__remote_free(a, c, stream, &dead);
     if (dead)
@@ -965,7 +1119,7 @@ int bfc_ctx_trim(bfc_ctx_t *ctx)
         return BFC_EINVAL;
     bfc__rcu_register(); /* before the arenas lock: releases call call_rcu */
     if (ctx->vmm) /* the free granules of shards still in use */
-        bfc__expand_unmap_others(ctx, NULL, fence_wait_ms(ctx));
+        expand_unmap_others(ctx, NULL, fence_wait_ms(ctx));
     bfc__shard_reclaim_others(ctx, NULL, false);
     /* What just left the shards is fenced on their streams: on a device,
      * wait for that work (as PyTorch's empty_cache synchronises its events

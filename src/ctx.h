@@ -18,8 +18,6 @@ struct bfc_ctx {
     bfc_config_t cfg;            /* resolved: backend, limit filled in */
     bfc__backend_t *be;
     size_t limit;
-    size_t max_frag;             /* split when the leftover reaches this */
-    size_t bins_max;             /* requests of at least this size skip the bins on the fast path */
     struct bfc__pool pool;
     struct cds_lfht *dir;        /* stream id -> arena */
     bfc__mutex_t arenas_lock;  /* the arena list: shard create/reclaim, stats, slow path */
@@ -34,6 +32,7 @@ struct bfc_ctx {
     bool is_host;                /* a host pinned-memory context (host.c) */
     struct bfc_ctx *reg_next;    /* the process's context registry (ctx.c, fork) */
     struct bfc__obs obs;         /* trace and OOM report (obs.h) */
+    struct bfc__arena_env env;   /* what its arenas see of it (arena.h) */
 };
 
 /* A context over an already opened backend (host arenas); takes ownership of

@@ -57,15 +57,23 @@
  * bits; every granule under a chunk in use or pending is ready; the
  * arena's bytes_reserved is mapped_bytes.
  *
+ * Layering: the arena (arena.c) calls in here; this file calls only the
+ * layers below -- the pool, fences, regions, the backend -- never back
+ * into the arena: the arena makes the reservation's region itself
+ * (bfc__arena_expand_locked).  The escalation that strings these
+ * primitives together -- (a) above, waits, retry_ms -- is the context's
+ * (ctx.c), as the classic arena's is.
+ *
  * Locking: everything here runs under the owner arena's lock, which the
  * callers hold; the pool lock is taken beneath it for charges and the
  * backend's book lock beneath that (backend.h), never the other way.  The
- * slow-path helpers drop the arena lock to reach other shards (arenas_lock,
- * then each arena lock in turn, never two) and to wait for fences.
+ * escalation (ctx.c) drops the arena lock to reach other shards
+ * (arenas_lock, then each arena lock in turn, never two) and to wait for
+ * fences.
  */
 #include <string.h>
 
-#include "ctx.h"
+#include "arena.h"
 
 #define GRAN(x) ((size_t)1 << (x)->shift)
 
@@ -82,60 +90,54 @@ static void set_bit(uint64_t *w, size_t g, bool on)
         w[g >> 6] &= ~((uint64_t)1 << (g & 63));
 }
 
-static uint32_t fence_wait_ms(struct bfc_ctx *ctx)
-{
-    /* As the classic slow path (ctx.c): unbounded on a device, none on SIM. */
-    return ctx->be->kind == BFC_BACKEND_SIM ? 0 : UINT32_MAX;
-}
-
 /* ------------------------------------------------------------- set-up */
 
 static void expand_free(struct bfc__arena *a, struct bfc__expand *x)
 {
     if (x->fence)
-        bfc__pool_fence_put(&a->ctx->pool, x->fence);
+        bfc__pool_fence_put(a->env->pool, x->fence);
     bfc__meta_free(x->gone, sizeof(*x->gone));
     bfc__meta_free(x->mapped, ((x->ngran + 63) / 64) * sizeof(uint64_t));
     bfc__meta_free(x->ready, ((x->ngran + 63) / 64) * sizeof(uint64_t));
     bfc__meta_free(x, sizeof(*x));
 }
 
-/* The reservation, its region and every record its departure needs. */
-static int expand_init(struct bfc__arena *a)
+int bfc__expand_create_locked(struct bfc__arena *a)
 {
-    struct bfc_ctx *ctx = a->ctx;
-    size_t g = ctx->be->vmm_granule;
+    const struct bfc__arena_env *env = a->env;
+    size_t g = env->be->vmm_granule;
     struct bfc__expand *x = bfc__meta_zalloc(sizeof(*x));
     if (!x)
         return BFC_ENOMEM;
     x->shift = (unsigned)__builtin_ctzll(g);
-    x->size = bfc__round_up(ctx->limit, g);
+    x->size = bfc__round_up(env->limit, g);
     x->ngran = x->size >> x->shift;
     size_t words = (x->ngran + 63) / 64;
     x->mapped = bfc__meta_zalloc(words * sizeof(uint64_t));
     x->ready = bfc__meta_zalloc(words * sizeof(uint64_t));
     x->gone = bfc__meta_zalloc(sizeof(*x->gone));
-    x->fence = x->mapped && x->ready && x->gone ? bfc__pool_fence_get(&ctx->pool) : NULL;
-    x->threshold = ctx->cfg.release_threshold;
+    x->fence = x->mapped && x->ready && x->gone ? bfc__pool_fence_get(env->pool) : NULL;
+    x->threshold = env->release_threshold;
     x->next_check = x->threshold;
     if (!x->fence) {
         expand_free(a, x);
         return BFC_ENOMEM;
     }
-    int st = bfc__pool_vmm_reserve(&ctx->pool, x->size, &x->base);
+    int st = bfc__pool_vmm_reserve(env->pool, x->size, &x->base);
     if (st != BFC_OK) {
         expand_free(a, x);
         return st;
     }
-    a->x = x; /* before the region: its accounting reads it */
-    st = bfc__arena_vmm_region_locked(a, x->base, x->size, &x->region);
-    if (st != BFC_OK) {
-        a->x = NULL;
-        bfc__pool_vmm_unreserve(&ctx->pool, x->base, x->size);
-        expand_free(a, x);
-        return st;
-    }
+    a->x = x; /* before the region (arena.c): its accounting reads it */
     return BFC_OK;
+}
+
+void bfc__expand_destroy_locked(struct bfc__arena *a)
+{
+    struct bfc__expand *x = a->x;
+    a->x = NULL;
+    bfc__pool_vmm_unreserve(a->env->pool, x->base, x->size);
+    expand_free(a, x);
 }
 
 void bfc__expand_depart_locked(struct bfc__arena *a, bool fence)
@@ -146,12 +148,12 @@ void bfc__expand_depart_locked(struct bfc__arena *a, bool fence)
         f = x->fence;
         x->fence = NULL;
         bfc__fence_reset(f);
-        bfc__fence_arm(a->ctx->be, f, a->stream);
+        bfc__fence_arm(a->env->be, f, a->stream);
     }
     a->st.bytes_reserved -= x->mapped_bytes;
     struct bfc__vmm_gone *rec = x->gone;
     x->gone = NULL;
-    bfc__pool_vmm_depart(&a->ctx->pool, rec, x->base, x->size, x->mapped_bytes, f);
+    bfc__pool_vmm_depart(a->env->pool, rec, x->base, x->size, x->mapped_bytes, f);
     a->x = NULL;
     expand_free(a, x);
 }
@@ -174,7 +176,7 @@ static void account_map(struct bfc__arena *a, size_t bytes)
 int bfc__expand_make_ready_locked(struct bfc__arena *a, uintptr_t p, size_t size)
 {
     struct bfc__expand *x = a->x;
-    struct bfc_ctx *ctx = a->ctx;
+    const struct bfc__arena_env *env = a->env;
     size_t g0 = (p - x->base) >> x->shift, g1 = ((p + size - 1 - x->base) >> x->shift) + 1;
     /* Leaving granules come back at no cost. */
     for (size_t g = g0; g < g1; g++)
@@ -192,7 +194,7 @@ int bfc__expand_make_ready_locked(struct bfc__arena *a, uintptr_t p, size_t size
             e++;
         uintptr_t addr = x->base + (g << x->shift);
         size_t len = (e - g) << x->shift;
-        int st = bfc__pool_vmm_map(&ctx->pool, addr, len);
+        int st = bfc__pool_vmm_map(env->pool, addr, len);
         if (st != BFC_OK) {
             x->map_status = st;
             return st;
@@ -202,10 +204,10 @@ int bfc__expand_make_ready_locked(struct bfc__arena *a, uintptr_t p, size_t size
             set_bit(x->ready, i, true);
         }
         account_map(a, len);
-        if (ctx->cfg.poison && ctx->be->host_accessible)
+        if (env->poison)
             memset((void *)addr, 0xDB, len);
-        if (bfc__tracing(&ctx->obs))
-            bfc__trace_event(ctx, BFC__TR_GROW, addr, len, a->stream);
+        if (bfc__tracing(env->obs))
+            bfc__trace_event(env->obs, BFC__TR_GROW, addr, len, a->stream);
         g = e;
     }
     return BFC_OK;
@@ -217,7 +219,7 @@ int bfc__expand_make_ready_locked(struct bfc__arena *a, uintptr_t p, size_t size
 static size_t unmap_leaving(struct bfc__arena *a)
 {
     struct bfc__expand *x = a->x;
-    struct bfc_ctx *ctx = a->ctx;
+    const struct bfc__arena_env *env = a->env;
     size_t freed = 0;
     for (size_t g = 0; g < x->ngran && x->leaving_bytes;) {
         uint64_t w = x->mapped[g >> 6] & ~x->ready[g >> 6];
@@ -237,7 +239,7 @@ static size_t unmap_leaving(struct bfc__arena *a)
         /* On failure the range is given up all the same (pool.c): it is
          * free, and a later map of it fails rather than hand out memory
          * that might not be there. */
-        (void)bfc__pool_vmm_unmap(&ctx->pool, addr, len);
+        (void)bfc__pool_vmm_unmap(env->pool, addr, len);
         for (size_t i = g; i < e; i++)
             set_bit(x->mapped, i, false);
         x->mapped_bytes -= len;
@@ -245,8 +247,8 @@ static size_t unmap_leaving(struct bfc__arena *a)
         a->st.vmm_unmaps++;
         a->st.bytes_reserved -= len;
         freed += len;
-        if (bfc__tracing(&ctx->obs))
-            bfc__trace_event(ctx, BFC__TR_RELEASE, addr, len, a->stream);
+        if (bfc__tracing(env->obs))
+            bfc__trace_event(env->obs, BFC__TR_RELEASE, addr, len, a->stream);
         g = e;
     }
     x->armed = false;
@@ -277,7 +279,7 @@ static size_t mark_free(struct bfc__arena *a)
 size_t bfc__expand_release_locked(struct bfc__arena *a, uint32_t wait_ms)
 {
     struct bfc__expand *x = a->x;
-    bfc__backend_t *be = a->ctx->be;
+    bfc__backend_t *be = a->env->be;
     size_t freed = 0;
     if (!x)
         return 0;
@@ -310,142 +312,6 @@ void bfc__expand_after_free_locked(struct bfc__arena *a)
     /* What could not go (granules shared with live blocks, or waiting for
      * the fence) does not trigger a rescan until a granule more is free. */
     x->next_check = (free_mapped > x->threshold ? free_mapped : x->threshold) + GRAN(x);
-}
-
-/* ---------------------------------------------------------- slow path */
-
-#define UNMAP_WAIT_MAX 64
-
-void bfc__expand_unmap_others(struct bfc_ctx *ctx, struct bfc__arena *self, uint32_t wait_ms)
-{
-    bfc__event_t evs[UNMAP_WAIT_MAX];
-    size_t n = 0;
-    bool again = false;
-    bfc__lock(&ctx->arenas_lock);
-    for (struct bfc__arena *a = ctx->arenas; a; a = a->all_next) {
-        if (a == self)
-            continue;
-        bfc__lock(&a->lock);
-        if (!a->dead && a->x) {
-            bfc__arena_drain_locked(a, true); /* may retire its reservation */
-            (void)bfc__expand_release_locked(a, 0);
-            if (a->x && a->x->leaving_bytes) {
-                again = true;
-                /* The record is the pool's: its event outlives our locks. */
-                struct bfc__fence *f = a->x->fence;
-                if (n < UNMAP_WAIT_MAX && f->ev && !f->synced && !f->unfenced)
-                    evs[n++] = f->ev;
-            }
-        }
-        bfc__unlock(&a->lock);
-    }
-    bfc__unlock(&ctx->arenas_lock);
-    if (!again || wait_ms == 0)
-        return;
-    for (size_t i = 0; i < n; i++)
-        (void)ctx->be->ops->event_wait(ctx->be, evs[i], wait_ms);
-    bfc__lock(&ctx->arenas_lock);
-    for (struct bfc__arena *a = ctx->arenas; a; a = a->all_next) {
-        if (a == self)
-            continue;
-        bfc__lock(&a->lock);
-        if (!a->dead && a->x && a->x->leaving_bytes)
-            (void)bfc__expand_release_locked(a, 0);
-        bfc__unlock(&a->lock);
-    }
-    bfc__unlock(&ctx->arenas_lock);
-}
-
-/* The best fit, mapped; NULL with *st why. */
-static void *fit(struct bfc__arena *a, size_t n, size_t rounded, int *st)
-{
-    if (!a->x) {
-        *st = BFC_ENOMEM;
-        return NULL;
-    }
-    a->x->map_status = BFC_ENOMEM;
-    void *p = bfc__arena_fit_locked(a, n, rounded);
-    *st = p ? BFC_OK : a->x->map_status;
-    return p;
-}
-
-static void *retry(struct bfc__arena *a, size_t n, size_t rounded, int *st)
-{
-    /* acquire: pairs with the seq_cst store in bfc__shard_retire. */
-    if (atomic_load_explicit(&a->retired, memory_order_acquire)) {
-        *st = BFC__RETRY;
-        return NULL;
-    }
-    if (!a->x) {
-        int s = expand_init(a);
-        if (s != BFC_OK) {
-            *st = s;
-            return NULL;
-        }
-    }
-    bfc__arena_drain_locked(a, true);
-    return fit(a, n, rounded, st);
-}
-
-/*
- * The escalation of an expandable arena, cheapest first: our queue and
- * pending fences; the best fit, mapping what it lacks; waiting for our own
- * pending frees; unmapping our own free granules (so that the limit lets us
- * map where the best fit lands); other shards' free granules, their fences
- * waited for without a lock; departed reservations' fences; retry_ms.
- */
-void *bfc__expand_alloc_slow(struct bfc_ctx *ctx, struct bfc__arena *a, size_t n, size_t rounded, int *status)
-{
-    uint32_t wait = fence_wait_ms(ctx);
-    int st = BFC_ENOMEM;
-    void *p;
-    if ((p = retry(a, n, rounded, &st)))
-        return p;
-    if (st != BFC_ENOMEM)
-        goto fail;
-    if (a->pending_head && a->st.pending_bytes + a->bins.total_bytes >= rounded) {
-        bfc__arena_wait_pending_locked(a, wait);
-        if ((p = fit(a, n, rounded, &st)))
-            return p;
-        if (st != BFC_ENOMEM)
-            goto fail;
-    }
-    for (uint64_t deadline = 0;;) {
-        if (bfc__expand_release_locked(a, wait) && (p = fit(a, n, rounded, &st)))
-            return p;
-        if (st != BFC_ENOMEM)
-            goto fail;
-        bfc__unlock(&a->lock);
-        bfc__expand_unmap_others(ctx, a, wait);
-        bfc__pool_wait(&ctx->pool, a->stream_id, true, wait);
-        bfc__lock(&a->lock);
-        if ((p = retry(a, n, rounded, &st)))
-            return p;
-        if (st != BFC_ENOMEM)
-            goto fail;
-        if (ctx->cfg.retry_ms == 0)
-            break;
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        uint64_t now = (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-        if (deadline == 0)
-            deadline = now + ctx->cfg.retry_ms;
-        if (now >= deadline)
-            break;
-        bfc__unlock(&a->lock);
-        struct timespec ms = { 0, 1000000L };
-        nanosleep(&ms, NULL);
-        bfc__lock(&a->lock);
-        if ((p = retry(a, n, rounded, &st)))
-            return p;
-        if (st != BFC_ENOMEM)
-            goto fail;
-    }
-fail:
-    *status = st;
-    if (st != BFC__RETRY)
-        a->st.ooms++;
-    return NULL;
 }
 
 /* ------------------------------------------------------------- checks */

@@ -13,7 +13,6 @@
 
 struct bfc__arena;
 struct bfc__region;
-struct bfc_ctx;
 
 struct bfc__expand {
     uintptr_t base;             /* the reservation: one region of the arena */
@@ -48,6 +47,12 @@ static inline bool bfc__expand_ready(const struct bfc__expand *x, uintptr_t p, s
 }
 
 /* All under a->lock. */
+/* The reservation (as large as the limit) and every record its departure
+ * needs; sets a->x.  The arena then makes its region
+ * (bfc__arena_expand_locked) and, if that fails, undoes this with
+ * bfc__expand_destroy_locked.  BFC_OK, BFC_ENOMEM, or the backend's error. */
+int bfc__expand_create_locked(struct bfc__arena *a);
+void bfc__expand_destroy_locked(struct bfc__arena *a);
 /* Maps (or takes back from leaving) the granules under [p, p + size).
  * BFC_OK, BFC_ENOMEM (limit or device), BFC_EBACKEND. */
 int bfc__expand_make_ready_locked(struct bfc__arena *a, uintptr_t p, size_t size);
@@ -62,13 +67,5 @@ void bfc__expand_after_free_locked(struct bfc__arena *a);
 void bfc__expand_depart_locked(struct bfc__arena *a, bool fence);
 /* Invariants of the granule state (bfc_ctx_check): 0 or -1 and a message. */
 int bfc__expand_check_locked(struct bfc__arena *a, char *buf, size_t len);
-
-/* The slow path of an expandable arena (ctx.c calls it in place of its
- * own): a->lock held, dropped and retaken as bfc__ctx_alloc_slow does. */
-void *bfc__expand_alloc_slow(struct bfc_ctx *ctx, struct bfc__arena *a, size_t n, size_t rounded, int *status);
-/* Every shard but `self` unmaps its free granules: marks them, waits up to
- * wait_ms for their fences with no lock held, then unmaps.  Trim and the
- * slow path.  Takes arenas_lock and each arena lock in turn. */
-void bfc__expand_unmap_others(struct bfc_ctx *ctx, struct bfc__arena *self, uint32_t wait_ms);
 
 #endif /* BFC_EXPAND_H */

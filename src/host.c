@@ -5,8 +5,9 @@
  * The same arena code as device memory, keyed by thread instead of stream:
  * each NUMA node has a host context (regions mapped, bound to the node,
  * touched and pinned by backend_host.c), and each thread that allocates gets
- * a pseudo-stream handle -- the address of its slot in a process-wide table
- * -- so its arena is that node context's shard for the handle.  A free from
+ * a pseudo-stream handle -- the address of its slot in a process-wide table,
+ * which the backend keeps since it is what must tell a pseudo-stream from a
+ * real stream -- so its arena is that node context's shard for the handle.  A free from
  * another thread is a "cross-stream" free: it goes back through the owner's
  * wait-free remote-free queue (its fence, recorded on a thread handle, is
  * complete at once).  bfc_host_record_stream adds real stream fences, so a
@@ -23,7 +24,8 @@
  * to the node's pool at once, the rest when the last block is freed).
  *
  * Locking: `bfc__ctx_host_lock` (defined in ctx.c, which takes it across
- * fork) guards the thread-slot free list and host context creation: once
+ * fork) guards the thread table's slot list (backend_host.c leaves that
+ * to its caller) and host context creation: once
  * per thread and once per node, never per allocation.  It is
  * held while a host context is created or destroyed, which waits for liburcu,
  * so it is an "outer" lock in the fork order (ctx.c), taken by the fork
@@ -33,7 +35,6 @@
 #include "host.h" /* first: config.h decides what follows */
 
 #include <string.h>
-#include <sys/mman.h>
 
 #include <hwloc.h>
 #if BFC_HAVE_CUDA
@@ -42,14 +43,6 @@
 #endif
 
 #define MAX_NODES 64
-#define MAX_THREADS (1u << 16)
-#define THREAD_ID_BIT (1ull << 62)
-
-struct host_thread {
-    alignas(BFC__CACHELINE) _Atomic uint64_t id; /* unique per owner; 0 = free slot */
-    int node;
-    uint32_t next_free;
-};
 
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static int g_status = BFC_OK;
@@ -57,12 +50,8 @@ static hwloc_topology_t g_topo;
 static int g_nnodes;
 static bfc_config_t g_cfg;
 static pthread_key_t g_key;
-static struct host_thread *g_threads;             /* MAX_THREADS slots, mapped */
-static atomic_uint g_hw;                          /* slots ever handed out */
-static uint32_t g_free = UINT32_MAX;              /* free slot list (bfc__ctx_host_lock) */
-static uint64_t g_next_id = 1;                    /* bfc__ctx_host_lock */
 static bfc_ctx_t *_Atomic g_ctx[MAX_NODES];
-static __thread struct host_thread *tls_thread;
+static __thread struct bfc__host_thread *tls_thread;
 
 static void thread_exit(void *arg);
 
@@ -87,18 +76,13 @@ static void host_init(void)
     g_nnodes = hwloc_get_nbobjs_by_type(g_topo, HWLOC_OBJ_NUMANODE);
     if (g_nnodes < 1)
         g_nnodes = 1;
-    void *tab = mmap(NULL, (size_t)MAX_THREADS * sizeof(struct host_thread), PROT_READ | PROT_WRITE,
-                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (tab == MAP_FAILED) {
-        g_status = BFC_ENOMEM;
-        return;
-    }
+    /* The key first: a table mapped for nothing is harmless, a table
+     * without the key would leave arenas unretired. */
     if (pthread_key_create(&g_key, thread_exit) != 0) {
-        munmap(tab, (size_t)MAX_THREADS * sizeof(struct host_thread));
         g_status = BFC_ENOMEM;
         return;
     }
-    g_threads = tab;
+    g_status = bfc__backend_host_threads_init();
 }
 
 static int init(void)
@@ -107,21 +91,6 @@ static int init(void)
     if (e != 0)
         bfc__fatal("pthread_once", e);
     return g_status;
-}
-
-bool bfc__host_thread_id(bfc_stream_t s, uint64_t *id)
-{
-    uintptr_t base = (uintptr_t)g_threads, a = (uintptr_t)s;
-    if (!base || a < base)
-        return false;
-    uintptr_t off = a - base;
-    if (off >= (uintptr_t)MAX_THREADS * sizeof(struct host_thread) || off % sizeof(struct host_thread))
-        return false;
-    /* acquire: pairs with the release store of the slot's id in thread_slot. */
-    if (off / sizeof(struct host_thread) >= atomic_load_explicit(&g_hw, memory_order_acquire))
-        return false;
-    *id = atomic_load_explicit(&((struct host_thread *)s)->id, memory_order_acquire) | THREAD_ID_BIT;
-    return true;
 }
 
 int bfc__host_node_of_cpuset(void *topo, const void *cpuset)
@@ -168,29 +137,16 @@ static int pick_node(void)
     return node_exists(node) ? node : first_node();
 }
 
-static struct host_thread *thread_slot(void)
+static struct bfc__host_thread *thread_slot(void)
 {
     if (BFC__LIKELY(tls_thread != NULL))
         return tls_thread;
     int node = pick_node();
     bfc__lock(&bfc__ctx_host_lock);
-    uint32_t idx = g_free;
-    if (idx != UINT32_MAX) {
-        g_free = g_threads[idx].next_free;
-    } else {
-        idx = atomic_load_explicit(&g_hw, memory_order_relaxed);
-        if (idx >= MAX_THREADS) {
-            bfc__unlock(&bfc__ctx_host_lock);
-            return NULL;
-        }
-    }
-    struct host_thread *t = &g_threads[idx];
-    t->node = node;
-    /* release: pairs with the acquire loads in bfc__host_thread_id. */
-    atomic_store_explicit(&t->id, g_next_id++, memory_order_release);
-    if (idx == atomic_load_explicit(&g_hw, memory_order_relaxed))
-        atomic_store_explicit(&g_hw, idx + 1, memory_order_release);
+    struct bfc__host_thread *t = bfc__backend_host_thread_take(node);
     bfc__unlock(&bfc__ctx_host_lock);
+    if (!t)
+        return NULL;
     if (pthread_setspecific(g_key, t) != 0) {
         /* Without the key the arena is never retired at exit; keep the
          * slot anyway (it is still a valid owner). */
@@ -233,14 +189,12 @@ static bfc_ctx_t *node_ctx(int node, int *status)
 
 static void thread_exit(void *arg)
 {
-    struct host_thread *t = arg;
+    struct bfc__host_thread *t = arg;
     bfc_ctx_t *ctx = atomic_load_explicit(&g_ctx[t->node], memory_order_acquire);
     if (ctx)
         (void)bfc_ctx_stream_release(ctx, (bfc_stream_t)t);
     bfc__lock(&bfc__ctx_host_lock);
-    atomic_store_explicit(&t->id, 0, memory_order_release);
-    t->next_free = g_free;
-    g_free = (uint32_t)(t - g_threads);
+    bfc__backend_host_thread_give(t);
     bfc__unlock(&bfc__ctx_host_lock);
     tls_thread = NULL;
 }
@@ -248,7 +202,7 @@ static void thread_exit(void *arg)
 void *bfc_host_alloc(size_t n)
 {
     int st = init();
-    struct host_thread *t = st == BFC_OK ? thread_slot() : NULL;
+    struct bfc__host_thread *t = st == BFC_OK ? thread_slot() : NULL;
     if (!t) {
         bfc__set_last_error(st == BFC_OK ? BFC_ENOMEM : st);
         return NULL;
@@ -288,7 +242,7 @@ int bfc_host_free(void *p)
     int st = host_owner(p, &ctx, &owner);
     if (st != BFC_OK)
         return st;
-    struct host_thread *t = thread_slot();
+    struct bfc__host_thread *t = thread_slot();
     return bfc_ctx_free(ctx, p, t ? (bfc_stream_t)t : owner);
 }
 

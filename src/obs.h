@@ -54,7 +54,7 @@ static inline bool bfc__tracing(struct bfc__obs *o)
 /* Records one event of the calling thread (trace.c).  Call with or without
  * an arena lock held (the trace's locks nest inside arena locks); never with
  * the trace registry lock.  A no-op when no trace runs. */
-void bfc__trace_event(struct bfc_ctx *ctx, enum bfc__trace_action action, uintptr_t ptr, size_t size,
+void bfc__trace_event(struct bfc__obs *obs, enum bfc__trace_action action, uintptr_t ptr, size_t size,
                       bfc_stream_t stream);
 
 /* OOM report (obs_oom.c), called with no allocator lock held: makes the

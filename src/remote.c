@@ -30,12 +30,12 @@
  * armed when the block is freed (arena.c, bfc__fence_arm with its
  * fallbacks), so an accepted free never needs to allocate.
  */
-#include "ctx.h"
+#include "remote.h"
 
 int bfc__remote_free(struct bfc__arena *a, struct bfc__chunk *c, bfc_stream_t s, bool *dead)
 {
     *dead = false;
-    bfc__backend_t *be = a->ctx->be;
+    bfc__backend_t *be = a->env->be;
     struct bfc__fence *f = bfc__arena_fence_get(a);
     if (!f) {
         atomic_store_explicit(&c->state, BFC__CHUNK_INUSE, memory_order_release);

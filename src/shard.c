@@ -122,7 +122,7 @@ struct bfc__arena *bfc__shard_get(struct bfc_ctx *ctx, bfc_stream_t s, int *stat
     }
     struct bfc__arena *a = lookup(ctx, id);
     if (!a) {
-        struct bfc__arena *mine = bfc__arena_new(ctx, s, id);
+        struct bfc__arena *mine = bfc__arena_new(&ctx->env, s, id);
         if (!mine) {
             *status = BFC_ENOMEM;
             return NULL;
@@ -196,7 +196,7 @@ static void unlink_locked(struct bfc_ctx *ctx, struct bfc__arena *a)
 
 void bfc__shard_reclaim(struct bfc__arena *a)
 {
-    struct bfc_ctx *ctx = a->ctx;
+    struct bfc_ctx *ctx = a->env->tag;
     bfc__lock(&ctx->arenas_lock);
     bool first = !a->unlinked;
     unlink_locked(ctx, a);

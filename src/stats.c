@@ -378,7 +378,7 @@ int bfc_ctx_snapshot_json(bfc_ctx_t *ctx, FILE *f)
             BFC__SNAPSHOT_VERSION, (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec,
             ctx->cfg.backend == BFC_BACKEND_CUDA ? "cuda" : "sim", ctx->is_host ? "true" : "false",
             ctx->cfg.device, ctx->cfg.allow_growth ? "true" : "false", ctx->limit, ctx->cfg.initial_region,
-            ctx->cfg.large_alloc, ctx->max_frag);
+            ctx->cfg.large_alloc, ctx->env.max_frag);
     fprintf(f, ",\"totals\":");
     json_stats(f, &s, true);
     fprintf(f,

@@ -289,14 +289,14 @@ static struct tbuf *attach(struct bfc__trace *t)
     return tb;
 }
 
-void bfc__trace_event(struct bfc_ctx *ctx, enum bfc__trace_action action, uintptr_t ptr, size_t size,
+void bfc__trace_event(struct bfc__obs *obs, enum bfc__trace_action action, uintptr_t ptr, size_t size,
                       bfc_stream_t stream)
 {
     uint64_t now = now_ns();
     bfc__rcu_lock();
     /* acquire: pairs with the release store in bfc_ctx_trace_start (the
      * record's fields are initialised). */
-    struct bfc__trace *t = atomic_load_explicit(&ctx->obs.trace, memory_order_acquire);
+    struct bfc__trace *t = atomic_load_explicit(&obs->trace, memory_order_acquire);
     if (t) {
         struct tbuf *tb = tls_tb;
         /* relaxed: only this thread and, under reg_lock, a stopper write
