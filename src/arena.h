@@ -26,6 +26,7 @@
 
 #include "rcu.h" /* the urcu-bp flavour, before the data structures that use it */
 
+#include <urcu/list.h>
 #include <urcu/rculfhash.h>
 #include <urcu/wfcqueue.h>
 
@@ -110,7 +111,7 @@ struct bfc__arena {
 
     /* ---- directory, context list, RCU ---- */
     struct cds_lfht_node dir_node;
-    struct bfc__arena *all_next, *all_prev; /* ctx->arenas_lock */
+    struct cds_list_head all;    /* in ctx->arenas; ctx->arenas_lock */
     struct rcu_head rcu;
     uint64_t seq;                /* creation order, for alloc ids and dumps */
 };

@@ -72,8 +72,9 @@ int bfc_ctx_stats(bfc_ctx_t *ctx, bfc_stats_t *out)
         return BFC_EINVAL;
     bfc__rcu_register(); /* before the arenas lock: a drain may call call_rcu */
     memset(out, 0, sizeof(*out));
+    struct bfc__arena *a;
     bfc__lock(&ctx->arenas_lock);
-    for (struct bfc__arena *a = ctx->arenas; a; a = a->all_next) {
+    cds_list_for_each_entry(a, &ctx->arenas, all) {
         bfc__lock(&a->lock);
         /* A dead shard still listed is counted until unlink folds its
          * counters into ctx->retired (under arenas_lock, which we hold). */
@@ -146,8 +147,9 @@ int bfc_ctx_clear_peaks(bfc_ctx_t *ctx)
     /* The pool first: its new peak then covers the shards' whole new
      * window, so the cap in bfc_ctx_stats never cuts below a true peak. */
     bfc__pool_clear_peak(&ctx->pool);
+    struct bfc__arena *a;
     bfc__lock(&ctx->arenas_lock);
-    for (struct bfc__arena *a = ctx->arenas; a; a = a->all_next) {
+    cds_list_for_each_entry(a, &ctx->arenas, all) {
         bfc__lock(&a->lock);
         bfc__arena_drain_locked(a, true);
         a->st.peak_in_use = a->st.bytes_in_use;
@@ -179,7 +181,10 @@ int bfc_ctx_check_report(bfc_ctx_t *ctx, char *buf, size_t len)
      * read section keeps the region map array alive while it is read. */
     bfc__rcu_lock();
     bfc__shard_lock_all(ctx);
-    for (struct bfc__arena *a = ctx->arenas; a && !bad; a = a->all_next) {
+    struct bfc__arena *a;
+    cds_list_for_each_entry(a, &ctx->arenas, all) {
+        if (bad)
+            break;
         if (!a->dead) {
             bad = bfc__arena_check_locked(a, buf, len);
             regions += a->st.num_regions;
@@ -278,8 +283,9 @@ int bfc_ctx_dump(bfc_ctx_t *ctx, FILE *f)
     fprintf(f, "libshardbfc memory map: backend %s, limit %" PRIu64 ", reserved %" PRIu64 ", in use %" PRIu64
                ", %" PRIu64 " shards, %" PRIu64 " regions\n",
             ctx->be->name, s.bytes_limit, s.bytes_reserved, s.bytes_in_use, s.num_shards, s.num_regions);
+    struct bfc__arena *a;
     bfc__lock(&ctx->arenas_lock);
-    for (struct bfc__arena *a = ctx->arenas; a; a = a->all_next) {
+    cds_list_for_each_entry(a, &ctx->arenas, all) {
         bfc__lock(&a->lock);
         if (!a->dead)
             dump_arena(a, f);
@@ -389,8 +395,9 @@ int bfc_ctx_snapshot_json(bfc_ctx_t *ctx, FILE *f)
     bfc__oom_json(ctx, f); /* obs.lock only: no allocator lock is held here */
     fprintf(f, ",\"shards\":[");
     bool first = true;
+    struct bfc__arena *a;
     bfc__lock(&ctx->arenas_lock);
-    for (struct bfc__arena *a = ctx->arenas; a; a = a->all_next) {
+    cds_list_for_each_entry(a, &ctx->arenas, all) {
         bfc__lock(&a->lock);
         if (!a->dead) {
             if (!first)
