@@ -90,7 +90,7 @@ struct bfc__arena {
     uint64_t stream_id;
     struct bfc__bins bins;
     struct bfc__slab chunk_slab;
-    struct bfc__region *regions;
+    struct cds_list_head regions; /* bfc__region.alink, newest first */
     size_t curr_region_bytes;    /* TensorFlow's doubling schedule, per arena */
     int64_t next_id;
     struct bfc__astats st;

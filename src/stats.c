@@ -255,7 +255,8 @@ static void dump_arena(struct bfc__arena *a, FILE *f)
                " in use, %" PRIu64 " requested, %" PRIu64 " pending frees\n",
             a->stream_id, atomic_load(&a->retired) ? " (retired)" : "", a->st.num_regions, a->st.bytes_reserved,
             a->st.bytes_in_use, a->st.bytes_requested, a->st.pending);
-    for (struct bfc__region *r = a->regions; r; r = r->anext) {
+    struct bfc__region *r;
+    cds_list_for_each_entry(r, &a->regions, alink) {
         fprintf(f, "  Region %#lx size %zu%s\n", (unsigned long)r->base, r->size, r->large ? " (large)" : "");
         for (struct bfc__chunk *c = bfc__region_handle(r, r->base); c; c = c->next) {
             uint32_t s = atomic_load_explicit(&c->state, memory_order_relaxed);
@@ -344,11 +345,12 @@ static void json_arena(struct bfc__arena *a, FILE *f, struct bfc_ctx *ctx)
             a->stream_id, (uintptr_t)a->stream, a->seq, atomic_load(&a->retired) ? "true" : "false");
     json_stats(f, &s, false);
     fprintf(f, ",\"regions\":[");
-    for (struct bfc__region *r = a->regions; r; r = r->anext) {
+    struct bfc__region *r;
+    cds_list_for_each_entry(r, &a->regions, alink) {
         fprintf(f,
                 "%s{\"base\":\"0x%" PRIxPTR "\",\"size\":%zu,\"owner\":%" PRIu64
                 ",\"large\":%s,\"live\":%zu,\"chunks\":[",
-                r == a->regions ? "" : ",", r->base, r->size, r->owner->stream_id, r->large ? "true" : "false",
+                r->alink.prev == &a->regions ? "" : ",", r->base, r->size, r->owner->stream_id, r->large ? "true" : "false",
                 r->live);
         for (struct bfc__chunk *c = bfc__region_handle(r, r->base); c; c = c->next) {
             uint32_t st = atomic_load_explicit(&c->state, memory_order_relaxed);
