@@ -502,15 +502,11 @@ static __attribute__((noinline, cold)) void trace_free_complete(struct bfc__aren
     bfc__trace_event(a->env->obs, BFC__TR_FREE_COMPLETE, c->ptr, c->requested, a->stream);
 }
 
-static void pending_append(struct bfc__arena *a, struct bfc__fence *f)
+/* Not inlined: its list update would cost the same-stream free, which
+ * reaches it only for blocks with recorded streams, registers on every call. */
+static __attribute__((noinline)) void pending_append(struct bfc__arena *a, struct bfc__fence *f)
 {
-    f->pnext = NULL;
-    f->pprev = a->pending_tail;
-    if (a->pending_tail)
-        a->pending_tail->pnext = f;
-    else
-        a->pending_head = f;
-    a->pending_tail = f;
+    cds_list_add_tail(&f->plink, &a->pending);
     atomic_store_explicit(&f->chunk->state, BFC__CHUNK_PENDING, memory_order_relaxed);
     a->st.pending++;
     a->st.pending_bytes += f->chunk->size;
@@ -518,14 +514,7 @@ static void pending_append(struct bfc__arena *a, struct bfc__fence *f)
 
 static void pending_unlink(struct bfc__arena *a, struct bfc__fence *f)
 {
-    if (f->pprev)
-        f->pprev->pnext = f->pnext;
-    else
-        a->pending_head = f->pnext;
-    if (f->pnext)
-        f->pnext->pprev = f->pprev;
-    else
-        a->pending_tail = f->pprev;
+    cds_list_del(&f->plink);
     a->st.pending--;
     a->st.pending_bytes -= f->chunk->size;
 }
@@ -605,9 +594,8 @@ void bfc__arena_drain_locked(struct bfc__arena *a, bool full)
             }
         }
     }
-    struct bfc__fence *f = a->pending_head;
-    while (f) {
-        struct bfc__fence *next = f->pnext;
+    struct bfc__fence *f, *next;
+    cds_list_for_each_entry_safe(f, next, &a->pending, plink) {
         if (bfc__fence_query(a->env->be, f) == BFC_OK) {
             struct bfc__chunk *c = f->chunk;
             pending_unlink(a, f);
@@ -620,14 +608,14 @@ void bfc__arena_drain_locked(struct bfc__arena *a, bool full)
              * cheap poll stops at the first one still in flight. */
             break;
         }
-        f = next;
     }
 }
 
 void bfc__arena_wait_pending_locked(struct bfc__arena *a, uint32_t timeout_ms)
 {
+    struct bfc__fence *f;
     if (timeout_ms)
-        for (struct bfc__fence *f = a->pending_head; f; f = f->pnext)
+        cds_list_for_each_entry(f, &a->pending, plink)
             bfc__fence_wait(a->env->be, f, timeout_ms);
     bfc__arena_drain_locked(a, true);
 }
@@ -727,7 +715,9 @@ void *bfc__arena_grow_locked(struct bfc__arena *a, size_t n, size_t rounded, boo
 void *bfc__arena_alloc_locked(struct bfc__arena *a, size_t n, size_t rounded)
 {
     const struct bfc__arena_env *env = a->env;
-    if (!bfc__arena_rq_empty(a) || a->pending_head)
+    /* st.pending counts the pending list: a test of one word, cheaper here
+     * than cds_list_empty's compare with the head's address. */
+    if (!bfc__arena_rq_empty(a) || a->st.pending)
         bfc__arena_drain_locked(a, false);
     if (BFC__LIKELY(rounded < env->bins_max)) {
         struct bfc__chunk *c = bfc__bins_best_fit(&a->bins, rounded);
@@ -757,6 +747,7 @@ struct bfc__arena *bfc__arena_new(const struct bfc__arena_env *env, bfc_stream_t
     a->curr_region_bytes = initial_region_bytes(env);
     a->next_id = 1;
     CDS_INIT_LIST_HEAD(&a->regions);
+    CDS_INIT_LIST_HEAD(&a->pending);
     cds_wfcq_init(&a->rq_head, &a->rq_tail);
     cds_wfcq_init(&a->fpool_head, &a->fpool_tail);
     cds_lfht_node_init(&a->dir_node);
@@ -795,8 +786,8 @@ void bfc__arena_free(struct bfc__arena *a)
             bfc__arena_fence_put(a, f);
         }
     }
-    while (a->pending_head) {
-        struct bfc__fence *f = a->pending_head;
+    while (!cds_list_empty(&a->pending)) {
+        struct bfc__fence *f = cds_list_first_entry(&a->pending, struct bfc__fence, plink);
         pending_unlink(a, f);
         bfc__arena_fence_put(a, f);
     }
@@ -835,7 +826,7 @@ bool bfc__arena_maybe_dead_slow(struct bfc__arena *a)
     if (a->dead)
         return false;
     bfc__arena_drain_locked(a, true);
-    if (a->live != 0 || a->pending_head)
+    if (a->live != 0 || !cds_list_empty(&a->pending))
         return false;
     bfc__arena_shed_locked(a, false);
     a->dead = true;

@@ -94,7 +94,7 @@ struct bfc__arena {
     size_t curr_region_bytes;    /* TensorFlow's doubling schedule, per arena */
     int64_t next_id;
     struct bfc__astats st;
-    struct bfc__fence *pending_head, *pending_tail;
+    struct cds_list_head pending; /* bfc__fence.plink, oldest first */
     struct bfc__expand *x;       /* expandable arena: its reservation, else NULL */
     bool dead;                   /* reclaimed: no regions, no chunks; awaiting RCU */
     bool unlinked;

@@ -617,7 +617,7 @@ static void *expand_alloc_slow(struct bfc_ctx *ctx, struct bfc__arena *a, size_t
         return p;
     if (st != BFC_ENOMEM)
         goto fail;
-    if (a->pending_head && a->st.pending_bytes + a->bins.total_bytes >= rounded) {
+    if (!cds_list_empty(&a->pending) && a->st.pending_bytes + a->bins.total_bytes >= rounded) {
         bfc__arena_wait_pending_locked(a, wait);
         if ((p = expand_fit(a, n, rounded, &st)))
             return p;
@@ -745,7 +745,7 @@ void *bfc__ctx_alloc_slow(struct bfc_ctx *ctx, struct bfc__arena *a, size_t n, s
     if (st != BFC_ENOMEM)
         goto fail;
     /* 3. Our pending frees, when they could serve: wait for their fences. */
-    if (a->pending_head && a->st.pending_bytes + a->bins.total_bytes >= rounded) {
+    if (!cds_list_empty(&a->pending) && a->st.pending_bytes + a->bins.total_bytes >= rounded) {
         bfc__arena_wait_pending_locked(a, wait);
         if (fit_first && (p = bfc__arena_fit_locked(a, n, rounded)))
             return p;
