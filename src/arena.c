@@ -142,10 +142,7 @@ static int region_setup(struct bfc__arena *a, uintptr_t base, size_t size, struc
     bfc__region_set_handle(r, base, c);
     if (bfc__regionmap_insert(r) != BFC_OK)
         goto nomem;
-    r->anext = a->regions;
-    if (a->regions)
-        a->regions->aprev = r;
-    a->regions = r;
+    cds_list_add(&r->alink, &a->regions);
     a->st.num_regions++;
     /* An expandable arena's reserved bytes are its mapped granules. */
     if (!vmm) {
@@ -228,12 +225,7 @@ static void region_depart(struct bfc__arena *a, struct bfc__region *r, bool fenc
         bfc__bins_remove(&a->bins, c);
     bfc__region_set_handle(r, r->base, NULL);
     chunk_delete(a, c);
-    if (r->aprev)
-        r->aprev->anext = r->anext;
-    else
-        a->regions = r->anext;
-    if (r->anext)
-        r->anext->aprev = r->aprev;
+    cds_list_del(&r->alink);
     r->gone = true;
     r->tail = NULL;
     a->st.num_regions--;
@@ -246,7 +238,7 @@ static void region_depart(struct bfc__arena *a, struct bfc__region *r, bool fenc
      * and re-grown many times would otherwise take ever larger regions --
      * eventually the whole limit for one small block, starving the other
      * shards. */
-    if (!a->regions)
+    if (cds_list_empty(&a->regions))
         a->curr_region_bytes = initial_region_bytes(a->env);
     /* Out of the map first: no lookup may find r once another shard can
      * be handed the memory. */
@@ -301,18 +293,21 @@ static size_t region_shed_tail(struct bfc__arena *a, struct bfc__region *r)
 size_t bfc__arena_tails_locked(struct bfc__arena *a, struct bfc__range *out, size_t max)
 {
     size_t n = 0;
-    for (struct bfc__region *r = a->regions; r && n < max; r = r->anext)
+    struct bfc__region *r;
+    cds_list_for_each_entry(r, &a->regions, alink) {
+        if (n >= max)
+            break;
         if (has_free_tail(r))
             out[n++] = (struct bfc__range){ r->tail->ptr, r->tail->size, r->seg };
+    }
     return n;
 }
 
 size_t bfc__arena_shed_locked(struct bfc__arena *a, bool tails)
 {
     size_t freed = 0;
-    struct bfc__region *r = a->regions;
-    while (r) {
-        struct bfc__region *next = r->anext;
+    struct bfc__region *r, *next;
+    cds_list_for_each_entry_safe(r, next, &a->regions, alink) {
         /* A fully free expandable arena gives its whole reservation back
          * (fenced); one in use, its free granules. */
         if (r->live == 0) {
@@ -323,7 +318,6 @@ size_t bfc__arena_shed_locked(struct bfc__arena *a, bool tails)
         } else if (tails) {
             freed += region_shed_tail(a, r);
         }
-        r = next;
     }
     return freed;
 }
@@ -508,15 +502,11 @@ static __attribute__((noinline, cold)) void trace_free_complete(struct bfc__aren
     bfc__trace_event(a->env->obs, BFC__TR_FREE_COMPLETE, c->ptr, c->requested, a->stream);
 }
 
-static void pending_append(struct bfc__arena *a, struct bfc__fence *f)
+/* Not inlined: its list update would cost the same-stream free, which
+ * reaches it only for blocks with recorded streams, registers on every call. */
+static __attribute__((noinline)) void pending_append(struct bfc__arena *a, struct bfc__fence *f)
 {
-    f->pnext = NULL;
-    f->pprev = a->pending_tail;
-    if (a->pending_tail)
-        a->pending_tail->pnext = f;
-    else
-        a->pending_head = f;
-    a->pending_tail = f;
+    cds_list_add_tail(&f->plink, &a->pending);
     atomic_store_explicit(&f->chunk->state, BFC__CHUNK_PENDING, memory_order_relaxed);
     a->st.pending++;
     a->st.pending_bytes += f->chunk->size;
@@ -524,14 +514,7 @@ static void pending_append(struct bfc__arena *a, struct bfc__fence *f)
 
 static void pending_unlink(struct bfc__arena *a, struct bfc__fence *f)
 {
-    if (f->pprev)
-        f->pprev->pnext = f->pnext;
-    else
-        a->pending_head = f->pnext;
-    if (f->pnext)
-        f->pnext->pprev = f->pprev;
-    else
-        a->pending_tail = f->pprev;
+    cds_list_del(&f->plink);
     a->st.pending--;
     a->st.pending_bytes -= f->chunk->size;
 }
@@ -611,9 +594,8 @@ void bfc__arena_drain_locked(struct bfc__arena *a, bool full)
             }
         }
     }
-    struct bfc__fence *f = a->pending_head;
-    while (f) {
-        struct bfc__fence *next = f->pnext;
+    struct bfc__fence *f, *next;
+    cds_list_for_each_entry_safe(f, next, &a->pending, plink) {
         if (bfc__fence_query(a->env->be, f) == BFC_OK) {
             struct bfc__chunk *c = f->chunk;
             pending_unlink(a, f);
@@ -626,14 +608,14 @@ void bfc__arena_drain_locked(struct bfc__arena *a, bool full)
              * cheap poll stops at the first one still in flight. */
             break;
         }
-        f = next;
     }
 }
 
 void bfc__arena_wait_pending_locked(struct bfc__arena *a, uint32_t timeout_ms)
 {
+    struct bfc__fence *f;
     if (timeout_ms)
-        for (struct bfc__fence *f = a->pending_head; f; f = f->pnext)
+        cds_list_for_each_entry(f, &a->pending, plink)
             bfc__fence_wait(a->env->be, f, timeout_ms);
     bfc__arena_drain_locked(a, true);
 }
@@ -733,7 +715,9 @@ void *bfc__arena_grow_locked(struct bfc__arena *a, size_t n, size_t rounded, boo
 void *bfc__arena_alloc_locked(struct bfc__arena *a, size_t n, size_t rounded)
 {
     const struct bfc__arena_env *env = a->env;
-    if (!bfc__arena_rq_empty(a) || a->pending_head)
+    /* st.pending counts the pending list: a test of one word, cheaper here
+     * than cds_list_empty's compare with the head's address. */
+    if (!bfc__arena_rq_empty(a) || a->st.pending)
         bfc__arena_drain_locked(a, false);
     if (BFC__LIKELY(rounded < env->bins_max)) {
         struct bfc__chunk *c = bfc__bins_best_fit(&a->bins, rounded);
@@ -762,6 +746,8 @@ struct bfc__arena *bfc__arena_new(const struct bfc__arena_env *env, bfc_stream_t
     bfc__slab_init(&a->chunk_slab, sizeof(struct bfc__chunk));
     a->curr_region_bytes = initial_region_bytes(env);
     a->next_id = 1;
+    CDS_INIT_LIST_HEAD(&a->regions);
+    CDS_INIT_LIST_HEAD(&a->pending);
     cds_wfcq_init(&a->rq_head, &a->rq_tail);
     cds_wfcq_init(&a->fpool_head, &a->fpool_tail);
     cds_lfht_node_init(&a->dir_node);
@@ -800,13 +786,13 @@ void bfc__arena_free(struct bfc__arena *a)
             bfc__arena_fence_put(a, f);
         }
     }
-    while (a->pending_head) {
-        struct bfc__fence *f = a->pending_head;
+    while (!cds_list_empty(&a->pending)) {
+        struct bfc__fence *f = cds_list_first_entry(&a->pending, struct bfc__fence, plink);
         pending_unlink(a, f);
         bfc__arena_fence_put(a, f);
     }
-    while (a->regions) {
-        struct bfc__region *r = a->regions;
+    while (!cds_list_empty(&a->regions)) {
+        struct bfc__region *r = cds_list_first_entry(&a->regions, struct bfc__region, alink);
         /* Free every chunk record of the region but the first, then the
          * region itself (region_depart deletes the first). */
         struct bfc__chunk *c = bfc__region_handle(r, r->base);
@@ -840,7 +826,7 @@ bool bfc__arena_maybe_dead_slow(struct bfc__arena *a)
     if (a->dead)
         return false;
     bfc__arena_drain_locked(a, true);
-    if (a->live != 0 || a->pending_head)
+    if (a->live != 0 || !cds_list_empty(&a->pending))
         return false;
     bfc__arena_shed_locked(a, false);
     a->dead = true;
@@ -880,7 +866,8 @@ int bfc__arena_check_locked(struct bfc__arena *a, char *buf, size_t len)
 {
     uint64_t in_use = 0, requested = 0, reserved = 0, regions = 0, pending = 0, pending_bytes = 0;
     uint64_t free_chunks = 0, free_bytes = 0, chunks = 0, live = 0;
-    for (struct bfc__region *r = a->regions; r; r = r->anext) {
+    struct bfc__region *r;
+    cds_list_for_each_entry(r, &a->regions, alink) {
         regions++;
         reserved += r->vmm ? a->x->mapped_bytes : r->size;
         struct bfc__chunk *c = bfc__region_handle(r, r->base);

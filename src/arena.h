@@ -26,6 +26,7 @@
 
 #include "rcu.h" /* the urcu-bp flavour, before the data structures that use it */
 
+#include <urcu/list.h>
 #include <urcu/rculfhash.h>
 #include <urcu/wfcqueue.h>
 
@@ -89,11 +90,11 @@ struct bfc__arena {
     uint64_t stream_id;
     struct bfc__bins bins;
     struct bfc__slab chunk_slab;
-    struct bfc__region *regions;
+    struct cds_list_head regions; /* bfc__region.alink, newest first */
     size_t curr_region_bytes;    /* TensorFlow's doubling schedule, per arena */
     int64_t next_id;
     struct bfc__astats st;
-    struct bfc__fence *pending_head, *pending_tail;
+    struct cds_list_head pending; /* bfc__fence.plink, oldest first */
     struct bfc__expand *x;       /* expandable arena: its reservation, else NULL */
     bool dead;                   /* reclaimed: no regions, no chunks; awaiting RCU */
     bool unlinked;
@@ -110,7 +111,7 @@ struct bfc__arena {
 
     /* ---- directory, context list, RCU ---- */
     struct cds_lfht_node dir_node;
-    struct bfc__arena *all_next, *all_prev; /* ctx->arenas_lock */
+    struct cds_list_head all;    /* in ctx->arenas; ctx->arenas_lock */
     struct rcu_head rcu;
     uint64_t seq;                /* creation order, for alloc ids and dumps */
 };

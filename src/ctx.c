@@ -145,6 +145,7 @@ static void wfcq_cut(struct cds_wfcq_head *h, struct cds_wfcq_tail *t)
 
 static void before_fork(void)
 {
+    struct bfc__arena *a;
     /* Outer, in rank order (mutex.h): the locks of one rank across every
      * context before those of the next rank. */
     bfc__lock(&bfc__ctx_create_lock);
@@ -160,12 +161,12 @@ static void before_fork(void)
     for (struct bfc_ctx *c = g_ctxs; c; c = c->reg_next)
         bfc__lock_nested(&c->arenas_lock);
     for (struct bfc_ctx *c = g_ctxs; c; c = c->reg_next)
-        for (struct bfc__arena *a = c->arenas; a; a = a->all_next)
+        cds_list_for_each_entry(a, &c->arenas, all)
             bfc__lock_nested(&a->lock);
     for (struct bfc_ctx *c = g_ctxs; c; c = c->reg_next)
         bfc__lock_nested(&c->pool.lock);
     for (struct bfc_ctx *c = g_ctxs; c; c = c->reg_next)
-        for (struct bfc__arena *a = c->arenas; a; a = a->all_next)
+        cds_list_for_each_entry(a, &c->arenas, all)
             cds_wfcq_dequeue_lock(&a->fpool_head, &a->fpool_tail);
     bfc__regionmap_fork_lock();
     bfc__trace_fork_lock();
@@ -178,6 +179,7 @@ static void before_fork(void)
 
 static void release_inner(bool child)
 {
+    struct bfc__arena *a;
     bfc__sim_fork_unlock();
     bfc__unlock(&bfc__urcu_gate);
     for (struct bfc_ctx *c = g_ctxs; c; c = c->reg_next)
@@ -186,7 +188,7 @@ static void release_inner(bool child)
     bfc__trace_fork_unlock();
     bfc__regionmap_fork_unlock();
     for (struct bfc_ctx *c = g_ctxs; c; c = c->reg_next)
-        for (struct bfc__arena *a = c->arenas; a; a = a->all_next) {
+        cds_list_for_each_entry(a, &c->arenas, all) {
             if (child) {
                 wfcq_cut(&a->rq_head, &a->rq_tail);
                 wfcq_cut(&a->fpool_head, &a->fpool_tail);
@@ -196,7 +198,7 @@ static void release_inner(bool child)
     for (struct bfc_ctx *c = g_ctxs; c; c = c->reg_next)
         bfc__unlock(&c->pool.lock);
     for (struct bfc_ctx *c = g_ctxs; c; c = c->reg_next)
-        for (struct bfc__arena *a = c->arenas; a; a = a->all_next)
+        cds_list_for_each_entry(a, &c->arenas, all)
             bfc__unlock(&a->lock);
     for (struct bfc_ctx *c = g_ctxs; c; c = c->reg_next)
         bfc__unlock(&c->arenas_lock);
@@ -532,8 +534,9 @@ static void expand_unmap_others(struct bfc_ctx *ctx, struct bfc__arena *self, ui
     bfc__event_t evs[UNMAP_WAIT_MAX];
     size_t n = 0;
     bool again = false;
+    struct bfc__arena *a;
     bfc__lock(&ctx->arenas_lock);
-    for (struct bfc__arena *a = ctx->arenas; a; a = a->all_next) {
+    cds_list_for_each_entry(a, &ctx->arenas, all) {
         if (a == self)
             continue;
         bfc__lock(&a->lock);
@@ -556,7 +559,7 @@ static void expand_unmap_others(struct bfc_ctx *ctx, struct bfc__arena *self, ui
     for (size_t i = 0; i < n; i++)
         (void)ctx->be->ops->event_wait(ctx->be, evs[i], wait_ms);
     bfc__lock(&ctx->arenas_lock);
-    for (struct bfc__arena *a = ctx->arenas; a; a = a->all_next) {
+    cds_list_for_each_entry(a, &ctx->arenas, all) {
         if (a == self)
             continue;
         bfc__lock(&a->lock);
@@ -614,7 +617,7 @@ static void *expand_alloc_slow(struct bfc_ctx *ctx, struct bfc__arena *a, size_t
         return p;
     if (st != BFC_ENOMEM)
         goto fail;
-    if (a->pending_head && a->st.pending_bytes + a->bins.total_bytes >= rounded) {
+    if (!cds_list_empty(&a->pending) && a->st.pending_bytes + a->bins.total_bytes >= rounded) {
         bfc__arena_wait_pending_locked(a, wait);
         if ((p = expand_fit(a, n, rounded, &st)))
             return p;
@@ -742,7 +745,7 @@ void *bfc__ctx_alloc_slow(struct bfc_ctx *ctx, struct bfc__arena *a, size_t n, s
     if (st != BFC_ENOMEM)
         goto fail;
     /* 3. Our pending frees, when they could serve: wait for their fences. */
-    if (a->pending_head && a->st.pending_bytes + a->bins.total_bytes >= rounded) {
+    if (!cds_list_empty(&a->pending) && a->st.pending_bytes + a->bins.total_bytes >= rounded) {
         bfc__arena_wait_pending_locked(a, wait);
         if (fit_first && (p = bfc__arena_fit_locked(a, n, rounded)))
             return p;

@@ -21,7 +21,7 @@ struct bfc_ctx {
     struct bfc__pool pool;
     struct cds_lfht *dir;        /* stream id -> arena */
     bfc__mutex_t arenas_lock;  /* the arena list: shard create/reclaim, stats, slow path */
-    struct bfc__arena *arenas;
+    struct cds_list_head arenas; /* bfc__arena.all, newest first */
     uint64_t arena_seq;
     _Atomic uint64_t ooms;       /* rejected before any shard was involved */
     struct bfc__astats retired;  /* cumulative counters of reclaimed shards (arenas_lock) */

@@ -31,6 +31,7 @@
 #ifndef BFC_FENCE_H
 #define BFC_FENCE_H
 
+#include <urcu/list.h>
 #include <urcu/wfcqueue.h>
 
 #include "backend.h"
@@ -52,7 +53,12 @@ struct bfc__fence {
     bool unfenced;
     bfc_stream_t unfenced_stream;
     struct bfc__fence *extra;    /* further fences of the same block (recorded streams) */
-    struct bfc__fence *pnext, *pprev; /* owner's pending list; pool's fence cache (pnext) */
+    /* A fence is pending in its owner or idle in the pool's cache, never
+     * both at once. */
+    union {
+        struct cds_list_head plink; /* owner's pending list, oldest first (owner's lock) */
+        struct bfc__fence *cnext;   /* pool's fence cache (pool lock) */
+    };
 };
 
 /* Streams named by record_stream for a live chunk, each with the fence
@@ -91,7 +97,7 @@ static inline void bfc__fence_reset(struct bfc__fence *f)
     f->synced = false;
     f->unfenced = false;
     f->unfenced_stream = NULL;
-    f->pnext = f->pprev = NULL;
+    f->plink.next = f->plink.prev = NULL;
 }
 
 #endif /* BFC_FENCE_H */

@@ -57,7 +57,7 @@ static struct bfc__fence *fcache_get_locked(struct bfc__pool *p)
 {
     struct bfc__fence *f = p->fcache;
     if (f) {
-        p->fcache = f->pnext;
+        p->fcache = f->cnext;
         bfc__fence_reset(f);
     }
     return f;
@@ -65,7 +65,7 @@ static struct bfc__fence *fcache_get_locked(struct bfc__pool *p)
 
 static void fcache_put_locked(struct bfc__pool *p, struct bfc__fence *f)
 {
-    f->pnext = p->fcache;
+    f->cnext = p->fcache;
     p->fcache = f;
 }
 
@@ -401,7 +401,7 @@ void bfc__pool_fini(struct bfc__pool *p)
     }
     while (p->fcache) {
         struct bfc__fence *f = p->fcache;
-        p->fcache = f->pnext;
+        p->fcache = f->cnext;
         bfc__fence_destroy(p->be, f);
     }
     while (p->segs) {

@@ -17,6 +17,8 @@
 
 #include "rcu.h"
 
+#include <urcu/list.h>
+
 #include "chunk.h"
 #include "pool.h"
 
@@ -52,7 +54,7 @@ struct bfc__region {
     /* The records its departure needs, reserved when it was made, so that
      * giving it back to the pool never fails. */
     struct bfc__pool_ticket ticket;
-    struct bfc__region *anext, *aprev; /* owner's region list */
+    struct cds_list_head alink;  /* in the owner's regions (owner's lock) */
     struct rcu_head rcu;
 };
 

@@ -51,6 +51,7 @@ static int match_id(struct cds_lfht_node *node, const void *key)
 
 int bfc__shard_dir_init(struct bfc_ctx *ctx)
 {
+    CDS_INIT_LIST_HEAD(&ctx->arenas);
     ctx->dir = cds_lfht_new(64, 64, 0, CDS_LFHT_AUTO_RESIZE | CDS_LFHT_ACCOUNTING, NULL);
     if (!ctx->dir)
         return BFC_ENOMEM;
@@ -129,10 +130,7 @@ struct bfc__arena *bfc__shard_get(struct bfc_ctx *ctx, bfc_stream_t s, int *stat
         }
         bfc__lock(&ctx->arenas_lock);
         mine->seq = ctx->arena_seq++;
-        mine->all_next = ctx->arenas;
-        if (ctx->arenas)
-            ctx->arenas->all_prev = mine;
-        ctx->arenas = mine;
+        cds_list_add(&mine->all, &ctx->arenas);
         bfc__unlock(&ctx->arenas_lock);
         atomic_store_explicit(&mine->ready, true, memory_order_release);
         bfc__lock(&bfc__urcu_gate); /* rcu.h: may queue a resize */
@@ -143,12 +141,7 @@ struct bfc__arena *bfc__shard_get(struct bfc_ctx *ctx, bfc_stream_t s, int *stat
             /* Another thread published this stream's shard first. */
             mine->unlinked = true;
             bfc__lock(&ctx->arenas_lock);
-            if (mine->all_prev)
-                mine->all_prev->all_next = mine->all_next;
-            else
-                ctx->arenas = mine->all_next;
-            if (mine->all_next)
-                mine->all_next->all_prev = mine->all_prev;
+            cds_list_del(&mine->all);
             bfc__unlock(&ctx->arenas_lock);
             bfc__arena_free(mine);
             a = caa_container_of(got, struct bfc__arena, dir_node);
@@ -186,12 +179,7 @@ static void unlink_locked(struct bfc_ctx *ctx, struct bfc__arena *a)
     r->peak_requested += a->st.peak_requested;
     if (a->st.largest_alloc > r->largest_alloc)
         r->largest_alloc = a->st.largest_alloc;
-    if (a->all_prev)
-        a->all_prev->all_next = a->all_next;
-    else
-        ctx->arenas = a->all_next;
-    if (a->all_next)
-        a->all_next->all_prev = a->all_prev;
+    cds_list_del(&a->all);
 }
 
 void bfc__shard_reclaim(struct bfc__arena *a)
@@ -244,9 +232,8 @@ size_t bfc__shard_reclaim_others(struct bfc_ctx *ctx, struct bfc__arena *self, b
 {
     size_t freed = 0;
     bfc__lock(&ctx->arenas_lock);
-    struct bfc__arena *a = ctx->arenas;
-    while (a) {
-        struct bfc__arena *next = a->all_next;
+    struct bfc__arena *a, *next;
+    cds_list_for_each_entry_safe(a, next, &ctx->arenas, all) {
         if (a != self) {
             bfc__lock(&a->lock);
             bool dead = false;
@@ -261,7 +248,6 @@ size_t bfc__shard_reclaim_others(struct bfc_ctx *ctx, struct bfc__arena *self, b
                 bfc__call_rcu(&a->rcu, arena_free_cb);
             }
         }
-        a = next;
     }
     bfc__unlock(&ctx->arenas_lock);
     return freed;
@@ -271,7 +257,10 @@ size_t bfc__shard_collect_tails(struct bfc_ctx *ctx, struct bfc__arena *self, st
 {
     size_t n = 0;
     bfc__lock(&ctx->arenas_lock);
-    for (struct bfc__arena *a = ctx->arenas; a && n < max; a = a->all_next) {
+    struct bfc__arena *a;
+    cds_list_for_each_entry(a, &ctx->arenas, all) {
+        if (n >= max)
+            break;
         if (a == self)
             continue;
         bfc__lock(&a->lock);
@@ -294,7 +283,8 @@ size_t bfc__shard_collect_tails(struct bfc_ctx *ctx, struct bfc__arena *self, st
 void bfc__shard_lock_all(struct bfc_ctx *ctx)
 {
     bfc__lock(&ctx->arenas_lock);
-    for (struct bfc__arena *a = ctx->arenas; a; a = a->all_next)
+    struct bfc__arena *a;
+    cds_list_for_each_entry(a, &ctx->arenas, all)
         bfc__lock_nested(&a->lock);
     bfc__lock(&ctx->pool.lock);
 }
@@ -302,7 +292,8 @@ void bfc__shard_lock_all(struct bfc_ctx *ctx)
 void bfc__shard_unlock_all(struct bfc_ctx *ctx)
 {
     bfc__unlock(&ctx->pool.lock);
-    for (struct bfc__arena *a = ctx->arenas; a; a = a->all_next)
+    struct bfc__arena *a;
+    cds_list_for_each_entry(a, &ctx->arenas, all)
         bfc__unlock(&a->lock);
     bfc__unlock(&ctx->arenas_lock);
 }
@@ -324,11 +315,10 @@ void bfc__shard_dir_fini(struct bfc_ctx *ctx)
     synchronize_rcu();
     rcu_barrier();
     bfc__rcu_reclaim();
-    while (ctx->arenas) {
-        struct bfc__arena *a = ctx->arenas;
-        ctx->arenas = a->all_next;
+    struct bfc__arena *a, *next;
+    cds_list_for_each_entry_safe(a, next, &ctx->arenas, all)
         bfc__arena_free(a);
-    }
+    CDS_INIT_LIST_HEAD(&ctx->arenas);
     rcu_barrier();
     bfc__rcu_reclaim();
     cds_lfht_destroy(ctx->dir, NULL);
@@ -341,7 +331,8 @@ size_t bfc__shard_free_info(struct bfc_ctx *ctx, struct bfc__shard_free *out, si
 {
     size_t n = 0;
     bfc__lock(&ctx->arenas_lock);
-    for (struct bfc__arena *a = ctx->arenas; a; a = a->all_next) {
+    struct bfc__arena *a;
+    cds_list_for_each_entry(a, &ctx->arenas, all) {
         bfc__lock(&a->lock);
         /* A dead shard still listed holds nothing; a retired one may still
          * hold free chunks next to live blocks, which is worth showing. */

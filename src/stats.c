@@ -72,8 +72,9 @@ int bfc_ctx_stats(bfc_ctx_t *ctx, bfc_stats_t *out)
         return BFC_EINVAL;
     bfc__rcu_register(); /* before the arenas lock: a drain may call call_rcu */
     memset(out, 0, sizeof(*out));
+    struct bfc__arena *a;
     bfc__lock(&ctx->arenas_lock);
-    for (struct bfc__arena *a = ctx->arenas; a; a = a->all_next) {
+    cds_list_for_each_entry(a, &ctx->arenas, all) {
         bfc__lock(&a->lock);
         /* A dead shard still listed is counted until unlink folds its
          * counters into ctx->retired (under arenas_lock, which we hold). */
@@ -146,8 +147,9 @@ int bfc_ctx_clear_peaks(bfc_ctx_t *ctx)
     /* The pool first: its new peak then covers the shards' whole new
      * window, so the cap in bfc_ctx_stats never cuts below a true peak. */
     bfc__pool_clear_peak(&ctx->pool);
+    struct bfc__arena *a;
     bfc__lock(&ctx->arenas_lock);
-    for (struct bfc__arena *a = ctx->arenas; a; a = a->all_next) {
+    cds_list_for_each_entry(a, &ctx->arenas, all) {
         bfc__lock(&a->lock);
         bfc__arena_drain_locked(a, true);
         a->st.peak_in_use = a->st.bytes_in_use;
@@ -179,7 +181,10 @@ int bfc_ctx_check_report(bfc_ctx_t *ctx, char *buf, size_t len)
      * read section keeps the region map array alive while it is read. */
     bfc__rcu_lock();
     bfc__shard_lock_all(ctx);
-    for (struct bfc__arena *a = ctx->arenas; a && !bad; a = a->all_next) {
+    struct bfc__arena *a;
+    cds_list_for_each_entry(a, &ctx->arenas, all) {
+        if (bad)
+            break;
         if (!a->dead) {
             bad = bfc__arena_check_locked(a, buf, len);
             regions += a->st.num_regions;
@@ -250,7 +255,8 @@ static void dump_arena(struct bfc__arena *a, FILE *f)
                " in use, %" PRIu64 " requested, %" PRIu64 " pending frees\n",
             a->stream_id, atomic_load(&a->retired) ? " (retired)" : "", a->st.num_regions, a->st.bytes_reserved,
             a->st.bytes_in_use, a->st.bytes_requested, a->st.pending);
-    for (struct bfc__region *r = a->regions; r; r = r->anext) {
+    struct bfc__region *r;
+    cds_list_for_each_entry(r, &a->regions, alink) {
         fprintf(f, "  Region %#lx size %zu%s\n", (unsigned long)r->base, r->size, r->large ? " (large)" : "");
         for (struct bfc__chunk *c = bfc__region_handle(r, r->base); c; c = c->next) {
             uint32_t s = atomic_load_explicit(&c->state, memory_order_relaxed);
@@ -278,8 +284,9 @@ int bfc_ctx_dump(bfc_ctx_t *ctx, FILE *f)
     fprintf(f, "libshardbfc memory map: backend %s, limit %" PRIu64 ", reserved %" PRIu64 ", in use %" PRIu64
                ", %" PRIu64 " shards, %" PRIu64 " regions\n",
             ctx->be->name, s.bytes_limit, s.bytes_reserved, s.bytes_in_use, s.num_shards, s.num_regions);
+    struct bfc__arena *a;
     bfc__lock(&ctx->arenas_lock);
-    for (struct bfc__arena *a = ctx->arenas; a; a = a->all_next) {
+    cds_list_for_each_entry(a, &ctx->arenas, all) {
         bfc__lock(&a->lock);
         if (!a->dead)
             dump_arena(a, f);
@@ -338,11 +345,12 @@ static void json_arena(struct bfc__arena *a, FILE *f, struct bfc_ctx *ctx)
             a->stream_id, (uintptr_t)a->stream, a->seq, atomic_load(&a->retired) ? "true" : "false");
     json_stats(f, &s, false);
     fprintf(f, ",\"regions\":[");
-    for (struct bfc__region *r = a->regions; r; r = r->anext) {
+    struct bfc__region *r;
+    cds_list_for_each_entry(r, &a->regions, alink) {
         fprintf(f,
                 "%s{\"base\":\"0x%" PRIxPTR "\",\"size\":%zu,\"owner\":%" PRIu64
                 ",\"large\":%s,\"live\":%zu,\"chunks\":[",
-                r == a->regions ? "" : ",", r->base, r->size, r->owner->stream_id, r->large ? "true" : "false",
+                r->alink.prev == &a->regions ? "" : ",", r->base, r->size, r->owner->stream_id, r->large ? "true" : "false",
                 r->live);
         for (struct bfc__chunk *c = bfc__region_handle(r, r->base); c; c = c->next) {
             uint32_t st = atomic_load_explicit(&c->state, memory_order_relaxed);
@@ -389,8 +397,9 @@ int bfc_ctx_snapshot_json(bfc_ctx_t *ctx, FILE *f)
     bfc__oom_json(ctx, f); /* obs.lock only: no allocator lock is held here */
     fprintf(f, ",\"shards\":[");
     bool first = true;
+    struct bfc__arena *a;
     bfc__lock(&ctx->arenas_lock);
-    for (struct bfc__arena *a = ctx->arenas; a; a = a->all_next) {
+    cds_list_for_each_entry(a, &ctx->arenas, all) {
         bfc__lock(&a->lock);
         if (!a->dead) {
             if (!first)
