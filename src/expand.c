@@ -56,8 +56,9 @@
  *     exceed release_threshold plus its slack.  The slack tracks churn:
  *     when a release at a free is followed by a map of memory again, it
  *     was a wasted pair of calls and the slack doubles (from a granule);
- *     when nothing of it came back before the next such release, it
- *     halves.  A shard that frees and reuses the same memory thus settles
+ *     when nothing of it came back before the next such release and a
+ *     thousand allocations (CALM_ALLOCS) passed without churn, it halves.
+ *     A shard that frees and reuses the same memory thus settles
  *     with no device calls and no scans; one that shrinks for good gives
  *     its memory back.
  *     (d) trim, and retirement (departure, below).
@@ -230,10 +231,11 @@ static bool others_idle(const struct bfc__arena *a)
 
 /* Sets the low-water mark of bytes_in_use below which a free asks the
  * policy again: once the free mapped bytes (by bytes_in_use, the one
- * figure the free's test reads) exceed both what they are now and what
- * the shard keeps, by a granule; after a map, as soon as they exceed what
- * the shard keeps (memory was short: the first free past it checks).
- * Frees that merely cycle memory the shard reuses never cross it. */
+ * figure the free's test reads) exceed what they are now by a granule;
+ * after a map, also as soon as they exceed what the shard keeps (memory
+ * was short: the first free past it checks).  Frees that merely cycle
+ * memory the shard reuses never cross it; a shard that goes idle crosses
+ * it once a granule, publishing what it holds free. */
 static void rearm(struct bfc__arena *a, bool mapped)
 {
     struct bfc__expand *x = a->x;
@@ -242,11 +244,11 @@ static void rearm(struct bfc__arena *a, bool mapped)
     size_t keep = x->threshold + x->slack;
     if (keep < x->threshold) /* saturate: a threshold near SIZE_MAX keeps all */
         keep = SIZE_MAX;
-    size_t trigger = keep;
-    if (!mapped) {
-        trigger = idle > keep ? idle : keep;
-        trigger = trigger > SIZE_MAX - GRAN(x) ? SIZE_MAX : trigger + GRAN(x);
-    }
+    /* A granule more free than now: publish it (other shards' growth
+     * reads it) and see whether it passed what the shard keeps. */
+    size_t trigger = idle + GRAN(x);
+    if (mapped && keep < trigger)
+        trigger = keep;
     x->low_water = x->mapped_bytes > trigger ? x->mapped_bytes - trigger : 0;
     size_t now = idle_bytes(a);
     publish(a, now > x->idle_floor ? now - x->idle_floor : 0);
@@ -289,6 +291,7 @@ static void account_map(struct bfc__arena *a, size_t bytes)
     if (x->unmapped_at_free) {
         x->unmapped_at_free -= bytes < x->unmapped_at_free ? bytes : x->unmapped_at_free;
         x->remapped = true;
+        x->calm_since = a->st.num_allocs;
         x->slack = x->slack ? (x->slack < x->size / 2 ? 2 * x->slack : x->size) : GRAN(x);
     }
 }
@@ -504,6 +507,8 @@ size_t bfc__expand_release_locked(struct bfc__arena *a, uint32_t wait_ms)
     return freed;
 }
 
+#define CALM_ALLOCS 1024
+
 void bfc__expand_after_free_locked(struct bfc__arena *a)
 {
     struct bfc__expand *x = a->x;
@@ -511,10 +516,14 @@ void bfc__expand_after_free_locked(struct bfc__arena *a)
     if (keep < x->threshold)
         keep = SIZE_MAX;
     if (idle_bytes(a) > keep) {
-        /* Nothing of the last release at a free was mapped again since:
-         * it was memory the shard did not need, so it keeps less. */
-        if (x->unmapped_at_free && !x->remapped)
+        /* Nothing of the last release at a free was mapped again, and no
+         * churn for CALM_ALLOCS allocations: the shard keeps less (one
+         * burst of frees is not evidence: its releases follow each other
+         * with no allocation between). */
+        if (x->unmapped_at_free && !x->remapped && a->st.num_allocs - x->calm_since >= CALM_ALLOCS) {
             x->slack /= 2;
+            x->calm_since = a->st.num_allocs;
+        }
         x->unmapped_at_free = release(a, 0, 0, 0, SIZE_MAX);
         x->remapped = false;
         x->idle_floor = idle_bytes(a);
@@ -661,9 +670,12 @@ fail:
 
 void *bfc__expand_alloc_slow(struct bfc_ctx *ctx, struct bfc__arena *a, size_t n, size_t rounded, int *status)
 {
-    if (a->x && a->x->deferred) {
-        /* The fast path would have grown while other shards hold free
-         * granules: theirs go first (fenced, not waited for), then we map. */
+    /* The fast path would have grown while other shards hold free
+     * granules (or this shard has no reservation yet, and they say they
+     * do): theirs go first (fenced, not waited for), then we map. */
+    bool others = a->x ? a->x->deferred
+                       : atomic_load_explicit(&ctx->pool.vmm_idle, memory_order_relaxed) >= ctx->be->vmm_granule;
+    if (others) {
         bfc__unlock(&a->lock);
         bfc__expand_unmap_others(ctx, a, 0);
         bfc__lock(&a->lock);

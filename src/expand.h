@@ -41,6 +41,7 @@ struct bfc__expand {
     size_t slack;               /* kept beyond the threshold at frees: grows with churn */
     size_t unmapped_at_free;    /* unmapped at the last release at a free, not mapped again since */
     bool remapped;              /* some of it was mapped again */
+    uint64_t calm_since;        /* num_allocs at the last churn or slack decay */
     size_t published;           /* its share of pool.vmm_idle: free mapped bytes above idle_floor */
     size_t idle_floor;          /* free mapped bytes the last full release left (inside granules in use) */
     bool deferred;              /* a growth went to the slow path: other shards hold free memory */
