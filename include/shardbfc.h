@@ -277,14 +277,24 @@ BFC_API int bfc_config_validate(const bfc_config_t *cfg);
  *     most GPUs): an allocation maps exactly the granules its block lacks
  *     -- no doubling --, and bytes_reserved counts mapped bytes.  Free
  *     granules (wholly inside free chunks) are unmapped only after an
- *     event recorded on the shard's stream has completed: when another
- *     shard needs the limit (its slow path waits for those events, without
- *     bound on CUDA, not at all on SIM), when a free leaves more than
- *     release_threshold bytes mapped but free in the shard (checked at
- *     frees, at most once per granule of growth, the unmap done once the
- *     event has completed; default 0: free granules go back at the first
- *     such check, as cudaMemPoolAttrReleaseThreshold's default), and on
- *     bfc_ctx_trim.  An allocation that lands on a granule waiting for its
+ *     event recorded on the shard's stream has completed, and never on
+ *     the common path (a map or unmap costs tens of microseconds on a
+ *     GPU): a shard keeps its free granules mapped until another shard
+ *     needs the limit (its slow path waits for those events, without
+ *     bound on CUDA, not at all on SIM) or grows while this one holds
+ *     free granules (the growing allocation takes the slow path and the
+ *     others unmap what their events allow, so shards that peak at
+ *     different times hold what one allocator would); until this shard
+ *     grows while it holds free granules beyond release_threshold (as
+ *     many go as it maps); until its frees leave more than
+ *     release_threshold bytes mapped but free plus a slack that doubles
+ *     whenever such a release is mapped again soon after and halves when
+ *     it is not (checked only when bytes in use drop a granule below the
+ *     last check); and on bfc_ctx_trim.  The default threshold is 0, as
+ *     cudaMemPoolAttrReleaseThreshold's: the slack, not the threshold,
+ *     keeps frees that cycle memory from unmapping it, and a larger
+ *     threshold makes a shard keep more (a higher peak: 5 to 8% on the
+ *     traces of tests/traces at 64 MiB).  An allocation that lands on a granule waiting for its
  *     event takes it back at no cost.  So one stream's peak never keeps
  *     another stream out: a request succeeds when the limit minus what is
  *     mapped, plus what other shards can unmap, covers it (granules aside).

@@ -743,6 +743,13 @@ static const char *measure(const struct opts *o, const struct perf_env *env, int
         *failed = true;
     r->have_mem = ops->stats(&a, &r->peak_reserved) && r->peak_requested > 0;
     r->overhead = r->have_mem ? (double)r->peak_reserved / (double)r->peak_requested : 0.0;
+    /* Map and unmap calls cost tens of microseconds each on a GPU: how
+     * many the run made per 1,000 allocations, prologue included. */
+    if (ops->snapshot != NULL && ops->snapshot(&a, &s1) && s1.num_allocs > 0) {
+        r->have_vmm = true;
+        r->maps_per_1k = 1000.0 * (double)s1.num_vmm_maps / (double)s1.num_allocs;
+        r->unmaps_per_1k = 1000.0 * (double)s1.num_vmm_unmaps / (double)s1.num_allocs;
+    }
     if (ops->in_use(&a, &used) && used != 0) {
         perf_progress_done();
         printf("  VERIFY FAILED: %s %s %u threads: %" PRIu64

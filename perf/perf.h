@@ -221,6 +221,9 @@ struct perf_result {
     uint64_t peak_reserved;
     uint64_t peak_requested; /* always measured by the harness */
     double overhead;         /* peak_reserved / peak_requested */
+    bool have_vmm;           /* maps_per_1k / unmaps_per_1k known (libshardbfc) */
+    double maps_per_1k;      /* device map calls of expandable arenas per 1,000 allocations, whole run */
+    double unmaps_per_1k;
     double frees_per_sec_per_consumer; /* cross: frees / time inside free; else 0 */
     unsigned consumers;
     /* cross: the producers' side and the pipeline */

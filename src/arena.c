@@ -421,7 +421,9 @@ static __attribute__((noinline)) struct bfc__chunk *take_vmm(struct bfc__arena *
 
 static void *take_chunk(struct bfc__arena *a, struct bfc__chunk *c, size_t rounded, size_t n)
 {
-    if (BFC__UNLIKELY(a->x != NULL)) {
+    /* An expandable arena's chunk wholly on ready granules takes the
+     * classic way: take_vmm's rules differ only where granules are not. */
+    if (BFC__UNLIKELY(a->x != NULL) && !bfc__expand_backed(a->x, c->ptr + c->size)) {
         if (!take_vmm(a, c, rounded))
             return NULL;
     } else {
@@ -489,7 +491,7 @@ static void release_chunk(struct bfc__arena *a, struct bfc__chunk *c)
     /* A retired shard keeps nothing it does not need. */
     if (r->live == 0 && atomic_load_explicit(&a->retired, memory_order_relaxed))
         region_depart(a, r, true);
-    else if (BFC__UNLIKELY(r->vmm))
+    else if (BFC__UNLIKELY(r->vmm) && a->st.bytes_in_use < a->x->low_water)
         bfc__expand_after_free_locked(a);
 }
 

@@ -596,6 +596,7 @@ static void *expand_retry(struct bfc__arena *a, size_t n, size_t rounded, int *s
             *st = s;
             return NULL;
         }
+        a->x->deferred = true; /* the slow path maps where it must */
     }
     bfc__arena_drain_locked(a, true);
     return expand_fit(a, n, rounded, st);
@@ -608,7 +609,7 @@ static void *expand_retry(struct bfc__arena *a, size_t n, size_t rounded, int *s
  * map where the best fit lands); other shards' free granules, their fences
  * waited for without a lock; departed reservations' fences; retry_ms.
  */
-static void *expand_alloc_slow(struct bfc_ctx *ctx, struct bfc__arena *a, size_t n, size_t rounded, int *status)
+static void *expand_escalate(struct bfc_ctx *ctx, struct bfc__arena *a, size_t n, size_t rounded, int *status)
 {
     uint32_t wait = fence_wait_ms(ctx);
     int st = BFC_ENOMEM;
@@ -660,6 +661,31 @@ fail:
     if (st != BFC__RETRY)
         a->st.ooms++;
     return NULL;
+}
+
+/*
+ * The slow path of an expandable arena.  The fast path comes here instead
+ * of growing while other shards hold free granules (`deferred`, set by
+ * bfc__expand_make_ready_locked), or for a shard with no reservation yet
+ * when they say they do (the pool's vmm_idle hint): theirs go first
+ * (fenced, not waited for), as one allocator over the device would reuse
+ * them, then the escalation maps where it must.
+ */
+static void *expand_alloc_slow(struct bfc_ctx *ctx, struct bfc__arena *a, size_t n, size_t rounded, int *status)
+{
+    bool others = a->x ? a->x->deferred
+                       : atomic_load_explicit(&ctx->pool.vmm_idle, memory_order_relaxed) >= ctx->be->vmm_granule;
+    if (others) {
+        bfc__unlock(&a->lock);
+        expand_unmap_others(ctx, a, 0);
+        bfc__lock(&a->lock);
+    }
+    if (a->x)
+        a->x->deferred = true; /* the escalation maps where it must */
+    void *p = expand_escalate(ctx, a, n, rounded, status);
+    if (a->x)
+        a->x->deferred = false;
+    return p;
 }
 
 /* Could giving our own free memory back to the pool make room for

@@ -14,8 +14,9 @@
  *     against the limit first) before the block is returned.  The unmapped
  *     end of the range is one big free chunk, so an arena grows by the
  *     granules a request needs at its end -- no doubling -- and a hole left
- *     by an unmap is refilled the same way.  The common path tests the
- *     `ready` bits only: no backend call, no lock, when they are mapped.
+ *     by an unmap is refilled the same way.  The common path tests one
+ *     address: every granule below ready_end is ready, and a block that
+ *     ends below it is taken as in a classic region.
  *   - Unmapping.  Granules wholly inside free chunks may go back to the
  *     device.  Queued work of the owner stream may still use them (a free on
  *     the owner's stream is reusable at once), so they are first marked
@@ -26,19 +27,51 @@
  *     touch memory, so a granule still leaving when the fence completes has
  *     been free since before the fence, and nothing queued can touch it.  A
  *     newer record of the fence covers every older mark.
- *   - When.  (a) Another shard cannot map within the limit: its slow path
- *     asks every other shard to mark and fence its free granules, waits for
- *     those fences with no lock held (on a device; not on SIM, where a held
- *     stream only ends when a test drains it), and asks again to unmap.
- *     (b) A free leaves more than release_threshold bytes mapped but free in
- *     the shard: the shard marks and fences its free granules, and unmaps
- *     them at once if the fence has already completed, else at the next such
- *     check after it did.  Checks are spaced by a granule of growth of the
- *     free mapped bytes, so a shard that frees and reuses memory does not
- *     rescan at every free.  The default threshold is 0, as
- *     cudaMemPoolAttrReleaseThreshold's: free granules are returned at the
- *     first check after their fence completed -- our equivalent of the
- *     synchronisation points where a CUDA memory pool trims.  (c) trim.
+ *   - When.  Map and unmap calls cost tens of microseconds on a GPU, so
+ *     none is made on the common path, and a shard keeps free granules
+ *     mapped (hysteresis, as jemalloc keeps dirty pages and a CUDA memory
+ *     pool keeps memory between its synchronisation points) until one of:
+ *     (a) Growth elsewhere.  An allocation whose block lacks mapped
+ *     granules, while other shards say they hold a granule or more mapped
+ *     but free (pool.vmm_idle, a hint each shard publishes at its policy
+ *     checks, never at a plain free), goes to the slow path, which asks
+ *     every other shard to mark and fence its free granules and unmap
+ *     those whose fence has completed, then maps: memory changes hands
+ *     between streams, so shards that peak at different times need no
+ *     more than one allocator over the device would.  When another shard
+ *     cannot map within the limit, its slow path does the same and waits
+ *     for those fences with no lock held (on a device; not on SIM, where a
+ *     held stream only ends when a test drains it).
+ *     (b) Growth here.  Before mapping, the shard marks and fences its own
+ *     free granules beyond release_threshold, up to as many bytes as it is
+ *     about to map (the largest free chunks first), and unmaps them if the
+ *     fence has completed: growth in one place while memory lies free in
+ *     another -- fragmentation -- does not raise what the shard holds, at
+ *     the price of at most one unmap call per run, beside a map call that
+ *     is made anyway.
+ *     (c) Frees.  A free tests one figure: bytes_in_use against a low-water
+ *     mark (rearm()); crossing it -- the free mapped bytes exceed what the
+ *     shard keeps by a granule more than at the last check, or, after a
+ *     map, at all -- makes the shard release every free granule when they
+ *     exceed release_threshold plus its slack.  The slack tracks churn:
+ *     when a release at a free is followed by a map of memory again, it
+ *     was a wasted pair of calls and the slack doubles (from a granule);
+ *     when nothing of it came back before the next such release and a
+ *     thousand allocations (CALM_ALLOCS) passed without churn, it halves.
+ *     A shard that frees and reuses the same memory thus settles
+ *     with no device calls and no scans; one that shrinks for good gives
+ *     its memory back.
+ *     (d) trim, and retirement (departure, below).
+ *     The default threshold is 0, as cudaMemPoolAttrReleaseThreshold's:
+ *     with (a) and (b), what the shards hold grows only when their free
+ *     whole granules are spent, so the peak stays close to the blocks'
+ *     (the rest lies in granules shared with live blocks), and (c)'s
+ *     slack, not the threshold, keeps the device calls off the common
+ *     path.  A larger threshold only makes a shard keep more (and raises
+ *     the peak: detect and train traces, tests/traces, by 8 and 5%).
+ *     A release marks only granules wholly inside free chunks, found in
+ *     the bins of chunks of a granule or more: it never walks the chunks
+ *     in use.
  *   - Stream safety across shards.  An unmapped granule has no memory; the
  *     next va_map of the same address, by this shard, gets fresh memory.
  *     Another shard never sees this address range: it maps its own range,
@@ -53,8 +86,8 @@
  * granules go back when it is freed.
  *
  * Invariants (bfc__expand_check_locked, under the arena lock): ready is a
- * subset of mapped; mapped_bytes and leaving_bytes are the counts of the
- * bits; every granule under a chunk in use or pending is ready; the
+ * subset of mapped; every granule below ready_end is ready; mapped_bytes
+ * and leaving_bytes are the counts of the bits; every granule under a chunk in use or pending is ready; the
  * arena's bytes_reserved is mapped_bytes.
  *
  * Layering: the arena (arena.c) calls in here; this file calls only the
@@ -118,7 +151,6 @@ int bfc__expand_create_locked(struct bfc__arena *a)
     x->gone = bfc__meta_zalloc(sizeof(*x->gone));
     x->fence = x->mapped && x->ready && x->gone ? bfc__pool_fence_get(env->pool) : NULL;
     x->threshold = env->release_threshold;
-    x->next_check = x->threshold;
     if (!x->fence) {
         expand_free(a, x);
         return BFC_ENOMEM;
@@ -128,6 +160,7 @@ int bfc__expand_create_locked(struct bfc__arena *a)
         expand_free(a, x);
         return st;
     }
+    x->ready_end = x->base;
     a->x = x; /* before the region (arena.c): its accounting reads it */
     return BFC_OK;
 }
@@ -140,6 +173,8 @@ void bfc__expand_destroy_locked(struct bfc__arena *a)
     expand_free(a, x);
 }
 
+static void publish(struct bfc__arena *a, size_t idle);
+
 void bfc__expand_depart_locked(struct bfc__arena *a, bool fence)
 {
     struct bfc__expand *x = a->x;
@@ -150,6 +185,7 @@ void bfc__expand_depart_locked(struct bfc__arena *a, bool fence)
         bfc__fence_reset(f);
         bfc__fence_arm(a->env->be, f, a->stream);
     }
+    publish(a, 0);
     a->st.bytes_reserved -= x->mapped_bytes;
     struct bfc__vmm_gone *rec = x->gone;
     x->gone = NULL;
@@ -160,6 +196,89 @@ void bfc__expand_depart_locked(struct bfc__arena *a, bool fence)
 
 /* ------------------------------------------------------------ mapping */
 
+/* ------------------------------------------------------------- policy */
+
+static size_t busy_bytes(const struct bfc__arena *a)
+{
+    return a->st.bytes_in_use + a->st.pending_bytes;
+}
+
+/* Mapped bytes under no block in use or pending (granules shared with a
+ * block included: an upper bound of what a release can unmap). */
+static size_t idle_bytes(const struct bfc__arena *a)
+{
+    size_t busy = busy_bytes(a);
+    return a->x->mapped_bytes > busy ? a->x->mapped_bytes - busy : 0;
+}
+
+/* What other shards read of our free mapped bytes (their growth asks us
+ * for them).  relaxed: a hint; the slow path reads the truth under locks. */
+static void publish(struct bfc__arena *a, size_t idle)
+{
+    struct bfc__expand *x = a->x;
+    _Atomic size_t *h = &a->env->pool->vmm_idle;
+    if (idle > x->published)
+        atomic_fetch_add_explicit(h, idle - x->published, memory_order_relaxed);
+    else if (idle < x->published)
+        atomic_fetch_sub_explicit(h, x->published - idle, memory_order_relaxed);
+    x->published = idle;
+}
+
+/* Do other shards say they hold a granule or more mapped but free? */
+static bool others_idle(const struct bfc__arena *a)
+{
+    size_t all = atomic_load_explicit(&a->env->pool->vmm_idle, memory_order_relaxed);
+    return all > a->x->published && all - a->x->published >= GRAN(a->x);
+}
+
+/* Sets the low-water mark of bytes_in_use below which a free asks the
+ * policy again: once the free mapped bytes (by bytes_in_use, the one
+ * figure the free's test reads) exceed what they are now by a granule;
+ * after a map, also as soon as they exceed what the shard keeps (memory
+ * was short: the first free past it checks).  Frees that merely cycle
+ * memory the shard reuses never cross it; a shard that goes idle crosses
+ * it once a granule, publishing what it holds free. */
+static void rearm(struct bfc__arena *a, bool mapped)
+{
+    struct bfc__expand *x = a->x;
+    size_t in_use = a->st.bytes_in_use;
+    size_t idle = x->mapped_bytes > in_use ? x->mapped_bytes - in_use : 0;
+    size_t keep = x->threshold + x->slack;
+    if (keep < x->threshold) /* saturate: a threshold near SIZE_MAX keeps all */
+        keep = SIZE_MAX;
+    /* A granule more free than now: publish it (other shards' growth
+     * reads it) and see whether it passed what the shard keeps. */
+    size_t trigger = idle + GRAN(x);
+    if (mapped && keep < trigger)
+        trigger = keep;
+    x->low_water = x->mapped_bytes > trigger ? x->mapped_bytes - trigger : 0;
+    size_t now = idle_bytes(a);
+    publish(a, now > x->idle_floor ? now - x->idle_floor : 0);
+}
+
+/* The first granule at or after g that is not ready (ngran if none). */
+static size_t first_unready(const struct bfc__expand *x, size_t g)
+{
+    while (g < x->ngran) {
+        uint64_t w = ~x->ready[g >> 6] >> (g & 63);
+        if (w) {
+            g += (size_t)__builtin_ctzll(w);
+            break;
+        }
+        g = (g | 63) + 1;
+    }
+    return g < x->ngran ? g : x->ngran;
+}
+
+/* A granule became not ready: the ready prefix ends at it at the latest. */
+static void unready(struct bfc__expand *x, size_t g)
+{
+    set_bit(x->ready, g, false);
+    uintptr_t at = x->base + (g << x->shift);
+    if (at < x->ready_end)
+        x->ready_end = at;
+}
+
 static void account_map(struct bfc__arena *a, size_t bytes)
 {
     struct bfc__expand *x = a->x;
@@ -168,9 +287,32 @@ static void account_map(struct bfc__arena *a, size_t bytes)
     a->st.bytes_reserved += bytes;
     if (a->st.bytes_reserved > a->st.peak_reserved)
         a->st.peak_reserved = a->st.bytes_reserved;
-    /* Memory is short in this shard now: the next free that leaves more
-     * than the threshold free checks again. */
-    x->next_check = x->threshold;
+    /* Churn: memory that a release at a free gave back is needed again.
+     * The shard keeps more at frees from now on (twice, from a granule):
+     * releasing it only bought a map call. */
+    if (x->unmapped_at_free) {
+        x->unmapped_at_free -= bytes < x->unmapped_at_free ? bytes : x->unmapped_at_free;
+        x->remapped = true;
+        x->calm_since = a->st.num_allocs;
+        x->slack = x->slack ? (x->slack < x->size / 2 ? 2 * x->slack : x->size) : GRAN(x);
+    }
+}
+
+static size_t release(struct bfc__arena *a, uint32_t wait_ms, size_t g0, size_t g1, size_t budget);
+
+/* Granules [g0, g1) are about to be mapped for a block: the shard's own
+ * free granules beyond the threshold go first (up to as many bytes), so
+ * that growth in one place while memory lies free in another does not
+ * raise what the shard holds.  The map call is made anyway; this adds at
+ * most one unmap call per run of free granules, and only at growth. */
+static void release_for_growth(struct bfc__arena *a, size_t g0, size_t g1, size_t need)
+{
+    struct bfc__expand *x = a->x;
+    size_t idle = idle_bytes(a);
+    if (idle <= x->threshold)
+        return;
+    size_t budget = idle - x->threshold;
+    (void)release(a, 0, g0, g1, budget < need ? budget : need);
 }
 
 int bfc__expand_make_ready_locked(struct bfc__arena *a, uintptr_t p, size_t size)
@@ -178,12 +320,27 @@ int bfc__expand_make_ready_locked(struct bfc__arena *a, uintptr_t p, size_t size
     struct bfc__expand *x = a->x;
     const struct bfc__arena_env *env = a->env;
     size_t g0 = (p - x->base) >> x->shift, g1 = ((p + size - 1 - x->base) >> x->shift) + 1;
+    size_t need = 0;
     /* Leaving granules come back at no cost. */
     for (size_t g = g0; g < g1; g++)
-        if (bit(x->mapped, g) && !bit(x->ready, g)) {
+        if (!bit(x->mapped, g))
+            need += GRAN(x);
+        else if (!bit(x->ready, g)) {
             set_bit(x->ready, g, true);
             x->leaving_bytes -= GRAN(x);
         }
+    if (need) {
+        /* Growth while other shards hold free memory: the slow path
+         * (the context's, ctx.c) takes theirs first, as one allocator
+         * over the device would reuse it, and comes back with `deferred`
+         * set to map. */
+        if (!x->deferred && others_idle(a)) {
+            x->deferred = true;
+            x->map_status = BFC_ENOMEM;
+            return BFC_ENOMEM;
+        }
+        release_for_growth(a, g0, g1, need);
+    }
     for (size_t g = g0; g < g1;) {
         if (bit(x->mapped, g)) {
             g++;
@@ -197,12 +354,15 @@ int bfc__expand_make_ready_locked(struct bfc__arena *a, uintptr_t p, size_t size
         int st = bfc__pool_vmm_map(env->pool, addr, len);
         if (st != BFC_OK) {
             x->map_status = st;
+            rearm(a, false);
             return st;
         }
         for (size_t i = g; i < e; i++) {
             set_bit(x->mapped, i, true);
             set_bit(x->ready, i, true);
         }
+        if (e > x->map_top)
+            x->map_top = e;
         account_map(a, len);
         if (env->poison)
             memset((void *)addr, 0xDB, len);
@@ -210,6 +370,10 @@ int bfc__expand_make_ready_locked(struct bfc__arena *a, uintptr_t p, size_t size
             bfc__trace_event(env->obs, BFC__TR_GROW, addr, len, a->stream);
         g = e;
     }
+    size_t pg = (x->ready_end - x->base) >> x->shift;
+    if (g0 <= pg)
+        x->ready_end = x->base + (first_unready(x, pg) << x->shift);
+    rearm(a, need != 0);
     return BFC_OK;
 }
 
@@ -255,37 +419,72 @@ static size_t unmap_leaving(struct bfc__arena *a)
     return freed;
 }
 
-/* Marks the ready granules wholly inside free chunks as leaving; returns
- * how many bytes it marked. */
-static size_t mark_free(struct bfc__arena *a)
+struct marking {
+    struct bfc__expand *x;
+    size_t g0, g1;    /* granules not to mark: a block about to use them */
+    size_t budget, marked;
+};
+
+/* Marks the ready granules of [ga, gb), the highest first, a word of bits
+ * at a time. */
+static void mark_range(struct marking *m, size_t ga, size_t gb)
 {
-    struct bfc__expand *x = a->x;
-    size_t marked = 0;
-    for (struct bfc__chunk *c = bfc__region_handle(x->region, x->base); c; c = c->next) {
-        if (atomic_load_explicit(&c->state, memory_order_relaxed) != BFC__CHUNK_FREE)
-            continue;
-        size_t ga = (c->ptr - x->base + GRAN(x) - 1) >> x->shift;
-        size_t gb = (c->ptr + c->size - x->base) >> x->shift;
-        for (size_t g = ga; g < gb; g++)
-            if (bit(x->ready, g)) {
-                set_bit(x->ready, g, false);
-                marked += GRAN(x);
-            }
+    struct bfc__expand *x = m->x;
+    while (gb > ga && m->marked < m->budget) {
+        size_t wi = (gb - 1) >> 6, lo = ga > wi << 6 ? ga : wi << 6;
+        unsigned hi = (unsigned)((gb - 1) & 63);
+        uint64_t w = x->ready[wi] & (hi == 63 ? ~(uint64_t)0 : ((uint64_t)1 << (hi + 1)) - 1) &
+                     ~(((uint64_t)1 << (lo & 63)) - 1);
+        while (w && m->marked < m->budget) {
+            unsigned b = 63u - (unsigned)__builtin_clzll(w);
+            size_t g = (wi << 6) + b;
+            w &= ~((uint64_t)1 << b);
+            if (g >= m->g0 && g < m->g1)
+                continue;
+            unready(x, g);
+            m->marked += GRAN(x);
+        }
+        gb = lo;
     }
-    x->leaving_bytes += marked;
-    return marked;
 }
 
-size_t bfc__expand_release_locked(struct bfc__arena *a, uint32_t wait_ms)
+static int mark_chunk(struct bfc__chunk *c, void *arg)
+{
+    struct marking *m = arg;
+    struct bfc__expand *x = m->x;
+    size_t ga = (c->ptr - x->base + GRAN(x) - 1) >> x->shift;
+    size_t gb = (c->ptr + c->size - x->base) >> x->shift;
+    if (gb > x->map_top) /* the unmapped end of the range */
+        gb = x->map_top;
+    mark_range(m, ga, gb);
+    return m->marked >= m->budget;
+}
+
+/* Marks the ready granules wholly inside free chunks, outside [g0, g1),
+ * as leaving, up to `budget` bytes; returns how many bytes it marked.
+ * Only a free chunk of a granule or more can hold a whole granule: the
+ * bins from the granule's up are all it reads, the largest chunks first
+ * (the smaller ones are the likelier to be cut again soon). */
+static size_t mark_free(struct bfc__arena *a, size_t g0, size_t g1, size_t budget)
+{
+    struct bfc__expand *x = a->x;
+    struct marking m = { x, g0, g1, budget, 0 };
+    uint32_t lo = bfc__bin_for_size(GRAN(x));
+    for (uint32_t i = BFC__NUM_BINS; i-- > lo && m.marked < budget;)
+        if ((a->bins.nonempty >> i) & 1)
+            (void)bfc__bins_walk(&a->bins, i, mark_chunk, &m);
+    x->leaving_bytes += m.marked;
+    return m.marked;
+}
+
+static size_t release(struct bfc__arena *a, uint32_t wait_ms, size_t g0, size_t g1, size_t budget)
 {
     struct bfc__expand *x = a->x;
     bfc__backend_t *be = a->env->be;
     size_t freed = 0;
-    if (!x)
-        return 0;
     if (x->leaving_bytes && x->armed && bfc__fence_query(be, x->fence) == BFC_OK)
         freed += unmap_leaving(a);
-    if (mark_free(a) || (x->leaving_bytes && !x->armed)) {
+    if (mark_free(a, g0, g1, budget) || (x->leaving_bytes && !x->armed)) {
         /* Recorded after the marks: covers every use of what is leaving. */
         bfc__fence_reset(x->fence);
         bfc__fence_arm(be, x->fence, a->stream);
@@ -300,18 +499,38 @@ size_t bfc__expand_release_locked(struct bfc__arena *a, uint32_t wait_ms)
     return freed;
 }
 
+size_t bfc__expand_release_locked(struct bfc__arena *a, uint32_t wait_ms)
+{
+    if (!a->x)
+        return 0;
+    size_t freed = release(a, wait_ms, 0, 0, SIZE_MAX);
+    a->x->idle_floor = idle_bytes(a);
+    rearm(a, false);
+    return freed;
+}
+
+#define CALM_ALLOCS 1024
+
 void bfc__expand_after_free_locked(struct bfc__arena *a)
 {
     struct bfc__expand *x = a->x;
-    size_t busy = a->st.bytes_in_use + a->st.pending_bytes;
-    size_t free_mapped = x->mapped_bytes > busy ? x->mapped_bytes - busy : 0;
-    if (BFC__LIKELY(free_mapped <= x->next_check))
-        return;
-    (void)bfc__expand_release_locked(a, 0);
-    free_mapped = x->mapped_bytes > busy ? x->mapped_bytes - busy : 0;
-    /* What could not go (granules shared with live blocks, or waiting for
-     * the fence) does not trigger a rescan until a granule more is free. */
-    x->next_check = (free_mapped > x->threshold ? free_mapped : x->threshold) + GRAN(x);
+    size_t keep = x->threshold + x->slack;
+    if (keep < x->threshold)
+        keep = SIZE_MAX;
+    if (idle_bytes(a) > keep) {
+        /* Nothing of the last release at a free was mapped again, and no
+         * churn for CALM_ALLOCS allocations: the shard keeps less (one
+         * burst of frees is not evidence: its releases follow each other
+         * with no allocation between). */
+        if (x->unmapped_at_free && !x->remapped && a->st.num_allocs - x->calm_since >= CALM_ALLOCS) {
+            x->slack /= 2;
+            x->calm_since = a->st.num_allocs;
+        }
+        x->unmapped_at_free = release(a, 0, 0, 0, SIZE_MAX);
+        x->remapped = false;
+        x->idle_floor = idle_bytes(a);
+    }
+    rearm(a, false);
 }
 
 /* ------------------------------------------------------------- checks */
@@ -335,6 +554,11 @@ int bfc__expand_check_locked(struct bfc__arena *a, char *buf, size_t len)
                  "invariant 4: shard %lu: %zu granules mapped (%zu leaving), counted %zu bytes (%zu), reserved %lu",
                  (unsigned long)a->stream_id, mapped, leaving, x->mapped_bytes, x->leaving_bytes,
                  (unsigned long)a->st.bytes_reserved);
+        return -1;
+    }
+    if (x->ready_end > x->base + (first_unready(x, 0) << x->shift)) {
+        snprintf(buf, len, "invariant 4: shard %lu: ready prefix ends at %#lx, a granule below is not ready",
+                 (unsigned long)a->stream_id, (unsigned long)x->ready_end);
         return -1;
     }
     for (struct bfc__chunk *c = bfc__region_handle(x->region, x->base); c; c = c->next)

@@ -25,18 +25,38 @@ struct bfc__expand {
      * after they were marked) has completed, unless an allocation takes
      * them back first (which costs no backend call). */
     uint64_t *mapped, *ready;
+    size_t map_top;             /* no granule at or above it has been mapped */
     size_t mapped_bytes;
     size_t leaving_bytes;
+    /* Every granule below ready_end is ready: a block that ends below it
+     * needs nothing (the common path's one test). */
+    uintptr_t ready_end;
     struct bfc__fence *fence;   /* a pool record, held for the arena's life */
     bool armed;                 /* fence recorded after the leaving granules were marked */
     size_t threshold;           /* release_threshold */
-    size_t next_check;          /* mapped-but-free bytes that trigger the next release */
+    /* The amortised check at frees: a free that leaves bytes_in_use below
+     * low_water asks the policy (expand.c); no other free does anything. */
+    size_t low_water;
+    size_t slack;               /* kept beyond the threshold at frees: grows with churn */
+    size_t unmapped_at_free;    /* unmapped at the last release at a free, not mapped again since */
+    bool remapped;              /* some of it was mapped again */
+    uint64_t calm_since;        /* num_allocs at the last churn or slack decay */
+    size_t published;           /* its share of pool.vmm_idle: free mapped bytes above idle_floor */
+    size_t idle_floor;          /* free mapped bytes the last full release left (inside granules in use) */
+    bool deferred;              /* a growth went to the slow path: other shards hold free memory */
     int map_status;             /* why the last fit failed to map */
     struct bfc__region *region;
     struct bfc__vmm_gone *gone; /* the record its departure uses */
 };
 
-/* Are the granules under [p, p + size) all ready?  (The common path.) */
+/* Is every granule under a block ending at `end` ready, without a look at
+ * the bits?  (The common path: false sends it to take the long way.) */
+static inline bool bfc__expand_backed(const struct bfc__expand *x, uintptr_t end)
+{
+    return end <= x->ready_end;
+}
+
+/* Are the granules under [p, p + size) all ready? */
 static inline bool bfc__expand_ready(const struct bfc__expand *x, uintptr_t p, size_t size)
 {
     size_t g = (p - x->base) >> x->shift, last = (p + size - 1 - x->base) >> x->shift;
@@ -60,7 +80,9 @@ int bfc__expand_make_ready_locked(struct bfc__arena *a, uintptr_t p, size_t size
  * unmaps what may go: waits up to wait_ms for the fence (0: only when it
  * has already completed).  Returns the bytes unmapped. */
 size_t bfc__expand_release_locked(struct bfc__arena *a, uint32_t wait_ms);
-/* After a free: release when mapped-but-free memory passed the threshold. */
+/* After a free that left bytes_in_use below x->low_water (the caller's
+ * inline test): releases when the mapped-but-free bytes passed the
+ * threshold and the shard's slack, and sets the next low-water mark. */
 void bfc__expand_after_free_locked(struct bfc__arena *a);
 /* The reservation leaves the arena (the region is unlinked by the caller);
  * with `fence`, released once the owner stream's work has completed. */

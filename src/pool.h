@@ -81,6 +81,9 @@ struct bfc__pool {
     size_t vmm_mapped;
     struct bfc__vmm_gone *vmm_gone;
     uint64_t vmm_maps, vmm_unmaps;
+    /* Mapped-but-free bytes that the expandable arenas published at their
+     * last policy check (expand.c): a hint, read and written relaxed. */
+    _Atomic size_t vmm_idle;
 };
 
 /* With growth == false the whole limit is reserved from the backend here.

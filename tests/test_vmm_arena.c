@@ -464,6 +464,193 @@ START_TEST(test_release)
 }
 END_TEST
 
+/* ------------------------------------------------------ release policy */
+
+static void calls(bfc_ctx_t *ctx, uint64_t *maps, uint64_t *unmaps)
+{
+    bfc_stats_t st;
+    ck_assert_int_eq(bfc_ctx_stats(ctx, &st), BFC_OK);
+    *maps = st.num_vmm_maps;
+    *unmaps = st.num_vmm_unmaps;
+}
+
+/* One cycle of a step-wise workload: 8 granule-sized blocks, then a
+ * separator (so the hole they leave is bounded), all freed but the
+ * separator, which the caller frees. */
+static char *cycle(bfc_ctx_t *ctx, bfc_stream_t s, char **p)
+{
+    for (int i = 0; i < 8; i++)
+        ck_assert_ptr_nonnull(p[i] = bfc_ctx_alloc(ctx, s, G));
+    char *sep = bfc_ctx_alloc(ctx, s, 256);
+    ck_assert_ptr_nonnull(sep);
+    for (int i = 0; i < 8; i++)
+        ck_assert_int_eq(bfc_ctx_free(ctx, p[i], s), BFC_OK);
+    return sep;
+}
+
+/* Threshold 0 (the default): the first release at a free goes; memory
+ * that comes back by a map makes the shard keep more (slack), until the
+ * cycles make no device call at all -- and trim still unmaps every free
+ * granule. */
+START_TEST(test_churn)
+{
+    bfc_ctx_t *ctx = ctx_spec("memory_limit=64M,vmm=on", G);
+    char *keep = bfc_ctx_alloc(ctx, NULL, 256), *p[8];
+    ck_assert_ptr_nonnull(keep);
+    uint64_t maps[20], unmaps[20];
+    char *sep = NULL;
+    for (int c = 0; c < 20; c++) {
+        char *s2 = cycle(ctx, NULL, p);
+        if (sep)
+            ck_assert_int_eq(bfc_ctx_free(ctx, sep, NULL), BFC_OK);
+        sep = s2;
+        calls(ctx, &maps[c], &unmaps[c]);
+        check_ok(ctx);
+    }
+    ck_assert_uint_ge(unmaps[0], 1);           /* released at a free */
+    ck_assert_uint_gt(maps[19], maps[0]);      /* and mapped again: churn */
+    ck_assert_uint_eq(maps[19], maps[10]);     /* until the slack covers it */
+    ck_assert_uint_eq(unmaps[19], unmaps[10]);
+    ck_assert_uint_le(reserved(ctx), 11 * G);
+    ck_assert(mapped(ctx, p[3], G));
+    /* Trim: every free granule goes, whatever the slack. */
+    ck_assert_int_eq(bfc_ctx_trim(ctx), BFC_OK);
+    ck_assert(!mapped(ctx, p[3], 1));
+    ck_assert(mapped(ctx, keep, 256) && mapped(ctx, sep, 256));
+    ck_assert_uint_le(reserved(ctx), 4 * G);
+    check_ok(ctx);
+    ck_assert_int_eq(bfc_ctx_free(ctx, sep, NULL), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_free(ctx, keep, NULL), BFC_OK);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
+/* Frees that cycle memory the shard reuses make no device call: the check
+ * at frees is a low-water mark, crossed only when more is free than at
+ * the last check. */
+START_TEST(test_amortised)
+{
+    bfc_ctx_t *ctx = ctx_spec("memory_limit=64M,vmm=on", G);
+    char *keep = bfc_ctx_alloc(ctx, NULL, 4 * G);
+    ck_assert_ptr_nonnull(keep);
+    uint64_t m0, u0, m1, u1;
+    char *q;
+    /* A few calls while the slack finds its level, then none at all. */
+    for (int i = 0; i < 2000; i++) {
+        if (i == 100)
+            calls(ctx, &m0, &u0);
+        q = bfc_ctx_alloc(ctx, NULL, (size_t)(1 + i % 7) * G / 4);
+        ck_assert_ptr_nonnull(q);
+        ck_assert_int_eq(bfc_ctx_free(ctx, q, NULL), BFC_OK);
+    }
+    calls(ctx, &m1, &u1);
+    ck_assert_uint_le(m0, 8);
+    ck_assert_uint_eq(m1, m0);
+    ck_assert_uint_eq(u1, u0);
+    check_ok(ctx);
+    ck_assert_int_eq(bfc_ctx_free(ctx, keep, NULL), BFC_OK);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
+/* Under the threshold nothing is unmapped, at frees or at growth; past it,
+ * the next check releases. */
+START_TEST(test_under_threshold)
+{
+    bfc_ctx_t *ctx = ctx_spec("memory_limit=64M,vmm=on,release_threshold=1M", G);
+    char *keep = bfc_ctx_alloc(ctx, NULL, 256), *p[8];
+    ck_assert_ptr_nonnull(keep);
+    char *sep = cycle(ctx, NULL, p); /* 512 KiB free, mapped */
+    uint64_t m, u;
+    calls(ctx, &m, &u);
+    ck_assert_uint_eq(u, 0);
+    ck_assert(mapped(ctx, p[3], G));
+    /* Growth past the hole, with less than the threshold free: kept. */
+    char *big = bfc_ctx_alloc(ctx, NULL, 12 * G);
+    ck_assert_ptr_nonnull(big);
+    calls(ctx, &m, &u);
+    ck_assert_uint_eq(u, 0);
+    ck_assert(mapped(ctx, p[3], G));
+    check_ok(ctx);
+    /* 1.25 MiB free: over it, released at the free. */
+    ck_assert_int_eq(bfc_ctx_free(ctx, big, NULL), BFC_OK);
+    calls(ctx, &m, &u);
+    ck_assert_uint_ge(u, 1);
+    ck_assert_uint_le(reserved(ctx), 1 * MiB + 2 * G);
+    check_ok(ctx);
+    ck_assert_int_eq(bfc_ctx_free(ctx, sep, NULL), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_free(ctx, keep, NULL), BFC_OK);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
+/* Growth while free granules lie elsewhere in the shard (kept by the
+ * slack): as many go as are mapped, so what the shard holds does not grow
+ * by the whole request. */
+START_TEST(test_growth_release)
+{
+    bfc_ctx_t *ctx = ctx_spec("memory_limit=64M,vmm=on", G);
+    char *keep = bfc_ctx_alloc(ctx, NULL, 256), *p[8], *sep = NULL;
+    for (int c = 0; c < 12; c++) { /* build the slack */
+        char *s2 = cycle(ctx, NULL, p);
+        if (sep)
+            ck_assert_int_eq(bfc_ctx_free(ctx, sep, NULL), BFC_OK);
+        sep = s2;
+    }
+    ck_assert(mapped(ctx, p[3], G));
+    uint64_t before = reserved(ctx), m0, u0, m1, u1;
+    calls(ctx, &m0, &u0);
+    char *big = bfc_ctx_alloc(ctx, NULL, 10 * G); /* larger than the hole */
+    ck_assert_ptr_nonnull(big);
+    calls(ctx, &m1, &u1);
+    ck_assert_uint_gt(m1, m0);
+    ck_assert_uint_gt(u1, u0);
+    ck_assert(!mapped(ctx, p[3], 1));
+    ck_assert(mapped(ctx, big, 10 * G));
+    ck_assert_uint_lt(reserved(ctx), before + 10 * G);
+    check_ok(ctx);
+    ck_assert_int_eq(bfc_ctx_free(ctx, big, NULL), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_free(ctx, sep, NULL), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_free(ctx, keep, NULL), BFC_OK);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
+/* Growth in one shard while another keeps free granules (its slack): the
+ * growing allocation has them unmapped first, well below the limit, so the
+ * two streams hold what one allocator would. */
+START_TEST(test_growth_elsewhere)
+{
+    bfc_ctx_t *ctx = ctx_spec("memory_limit=64M,vmm=on", G);
+    bfc_stream_t s = bfc_sim_stream_create(ctx), t = bfc_sim_stream_create(ctx);
+    char *keep = bfc_ctx_alloc(ctx, s, 256), *p[8], *sep = NULL;
+    char *tk = bfc_ctx_alloc(ctx, t, 256); /* t has a reservation: its fast path defers */
+    ck_assert_ptr_nonnull(tk);
+    for (int c = 0; c < 12; c++) {
+        char *s2 = cycle(ctx, s, p);
+        if (sep)
+            ck_assert_int_eq(bfc_ctx_free(ctx, sep, s), BFC_OK);
+        sep = s2;
+    }
+    ck_assert(mapped(ctx, p[3], G));
+    uint64_t before = reserved(ctx);
+    char *b = bfc_ctx_alloc(ctx, t, 8 * G);
+    ck_assert_ptr_nonnull(b);
+    ck_assert(!mapped(ctx, p[3], 1));
+    ck_assert(mapped(ctx, b, 8 * G));
+    ck_assert_uint_le(reserved(ctx), before + 2 * G);
+    bfc_stats_t st;
+    ck_assert_int_eq(bfc_ctx_stream_stats(ctx, s, &st), BFC_OK);
+    ck_assert_uint_ge(st.num_vmm_unmaps, 1);
+    check_ok(ctx);
+    ck_assert_int_eq(bfc_ctx_free(ctx, b, t), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_free(ctx, tk, t), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_free(ctx, sep, s), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_free(ctx, keep, s), BFC_OK);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
 static Suite *vmm_suite(void)
 {
     Suite *s = suite_create("vmm_arena");
@@ -481,6 +668,11 @@ static Suite *vmm_suite(void)
     tcase_add_test(tc, test_map_failures);
     tcase_add_test(tc, test_meta_failures);
     tcase_add_test(tc, test_release);
+    tcase_add_test(tc, test_churn);
+    tcase_add_test(tc, test_amortised);
+    tcase_add_test(tc, test_under_threshold);
+    tcase_add_test(tc, test_growth_release);
+    tcase_add_test(tc, test_growth_elsewhere);
     suite_add_tcase(s, tc);
     return s;
 }

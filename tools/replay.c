@@ -302,8 +302,16 @@ int bfc_replay_run(const bfc_trace_event_t *ev, size_t n, const char *spec, cons
     }
     out->seconds = now_s() - t0;
     bfc_stats_t stt;
-    if (bfc_ctx_stats(ctx, &stt) == BFC_OK)
+    if (bfc_ctx_stats(ctx, &stt) == BFC_OK) {
         out->peak_reserved = stt.peak_bytes_reserved;
+        out->vmm_maps = stt.num_vmm_maps;
+        out->vmm_unmaps = stt.num_vmm_unmaps;
+    }
+    if (out->allocs) {
+        /* Each a device call: tens of microseconds on a GPU. */
+        out->maps_per_1k = 1000.0 * (double)out->vmm_maps / (double)out->allocs;
+        out->unmaps_per_1k = 1000.0 * (double)out->vmm_unmaps / (double)out->allocs;
+    }
     if (out->peak_requested)
         out->overhead = (double)out->peak_reserved / (double)out->peak_requested;
     out->streams = sm->n;

@@ -34,6 +34,10 @@ typedef struct bfc_replay_result {
                                  allocated, or its rows are out of order.  Those blocks stay
                                  live in the trace's program, so figures may be off. */
     uint64_t streams;         /* distinct streams of the trace */
+    uint64_t vmm_maps;        /* bfc_stats_t.num_vmm_maps at the end: device map calls */
+    uint64_t vmm_unmaps;      /* bfc_stats_t.num_vmm_unmaps at the end */
+    double maps_per_1k;       /* vmm_maps per 1,000 allocations replayed (0 without allocations) */
+    double unmaps_per_1k;
     double seconds;           /* wall time of the replay loop */
 } bfc_replay_result_t;
 

@@ -11,9 +11,11 @@
  * no SPEC means one run on the defaults.  The table (or, with --json, a list
  * of objects with config, peak_requested, peak_reserved, peak_allocated,
  * overhead, fragmentation, fragmentation_max, ooms, allocs, frees, skipped,
- * unmatched_frees, seconds) goes to stdout: the trace's own exact peak of
+ * unmatched_frees, maps_per_1k, unmaps_per_1k, seconds) goes to stdout: the trace's own exact peak of
  * requested bytes beside what each configuration reserved and allocated at
- * its peak, and overhead = peak reserved / peak requested.  Events are read in replay order
+ * its peak, and overhead = peak reserved / peak requested; maps_per_1k and
+ * unmaps_per_1k are the device map and unmap calls of expandable arenas per
+ * 1,000 allocations replayed (0 with classic regions).  Events are read in replay order
  * (bfc_trace_csv_read_ordered: time order when each thread's rows are in
  * time order).  Frees of pointers no earlier allocate row returned are
  * skipped, counted in the table, and warned about on stderr: the blocks
@@ -59,7 +61,9 @@ static void help(void)
            "peak_allocated (live chunk bytes), overhead (peak_reserved /\n"
            "peak_requested), frag (1 - largest free chunk / free bytes at the peak\n"
            "of allocated bytes), ooms, skipped (frees of blocks the replay never\n"
-           "handed out, allocate failure rows) and seconds; all of them exact.\n"
+           "handed out, allocate failure rows), maps/1k and unmaps/1k (device map\n"
+           "and unmap calls of expandable arenas per 1,000 allocations) and\n"
+           "seconds; all but seconds exact.\n"
            "Frees that match no earlier allocation are also warned about on stderr,\n"
            "since the blocks they would free stay live and the peaks may be\n"
            "overstated.\n"
@@ -155,8 +159,8 @@ int main(int argc, char **argv)
     if (json)
         printf("[");
     else
-        printf("%-40s %14s %14s %14s %8s %8s %8s %8s %9s\n", "config", "peak_requested", "peak_reserved",
-               "peak_allocated", "overhead", "frag", "ooms", "skipped", "seconds");
+        printf("%-40s %14s %14s %14s %8s %8s %8s %8s %8s %9s %9s\n", "config", "peak_requested", "peak_reserved",
+               "peak_allocated", "overhead", "frag", "ooms", "skipped", "maps/1k", "unmaps/1k", "seconds");
     uint64_t unmatched_max = 0;
     for (size_t i = 0; i < nspecs; i++) {
         bfc_replay_result_t r;
@@ -179,18 +183,19 @@ int main(int argc, char **argv)
                 printf("null");
             printf(",\"fragmentation\":%.6f,\"fragmentation_max\":%.6f,\"ooms\":%" PRIu64 ",\"allocs\":%" PRIu64
                    ",\"frees\":%" PRIu64 ",\"skipped\":%" PRIu64 ",\"unmatched_frees\":%" PRIu64
-                   ",\"seconds\":%.6f}",
+                   ",\"maps_per_1k\":%.4f,\"unmaps_per_1k\":%.4f,\"seconds\":%.6f}",
                    r.fragmentation, r.fragmentation_max, r.ooms, r.allocs, r.frees, r.skipped, r.unmatched_frees,
-                   r.seconds);
+                   r.maps_per_1k, r.unmaps_per_1k, r.seconds);
         } else {
             char ovh[32];
             if (r.peak_requested)
                 snprintf(ovh, sizeof ovh, "%.3f", r.overhead);
             else
                 snprintf(ovh, sizeof ovh, "-");
-            printf("%-40s %14" PRIu64 " %14" PRIu64 " %14" PRIu64 " %8s %8.4f %8" PRIu64 " %8" PRIu64 " %9.4f\n",
+            printf("%-40s %14" PRIu64 " %14" PRIu64 " %14" PRIu64 " %8s %8.4f %8" PRIu64 " %8" PRIu64
+                   " %8.2f %9.2f %9.4f\n",
                    specs[i][0] ? specs[i] : "(defaults)", r.peak_requested, r.peak_reserved, r.peak_allocated, ovh,
-                   r.fragmentation, r.ooms, r.skipped, r.seconds);
+                   r.fragmentation, r.ooms, r.skipped, r.maps_per_1k, r.unmaps_per_1k, r.seconds);
         }
     }
     if (json)
@@ -198,7 +203,8 @@ int main(int argc, char **argv)
     else
         printf("%zu events (%s); overhead = peak_reserved / peak_requested; frag = 1 - largest free\n"
                "chunk / free bytes at the peak of allocated bytes; skipped = allocate failure rows + frees\n"
-               "of blocks the replay never handed out\n",
+               "of blocks the replay never handed out; maps/1k, unmaps/1k = device map and unmap calls\n"
+               "(expandable arenas) per 1,000 allocations\n",
                n, sorted ? "in time order" : "in file order: some thread's rows are not in time order");
     /* Skipped frees leave blocks live that the traced program had freed:
      * every peak above may be overstated, and that must not hide in --json. */
