@@ -794,7 +794,9 @@ START_TEST(context_per_thread_runs_clean)
     run_cfg(&cfg, 2, false);
     run_and_check("shardbfc-ctx", prog, 2, &cfg, &r);
     ck_assert(r.have_lat);
+    free(r.hist); /* the result owns its merged histogram */
     run_and_check("shardbfc", prog, 2, &cfg, &r);
+    free(r.hist);
 
     /* Thread 1's context does not own thread 0's block: they are two
      * contexts.  With one context the same free is a cross-stream free. */
@@ -850,6 +852,7 @@ START_TEST(single_lock_pair_op)
     cfg.lock_pair = true;
     run_and_check("single-lock", prog, 2, &cfg, &r);
     ck_assert_uint_eq(r.ops % 2, 0); /* whole pairs */
+    free(r.hist);
     perf_prog_free(&p0);
     perf_prog_free(&p1);
 }
