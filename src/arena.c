@@ -294,7 +294,7 @@ size_t bfc__arena_tails_locked(struct bfc__arena *a, struct bfc__range *out, siz
 {
     size_t n = 0;
     struct bfc__region *r;
-    cds_list_for_each_entry(r, &a->regions, alink) {
+    bfc__list_for_each(r, &a->regions, alink) {
         if (n >= max)
             break;
         if (has_free_tail(r))
@@ -306,8 +306,8 @@ size_t bfc__arena_tails_locked(struct bfc__arena *a, struct bfc__range *out, siz
 size_t bfc__arena_shed_locked(struct bfc__arena *a, bool tails)
 {
     size_t freed = 0;
-    struct bfc__region *r, *next;
-    cds_list_for_each_entry_safe(r, next, &a->regions, alink) {
+    struct bfc__region *r;
+    bfc__list_for_each_safe(r, &a->regions, alink) {
         /* A fully free expandable arena gives its whole reservation back
          * (fenced); one in use, its free granules. */
         if (r->live == 0) {
@@ -596,8 +596,8 @@ void bfc__arena_drain_locked(struct bfc__arena *a, bool full)
             }
         }
     }
-    struct bfc__fence *f, *next;
-    cds_list_for_each_entry_safe(f, next, &a->pending, plink) {
+    struct bfc__fence *f;
+    bfc__list_for_each_safe(f, &a->pending, plink) {
         if (bfc__fence_query(a->env->be, f) == BFC_OK) {
             struct bfc__chunk *c = f->chunk;
             pending_unlink(a, f);
@@ -617,7 +617,7 @@ void bfc__arena_wait_pending_locked(struct bfc__arena *a, uint32_t timeout_ms)
 {
     struct bfc__fence *f;
     if (timeout_ms)
-        cds_list_for_each_entry(f, &a->pending, plink)
+        bfc__list_for_each(f, &a->pending, plink)
             bfc__fence_wait(a->env->be, f, timeout_ms);
     bfc__arena_drain_locked(a, true);
 }
@@ -869,7 +869,7 @@ int bfc__arena_check_locked(struct bfc__arena *a, char *buf, size_t len)
     uint64_t in_use = 0, requested = 0, reserved = 0, regions = 0, pending = 0, pending_bytes = 0;
     uint64_t free_chunks = 0, free_bytes = 0, chunks = 0, live = 0;
     struct bfc__region *r;
-    cds_list_for_each_entry(r, &a->regions, alink) {
+    bfc__list_for_each(r, &a->regions, alink) {
         regions++;
         reserved += r->vmm ? a->x->mapped_bytes : r->size;
         struct bfc__chunk *c = bfc__region_handle(r, r->base);

@@ -161,12 +161,12 @@ static void before_fork(void)
     for (struct bfc_ctx *c = g_ctxs; c; c = c->reg_next)
         bfc__lock_nested(&c->arenas_lock);
     for (struct bfc_ctx *c = g_ctxs; c; c = c->reg_next)
-        cds_list_for_each_entry(a, &c->arenas, all)
+        bfc__list_for_each(a, &c->arenas, all)
             bfc__lock_nested(&a->lock);
     for (struct bfc_ctx *c = g_ctxs; c; c = c->reg_next)
         bfc__lock_nested(&c->pool.lock);
     for (struct bfc_ctx *c = g_ctxs; c; c = c->reg_next)
-        cds_list_for_each_entry(a, &c->arenas, all)
+        bfc__list_for_each(a, &c->arenas, all)
             cds_wfcq_dequeue_lock(&a->fpool_head, &a->fpool_tail);
     bfc__regionmap_fork_lock();
     bfc__trace_fork_lock();
@@ -188,7 +188,7 @@ static void release_inner(bool child)
     bfc__trace_fork_unlock();
     bfc__regionmap_fork_unlock();
     for (struct bfc_ctx *c = g_ctxs; c; c = c->reg_next)
-        cds_list_for_each_entry(a, &c->arenas, all) {
+        bfc__list_for_each(a, &c->arenas, all) {
             if (child) {
                 wfcq_cut(&a->rq_head, &a->rq_tail);
                 wfcq_cut(&a->fpool_head, &a->fpool_tail);
@@ -198,7 +198,7 @@ static void release_inner(bool child)
     for (struct bfc_ctx *c = g_ctxs; c; c = c->reg_next)
         bfc__unlock(&c->pool.lock);
     for (struct bfc_ctx *c = g_ctxs; c; c = c->reg_next)
-        cds_list_for_each_entry(a, &c->arenas, all)
+        bfc__list_for_each(a, &c->arenas, all)
             bfc__unlock(&a->lock);
     for (struct bfc_ctx *c = g_ctxs; c; c = c->reg_next)
         bfc__unlock(&c->arenas_lock);
@@ -536,7 +536,7 @@ static void expand_unmap_others(struct bfc_ctx *ctx, struct bfc__arena *self, ui
     bool again = false;
     struct bfc__arena *a;
     bfc__lock(&ctx->arenas_lock);
-    cds_list_for_each_entry(a, &ctx->arenas, all) {
+    bfc__list_for_each(a, &ctx->arenas, all) {
         if (a == self)
             continue;
         bfc__lock(&a->lock);
@@ -559,7 +559,7 @@ static void expand_unmap_others(struct bfc_ctx *ctx, struct bfc__arena *self, ui
     for (size_t i = 0; i < n; i++)
         (void)ctx->be->ops->event_wait(ctx->be, evs[i], wait_ms);
     bfc__lock(&ctx->arenas_lock);
-    cds_list_for_each_entry(a, &ctx->arenas, all) {
+    bfc__list_for_each(a, &ctx->arenas, all) {
         if (a == self)
             continue;
         bfc__lock(&a->lock);

@@ -33,6 +33,25 @@
 #define BFC__UNLIKELY(x) __builtin_expect(!!(x), 0)
 #define BFC__CACHELINE 64
 
+/*
+ * Walks of liburcu's intrusive lists (<urcu/list.h>).  Not its
+ * cds_list_for_each_entry: that one turns the list head itself into an
+ * entry pointer to test the end (&pos->member != head), a pointer to no
+ * object -- undefined behaviour that UBSan reports for entries aligned
+ * more strictly than the head (an arena is cache-line aligned).  These
+ * test the node and make an entry only of a node that is one.  The _safe
+ * walk reads the next node before the body runs, so the body may unlink
+ * (or free) the entry.
+ */
+#define bfc__list_for_each(pos, head, member)                                                  \
+    for (struct cds_list_head *pos##_node = (head)->next;                                       \
+         pos##_node != (head) && ((pos) = caa_container_of(pos##_node, __typeof__(*(pos)), member), 1); \
+         pos##_node = pos##_node->next)
+#define bfc__list_for_each_safe(pos, head, member)                                             \
+    for (struct cds_list_head *pos##_node = (head)->next, *pos##_later = pos##_node->next;      \
+         pos##_node != (head) && ((pos) = caa_container_of(pos##_node, __typeof__(*(pos)), member), 1); \
+         pos##_node = pos##_later, pos##_later = pos##_node->next)
+
 /* Granule of every chunk and of every returned pointer. */
 #define BFC__MIN_ALLOC_BITS 8
 #define BFC__MIN_ALLOC ((size_t)1 << BFC__MIN_ALLOC_BITS) /* 256 */

@@ -232,8 +232,8 @@ size_t bfc__shard_reclaim_others(struct bfc_ctx *ctx, struct bfc__arena *self, b
 {
     size_t freed = 0;
     bfc__lock(&ctx->arenas_lock);
-    struct bfc__arena *a, *next;
-    cds_list_for_each_entry_safe(a, next, &ctx->arenas, all) {
+    struct bfc__arena *a;
+    bfc__list_for_each_safe(a, &ctx->arenas, all) {
         if (a != self) {
             bfc__lock(&a->lock);
             bool dead = false;
@@ -258,7 +258,7 @@ size_t bfc__shard_collect_tails(struct bfc_ctx *ctx, struct bfc__arena *self, st
     size_t n = 0;
     bfc__lock(&ctx->arenas_lock);
     struct bfc__arena *a;
-    cds_list_for_each_entry(a, &ctx->arenas, all) {
+    bfc__list_for_each(a, &ctx->arenas, all) {
         if (n >= max)
             break;
         if (a == self)
@@ -284,7 +284,7 @@ void bfc__shard_lock_all(struct bfc_ctx *ctx)
 {
     bfc__lock(&ctx->arenas_lock);
     struct bfc__arena *a;
-    cds_list_for_each_entry(a, &ctx->arenas, all)
+    bfc__list_for_each(a, &ctx->arenas, all)
         bfc__lock_nested(&a->lock);
     bfc__lock(&ctx->pool.lock);
 }
@@ -293,7 +293,7 @@ void bfc__shard_unlock_all(struct bfc_ctx *ctx)
 {
     bfc__unlock(&ctx->pool.lock);
     struct bfc__arena *a;
-    cds_list_for_each_entry(a, &ctx->arenas, all)
+    bfc__list_for_each(a, &ctx->arenas, all)
         bfc__unlock(&a->lock);
     bfc__unlock(&ctx->arenas_lock);
 }
@@ -315,8 +315,8 @@ void bfc__shard_dir_fini(struct bfc_ctx *ctx)
     synchronize_rcu();
     rcu_barrier();
     bfc__rcu_reclaim();
-    struct bfc__arena *a, *next;
-    cds_list_for_each_entry_safe(a, next, &ctx->arenas, all)
+    struct bfc__arena *a;
+    bfc__list_for_each_safe(a, &ctx->arenas, all)
         bfc__arena_free(a);
     CDS_INIT_LIST_HEAD(&ctx->arenas);
     rcu_barrier();
@@ -332,7 +332,7 @@ size_t bfc__shard_free_info(struct bfc_ctx *ctx, struct bfc__shard_free *out, si
     size_t n = 0;
     bfc__lock(&ctx->arenas_lock);
     struct bfc__arena *a;
-    cds_list_for_each_entry(a, &ctx->arenas, all) {
+    bfc__list_for_each(a, &ctx->arenas, all) {
         bfc__lock(&a->lock);
         /* A dead shard still listed holds nothing; a retired one may still
          * hold free chunks next to live blocks, which is worth showing. */

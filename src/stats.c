@@ -74,7 +74,7 @@ int bfc_ctx_stats(bfc_ctx_t *ctx, bfc_stats_t *out)
     memset(out, 0, sizeof(*out));
     struct bfc__arena *a;
     bfc__lock(&ctx->arenas_lock);
-    cds_list_for_each_entry(a, &ctx->arenas, all) {
+    bfc__list_for_each(a, &ctx->arenas, all) {
         bfc__lock(&a->lock);
         /* A dead shard still listed is counted until unlink folds its
          * counters into ctx->retired (under arenas_lock, which we hold). */
@@ -149,7 +149,7 @@ int bfc_ctx_clear_peaks(bfc_ctx_t *ctx)
     bfc__pool_clear_peak(&ctx->pool);
     struct bfc__arena *a;
     bfc__lock(&ctx->arenas_lock);
-    cds_list_for_each_entry(a, &ctx->arenas, all) {
+    bfc__list_for_each(a, &ctx->arenas, all) {
         bfc__lock(&a->lock);
         bfc__arena_drain_locked(a, true);
         a->st.peak_in_use = a->st.bytes_in_use;
@@ -182,7 +182,7 @@ int bfc_ctx_check_report(bfc_ctx_t *ctx, char *buf, size_t len)
     bfc__rcu_lock();
     bfc__shard_lock_all(ctx);
     struct bfc__arena *a;
-    cds_list_for_each_entry(a, &ctx->arenas, all) {
+    bfc__list_for_each(a, &ctx->arenas, all) {
         if (bad)
             break;
         if (!a->dead) {
@@ -256,7 +256,7 @@ static void dump_arena(struct bfc__arena *a, FILE *f)
             a->stream_id, atomic_load(&a->retired) ? " (retired)" : "", a->st.num_regions, a->st.bytes_reserved,
             a->st.bytes_in_use, a->st.bytes_requested, a->st.pending);
     struct bfc__region *r;
-    cds_list_for_each_entry(r, &a->regions, alink) {
+    bfc__list_for_each(r, &a->regions, alink) {
         fprintf(f, "  Region %#lx size %zu%s\n", (unsigned long)r->base, r->size, r->large ? " (large)" : "");
         for (struct bfc__chunk *c = bfc__region_handle(r, r->base); c; c = c->next) {
             uint32_t s = atomic_load_explicit(&c->state, memory_order_relaxed);
@@ -286,7 +286,7 @@ int bfc_ctx_dump(bfc_ctx_t *ctx, FILE *f)
             ctx->be->name, s.bytes_limit, s.bytes_reserved, s.bytes_in_use, s.num_shards, s.num_regions);
     struct bfc__arena *a;
     bfc__lock(&ctx->arenas_lock);
-    cds_list_for_each_entry(a, &ctx->arenas, all) {
+    bfc__list_for_each(a, &ctx->arenas, all) {
         bfc__lock(&a->lock);
         if (!a->dead)
             dump_arena(a, f);
@@ -346,7 +346,7 @@ static void json_arena(struct bfc__arena *a, FILE *f, struct bfc_ctx *ctx)
     json_stats(f, &s, false);
     fprintf(f, ",\"regions\":[");
     struct bfc__region *r;
-    cds_list_for_each_entry(r, &a->regions, alink) {
+    bfc__list_for_each(r, &a->regions, alink) {
         fprintf(f,
                 "%s{\"base\":\"0x%" PRIxPTR "\",\"size\":%zu,\"owner\":%" PRIu64
                 ",\"large\":%s,\"live\":%zu,\"chunks\":[",
@@ -399,7 +399,7 @@ int bfc_ctx_snapshot_json(bfc_ctx_t *ctx, FILE *f)
     bool first = true;
     struct bfc__arena *a;
     bfc__lock(&ctx->arenas_lock);
-    cds_list_for_each_entry(a, &ctx->arenas, all) {
+    bfc__list_for_each(a, &ctx->arenas, all) {
         bfc__lock(&a->lock);
         if (!a->dead) {
             if (!first)
