@@ -640,16 +640,12 @@ static void *expand_escalate(struct bfc_ctx *ctx, struct bfc__arena *a, size_t n
             goto fail;
         if (ctx->cfg.retry_ms == 0)
             break;
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        uint64_t now = (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
         if (deadline == 0)
-            deadline = now + ctx->cfg.retry_ms;
-        if (now >= deadline)
+            deadline = now_ms() + ctx->cfg.retry_ms;
+        if (now_ms() >= deadline)
             break;
         bfc__unlock(&a->lock);
-        struct timespec ms = { 0, 1000000L };
-        nanosleep(&ms, NULL);
+        sleep_ms(1);
         bfc__lock(&a->lock);
         if ((p = expand_retry(a, n, rounded, &st)))
             return p;
