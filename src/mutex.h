@@ -15,7 +15,12 @@
  * pthread_mutex_t instead, which ThreadSanitizer and helgrind understand:
  * they then see the library's lock order, not only its data races.  No
  * lock of the library waits on a condition variable, so nothing else
- * depends on which it is.
+ * depends on which it is.  One limit: ThreadSanitizer's deadlock detector
+ * follows at most 64 locks held by one thread, and bfc_ctx_check and the
+ * fork handlers hold every shard's lock at once, so a TSan run of a
+ * context with more shards than that needs TSAN_OPTIONS=detect_deadlocks=0
+ * (make sanitize's TSan build therefore keeps the futex: its tests create
+ * hundreds of shards).
  *
  * Ranks.  Every lock is initialised with a rank (enum bfc__lock_rank) and a
  * name.  A thread takes locks in increasing rank only; taking a lock whose
