@@ -12,11 +12,13 @@
  * The last error is a _Thread_local int: each thread sees only its own
  * calls' outcomes, so no synchronisation is needed and a failing call on one
  * thread cannot be observed as another thread's failure.  A thread that has
- * made no failing call reads BFC_OK (static TLS initialisation).
+ * made no failing call reads BFC_OK (static TLS initialisation).  It is
+ * written by every allocation, so it is initial-exec (internal.h) and set
+ * inline (bfc__set_last_error).
  */
 #include "internal.h"
 
-static _Thread_local int last_error = BFC_OK;
+_Thread_local int bfc__last_error BFC__TLS_IE = BFC_OK;
 
 const char *bfc_strerror(int status)
 {
@@ -46,12 +48,7 @@ const char *bfc_err_name(int status)
 
 int bfc_last_error(void)
 {
-    return last_error;
-}
-
-void bfc__set_last_error(int status)
-{
-    last_error = status;
+    return bfc__last_error;
 }
 
 /* The header's version as a string, and a check that configure's package

@@ -80,6 +80,23 @@ static const bool bfc__config_debug = BFC_DEBUG;
 static const bool bfc__config_meta_jemalloc = BFC_META_JEMALLOC;
 
 /*
+ * Thread-locals the allocation and free paths touch (the RCU reader cache,
+ * the last error, the shard cache): the initial-exec model, one
+ * %fs-relative load, where a shared library's default model calls
+ * __tls_get_addr (~11 instructions) on every access.  Initial-exec puts
+ * them in the static TLS block, which marks the library DF_STATIC_TLS:
+ * only builds with jemalloc metadata use it, since Debian's jemalloc needs
+ * static TLS anyway.  Builds with libc metadata -- the PyTorch plug-in
+ * among them -- keep the default model and can still be loaded late by
+ * dlopen() (tests/test_torch_plugin checks the flag).
+ */
+#if BFC_META_JEMALLOC
+#define BFC__TLS_IE __attribute__((tls_model("initial-exec")))
+#else
+#define BFC__TLS_IE
+#endif
+
+/*
  * ThreadSanitizer cannot see synchronisation done inside uninstrumented
  * libraries (liburcu's grace periods).  In TSan builds the RCU read-side
  * unlock releases, and every reclamation callback acquires, one sync object:
@@ -119,7 +136,11 @@ static inline size_t bfc__round_up(size_t n, size_t align)
 }
 
 /* Sets the calling thread's bfc_last_error() (errors.c). */
-void bfc__set_last_error(int status);
+extern _Thread_local int bfc__last_error BFC__TLS_IE;
+static inline void bfc__set_last_error(int status)
+{
+    bfc__last_error = status;
+}
 
 /*
  * The configuration read once from SHARDBFC_CONF (config.c): *out is filled

@@ -6,8 +6,48 @@
  * liburcu gate serialises nothing but the library's enqueues on liburcu's
  * wait-free queues against fork(): the fork handlers take it last of the
  * library's locks but one (ctx.c, "Fork").
+ *
+ * bfc__rcu_reader is the inlined read side's cache of the thread's urcu-bp
+ * reader record (rcu.h): filled here on a thread's first section, emptied
+ * by a thread_local destructor before urcu-bp's key destructor can free the
+ * record.
  */
 #include "rcu.h"
+
+/* glibc's thread_local destructor registration (what C++ thread_local
+ * uses); these run at thread exit before any pthread key destructor. */
+extern int __cxa_thread_atexit_impl(void (*fn)(void *), void *obj, void *dso);
+extern void *__dso_handle;
+
+__thread struct urcu_bp_reader *bfc__rcu_reader BFC__TLS_IE;
+/* Set once the thread's exit has begun: the cache stays empty from then on. */
+static __thread bool rcu_exiting;
+static __thread bool rcu_hooked;
+
+static void rcu_thread_exit(void *arg)
+{
+    (void)arg;
+    rcu_exiting = true;
+    bfc__rcu_reader = NULL;
+}
+
+void bfc__rcu_lock_slow(void)
+{
+    if (!rcu_exiting) {
+        /* Registration first: urcu-bp's pointer is set from then on. */
+        urcu_bp_register_thread();
+        /* The destructor first, so that a thread whose hook could not be
+         * registered (out of memory) never caches the record. */
+        if (!rcu_hooked && __cxa_thread_atexit_impl(rcu_thread_exit, NULL, &__dso_handle) == 0)
+            rcu_hooked = true;
+        if (rcu_hooked)
+            bfc__rcu_reader = URCU_TLS(urcu_bp_reader);
+    }
+    if (bfc__rcu_reader)
+        bfc__rcu_lock();
+    else
+        urcu_bp_read_lock();
+}
 
 char bfc__rcu_sync;
 bfc__mutex_t bfc__urcu_gate = BFC__MUTEX_INIT(BFC__RANK_URCU_GATE, "the liburcu gate");

@@ -31,7 +31,7 @@ struct tls_cache {
     struct bfc__arena *arena;
     uint64_t epoch;
 };
-static __thread struct tls_cache tls_last;
+static __thread struct tls_cache tls_last BFC__TLS_IE;
 
 static unsigned long hash_id(uint64_t x)
 {
