@@ -183,6 +183,10 @@ static const char *bfc_init_common(struct perf_allocator *a, const struct perf_e
             cfg.backend = BFC_BACKEND_SIM;
             cfg.memory_limit = (size_t)64 << 30; /* address space only (MAP_NORESERVE) */
         }
+        /* --conf was checked when parsed; it still fails for a context
+         * whose other settings it contradicts. */
+        if (env->conf && bfc_config_parse(&cfg, env->conf) != BFC_OK)
+            return "--conf does not apply";
         rc = bfc_ctx_create(&cfg, &st->ctxs[k]);
         if (rc != BFC_OK) {
             st->ctxs[k] = NULL;

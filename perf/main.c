@@ -78,6 +78,7 @@ struct opts {
     bool base_on[PERF_BASE_N];
     bool lock_pair;
     bool backend_cuda;
+    const char *conf;
     const char *json, *svg, *trace;
     uint64_t seed;
     unsigned infer_steps;
@@ -92,7 +93,7 @@ static void usage(FILE *f)
             "jemalloc,malloc,cuda,cuda-async,torch]\n"
             "       [--contexts shared|per-thread|both] [--seconds S] [--runs N]\n"
             "       [--baseline alu,mem|none] [--lock-scope call|pair] [--backend sim|cuda]\n"
-            "       [--json FILE] [--svg FILE] [--trace FILE] [--seed N]\n"
+            "       [--conf SPEC] [--json FILE] [--svg FILE] [--trace FILE] [--seed N]\n"
             "  --quick       short suite (threads 1,2; 0.2 s windows): under 30 s\n"
             "  --workload    default churn,cross,inference,host,arena (+ replay with"
             " --trace);\n"
@@ -113,6 +114,8 @@ static void usage(FILE *f)
             " (default)\n"
             "                or once around each free+allocation pair\n"
             "  --backend     libshardbfc's backend: sim (default) or cuda\n"
+            "  --conf SPEC   libshardbfc's configuration on top of the harness's"
+            " (SHARDBFC_CONF syntax, e.g. vmm=off)\n"
             "  --json FILE   every figure and the machine description as JSON\n"
             "  --svg FILE    chart: churn throughput vs threads, churn latency percentiles\n"
             "  --trace FILE  RMM CSV trace (Thread,Time,Action,Pointer,Size,Stream) for replay\n"
@@ -279,6 +282,14 @@ static int parse_args(int argc, char **argv, struct opts *o)
                 fprintf(stderr, PROG ": --backend %s: expected sim or cuda\n", v);
                 return -1;
             }
+        } else if (strcmp(a, "--conf") == 0) {
+            bfc_config_t probe;
+            bfc_config_init(&probe);
+            if (bfc_config_parse(&probe, v) != BFC_OK) {
+                fprintf(stderr, PROG ": --conf %s: not a libshardbfc configuration\n", v);
+                return -1;
+            }
+            o->conf = v;
         } else if (strcmp(a, "--json") == 0) {
             o->json = v;
         } else if (strcmp(a, "--svg") == 0) {
@@ -462,9 +473,10 @@ static void print_params(const struct opts *o, const struct perf_prog *replay, c
            o->seed, o->seconds, warmup_of(o->seconds));
     for (unsigned i = 0; i < o->nthreads; i++)
         printf("%s%u", i ? "," : " ", o->threads[i]);
-    printf("; %u run%s per figure%s; libshardbfc contexts: %s\n", o->runs,
+    printf("; %u run%s per figure%s; libshardbfc contexts: %s%s%s\n", o->runs,
            o->runs == 1 ? "" : "s", o->runs > 1 ? " (interleaved, median kept)" : "",
-           ctx_names[o->contexts]);
+           ctx_names[o->contexts], o->conf ? "; libshardbfc configuration: " : "",
+           o->conf ? o->conf : "");
     for (unsigned k = 0; k < PERF_BASE_N; k++)
         if (o->base_on[k])
             snprintf(bl + strlen(bl), sizeof(bl) - strlen(bl), "%s\"%s\"", bl[0] ? ", " : "",
@@ -879,6 +891,7 @@ int main(int argc, char **argv)
     }
     perf_machine_read(&mach);
     perf_env_probe(&env, o.backend_cuda);
+    env.conf = o.conf;
     setvbuf(stdout, NULL, _IOLBF, 0);
 
     printf("shardbfc-perf: libshardbfc against the alternatives, same workloads, same run\n");

@@ -53,6 +53,10 @@
 #include "arena.h"
 #include "regionmap.h"
 
+/* liburcu's wait-free queue operations inline (its public static header):
+ * the drain's never-waiting splice and walk run on every remote free. */
+#include <urcu/static/wfcqueue.h>
+
 /* ------------------------------------------------------------ regions */
 
 static struct bfc__chunk *chunk_new(struct bfc__arena *a)
@@ -568,34 +572,61 @@ void bfc__arena_free_chunk_locked(struct bfc__arena *a, struct bfc__chunk *c)
     release_chunk(a, c);
 }
 
+/* A remote free taken off the queue: fenced, or back in the bins. */
+static void remote_arrived(struct bfc__arena *a, struct bfc__fence *f)
+{
+    /* acquire: pairs with the release in bfc__remote_free. */
+    (void)atomic_load_explicit(&f->handoff, memory_order_acquire);
+    struct bfc__chunk *c = f->chunk;
+    account_free(a, c);
+    a->st.remote_frees++;
+    fence_recorded(a, c, &f->extra);
+    if (bfc__fence_query(a->env->be, f) == BFC_OK) {
+        bfc__arena_fence_put(a, f);
+        if (bfc__tracing(a->env->obs))
+            trace_free_complete(a, c);
+        release_chunk(a, c);
+    } else {
+        pending_append(a, f);
+    }
+}
+
+/*
+ * Takes the remote frees off the queue without ever waiting for a freer.
+ * A wait-free enqueue is two stores: swap the tail, then link the old tail
+ * to the new node; between them the chain stops short.  liburcu's blocking
+ * splice and walk wait for the link by spinning ten times and then sleeping
+ * 10 ms in poll() -- on a busy machine, dozens of times a second, each a
+ * 10 ms stall of the allocating thread.  Here the queue is spliced (only
+ * when its first link is there) behind the stash, and the stash is handled
+ * up to the first node whose successor link is still missing; that node
+ * stays first in the stash for the next drain (it cannot be handled yet:
+ * handling recycles its record, into which the freer is about to write).
+ */
+static void drain_remote(struct bfc__arena *a)
+{
+    if (!bfc__arena_rq_empty(a))
+        (void)___cds_wfcq_splice_nonblocking(&a->rq_stash_head, &a->rq_stash_tail, &a->rq_head, &a->rq_tail);
+    struct cds_wfcq_node *node = ___cds_wfcq_first_nonblocking(&a->rq_stash_head, &a->rq_stash_tail);
+    if (node == CDS_WFCQ_WOULDBLOCK)
+        return; /* cannot be: the stash's first link is always ours */
+    while (node) {
+        struct cds_wfcq_node *next = ___cds_wfcq_next_nonblocking(&a->rq_stash_head, &a->rq_stash_tail, node);
+        if (next == CDS_WFCQ_WOULDBLOCK)
+            break;
+        remote_arrived(a, caa_container_of(node, struct bfc__fence, qnode));
+        node = next;
+    }
+    if (node)
+        a->rq_stash_head.node.next = node;
+    else
+        __cds_wfcq_init(&a->rq_stash_head, &a->rq_stash_tail);
+}
+
 void bfc__arena_drain_locked(struct bfc__arena *a, bool full)
 {
-    if (!bfc__arena_rq_empty(a)) {
-        struct __cds_wfcq_head h;
-        struct cds_wfcq_tail t;
-        struct cds_wfcq_node *node, *next;
-        __cds_wfcq_init(&h, &t);
-        /* We are the only dequeuer (arena lock held); enqueuers never block. */
-        (void)__cds_wfcq_splice_blocking(&h, &t, &a->rq_head, &a->rq_tail);
-        __cds_wfcq_for_each_blocking_safe(&h, &t, node, next)
-        {
-            struct bfc__fence *f = caa_container_of(node, struct bfc__fence, qnode);
-            /* acquire: pairs with the release in bfc__remote_free. */
-            (void)atomic_load_explicit(&f->handoff, memory_order_acquire);
-            struct bfc__chunk *c = f->chunk;
-            account_free(a, c);
-            a->st.remote_frees++;
-            fence_recorded(a, c, &f->extra);
-            if (bfc__fence_query(a->env->be, f) == BFC_OK) {
-                bfc__arena_fence_put(a, f);
-                if (bfc__tracing(a->env->obs))
-                    trace_free_complete(a, c);
-                release_chunk(a, c);
-            } else {
-                pending_append(a, f);
-            }
-        }
-    }
+    if (bfc__arena_rq_waiting(a))
+        drain_remote(a);
     struct bfc__fence *f;
     bfc__list_for_each_safe(f, &a->pending, plink) {
         if (bfc__fence_query(a->env->be, f) == BFC_OK) {
@@ -719,7 +750,7 @@ void *bfc__arena_alloc_locked(struct bfc__arena *a, size_t n, size_t rounded)
     const struct bfc__arena_env *env = a->env;
     /* st.pending counts the pending list: a test of one word, cheaper here
      * than cds_list_empty's compare with the head's address. */
-    if (!bfc__arena_rq_empty(a) || a->st.pending)
+    if (bfc__arena_rq_waiting(a) || a->st.pending)
         bfc__arena_drain_locked(a, false);
     if (BFC__LIKELY(rounded < env->bins_max)) {
         struct bfc__chunk *c = bfc__bins_best_fit(&a->bins, rounded);
@@ -733,7 +764,7 @@ void *bfc__arena_alloc_locked(struct bfc__arena *a, size_t n, size_t rounded)
 
 struct bfc__arena *bfc__arena_new(const struct bfc__arena_env *env, bfc_stream_t s, uint64_t sid)
 {
-    struct bfc__arena *a = bfc__meta_aligned_alloc(BFC__CACHELINE, sizeof(*a));
+    struct bfc__arena *a = bfc__meta_aligned_alloc(alignof(struct bfc__arena), sizeof(*a));
     if (!a)
         return NULL;
     memset(a, 0, sizeof(*a));
@@ -751,6 +782,7 @@ struct bfc__arena *bfc__arena_new(const struct bfc__arena_env *env, bfc_stream_t
     CDS_INIT_LIST_HEAD(&a->regions);
     CDS_INIT_LIST_HEAD(&a->pending);
     cds_wfcq_init(&a->rq_head, &a->rq_tail);
+    __cds_wfcq_init(&a->rq_stash_head, &a->rq_stash_tail);
     cds_wfcq_init(&a->fpool_head, &a->fpool_tail);
     cds_lfht_node_init(&a->dir_node);
     return a;
@@ -774,13 +806,12 @@ void bfc__arena_free(struct bfc__arena *a)
     /* Teardown path (context destroy, or an arena reclaimed after its
      * grace period): whatever is left goes, every fence record back to the
      * fence pool first so that bfc__arena_fence_pool_destroy frees them all. */
-    if (!bfc__arena_rq_empty(a)) {
-        struct __cds_wfcq_head h;
-        struct cds_wfcq_tail t;
+    if (bfc__arena_rq_waiting(a)) {
         struct cds_wfcq_node *node, *next;
-        __cds_wfcq_init(&h, &t);
-        (void)__cds_wfcq_splice_blocking(&h, &t, &a->rq_head, &a->rq_tail);
-        __cds_wfcq_for_each_blocking_safe(&h, &t, node, next)
+        /* Blocking: at teardown every freer has finished its enqueue (its
+         * links are written, or about to be: waiting for them is right). */
+        (void)__cds_wfcq_splice_blocking(&a->rq_stash_head, &a->rq_stash_tail, &a->rq_head, &a->rq_tail);
+        __cds_wfcq_for_each_blocking_safe(&a->rq_stash_head, &a->rq_stash_tail, node, next)
         {
             struct bfc__fence *f = caa_container_of(node, struct bfc__fence, qnode);
             /* acquire: pairs with the release in bfc__remote_free. */
@@ -991,8 +1022,15 @@ int bfc__arena_check_locked(struct bfc__arena *a, char *buf, size_t len)
  */
 __attribute__((noinline)) struct bfc__fence *bfc__arena_fence_get(struct bfc__arena *a)
 {
-    struct cds_wfcq_node *node = cds_wfcq_dequeue_blocking(&a->fpool_head, &a->fpool_tail);
+    /* Not cds_wfcq_dequeue_blocking: with the pool's last record being put
+     * back at this moment it would sleep 10 ms (see drain_remote); a new
+     * record instead costs an allocation. */
+    cds_wfcq_dequeue_lock(&a->fpool_head, &a->fpool_tail);
+    struct cds_wfcq_node *node = ___cds_wfcq_dequeue_nonblocking(&a->fpool_head, &a->fpool_tail);
+    cds_wfcq_dequeue_unlock(&a->fpool_head, &a->fpool_tail);
     struct bfc__fence *f;
+    if (node == CDS_WFCQ_WOULDBLOCK)
+        node = NULL;
     if (node) {
         f = caa_container_of(node, struct bfc__fence, qnode);
         /* acquire: pairs with the release in bfc__arena_fence_put. */

@@ -83,11 +83,17 @@ struct bfc__astats {
 };
 
 struct bfc__arena {
-    /* ---- owner side: written under `lock` ---- */
-    bfc__mutex_t lock;           /* normally taken by the one thread driving the stream */
+    /* ---- identity: set at creation, then only read -- by every
+     * cross-stream free too, so it shares no line with what the owner
+     * writes (the lock word above all: a freer's read of `stream` next to
+     * it would pull the line away from the owner on every free) ---- */
     const struct bfc__arena_env *env;
     bfc_stream_t stream;
     uint64_t stream_id;
+    uint64_t seq;                /* creation order, for alloc ids and dumps */
+
+    /* ---- owner side: written under `lock` ---- */
+    alignas(BFC__SHARE_SPAN) bfc__mutex_t lock; /* normally taken by the one thread driving the stream */
     struct bfc__bins bins;
     struct bfc__slab chunk_slab;
     struct cds_list_head regions; /* bfc__region.alink, newest first */
@@ -95,17 +101,24 @@ struct bfc__arena {
     int64_t next_id;
     struct bfc__astats st;
     struct cds_list_head pending; /* bfc__fence.plink, oldest first */
+    /* Remote frees taken off rq_head but not yet handled: the first of them
+     * waits for its successor's link, which a cross-stream freer is still
+     * writing (bfc__arena_drain_locked never waits for it).  Empty: next
+     * is NULL. */
+    struct __cds_wfcq_head rq_stash_head;
+    struct cds_wfcq_tail rq_stash_tail;
     struct bfc__expand *x;       /* expandable arena: its reservation, else NULL */
     bool dead;                   /* reclaimed: no regions, no chunks; awaiting RCU */
     bool unlinked;
     size_t live;                 /* chunks in use, freeing or pending */
 
-    /* ---- shared with cross-stream freers: separate cache lines ---- */
-    alignas(BFC__CACHELINE) struct cds_wfcq_head rq_head; /* remote frees (enqueued wait-free) */
-    alignas(BFC__CACHELINE) struct cds_wfcq_tail rq_tail;
-    alignas(BFC__CACHELINE) struct cds_wfcq_head fpool_head; /* fence pool: dequeue takes its mutex */
-    alignas(BFC__CACHELINE) struct cds_wfcq_tail fpool_tail;
-    alignas(BFC__CACHELINE) _Atomic bool retired;
+    /* ---- shared with cross-stream freers: each written by one side, so
+     * each in a span of its own (BFC__SHARE_SPAN) ---- */
+    alignas(BFC__SHARE_SPAN) struct cds_wfcq_head rq_head; /* remote frees (enqueued wait-free) */
+    alignas(BFC__SHARE_SPAN) struct cds_wfcq_tail rq_tail;
+    alignas(BFC__SHARE_SPAN) struct cds_wfcq_head fpool_head; /* fence pool: dequeue takes its mutex */
+    alignas(BFC__SHARE_SPAN) struct cds_wfcq_tail fpool_tail;
+    alignas(BFC__SHARE_SPAN) _Atomic bool retired;
     _Atomic size_t nfences;      /* fence nodes created (destroyed at reclaim) */
     _Atomic bool ready;          /* release before publication in the directory */
 
@@ -113,7 +126,6 @@ struct bfc__arena {
     struct cds_lfht_node dir_node;
     struct cds_list_head all;    /* in ctx->arenas; ctx->arenas_lock */
     struct rcu_head rcu;
-    uint64_t seq;                /* creation order, for alloc ids and dumps */
 };
 
 /* Is the remote-free queue empty?  The test of liburcu's _cds_wfcq_empty,
@@ -121,6 +133,12 @@ struct bfc__arena {
 static inline bool bfc__arena_rq_empty(struct bfc__arena *a)
 {
     return CMM_LOAD_SHARED(a->rq_head.node.next) == NULL && CMM_LOAD_SHARED(a->rq_tail.p) == &a->rq_head.node;
+}
+
+/* Has the arena remote frees to handle: queued, or left by a drain? */
+static inline bool bfc__arena_rq_waiting(struct bfc__arena *a)
+{
+    return !bfc__arena_rq_empty(a) || a->rq_stash_head.node.next != NULL;
 }
 
 struct bfc__arena *bfc__arena_new(const struct bfc__arena_env *env, bfc_stream_t s, uint64_t sid);

@@ -32,6 +32,10 @@
 #define BFC__LIKELY(x) __builtin_expect(!!(x), 1)
 #define BFC__UNLIKELY(x) __builtin_expect(!!(x), 0)
 #define BFC__CACHELINE 64
+/* What separates records that different threads write: two lines, since
+ * x86's adjacent-line prefetcher moves 128-byte-aligned pairs (C++'s
+ * hardware_destructive_interference_size is 128 there for this reason). */
+#define BFC__SHARE_SPAN 128
 
 /*
  * Walks of liburcu's intrusive lists (<urcu/list.h>).  Not its

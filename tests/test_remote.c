@@ -122,6 +122,62 @@ START_TEST(test_enqueue_then_drain)
 }
 END_TEST
 
+/*
+ * A freer stopped inside its enqueue -- tail swapped, link not yet written
+ * -- must not stop the owner: liburcu's blocking walk would sleep in 10 ms
+ * steps until the link appears (here: forever).  The owner handles what
+ * precedes the missing link, leaves the rest for a later drain, and
+ * allocates meanwhile.  Both places a link can be missing: the queue's
+ * first (head to first node) and one between two nodes.
+ */
+START_TEST(test_stalled_freer)
+{
+    bfc_ctx_t *ctx = ctx_grow();
+    bfc_stream_t s1 = new_stream(ctx), s2 = new_stream(ctx);
+    void *p = xalloc(ctx, s1, 1000);
+    void *q = xalloc(ctx, s1, 5000);
+    struct blk bp = resolve(p), bq = resolve(q);
+    struct bfc__arena *a = bp.a;
+
+    /* First link missing: the queue holds p, but head.next is not set. */
+    ck_assert_int_eq(remote_free(p, s2), BFC_OK);
+    struct cds_wfcq_node *pn = a->rq_head.node.next;
+    ck_assert_ptr_nonnull(pn);
+    a->rq_head.node.next = NULL;
+    uint64_t t0 = now_ns();
+    drain(a);
+    void *r = xalloc(ctx, s1, 3000);
+    ck_assert_uint_lt(now_ns() - t0, 5000000ull); /* no 10 ms sleep */
+    ck_assert_uint_eq(state(bp), BFC__CHUNK_FREEING);
+    ck_assert_uint_eq(sst(ctx, s1).num_remote_frees, 0);
+    a->rq_head.node.next = pn; /* the freer goes on */
+
+    /* A link between two nodes missing: p's successor q is not linked. */
+    ck_assert_int_eq(remote_free(q, s2), BFC_OK);
+    struct cds_wfcq_node *qn = pn->next;
+    ck_assert_ptr_nonnull(qn);
+    pn->next = NULL;
+    t0 = now_ns();
+    drain(a);
+    ck_assert_uint_lt(now_ns() - t0, 5000000ull);
+    /* p waits for the link that follows it (handling it would recycle the
+     * record the freer is about to write); so does q. */
+    ck_assert_uint_eq(state(bp), BFC__CHUNK_FREEING);
+    ck_assert_uint_eq(state(bq), BFC__CHUNK_FREEING);
+    ck_assert(bfc__arena_rq_waiting(a));
+    pn->next = qn; /* the link lands */
+
+    drain(a);
+    ck_assert(!bfc__arena_rq_waiting(a));
+    ck_assert_uint_eq(state(bp), BFC__CHUNK_FREE);
+    ck_assert_uint_eq(sst(ctx, s1).num_remote_frees, 2);
+    ck_assert_uint_eq(sst(ctx, s1).bytes_in_use, 3072);
+    xcheck(ctx);
+    xfree(ctx, r, s1);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
 /* The fence recorded on the freeing stream travels with the chunk: the
  * owner keeps the block pending, unused, until that stream's work is done. */
 START_TEST(test_fence_carried)
@@ -415,6 +471,7 @@ static Suite *remote_suite(void)
     TCase *tc = tcase_create("remote");
     tcase_set_timeout(tc, 30);
     tcase_add_test(tc, test_enqueue_then_drain);
+    tcase_add_test(tc, test_stalled_freer);
     tcase_add_test(tc, test_fence_carried);
     tcase_add_test(tc, test_fence_records_circulate);
     tcase_add_test(tc, test_many_freers);
