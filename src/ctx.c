@@ -529,7 +529,11 @@ static uint32_t fence_wait_ms(struct bfc_ctx *ctx)
 
 #define UNMAP_WAIT_MAX 64
 
-static void expand_unmap_others(struct bfc_ctx *ctx, struct bfc__arena *self, uint32_t wait_ms)
+/* Asks every other shard for its free granules: all of them (`all`: at the
+ * limit, and trim) or those beyond what it keeps for its own churn (a
+ * growth that still fits the limit; expand.c, "When", (a)).  With wait_ms,
+ * waits for their fences without a lock and unmaps again. */
+static void expand_unmap_others(struct bfc_ctx *ctx, struct bfc__arena *self, uint32_t wait_ms, bool all)
 {
     bfc__event_t evs[UNMAP_WAIT_MAX];
     size_t n = 0;
@@ -542,7 +546,10 @@ static void expand_unmap_others(struct bfc_ctx *ctx, struct bfc__arena *self, ui
         bfc__lock(&a->lock);
         if (!a->dead && a->x) {
             bfc__arena_drain_locked(a, true); /* may retire its reservation */
-            (void)bfc__expand_release_locked(a, 0);
+            if (all)
+                (void)bfc__expand_release_locked(a, 0);
+            else
+                (void)bfc__expand_release_spare_locked(a);
             if (a->x && a->x->leaving_bytes) {
                 again = true;
                 /* The record is the pool's: its event outlives our locks. */
@@ -631,7 +638,7 @@ static void *expand_escalate(struct bfc_ctx *ctx, struct bfc__arena *a, size_t n
         if (st != BFC_ENOMEM)
             goto fail;
         bfc__unlock(&a->lock);
-        expand_unmap_others(ctx, a, wait);
+        expand_unmap_others(ctx, a, wait, true);
         bfc__pool_wait(&ctx->pool, a->stream_id, true, wait);
         bfc__lock(&a->lock);
         if ((p = expand_retry(a, n, rounded, &st)))
@@ -661,11 +668,12 @@ fail:
 
 /*
  * The slow path of an expandable arena.  The fast path comes here instead
- * of growing while other shards hold free granules (`deferred`, set by
+ * of growing while other shards hold spare granules (`deferred`, set by
  * bfc__expand_make_ready_locked), or for a shard with no reservation yet
- * when they say they do (the pool's vmm_idle hint): theirs go first
+ * when they say they do (the pool's vmm_idle hint): their spare goes first
  * (fenced, not waited for), as one allocator over the device would reuse
- * them, then the escalation maps where it must.
+ * it, then the escalation maps where it must -- and at the limit takes
+ * everything free (expand_escalate).
  */
 static void *expand_alloc_slow(struct bfc_ctx *ctx, struct bfc__arena *a, size_t n, size_t rounded, int *status)
 {
@@ -673,7 +681,7 @@ static void *expand_alloc_slow(struct bfc_ctx *ctx, struct bfc__arena *a, size_t
                        : atomic_load_explicit(&ctx->pool.vmm_idle, memory_order_relaxed) >= ctx->be->vmm_granule;
     if (others) {
         bfc__unlock(&a->lock);
-        expand_unmap_others(ctx, a, 0);
+        expand_unmap_others(ctx, a, 0, false);
         bfc__lock(&a->lock);
     }
     if (a->x)
@@ -1144,7 +1152,7 @@ int bfc_ctx_trim(bfc_ctx_t *ctx)
         return BFC_EINVAL;
     bfc__rcu_register(); /* before the arenas lock: releases call call_rcu */
     if (ctx->vmm) /* the free granules of shards still in use */
-        expand_unmap_others(ctx, NULL, fence_wait_ms(ctx));
+        expand_unmap_others(ctx, NULL, fence_wait_ms(ctx), true);
     bfc__shard_reclaim_others(ctx, NULL, false);
     /* What just left the shards is fenced on their streams: on a device,
      * wait for that work (as PyTorch's empty_cache synchronises its events

@@ -32,16 +32,25 @@
  *     mapped (hysteresis, as jemalloc keeps dirty pages and a CUDA memory
  *     pool keeps memory between its synchronisation points) until one of:
  *     (a) Growth elsewhere.  An allocation whose block lacks mapped
- *     granules, while other shards say they hold a granule or more mapped
- *     but free (pool.vmm_idle, a hint each shard publishes at its policy
- *     checks, never at a plain free), goes to the slow path, which asks
- *     every other shard to mark and fence its free granules and unmap
- *     those whose fence has completed, then maps: memory changes hands
- *     between streams, so shards that peak at different times need no
- *     more than one allocator over the device would.  When another shard
- *     cannot map within the limit, its slow path does the same and waits
- *     for those fences with no lock held (on a device; not on SIM, where a
- *     held stream only ends when a test drains it).
+ *     granules, while other shards say they hold spare granules (pool.
+ *     vmm_idle, a hint each shard publishes at its policy checks, never at
+ *     a plain free: its free whole granules beyond what it keeps -- the
+ *     threshold and its slack, see (c)), goes to the slow path, which asks
+ *     every other shard to mark and fence its spare granules and unmap
+ *     those whose fence has completed, then maps.  What a shard keeps for
+ *     its own churn stays: handing it over would cost a pair of device
+ *     calls each way every time the two shards' use swings (two threads
+ *     churning one context made 28 map calls per 1,000 allocations that
+ *     way and ran at a sixth of their speed), and a request that still
+ *     fits the limit does not need it.  When another shard cannot map
+ *     within the limit, its slow path takes everything free, slack
+ *     included, and waits for those fences with no lock held (on a
+ *     device; not on SIM, where a held stream only ends when a test
+ *     drains it): memory changes hands between streams, so shards that
+ *     peak at different times need no higher limit than one allocator
+ *     over the device would.  The price: without a limit, a shard may hold
+ *     its slack while another peaks (tests/traces server2: overhead 1.265;
+ *     1.012 under a limit of its peak).
  *     (b) Growth here.  Before mapping, the shard marks and fences its own
  *     free granules beyond release_threshold, up to as many bytes as it is
  *     about to map (the largest free chunks first), and unmaps them if the
@@ -231,6 +240,15 @@ static bool others_idle(const struct bfc__arena *a)
     return all > a->x->published && all - a->x->published >= GRAN(a->x);
 }
 
+/* Free mapped bytes the shard keeps beyond its granules shared with live
+ * blocks, at its own frees and when another shard grows: the threshold and
+ * the churn slack (saturating: a threshold near SIZE_MAX keeps all). */
+static size_t keep_bytes(const struct bfc__expand *x)
+{
+    size_t keep = x->threshold + x->slack;
+    return keep < x->threshold ? SIZE_MAX : keep;
+}
+
 /* Sets the low-water mark of bytes_in_use below which a free asks the
  * policy again: once the free mapped bytes (by bytes_in_use, the one
  * figure the free's test reads) exceed what they are now by a granule;
@@ -243,17 +261,19 @@ static void rearm(struct bfc__arena *a, bool mapped)
     struct bfc__expand *x = a->x;
     size_t in_use = a->st.bytes_in_use;
     size_t idle = x->mapped_bytes > in_use ? x->mapped_bytes - in_use : 0;
-    size_t keep = x->threshold + x->slack;
-    if (keep < x->threshold) /* saturate: a threshold near SIZE_MAX keeps all */
-        keep = SIZE_MAX;
+    size_t keep = keep_bytes(x);
     /* A granule more free than now: publish it (other shards' growth
      * reads it) and see whether it passed what the shard keeps. */
     size_t trigger = idle + GRAN(x);
     if (mapped && keep < trigger)
         trigger = keep;
     x->low_water = x->mapped_bytes > trigger ? x->mapped_bytes - trigger : 0;
-    size_t now = idle_bytes(a);
-    publish(a, now > x->idle_floor ? now - x->idle_floor : 0);
+    /* Published: what another shard's growth would get here (above the
+     * granules shared with live blocks, beyond what this shard keeps). */
+    size_t now = idle_bytes(a), floor = x->idle_floor + keep;
+    if (floor < keep)
+        floor = SIZE_MAX;
+    publish(a, now > floor ? now - floor : 0);
 }
 
 /* The first granule at or after g that is not ready (ngran if none). */
@@ -514,9 +534,7 @@ size_t bfc__expand_release_locked(struct bfc__arena *a, uint32_t wait_ms)
 void bfc__expand_after_free_locked(struct bfc__arena *a)
 {
     struct bfc__expand *x = a->x;
-    size_t keep = x->threshold + x->slack;
-    if (keep < x->threshold)
-        keep = SIZE_MAX;
+    size_t keep = keep_bytes(x);
     if (idle_bytes(a) > keep) {
         /* Nothing of the last release at a free was mapped again, and no
          * churn for CALM_ALLOCS allocations: the shard keeps less (one
@@ -531,6 +549,24 @@ void bfc__expand_after_free_locked(struct bfc__arena *a)
         x->idle_floor = idle_bytes(a);
     }
     rearm(a, false);
+}
+
+size_t bfc__expand_release_spare_locked(struct bfc__arena *a)
+{
+    struct bfc__expand *x = a->x;
+    if (!x)
+        return 0;
+    size_t keep = keep_bytes(x), idle = idle_bytes(a), freed = 0;
+    if (idle > keep) {
+        /* On the churn book of a release at a free: if this shard maps the
+         * memory again, the pair of calls was wasted and its slack doubles,
+         * so shards whose use swings stop handing granules back and forth. */
+        freed = release(a, 0, 0, 0, idle - keep);
+        x->unmapped_at_free = freed;
+        x->remapped = false;
+    }
+    rearm(a, false);
+    return freed;
 }
 
 /* ------------------------------------------------------------- checks */

@@ -80,6 +80,10 @@ int bfc__expand_make_ready_locked(struct bfc__arena *a, uintptr_t p, size_t size
  * unmaps what may go: waits up to wait_ms for the fence (0: only when it
  * has already completed).  Returns the bytes unmapped. */
 size_t bfc__expand_release_locked(struct bfc__arena *a, uint32_t wait_ms);
+/* Another shard grows within the limit: releases, without waiting, the
+ * free granules beyond what this shard keeps (threshold and churn slack),
+ * on the churn book of a release at a free.  Returns the bytes unmapped. */
+size_t bfc__expand_release_spare_locked(struct bfc__arena *a);
 /* After a free that left bytes_in_use below x->low_water (the caller's
  * inline test): releases when the mapped-but-free bytes passed the
  * threshold and the shard's slack, and sets the next low-water mark. */

@@ -616,9 +616,11 @@ START_TEST(test_growth_release)
 }
 END_TEST
 
-/* Growth in one shard while another keeps free granules (its slack): the
- * growing allocation has them unmapped first, well below the limit, so the
- * two streams hold what one allocator would. */
+/* Growth in one shard, well below the limit, while another keeps free
+ * granules for its own churn (its slack): they stay where they are -- the
+ * growing shard maps its own, since handing churning memory back and forth
+ * costs two device calls each way and its owner would map it again.  What
+ * another shard keeps beyond its slack would go (bfc__expand_release_spare). */
 START_TEST(test_growth_elsewhere)
 {
     bfc_ctx_t *ctx = ctx_spec("memory_limit=64M,vmm=on", G);
@@ -633,12 +635,58 @@ START_TEST(test_growth_elsewhere)
         sep = s2;
     }
     ck_assert(mapped(ctx, p[3], G));
+    bfc_stats_t st;
+    ck_assert_int_eq(bfc_ctx_stream_stats(ctx, s, &st), BFC_OK);
+    uint64_t s_unmaps = st.num_vmm_unmaps;
     uint64_t before = reserved(ctx);
     char *b = bfc_ctx_alloc(ctx, t, 8 * G);
     ck_assert_ptr_nonnull(b);
-    ck_assert(!mapped(ctx, p[3], 1));
+    ck_assert(mapped(ctx, p[3], G)); /* s's churn memory stays mapped */
     ck_assert(mapped(ctx, b, 8 * G));
-    ck_assert_uint_le(reserved(ctx), before + 2 * G);
+    ck_assert_int_eq(bfc_ctx_stream_stats(ctx, s, &st), BFC_OK);
+    ck_assert_uint_eq(st.num_vmm_unmaps, s_unmaps);
+    ck_assert_uint_ge(reserved(ctx), before + 8 * G);
+    check_ok(ctx);
+    /* s's next cycle needs no device call. */
+    char *s2 = cycle(ctx, s, p);
+    bfc_stats_t st2;
+    ck_assert_int_eq(bfc_ctx_stream_stats(ctx, s, &st2), BFC_OK);
+    ck_assert_uint_eq(st2.num_vmm_maps, st.num_vmm_maps);
+    ck_assert_int_eq(bfc_ctx_free(ctx, sep, s), BFC_OK);
+    sep = s2;
+    ck_assert_int_eq(bfc_ctx_free(ctx, b, t), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_free(ctx, tk, t), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_free(ctx, sep, s), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_free(ctx, keep, s), BFC_OK);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
+/* The same at the limit: t's request fits only if s gives back the free
+ * granules it keeps for its churn, and it does -- no stream's slack keeps
+ * another stream out. */
+START_TEST(test_growth_elsewhere_at_limit)
+{
+    bfc_ctx_t *ctx = ctx_spec("memory_limit=2M,vmm=on", G); /* 32 granules */
+    bfc_stream_t s = bfc_sim_stream_create(ctx), t = bfc_sim_stream_create(ctx);
+    char *keep = bfc_ctx_alloc(ctx, s, 256), *p[8], *sep = NULL;
+    char *tk = bfc_ctx_alloc(ctx, t, 256);
+    ck_assert_ptr_nonnull(keep);
+    ck_assert_ptr_nonnull(tk);
+    for (int c = 0; c < 12; c++) {
+        char *s2 = cycle(ctx, s, p);
+        if (sep)
+            ck_assert_int_eq(bfc_ctx_free(ctx, sep, s), BFC_OK);
+        sep = s2;
+    }
+    ck_assert(mapped(ctx, p[3], G));
+    /* Live: keep and sep (s, at most 2 granules) and tk (1): 29 left, 8
+     * of them held free by s. */
+    char *b = bfc_ctx_alloc(ctx, t, 28 * G);
+    ck_assert_ptr_nonnull(b);
+    ck_assert(!mapped(ctx, p[3], 1));
+    ck_assert(mapped(ctx, b, 28 * G));
+    ck_assert_uint_le(reserved(ctx), 2 * MiB);
     bfc_stats_t st;
     ck_assert_int_eq(bfc_ctx_stream_stats(ctx, s, &st), BFC_OK);
     ck_assert_uint_ge(st.num_vmm_unmaps, 1);
@@ -673,6 +721,7 @@ static Suite *vmm_suite(void)
     tcase_add_test(tc, test_under_threshold);
     tcase_add_test(tc, test_growth_release);
     tcase_add_test(tc, test_growth_elsewhere);
+    tcase_add_test(tc, test_growth_elsewhere_at_limit);
     suite_add_tcase(s, tc);
     return s;
 }
