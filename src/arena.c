@@ -137,6 +137,7 @@ static int region_setup(struct bfc__arena *a, uintptr_t base, size_t size, struc
             goto nomem;
     }
     c->ptr = base;
+    c->link.prio = bfc__bins_prio(base);
     c->size = size;
     c->region = r;
     /* Taken back under our own departure fence: our queued work may still
@@ -358,6 +359,7 @@ static inline __attribute__((always_inline)) bool split(struct bfc__arena *a, st
     if (!n)
         return false;
     n->ptr = c->ptr + rounded;
+    n->link.prio = bfc__bins_prio(n->ptr);
     n->size = c->size - rounded;
     n->region = c->region;
     n->flags = c->flags & BFC__CF_USED;

@@ -28,7 +28,8 @@
  * Invariants (all checked by bfc__bins_verify):
  *  - each bin's tree is a BST by (size, ptr) with strictly increasing keys;
  *    root->parent == NULL and child->parent is the node above it;
- *  - heap: a child's link.prio <= its parent's, and link.prio == prio(ptr);
+ *  - heap: a child's link.prio <= its parent's, and link.prio == prio(ptr)
+ *    (set by whoever sets a record's ptr: bfc__bins_prio, bins.h);
  *  - a chunk in bin i has link.bin == i and bfc__bin_for_size(size) == i;
  *  - count[i] / bytes[i] are the number / total size of bin i's chunks, the
  *    totals are their sums, and bit i of nonempty is set iff bin i has chunks.
@@ -57,21 +58,6 @@
 #define R(c) ((c)->link.right)
 #define P(c) ((c)->link.parent)
 
-/*
- * The treap priority of an address: the top half of murmur3's fmix64, a
- * bijective avalanche mix, so the low 8 always-zero bits of a 256-aligned
- * address do not matter and nearby addresses get unrelated priorities.
- */
-static inline uint32_t bins_prio(uintptr_t ptr)
-{
-    uint64_t x = (uint64_t)ptr;
-    x ^= x >> 33;
-    x *= UINT64_C(0xff51afd7ed558ccd);
-    x ^= x >> 33;
-    x *= UINT64_C(0xc4ceb9fe1a85ec53);
-    x ^= x >> 33;
-    return (uint32_t)(x >> 32);
-}
 
 /* Key order: a < b by (size, ptr). */
 static inline bool bins_less(const struct bfc__chunk *a, const struct bfc__chunk *b)
@@ -174,7 +160,6 @@ void bfc__bins_insert(struct bfc__bins *b, struct bfc__chunk *c)
     L(c) = NULL;
     R(c) = NULL;
     P(c) = parent;
-    c->link.prio = bins_prio(c->ptr);
     c->link.bin = i;
     *slot = c;
 
@@ -374,7 +359,7 @@ static int bins_verify_bin(const struct bfc__bins *b, uint32_t i, size_t *sum_co
             if (bfc__bin_for_size(n->size) != i)
                 BINS_FAIL("bin %" PRIu32 ": chunk 0x%" PRIxPTR " of size %zu belongs in bin %" PRIu32,
                           i, n->ptr, n->size, bfc__bin_for_size(n->size));
-            if (n->link.prio != bins_prio(n->ptr))
+            if (n->link.prio != bfc__bins_prio(n->ptr))
                 BINS_FAIL("bin %" PRIu32 ": chunk 0x%" PRIxPTR
                           " has a stale priority (key changed while binned?)",
                           i, n->ptr);

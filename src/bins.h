@@ -50,8 +50,28 @@ static inline uint32_t bfc__bin_for_size(size_t size)
     return b < BFC__NUM_BINS - 1 ? b : BFC__NUM_BINS - 1;
 }
 
+/*
+ * The treap priority of a chunk at address ptr: the top half of murmur3's
+ * fmix64, a bijective avalanche mix, so the low 8 always-zero bits of a
+ * 256-aligned address do not matter and nearby addresses get unrelated
+ * priorities.  A chunk record's link.prio must be bfc__bins_prio(ptr)
+ * before its first insert: whoever sets a record's ptr sets it (a record's
+ * address never changes while it lives), so no insert recomputes it.
+ */
+static inline uint32_t bfc__bins_prio(uintptr_t ptr)
+{
+    uint64_t x = (uint64_t)ptr;
+    x ^= x >> 33;
+    x *= UINT64_C(0xff51afd7ed558ccd);
+    x ^= x >> 33;
+    x *= UINT64_C(0xc4ceb9fe1a85ec53);
+    x ^= x >> 33;
+    return (uint32_t)(x >> 32);
+}
+
 void bfc__bins_init(struct bfc__bins *b);
-/* c must not be in a bin; its key (ptr, size) must not change while binned. */
+/* c must not be in a bin, its link.prio set (bfc__bins_prio); its key (ptr,
+ * size) must not change while binned. */
 void bfc__bins_insert(struct bfc__bins *b, struct bfc__chunk *c);
 void bfc__bins_remove(struct bfc__bins *b, struct bfc__chunk *c);
 /* The best-fit chunk for a rounded size (not removed), or NULL. */

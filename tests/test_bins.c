@@ -49,6 +49,7 @@ static struct bfc__chunk *mk(uintptr_t ptr, size_t size)
     struct bfc__chunk *c = calloc(1, sizeof *c);
     ck_assert_ptr_nonnull(c);
     c->ptr = ptr;
+    c->link.prio = bfc__bins_prio(ptr);
     c->size = size;
     c->link.bin = BFC__NO_BIN;
     return c;
@@ -704,6 +705,7 @@ static double bench_one(size_t present, size_t iters)
     bfc__bins_init(&b);
     for (size_t k = 0; k <= present; k++) {
         recs[k].ptr = (uintptr_t)(k + 1) << 21;
+        recs[k].link.prio = bfc__bins_prio(recs[k].ptr);
         recs[k].size = bench_size();
         recs[k].link.bin = BFC__NO_BIN;
         if (k < present)
