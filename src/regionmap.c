@@ -80,21 +80,46 @@ static bool tombstone(const struct rmap_entry *e)
     return __atomic_load_n(&e->end, __ATOMIC_RELAXED) == e->base;
 }
 
+/*
+ * The entry the calling thread found last, and the array it found it in: a
+ * thread frees mostly into the regions it allocates from, so the next
+ * lookup tries that entry first.  Valid only while that array is still the
+ * current one (compared by address, under the caller's read section; an
+ * array freed and its address reused by a later one is harmless: the index
+ * is checked against the current array's size and the entry's range
+ * against p, and a tombstone's range is empty).
+ */
+struct rmap_hint {
+    const struct rmap *m;
+    size_t i;
+};
+static __thread struct rmap_hint tls_hint BFC__TLS_IE;
+
 struct bfc__region *bfc__regionmap_lookup(uintptr_t p)
 {
     struct rmap *m = atomic_load_explicit(&rmap_cur, memory_order_acquire);
     if (!m || m->n == 0)
         return NULL;
+    /* relaxed loads of `end`: it changes in place only to shrink (a tail
+     * departed, or a tombstone); a reader that sees the old end can only be
+     * asked about memory it obtained before the change (see
+     * bfc__regionmap_shrink). */
+    if (BFC__LIKELY(tls_hint.m == m && tls_hint.i < m->n)) {
+        const struct rmap_entry *e = &m->e[tls_hint.i];
+        if (e->base <= p && p < __atomic_load_n(&e->end, __ATOMIC_RELAXED))
+            return e->r;
+    }
     size_t i = upper_bound(m, p);
     while (i > 0 && tombstone(&m->e[i - 1]))
         i--;
     if (i == 0)
         return NULL;
     const struct rmap_entry *e = &m->e[i - 1];
-    /* relaxed: `end` changes in place only to shrink (a tail departed, or a
-     * tombstone); a reader that sees the old end can only be asked about
-     * memory it obtained before the change (see bfc__regionmap_shrink). */
-    return p < __atomic_load_n(&e->end, __ATOMIC_RELAXED) ? e->r : NULL;
+    if (p >= __atomic_load_n(&e->end, __ATOMIC_RELAXED))
+        return NULL;
+    tls_hint.m = m;
+    tls_hint.i = i - 1;
+    return e->r;
 }
 
 /* Under wlock: readers see `next` from now on.  The caller retires `old`

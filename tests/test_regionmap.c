@@ -335,6 +335,49 @@ START_TEST(test_readers_under_rcu)
 }
 END_TEST
 
+/*
+ * Each thread remembers the entry it found last and tries it first.  The
+ * remembered entry must never answer for a region that is gone: not after
+ * its array was replaced (a removal, a new region at the same addresses),
+ * not when it was emptied in place (a tombstone) or shrunk in place.
+ */
+START_TEST(test_thread_hint)
+{
+    struct bfc__region a, b, a2;
+    rgn_init(&a, BASE, 2 * MiB, CTX_A);
+    rgn_init(&b, BASE + 4 * MiB, 2 * MiB, CTX_A);
+    xinsert(&a);
+    xinsert(&b);
+    ck_assert_ptr_eq(lookup(a.base + 4096), &a); /* the hint is a */
+    ck_assert_ptr_eq(lookup(a.base + 8192), &a);
+
+    /* Shrunk in place: the hint's entry no longer covers the tail. */
+    a.size = 1 * MiB;
+    bfc__regionmap_shrink(&a);
+    ck_assert_ptr_eq(lookup(a.base + 4096), &a);
+    ck_assert_ptr_null(lookup(a.base + 1 * MiB + 4096));
+
+    /* Replaced by a region at the same addresses (a new array). */
+    ck_assert_ptr_eq(lookup(a.base), &a);
+    bfc__regionmap_remove(&a);
+    ck_assert_ptr_null(lookup(a.base + 4096));
+    rgn_init(&a2, BASE, 2 * MiB, CTX_B);
+    xinsert(&a2);
+    ck_assert_ptr_eq(lookup(a.base + 4096), &a2);
+
+    /* Emptied in place (removal without metadata for a copy). */
+    ck_assert_ptr_eq(lookup(a2.base + 4096), &a2); /* the hint is a2 */
+    bfc_sim_fail_meta_every(1);
+    bfc__regionmap_remove(&a2);
+    bfc_sim_fail_meta_every(0);
+    ck_assert_ptr_null(lookup(a2.base + 4096));
+    ck_assert_ptr_eq(lookup(b.base), &b);
+    bfc__regionmap_remove(&b);
+    ck_assert_ptr_null(lookup(b.base));
+    rcu_barrier();
+}
+END_TEST
+
 static Suite *regionmap_suite(void)
 {
     Suite *s = suite_create("regionmap");
@@ -346,6 +389,7 @@ static Suite *regionmap_suite(void)
     tcase_add_test(tc, test_tombstones);
     tcase_add_test(tc, test_tombstone_last);
     tcase_add_test(tc, test_readers_under_rcu);
+    tcase_add_test(tc, test_thread_hint);
     suite_add_tcase(s, tc);
     return s;
 }
