@@ -137,6 +137,35 @@ for gz in "$dir"/*.csv.gz; do
         *ABOVE*) echo "FAIL $name: overhead with the defaults above $max"; failed=1 ;;
     esac
 done
+# Four streams: server2 and a copy of it half a run later on streams 0x3
+# and 0x4 (threads, times and addresses moved apart).  Under a limit of 1.05
+# x its exact peak requested it must replay with no failed allocation: no
+# higher limit than one shared arena needs (which is more than the peak).
+if [ -f "$dir/server2.csv.gz" ] && gzip -dc "$dir/server2.csv.gz" >"$tmp/s2.csv"; then
+    half=$(awk -F, 'NR > 1 && $2 > m {m = $2} END {printf "%d", m / 2}' "$tmp/s2.csv")
+    {
+        head -n 1 "$tmp/s2.csv"
+        {
+            tail -n +2 "$tmp/s2.csv"
+            tail -n +2 "$tmp/s2.csv" | awk -F, -v OFS=, -v sh="$half" \
+                '{ $1 = $1 + 100; $2 = sprintf("%.0f", $2 + sh); sub(/^0x/, "0x1", $4); $6 = ($6 == "0x1") ? "0x3" : "0x4"; print }'
+        } | sort -t, -k2,2n
+    } >"$tmp/server4.csv"
+    got=$("$stats" "$tmp/server4.csv") || { echo "FAIL server4: trace_stats.sh failed"; failed=1; got=""; }
+    peak=$(printf '%s\n' "$got" | sed -n 's/.* peak_requested=\([0-9]*\).*/\1/p')
+    if [ -n "$peak" ]; then
+        limit=$(awk -v p="$peak" 'BEGIN {printf "%d", p * 1.05}')
+        "$replay" --config "memory_limit=$limit" "$tmp/server4.csv" >"$tmp/lim.txt" 2>&1
+        ooms=$(awk -v c="memory_limit=$limit" '$1 == c {print $7}' "$tmp/lim.txt")
+        echo "server4 (server2 twice, half a run apart, 4 streams): peak_requested=$peak;" \
+            "under memory_limit=$limit: ${ooms:-no result} failed allocations"
+        if [ "$ooms" != 0 ]; then
+            cat "$tmp/lim.txt"
+            echo "FAIL server4: 4 streams need more than 1.05 x their peak requested"
+            failed=1
+        fi
+    fi
+fi
 if [ "$count" -eq 0 ]; then
     echo "traces_smoke: no traces under $dir" >&2
     exit 1
