@@ -93,10 +93,11 @@
  * Wait-free queues.  An enqueue on a wfcqueue is two stores (swap the tail,
  * then link the old tail) with no lock, so fork() can stop a thread between
  * them.  liburcu's queues are protected by the liburcu gate (rcu.h).  Ours
- * -- each arena's remote-free queue (cross-stream frees, wait-free by design)
- * and fence pool -- are repaired in the child instead, so the free path pays
- * nothing: a chain that stops short of its tail is cut at the last linked
- * node.  The enqueuing thread does not exist in the child, so its free is
+ * -- each arena's remote-free queue (cross-stream frees, wait-free by design),
+ * the stash the owner's drain spliced it into (whose chain a freer may still
+ * have been linking, arena.h) and the fence pool -- are repaired in the
+ * child instead, so the free path pays nothing: a chain that stops short of
+ * its tail is cut at the last linked node.  The enqueuing thread does not exist in the child, so its free is
  * lost there (the block stays allocated in the child, consistently counted);
  * the parent is untouched.
  *
@@ -130,9 +131,9 @@ static void registry_remove(struct bfc_ctx *ctx)
 
 /* Cuts a wait-free queue whose chain stops short of its tail (see "Wait-free
  * queues" above).  Child only: no other thread exists. */
-static void wfcq_cut(struct cds_wfcq_head *h, struct cds_wfcq_tail *t)
+static void wfcq_cut(struct cds_wfcq_node *head, struct cds_wfcq_tail *t)
 {
-    struct cds_wfcq_node *n = &h->node;
+    struct cds_wfcq_node *n = head;
     while (n != t->p) {
         struct cds_wfcq_node *next = n->next;
         if (!next) {
@@ -190,8 +191,9 @@ static void release_inner(bool child)
     for (struct bfc_ctx *c = g_ctxs; c; c = c->reg_next)
         bfc__list_for_each(a, &c->arenas, all) {
             if (child) {
-                wfcq_cut(&a->rq_head, &a->rq_tail);
-                wfcq_cut(&a->fpool_head, &a->fpool_tail);
+                wfcq_cut(&a->rq_head.node, &a->rq_tail);
+                wfcq_cut(&a->rq_stash_head.node, &a->rq_stash_tail);
+                wfcq_cut(&a->fpool_head.node, &a->fpool_tail);
             }
             cds_wfcq_dequeue_unlock(&a->fpool_head, &a->fpool_tail);
         }

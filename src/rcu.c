@@ -7,10 +7,10 @@
  * wait-free queues against fork(): the fork handlers take it last of the
  * library's locks but one (ctx.c, "Fork").
  *
- * bfc__rcu_reader is the inlined read side's cache of the thread's urcu-bp
- * reader record (rcu.h): filled here on a thread's first section, emptied
- * by a thread_local destructor before urcu-bp's key destructor can free the
- * record.
+ * bfc__rcu_ctr is the inlined read side's cache of the counter of the
+ * thread's urcu-bp reader record (rcu.h): filled here on a thread's first
+ * section, emptied by a thread_local destructor before urcu-bp's key
+ * destructor can free the record.
  */
 #include "rcu.h"
 
@@ -19,7 +19,10 @@
 extern int __cxa_thread_atexit_impl(void (*fn)(void *), void *obj, void *dso);
 extern void *__dso_handle;
 
-__thread struct urcu_bp_reader *bfc__rcu_reader BFC__TLS_IE;
+/* The counter is the record's first member: its address is the record's. */
+_Static_assert(offsetof(struct urcu_bp_reader, ctr) == 0, "urcu-bp's reader counter comes first");
+
+__thread unsigned long *bfc__rcu_ctr BFC__TLS_IE;
 /* Set once the thread's exit has begun: the cache stays empty from then on. */
 static __thread bool rcu_exiting;
 static __thread bool rcu_hooked;
@@ -28,7 +31,7 @@ static void rcu_thread_exit(void *arg)
 {
     (void)arg;
     rcu_exiting = true;
-    bfc__rcu_reader = NULL;
+    bfc__rcu_ctr = NULL;
 }
 
 void bfc__rcu_lock_slow(void)
@@ -40,10 +43,12 @@ void bfc__rcu_lock_slow(void)
          * registered (out of memory) never caches the record. */
         if (!rcu_hooked && __cxa_thread_atexit_impl(rcu_thread_exit, NULL, &__dso_handle) == 0)
             rcu_hooked = true;
+        /* Converted, not dereferenced: the record may lie below its type's
+         * alignment (rcu.h). */
         if (rcu_hooked)
-            bfc__rcu_reader = URCU_TLS(urcu_bp_reader);
+            bfc__rcu_ctr = (unsigned long *)(void *)URCU_TLS(urcu_bp_reader);
     }
-    if (bfc__rcu_reader)
+    if (bfc__rcu_ctr)
         bfc__rcu_lock();
     else
         urcu_bp_read_lock();

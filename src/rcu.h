@@ -24,11 +24,15 @@
  * The read side, inlined.  rcu_read_lock through the shared library costs
  * a call, and its thread-local reader pointer lives in liburcu-bp.so, so
  * every access is a __tls_get_addr call: ~84 instructions per pair of
- * sections, a fifth of an alloc+free pair.  Instead each thread caches its
- * urcu-bp reader record in an initial-exec thread-local of ours (one %fs
- * load) and runs urcu-bp's own read-side steps on it: the record's counter
- * takes the grace-period phase at the outermost lock and a nest count
- * otherwise, exactly as _urcu_bp_read_lock does.
+ * sections, a fifth of an alloc+free pair.  Instead each thread caches the
+ * counter of its urcu-bp reader record in an initial-exec thread-local of
+ * ours (one %fs load) and runs urcu-bp's own read-side steps on it: the
+ * counter takes the grace-period phase at the outermost lock and a nest
+ * count otherwise, exactly as _urcu_bp_read_lock does.  The cache points at
+ * the counter, the record's first member, as a plain unsigned long: urcu-bp
+ * places its records 32 bytes into 128-byte lines, below the alignment its
+ * own type declares, so an access through struct urcu_bp_reader would be
+ * undefined behaviour (UBSan reports it).
  *
  * The cache is filled on a thread's first section (rcu.c, registering the
  * thread with urcu-bp if needed) and is valid until the thread exits:
@@ -39,38 +43,38 @@
  * and from then on the exiting thread uses urcu-bp's own calls (a key
  * destructor of the application may still free memory).
  */
-extern __thread struct urcu_bp_reader *bfc__rcu_reader BFC__TLS_IE;
+extern __thread unsigned long *bfc__rcu_ctr BFC__TLS_IE;
 void bfc__rcu_lock_slow(void);
 
 /* RCU read side, and the matching edge for reclamation (BFC__TSAN_RELEASE, internal.h). */
 extern char bfc__rcu_sync;
 static inline void bfc__rcu_lock(void)
 {
-    struct urcu_bp_reader *r = bfc__rcu_reader;
-    if (BFC__UNLIKELY(!r)) {
+    unsigned long *ctr = bfc__rcu_ctr;
+    if (BFC__UNLIKELY(!ctr)) {
         bfc__rcu_lock_slow();
         return;
     }
     cmm_barrier();
-    unsigned long tmp = r->ctr;
+    unsigned long tmp = *ctr;
     if (BFC__LIKELY(!(tmp & URCU_BP_GP_CTR_NEST_MASK))) {
-        CMM_STORE_SHARED(r->ctr, CMM_LOAD_SHARED(urcu_bp_gp.ctr));
+        CMM_STORE_SHARED(*ctr, CMM_LOAD_SHARED(urcu_bp_gp.ctr));
         urcu_bp_smp_mb_slave();
     } else {
-        CMM_STORE_SHARED(r->ctr, tmp + URCU_BP_GP_COUNT);
+        CMM_STORE_SHARED(*ctr, tmp + URCU_BP_GP_COUNT);
     }
 }
 static inline void bfc__rcu_unlock(void)
 {
     BFC__TSAN_RELEASE(&bfc__rcu_sync);
-    struct urcu_bp_reader *r = bfc__rcu_reader;
-    if (BFC__UNLIKELY(!r)) {
+    unsigned long *ctr = bfc__rcu_ctr;
+    if (BFC__UNLIKELY(!ctr)) {
         urcu_bp_read_unlock();
         return;
     }
-    unsigned long tmp = r->ctr;
+    unsigned long tmp = *ctr;
     urcu_bp_smp_mb_slave();
-    CMM_STORE_SHARED(r->ctr, tmp - URCU_BP_GP_COUNT);
+    CMM_STORE_SHARED(*ctr, tmp - URCU_BP_GP_COUNT);
     cmm_barrier();
 }
 /*

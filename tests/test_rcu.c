@@ -30,15 +30,17 @@ struct cache_probe {
 static void *cache_thread(void *arg)
 {
     struct cache_probe *pr = arg;
-    pr->empty_before = bfc__rcu_reader == NULL;
+    pr->empty_before = bfc__rcu_ctr == NULL;
     bfc__rcu_lock();
-    pr->same_record = bfc__rcu_reader != NULL && bfc__rcu_reader == URCU_TLS(urcu_bp_reader);
-    pr->nest1 = bfc__rcu_reader->ctr & URCU_BP_GP_CTR_NEST_MASK;
+    /* Compared as addresses: urcu-bp's records may lie below their type's
+     * alignment, so the record is not dereferenced through its type. */
+    pr->same_record = bfc__rcu_ctr != NULL && (void *)bfc__rcu_ctr == (void *)URCU_TLS(urcu_bp_reader);
+    pr->nest1 = *bfc__rcu_ctr & URCU_BP_GP_CTR_NEST_MASK;
     bfc__rcu_lock();
-    pr->nest2 = bfc__rcu_reader->ctr & URCU_BP_GP_CTR_NEST_MASK;
+    pr->nest2 = *bfc__rcu_ctr & URCU_BP_GP_CTR_NEST_MASK;
     bfc__rcu_unlock();
     bfc__rcu_unlock();
-    pr->nest0 = bfc__rcu_reader->ctr & URCU_BP_GP_CTR_NEST_MASK;
+    pr->nest0 = *bfc__rcu_ctr & URCU_BP_GP_CTR_NEST_MASK;
     return NULL;
 }
 
@@ -120,7 +122,7 @@ struct late {
 static void late_dtor(void *arg)
 {
     struct late *l = arg;
-    l->cache_empty = bfc__rcu_reader == NULL;
+    l->cache_empty = bfc__rcu_ctr == NULL;
     l->free_status = bfc_ctx_free(g_ctx, l->p, g_stream);
     void *q = bfc_ctx_alloc(g_ctx, g_stream, 4096);
     l->alloc_ok = q != NULL && bfc_ctx_free(g_ctx, q, g_stream) == BFC_OK;
