@@ -941,7 +941,8 @@ void *bfc_ctx_alloc(bfc_ctx_t *ctx, bfc_stream_t stream, size_t n)
 /* -------------------------------------------------------------- free */
 
 /* Resolves p to its region and chunk (lock-free).  Under rcu_read_lock. */
-static int resolve(struct bfc_ctx *ctx, uintptr_t p, struct bfc__region **rp, struct bfc__chunk **cp)
+static inline __attribute__((always_inline)) int resolve(struct bfc_ctx *ctx, uintptr_t p,
+                                                         struct bfc__region **rp, struct bfc__chunk **cp)
 {
     struct bfc__region *r = bfc__regionmap_lookup(p);
     if (!r || r->tag != ctx)

@@ -28,40 +28,29 @@
 #include "meta.h"
 #include "regionmap.h"
 
-struct rmap_entry {
-    uintptr_t base, end;
-    struct bfc__region *r;
-};
-
-struct rmap {
-    struct rcu_head rcu;
-    size_t n;
-    struct rmap_entry e[];
-};
-
 /* Published with a release store and read with an acquire load (C11 rather
  * than rcu_assign_pointer, so race detectors see the edge too). */
-static struct rmap *_Atomic rmap_cur;
+struct bfc__rmap *_Atomic bfc__rmap_cur;
 static bfc__mutex_t wlock = BFC__MUTEX_INIT(BFC__RANK_REGIONMAP, "the region map writer lock");
 
 static void rmap_free_cb(struct rcu_head *h)
 {
-    struct rmap *m = caa_container_of(h, struct rmap, rcu);
+    struct bfc__rmap *m = caa_container_of(h, struct bfc__rmap, rcu);
     bfc__rcu_reclaim();
     bfc__meta_free(m, 0);
     bfc__rcu_reclaim_done();
 }
 
-static struct rmap *rmap_new(size_t n)
+static struct bfc__rmap *rmap_new(size_t n)
 {
-    struct rmap *m = bfc__meta_alloc(sizeof(*m) + n * sizeof(m->e[0]));
+    struct bfc__rmap *m = bfc__meta_alloc(sizeof(*m) + n * sizeof(m->e[0]));
     if (m)
         m->n = n;
     return m;
 }
 
 /* Index of the first entry whose base is > p. */
-static size_t upper_bound(const struct rmap *m, uintptr_t p)
+static size_t upper_bound(const struct bfc__rmap *m, uintptr_t p)
 {
     size_t lo = 0, hi = m->n;
     while (lo < hi) {
@@ -74,65 +63,43 @@ static size_t upper_bound(const struct rmap *m, uintptr_t p)
     return lo;
 }
 
-static bool tombstone(const struct rmap_entry *e)
+static bool tombstone(const struct bfc__rmap_entry *e)
 {
     /* relaxed: see bfc__regionmap_lookup. */
     return __atomic_load_n(&e->end, __ATOMIC_RELAXED) == e->base;
 }
 
-/*
- * The entry the calling thread found last, and the array it found it in: a
- * thread frees mostly into the regions it allocates from, so the next
- * lookup tries that entry first.  Valid only while that array is still the
- * current one (compared by address, under the caller's read section; an
- * array freed and its address reused by a later one is harmless: the index
- * is checked against the current array's size and the entry's range
- * against p, and a tombstone's range is empty).
- */
-struct rmap_hint {
-    const struct rmap *m;
-    size_t i;
-};
-static __thread struct rmap_hint tls_hint BFC__TLS_IE;
+__thread struct bfc__rmap_hint bfc__rmap_hint BFC__TLS_IE;
 
-struct bfc__region *bfc__regionmap_lookup(uintptr_t p)
+struct bfc__region *bfc__regionmap_lookup_slow(uintptr_t p)
 {
-    struct rmap *m = atomic_load_explicit(&rmap_cur, memory_order_acquire);
+    struct bfc__rmap *m = atomic_load_explicit(&bfc__rmap_cur, memory_order_acquire);
     if (!m || m->n == 0)
         return NULL;
-    /* relaxed loads of `end`: it changes in place only to shrink (a tail
-     * departed, or a tombstone); a reader that sees the old end can only be
-     * asked about memory it obtained before the change (see
-     * bfc__regionmap_shrink). */
-    if (BFC__LIKELY(tls_hint.m == m && tls_hint.i < m->n)) {
-        const struct rmap_entry *e = &m->e[tls_hint.i];
-        if (e->base <= p && p < __atomic_load_n(&e->end, __ATOMIC_RELAXED))
-            return e->r;
-    }
     size_t i = upper_bound(m, p);
     while (i > 0 && tombstone(&m->e[i - 1]))
         i--;
     if (i == 0)
         return NULL;
-    const struct rmap_entry *e = &m->e[i - 1];
+    const struct bfc__rmap_entry *e = &m->e[i - 1];
     if (p >= __atomic_load_n(&e->end, __ATOMIC_RELAXED))
         return NULL;
-    tls_hint.m = m;
-    tls_hint.i = i - 1;
+    bfc__rmap_hint.m = m;
+    bfc__rmap_hint.i = i - 1;
     return e->r;
 }
 
 /* Under wlock: readers see `next` from now on.  The caller retires `old`
  * with retire() once it has dropped wlock. */
-static void publish(struct rmap *next)
+static void publish(struct bfc__rmap *next)
 {
     /* release: pairs with the acquire loads in bfc__regionmap_lookup and
      * bfc__regionmap_count (the copy's entries are written before). */
-    atomic_store_explicit(&rmap_cur, next, memory_order_release);
+    atomic_store_explicit(&bfc__rmap_cur, next, memory_order_release);
 }
 
 /* Without wlock: frees a replaced array after a grace period. */
-static void retire(struct rmap *old)
+static void retire(struct bfc__rmap *old)
 {
     if (old)
         bfc__call_rcu(&old->rcu, rmap_free_cb);
@@ -140,13 +107,13 @@ static void retire(struct rmap *old)
 
 /* Copies the live entries of old into next, leaving out `skip` (or none)
  * and tombstones, adding `add` (or none) in order.  Returns the count. */
-static size_t copy_entries(struct rmap *next, const struct rmap *old, const struct bfc__region *skip,
-                           const struct rmap_entry *add)
+static size_t copy_entries(struct bfc__rmap *next, const struct bfc__rmap *old, const struct bfc__region *skip,
+                           const struct bfc__rmap_entry *add)
 {
     size_t k = 0;
     bool added = add == NULL;
     for (size_t i = 0; old && i < old->n; i++) {
-        const struct rmap_entry *e = &old->e[i];
+        const struct bfc__rmap_entry *e = &old->e[i];
         if (!added && add->base < e->base) {
             next->e[k++] = *add;
             added = true;
@@ -166,13 +133,13 @@ static size_t copy_entries(struct rmap *next, const struct rmap *old, const stru
 int bfc__regionmap_insert(struct bfc__region *r)
 {
     bfc__lock(&wlock);
-    struct rmap *old = atomic_load_explicit(&rmap_cur, memory_order_relaxed);
-    struct rmap *next = rmap_new((old ? old->n : 0) + 1);
+    struct bfc__rmap *old = atomic_load_explicit(&bfc__rmap_cur, memory_order_relaxed);
+    struct bfc__rmap *next = rmap_new((old ? old->n : 0) + 1);
     if (!next) {
         bfc__unlock(&wlock);
         return BFC_ENOMEM;
     }
-    struct rmap_entry add = { r->base, r->base + r->size, r };
+    struct bfc__rmap_entry add = { r->base, r->base + r->size, r };
     copy_entries(next, old, NULL, &add);
     publish(next);
     bfc__unlock(&wlock);
@@ -183,7 +150,7 @@ int bfc__regionmap_insert(struct bfc__region *r)
 void bfc__regionmap_remove(struct bfc__region *r)
 {
     bfc__lock(&wlock);
-    struct rmap *old = atomic_load_explicit(&rmap_cur, memory_order_relaxed);
+    struct bfc__rmap *old = atomic_load_explicit(&bfc__rmap_cur, memory_order_relaxed);
     size_t i = old ? old->n : 0;
     while (i > 0 && (old->e[i - 1].r != r || tombstone(&old->e[i - 1])))
         i--;
@@ -192,7 +159,7 @@ void bfc__regionmap_remove(struct bfc__region *r)
         return;
     }
     i--;
-    struct rmap *next = rmap_new(old->n - 1);
+    struct bfc__rmap *next = rmap_new(old->n - 1);
     if (next) {
         copy_entries(next, old, r, NULL);
         publish(next);
@@ -219,7 +186,7 @@ void bfc__regionmap_remove(struct bfc__region *r)
 void bfc__regionmap_shrink(struct bfc__region *r)
 {
     bfc__lock(&wlock);
-    struct rmap *m = atomic_load_explicit(&rmap_cur, memory_order_relaxed);
+    struct bfc__rmap *m = atomic_load_explicit(&bfc__rmap_cur, memory_order_relaxed);
     size_t i = m ? upper_bound(m, r->base) : 0;
     while (i > 0 && (m->e[i - 1].r != r || tombstone(&m->e[i - 1])))
         i--;
@@ -232,7 +199,7 @@ size_t bfc__regionmap_count(const void *tag)
 {
     size_t n = 0;
     bfc__rcu_lock();
-    struct rmap *m = atomic_load_explicit(&rmap_cur, memory_order_acquire);
+    struct bfc__rmap *m = atomic_load_explicit(&bfc__rmap_cur, memory_order_acquire);
     for (size_t i = 0; m && i < m->n; i++)
         /* An emptied entry (a removal that could not copy) may name a
          * region already freed: test the range first. */

@@ -11,10 +11,54 @@
 
 #include "region.h"
 
+/* The map: a sorted array of [base, end) -> region (regionmap.c). */
+struct bfc__rmap_entry {
+    uintptr_t base, end;
+    struct bfc__region *r;
+};
+struct bfc__rmap {
+    struct rcu_head rcu;
+    size_t n;
+    struct bfc__rmap_entry e[];
+};
+extern struct bfc__rmap *_Atomic bfc__rmap_cur;
+
+/*
+ * The entry the calling thread found last, and the array it found it in: a
+ * thread frees mostly into the regions it allocates from, so the next
+ * lookup tries that entry first.  Valid only while that array is still the
+ * current one (compared by address, under the caller's read section; an
+ * array freed and its address reused by a later one is harmless: the index
+ * is checked against the current array's size and the entry's range
+ * against p, and a tombstone's range is empty).
+ */
+struct bfc__rmap_hint {
+    const struct bfc__rmap *m;
+    size_t i;
+};
+extern __thread struct bfc__rmap_hint bfc__rmap_hint BFC__TLS_IE;
+
+/* The binary search (regionmap.c); it sets the hint. */
+struct bfc__region *bfc__regionmap_lookup_slow(uintptr_t p);
+
 /* Process-wide: which region holds an address.  Lookups under
  * rcu_read_lock; updates under a writer mutex (only when regions come or
- * go).  Returns NULL when no region holds p. */
-struct bfc__region *bfc__regionmap_lookup(uintptr_t p);
+ * go).  Returns NULL when no region holds p.  The hint's test is inline. */
+static inline struct bfc__region *bfc__regionmap_lookup(uintptr_t p)
+{
+    /* acquire: pairs with the release store that publishes an array. */
+    const struct bfc__rmap *m = atomic_load_explicit(&bfc__rmap_cur, memory_order_acquire);
+    /* relaxed load of `end`: it changes in place only to shrink (a tail
+     * departed, or a tombstone); a reader that sees the old end can only be
+     * asked about memory it obtained before the change (see
+     * bfc__regionmap_shrink). */
+    if (BFC__LIKELY(m != NULL && bfc__rmap_hint.m == m && bfc__rmap_hint.i < m->n)) {
+        const struct bfc__rmap_entry *e = &m->e[bfc__rmap_hint.i];
+        if (e->base <= p && p < __atomic_load_n(&e->end, __ATOMIC_RELAXED))
+            return e->r;
+    }
+    return bfc__regionmap_lookup_slow(p);
+}
 int bfc__regionmap_insert(struct bfc__region *r);
 void bfc__regionmap_remove(struct bfc__region *r);
 /* r->size shrank (its tail departed): lookups stop resolving the tail. */

@@ -25,13 +25,7 @@
 
 _Atomic uint64_t bfc__dir_epoch = 1;
 
-struct tls_cache {
-    struct bfc_ctx *ctx;
-    bfc_stream_t stream;
-    struct bfc__arena *arena;
-    uint64_t epoch;
-};
-static __thread struct tls_cache tls_last BFC__TLS_IE;
+__thread struct bfc__shard_cache bfc__shard_last BFC__TLS_IE;
 
 static unsigned long hash_id(uint64_t x)
 {
@@ -64,17 +58,13 @@ int bfc__shard_dir_init(struct bfc_ctx *ctx)
 
 static bool tls_hit(struct bfc_ctx *ctx, bfc_stream_t s)
 {
-    /* acquire: pairs with the release increment in bfc__shard_retire; an
-     * unchanged epoch means the cached arena was not retired before this
-     * read section began, so it is not freed before we unlock RCU. */
-    return tls_last.ctx == ctx && tls_last.stream == s && tls_last.arena &&
-           tls_last.epoch == atomic_load_explicit(&bfc__dir_epoch, memory_order_acquire);
+    return bfc__shard_hit(ctx, s);
 }
 
 int bfc__shard_stream_id(struct bfc_ctx *ctx, bfc_stream_t s, uint64_t *id)
 {
     if (tls_hit(ctx, s)) {
-        *id = tls_last.arena->stream_id;
+        *id = bfc__shard_last.arena->stream_id;
         return BFC_OK;
     }
     return ctx->be->ops->stream_id(ctx->be, s, id);
@@ -90,16 +80,16 @@ static struct bfc__arena *lookup(struct bfc_ctx *ctx, uint64_t id)
 
 static void tls_fill(struct bfc_ctx *ctx, bfc_stream_t s, struct bfc__arena *a, uint64_t epoch)
 {
-    tls_last.ctx = ctx;
-    tls_last.stream = s;
-    tls_last.arena = a;
-    tls_last.epoch = epoch;
+    bfc__shard_last.ctx = ctx;
+    bfc__shard_last.stream = s;
+    bfc__shard_last.arena = a;
+    bfc__shard_last.epoch = epoch;
 }
 
 struct bfc__arena *bfc__shard_find(struct bfc_ctx *ctx, bfc_stream_t s)
 {
     if (tls_hit(ctx, s))
-        return tls_last.arena;
+        return bfc__shard_last.arena;
     uint64_t epoch = atomic_load_explicit(&bfc__dir_epoch, memory_order_acquire);
     uint64_t id;
     if (ctx->be->ops->stream_id(ctx->be, s, &id) != BFC_OK)
@@ -110,10 +100,8 @@ struct bfc__arena *bfc__shard_find(struct bfc_ctx *ctx, bfc_stream_t s)
     return a;
 }
 
-struct bfc__arena *bfc__shard_get(struct bfc_ctx *ctx, bfc_stream_t s, int *status)
+struct bfc__arena *bfc__shard_get_slow(struct bfc_ctx *ctx, bfc_stream_t s, int *status)
 {
-    if (tls_hit(ctx, s))
-        return tls_last.arena;
     uint64_t epoch = atomic_load_explicit(&bfc__dir_epoch, memory_order_acquire);
     uint64_t id;
     int st = ctx->be->ops->stream_id(ctx->be, s, &id);

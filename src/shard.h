@@ -18,9 +18,39 @@ struct bfc_ctx;
 
 int bfc__shard_dir_init(struct bfc_ctx *ctx);
 int bfc__shard_dir_init(struct bfc_ctx *ctx);
+/* Bumped whenever a shard leaves a directory or a context dies: thread-local
+ * caches compare it to know they are stale. */
+extern _Atomic uint64_t bfc__dir_epoch;
+
+/* The calling thread's last (context, stream handle, arena), valid while
+ * bfc__dir_epoch is what it was when filled (shard.c). */
+struct bfc__shard_cache {
+    struct bfc_ctx *ctx;
+    bfc_stream_t stream;
+    struct bfc__arena *arena;
+    uint64_t epoch;
+};
+extern __thread struct bfc__shard_cache bfc__shard_last BFC__TLS_IE;
+
+static inline bool bfc__shard_hit(struct bfc_ctx *ctx, bfc_stream_t s)
+{
+    /* acquire: pairs with the release increment in bfc__shard_retire; an
+     * unchanged epoch means the cached arena was not retired before this
+     * read section began, so it is not freed before we unlock RCU. */
+    return bfc__shard_last.ctx == ctx && bfc__shard_last.stream == s && bfc__shard_last.arena &&
+           bfc__shard_last.epoch == atomic_load_explicit(&bfc__dir_epoch, memory_order_acquire);
+}
+
 /* The arena of stream s, created on first use.  Call under rcu_read_lock;
- * the arena stays valid until rcu_read_unlock.  NULL on ENOMEM/EBACKEND. */
-struct bfc__arena *bfc__shard_get(struct bfc_ctx *ctx, bfc_stream_t s, int *status);
+ * the arena stays valid until rcu_read_unlock.  NULL on ENOMEM/EBACKEND.
+ * The thread-local hit is inline; the rest is bfc__shard_get_slow. */
+struct bfc__arena *bfc__shard_get_slow(struct bfc_ctx *ctx, bfc_stream_t s, int *status);
+static inline struct bfc__arena *bfc__shard_get(struct bfc_ctx *ctx, bfc_stream_t s, int *status)
+{
+    if (BFC__LIKELY(bfc__shard_hit(ctx, s)))
+        return bfc__shard_last.arena;
+    return bfc__shard_get_slow(ctx, s, status);
+}
 /* Existing arena of s or NULL (no creation).  Under rcu_read_lock. */
 struct bfc__arena *bfc__shard_find(struct bfc_ctx *ctx, bfc_stream_t s);
 /* Stream id of s (thread-local cache first). */
@@ -30,9 +60,6 @@ int bfc__shard_retire(struct bfc_ctx *ctx, bfc_stream_t s);
 void bfc__shard_reclaim(struct bfc__arena *a);
 /* Destroys every arena (ctx teardown; no concurrent users). */
 void bfc__shard_dir_fini(struct bfc_ctx *ctx);
-/* Bumped whenever a shard leaves a directory or a context dies: thread-local
- * caches compare it to know they are stale. */
-extern _Atomic uint64_t bfc__dir_epoch;
 
 /* Every lock of the context's shards, in rank order (arenas_lock, each
  * arena, the pool) / all released (bfc_ctx_check). */
