@@ -15,7 +15,10 @@
 #include "testutil.h"
 
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "ctx.h"
 #include "regionmap.h"
@@ -177,6 +180,56 @@ START_TEST(test_stalled_freer)
     bfc_ctx_destroy(ctx);
 }
 END_TEST
+
+/*
+ * fork() while the owner's stash holds a chain whose link a freer was still
+ * writing: in the child that freer does not exist, so the link never comes.
+ * The child must cut the chain (as it cuts the queue itself) so that its
+ * teardown, which walks the stash waiting for links, ends.
+ */
+#ifndef BFC_TEST_TSAN
+START_TEST(test_fork_cuts_stash)
+{
+    bfc_ctx_t *ctx = ctx_grow();
+    bfc_stream_t s1 = new_stream(ctx), s2 = new_stream(ctx);
+    void *p = xalloc(ctx, s1, 1000);
+    void *q = xalloc(ctx, s1, 5000);
+    struct bfc__arena *a = resolve(p).a;
+    ck_assert_int_eq(remote_free(p, s2), BFC_OK);
+    ck_assert_int_eq(remote_free(q, s2), BFC_OK);
+    struct cds_wfcq_node *pn = a->rq_head.node.next, *qn = pn->next;
+    ck_assert_ptr_nonnull(qn);
+    pn->next = NULL; /* the freer of q has swapped the tail, not linked */
+    drain(a);        /* p's node now waits in the stash for that link */
+    ck_assert(bfc__arena_rq_waiting(a));
+
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        drain(a);
+        bfc_ctx_destroy(ctx); /* walks the stash */
+        _exit(0);
+    }
+    int status = 0;
+    pid_t got = 0;
+    for (int i = 0; i < 1000 && (got = waitpid(pid, &status, WNOHANG)) == 0; i++)
+        usleep(10 * 1000);
+    if (got == 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+        ck_abort_msg("the child's teardown hung on the stash's missing link");
+    }
+    ck_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+
+    pn->next = qn; /* in the parent the freer goes on */
+    drain(a);
+    ck_assert(!bfc__arena_rq_waiting(a));
+    ck_assert_uint_eq(sst(ctx, s1).num_remote_frees, 2);
+    xcheck(ctx);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+#endif
 
 /* The fence recorded on the freeing stream travels with the chunk: the
  * owner keeps the block pending, unused, until that stream's work is done. */
@@ -472,6 +525,11 @@ static Suite *remote_suite(void)
     tcase_set_timeout(tc, 30);
     tcase_add_test(tc, test_enqueue_then_drain);
     tcase_add_test(tc, test_stalled_freer);
+#ifndef BFC_TEST_TSAN
+    /* TSan kills a child of a threaded process that starts threads (liburcu
+     * restarts its call_rcu worker there): see test_shards' fork test. */
+    tcase_add_test(tc, test_fork_cuts_stash);
+#endif
     tcase_add_test(tc, test_fence_carried);
     tcase_add_test(tc, test_fence_records_circulate);
     tcase_add_test(tc, test_many_freers);
