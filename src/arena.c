@@ -1016,9 +1016,9 @@ int bfc__arena_check_locked(struct bfc__arena *a, char *buf, size_t len)
 /*
  * The arena's pool of fence records, a second wfcqueue: the owner enqueues
  * records whose fences completed (wait-free); cross-stream freers
- * (remote.c) dequeue with cds_wfcq_dequeue_blocking, which takes that
- * queue's own small mutex (rank BFC__RANK_FENCE_POOL, mutex.h).  An empty
- * pool creates a record and its event.  These are kept out of line, as
+ * (remote.c) dequeue under that queue's own small mutex (rank
+ * BFC__RANK_FENCE_POOL, mutex.h), never waiting for an enqueue in progress.
+ * An empty pool creates a record and its event.  These are kept out of line, as
  * they were when they lived in remote.c: inlined into the free path they
  * cost it registers (callee-saved pushes) on every call, used or not.
  */

@@ -6,7 +6,8 @@
  * compare-and-swap of its state (INUSE -> FREEING: exactly one of two racing
  * frees wins), fenced with an event recorded on t, and pushed on the owner's
  * wait-free queue (liburcu wfcqueue).  The owner drains the queue under its
- * own lock at its next allocation or when short of memory (arena.c): a fence
+ * own lock at its next allocation or when short of memory (arena.c, which
+ * never waits for a freer still linking its node): a fence
  * that has completed returns the chunk to the bins; one still in flight puts
  * it on the pending list, where it is never merged or handed out.
  *
@@ -16,11 +17,12 @@
  *
  * Fence records and their events come from the owner's pool (arena.c,
  * bfc__arena_fence_*), a second wfcqueue: the owner enqueues records whose fences completed (wait-free);
- * freers dequeue with cds_wfcq_dequeue_blocking, which takes that queue's own
- * small mutex -- contended only by threads freeing into the same owner at
- * the same instant, held for a few instructions, and never an arena lock.
- * An empty pool creates a record and an event (a backend call): that happens
- * while the pool warms up, then records circulate.
+ * freers dequeue under that queue's own small mutex, without waiting for an
+ * enqueue in progress -- contended only by threads freeing into the same
+ * owner at the same instant, held for a few instructions, and never an
+ * arena lock.  An empty pool (or one whose last record is being put back)
+ * creates a record and an event (a backend call): that happens while the
+ * pool warms up, then records circulate.
  *
  * If recording the event fails, the free falls back to synchronising the
  * freeing stream; if that fails too, the block is not freed (its claim is
