@@ -616,6 +616,52 @@ START_TEST(test_growth_release)
 }
 END_TEST
 
+/* Two streams of one context: s has cycled 8 granule-sized blocks 12 times
+ * (its slack covers them, so they stay mapped and free) and holds two small
+ * blocks; t holds one small block (a reservation: its fast path defers
+ * growth to the slow path). */
+struct churned {
+    bfc_ctx_t *ctx;
+    bfc_stream_t s, t;
+    char *keep, *sep, *tk, *p[8];
+};
+
+static void churned_setup(struct churned *w, const char *spec)
+{
+    w->ctx = ctx_spec(spec, G);
+    w->s = bfc_sim_stream_create(w->ctx);
+    w->t = bfc_sim_stream_create(w->ctx);
+    w->keep = bfc_ctx_alloc(w->ctx, w->s, 256);
+    w->tk = bfc_ctx_alloc(w->ctx, w->t, 256);
+    ck_assert_ptr_nonnull(w->keep);
+    ck_assert_ptr_nonnull(w->tk);
+    w->sep = NULL;
+    for (int c = 0; c < 12; c++) {
+        char *s2 = cycle(w->ctx, w->s, w->p);
+        if (w->sep)
+            ck_assert_int_eq(bfc_ctx_free(w->ctx, w->sep, w->s), BFC_OK);
+        w->sep = s2;
+    }
+    ck_assert(mapped(w->ctx, w->p[3], G));
+}
+
+static bfc_stats_t stream_stats(bfc_ctx_t *ctx, bfc_stream_t s)
+{
+    bfc_stats_t st;
+    ck_assert_int_eq(bfc_ctx_stream_stats(ctx, s, &st), BFC_OK);
+    return st;
+}
+
+static void churned_teardown(struct churned *w, char *b)
+{
+    check_ok(w->ctx);
+    ck_assert_int_eq(bfc_ctx_free(w->ctx, b, w->t), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_free(w->ctx, w->tk, w->t), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_free(w->ctx, w->sep, w->s), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_free(w->ctx, w->keep, w->s), BFC_OK);
+    bfc_ctx_destroy(w->ctx);
+}
+
 /* Growth in one shard, well below the limit, while another keeps free
  * granules for its own churn (its slack): they stay where they are -- the
  * growing shard maps its own, since handing churning memory back and forth
@@ -623,42 +669,23 @@ END_TEST
  * another shard keeps beyond its slack would go (bfc__expand_release_spare). */
 START_TEST(test_growth_elsewhere)
 {
-    bfc_ctx_t *ctx = ctx_spec("memory_limit=64M,vmm=on", G);
-    bfc_stream_t s = bfc_sim_stream_create(ctx), t = bfc_sim_stream_create(ctx);
-    char *keep = bfc_ctx_alloc(ctx, s, 256), *p[8], *sep = NULL;
-    char *tk = bfc_ctx_alloc(ctx, t, 256); /* t has a reservation: its fast path defers */
-    ck_assert_ptr_nonnull(tk);
-    for (int c = 0; c < 12; c++) {
-        char *s2 = cycle(ctx, s, p);
-        if (sep)
-            ck_assert_int_eq(bfc_ctx_free(ctx, sep, s), BFC_OK);
-        sep = s2;
-    }
-    ck_assert(mapped(ctx, p[3], G));
-    bfc_stats_t st;
-    ck_assert_int_eq(bfc_ctx_stream_stats(ctx, s, &st), BFC_OK);
-    uint64_t s_unmaps = st.num_vmm_unmaps;
-    uint64_t before = reserved(ctx);
-    char *b = bfc_ctx_alloc(ctx, t, 8 * G);
+    struct churned w;
+    churned_setup(&w, "memory_limit=64M,vmm=on");
+    uint64_t s_unmaps = stream_stats(w.ctx, w.s).num_vmm_unmaps;
+    uint64_t before = reserved(w.ctx);
+    char *b = bfc_ctx_alloc(w.ctx, w.t, 8 * G);
     ck_assert_ptr_nonnull(b);
-    ck_assert(mapped(ctx, p[3], G)); /* s's churn memory stays mapped */
-    ck_assert(mapped(ctx, b, 8 * G));
-    ck_assert_int_eq(bfc_ctx_stream_stats(ctx, s, &st), BFC_OK);
+    ck_assert(mapped(w.ctx, w.p[3], G)); /* s's churn memory stays mapped */
+    ck_assert(mapped(w.ctx, b, 8 * G));
+    bfc_stats_t st = stream_stats(w.ctx, w.s);
     ck_assert_uint_eq(st.num_vmm_unmaps, s_unmaps);
-    ck_assert_uint_ge(reserved(ctx), before + 8 * G);
-    check_ok(ctx);
+    ck_assert_uint_ge(reserved(w.ctx), before + 8 * G);
     /* s's next cycle needs no device call. */
-    char *s2 = cycle(ctx, s, p);
-    bfc_stats_t st2;
-    ck_assert_int_eq(bfc_ctx_stream_stats(ctx, s, &st2), BFC_OK);
-    ck_assert_uint_eq(st2.num_vmm_maps, st.num_vmm_maps);
-    ck_assert_int_eq(bfc_ctx_free(ctx, sep, s), BFC_OK);
-    sep = s2;
-    ck_assert_int_eq(bfc_ctx_free(ctx, b, t), BFC_OK);
-    ck_assert_int_eq(bfc_ctx_free(ctx, tk, t), BFC_OK);
-    ck_assert_int_eq(bfc_ctx_free(ctx, sep, s), BFC_OK);
-    ck_assert_int_eq(bfc_ctx_free(ctx, keep, s), BFC_OK);
-    bfc_ctx_destroy(ctx);
+    char *s2 = cycle(w.ctx, w.s, w.p);
+    ck_assert_uint_eq(stream_stats(w.ctx, w.s).num_vmm_maps, st.num_vmm_maps);
+    ck_assert_int_eq(bfc_ctx_free(w.ctx, w.sep, w.s), BFC_OK);
+    w.sep = s2;
+    churned_teardown(&w, b);
 }
 END_TEST
 
@@ -667,35 +694,17 @@ END_TEST
  * another stream out. */
 START_TEST(test_growth_elsewhere_at_limit)
 {
-    bfc_ctx_t *ctx = ctx_spec("memory_limit=2M,vmm=on", G); /* 32 granules */
-    bfc_stream_t s = bfc_sim_stream_create(ctx), t = bfc_sim_stream_create(ctx);
-    char *keep = bfc_ctx_alloc(ctx, s, 256), *p[8], *sep = NULL;
-    char *tk = bfc_ctx_alloc(ctx, t, 256);
-    ck_assert_ptr_nonnull(keep);
-    ck_assert_ptr_nonnull(tk);
-    for (int c = 0; c < 12; c++) {
-        char *s2 = cycle(ctx, s, p);
-        if (sep)
-            ck_assert_int_eq(bfc_ctx_free(ctx, sep, s), BFC_OK);
-        sep = s2;
-    }
-    ck_assert(mapped(ctx, p[3], G));
+    struct churned w;
+    churned_setup(&w, "memory_limit=2M,vmm=on"); /* 32 granules */
     /* Live: keep and sep (s, at most 2 granules) and tk (1): 29 left, 8
      * of them held free by s. */
-    char *b = bfc_ctx_alloc(ctx, t, 28 * G);
+    char *b = bfc_ctx_alloc(w.ctx, w.t, 28 * G);
     ck_assert_ptr_nonnull(b);
-    ck_assert(!mapped(ctx, p[3], 1));
-    ck_assert(mapped(ctx, b, 28 * G));
-    ck_assert_uint_le(reserved(ctx), 2 * MiB);
-    bfc_stats_t st;
-    ck_assert_int_eq(bfc_ctx_stream_stats(ctx, s, &st), BFC_OK);
-    ck_assert_uint_ge(st.num_vmm_unmaps, 1);
-    check_ok(ctx);
-    ck_assert_int_eq(bfc_ctx_free(ctx, b, t), BFC_OK);
-    ck_assert_int_eq(bfc_ctx_free(ctx, tk, t), BFC_OK);
-    ck_assert_int_eq(bfc_ctx_free(ctx, sep, s), BFC_OK);
-    ck_assert_int_eq(bfc_ctx_free(ctx, keep, s), BFC_OK);
-    bfc_ctx_destroy(ctx);
+    ck_assert(!mapped(w.ctx, w.p[3], 1));
+    ck_assert(mapped(w.ctx, b, 28 * G));
+    ck_assert_uint_le(reserved(w.ctx), 2 * MiB);
+    ck_assert_uint_ge(stream_stats(w.ctx, w.s).num_vmm_unmaps, 1);
+    churned_teardown(&w, b);
 }
 END_TEST
 
