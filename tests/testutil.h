@@ -55,6 +55,14 @@
 #endif
 #endif
 
+/* True under valgrind, whose preload library is then in LD_PRELOAD.
+ * memcheck's address-space manager refuses mappings of tens of GiB. */
+static inline bool under_valgrind(void)
+{
+    const char *pre = getenv("LD_PRELOAD");
+    return pre && strstr(pre, "vgpreload") != NULL;
+}
+
 /* ------------------------------------------------- cheap assertions */
 
 /* Fails the test with the message only when cond is false. */
