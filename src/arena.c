@@ -53,9 +53,6 @@
 #include "arena.h"
 #include "regionmap.h"
 
-/* liburcu's wait-free queue operations inline (its public static header):
- * the drain's never-waiting splice and walk run on every remote free. */
-#include <urcu/static/wfcqueue.h>
 
 /* ------------------------------------------------------------ regions */
 
@@ -608,12 +605,12 @@ static void remote_arrived(struct bfc__arena *a, struct bfc__fence *f)
 static void drain_remote(struct bfc__arena *a)
 {
     if (!bfc__arena_rq_empty(a))
-        (void)___cds_wfcq_splice_nonblocking(&a->rq_stash_head, &a->rq_stash_tail, &a->rq_head, &a->rq_tail);
-    struct cds_wfcq_node *node = ___cds_wfcq_first_nonblocking(&a->rq_stash_head, &a->rq_stash_tail);
+        (void)__cds_wfcq_splice_nonblocking(&a->rq_stash_head, &a->rq_stash_tail, &a->rq_head, &a->rq_tail);
+    struct cds_wfcq_node *node = __cds_wfcq_first_nonblocking(&a->rq_stash_head, &a->rq_stash_tail);
     if (node == CDS_WFCQ_WOULDBLOCK)
         return; /* cannot be: the stash's first link is always ours */
     while (node) {
-        struct cds_wfcq_node *next = ___cds_wfcq_next_nonblocking(&a->rq_stash_head, &a->rq_stash_tail, node);
+        struct cds_wfcq_node *next = __cds_wfcq_next_nonblocking(&a->rq_stash_head, &a->rq_stash_tail, node);
         if (next == CDS_WFCQ_WOULDBLOCK)
             break;
         remote_arrived(a, caa_container_of(node, struct bfc__fence, qnode));
@@ -1028,7 +1025,7 @@ __attribute__((noinline)) struct bfc__fence *bfc__arena_fence_get(struct bfc__ar
      * back at this moment it would sleep 10 ms (see drain_remote); a new
      * record instead costs an allocation. */
     cds_wfcq_dequeue_lock(&a->fpool_head, &a->fpool_tail);
-    struct cds_wfcq_node *node = ___cds_wfcq_dequeue_nonblocking(&a->fpool_head, &a->fpool_tail);
+    struct cds_wfcq_node *node = __cds_wfcq_dequeue_nonblocking(&a->fpool_head, &a->fpool_tail);
     cds_wfcq_dequeue_unlock(&a->fpool_head, &a->fpool_tail);
     struct bfc__fence *f;
     if (node == CDS_WFCQ_WOULDBLOCK)

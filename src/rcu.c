@@ -27,10 +27,20 @@ __thread unsigned long *bfc__rcu_ctr BFC__TLS_IE;
 static __thread bool rcu_exiting;
 static __thread bool rcu_hooked;
 
+/*
+ * ThreadSanitizer: urcu-bp hands a freed record to the next thread that
+ * registers through its registry lock, inside the uninstrumented library,
+ * so TSan would see our last counter stores in one thread and the next
+ * owner's first load in another as a race.  The exit hook releases the
+ * counter and the filling acquires it: the edge the registry lock gives
+ * (our hook runs before urcu-bp's key destructor frees the record).
+ */
 static void rcu_thread_exit(void *arg)
 {
     (void)arg;
     rcu_exiting = true;
+    if (bfc__rcu_ctr)
+        BFC__TSAN_RELEASE(bfc__rcu_ctr);
     bfc__rcu_ctr = NULL;
 }
 
@@ -45,8 +55,10 @@ void bfc__rcu_lock_slow(void)
             rcu_hooked = true;
         /* Converted, not dereferenced: the record may lie below its type's
          * alignment (rcu.h). */
-        if (rcu_hooked)
+        if (rcu_hooked) {
             bfc__rcu_ctr = (unsigned long *)(void *)URCU_TLS(urcu_bp_reader);
+            BFC__TSAN_ACQUIRE(bfc__rcu_ctr);
+        }
     }
     if (bfc__rcu_ctr)
         bfc__rcu_lock();
