@@ -280,11 +280,14 @@ BFC_API int bfc_config_validate(const bfc_config_t *cfg);
  *     event recorded on the shard's stream has completed, and never on
  *     the common path (a map or unmap costs tens of microseconds on a
  *     GPU): a shard keeps its free granules mapped until another shard
- *     needs the limit (its slow path waits for those events, without
- *     bound on CUDA, not at all on SIM) or grows while this one holds
- *     free granules (the growing allocation takes the slow path and the
- *     others unmap what their events allow, so shards that peak at
- *     different times hold what one allocator would); until this shard
+ *     needs the limit (then every free granule goes, its slow path
+ *     waiting for those events, without bound on CUDA, not at all on
+ *     SIM, so shards that peak at different times need no higher limit
+ *     than one allocator would); until another shard grows within the
+ *     limit while this one holds free granules beyond what it keeps for
+ *     its own churn (release_threshold plus the slack below: those stay,
+ *     since handing them over and back costs device calls each way);
+ *     until this shard
  *     grows while it holds free granules beyond release_threshold (as
  *     many go as it maps); until its frees leave more than
  *     release_threshold bytes mapped but free plus a slack that doubles

@@ -53,7 +53,6 @@
 #include "arena.h"
 #include "regionmap.h"
 
-
 /* ------------------------------------------------------------ regions */
 
 static struct bfc__chunk *chunk_new(struct bfc__arena *a)
@@ -207,9 +206,9 @@ int bfc__arena_expand_locked(struct bfc__arena *a)
 static size_t initial_region_bytes(const struct bfc__arena_env *env)
 {
     /* allow_growth=false: TensorFlow's layout, one region of everything. */
-    size_t init = !env->allow_growth ? env->limit
+    size_t init = !env->allow_growth                ? env->limit
                   : env->initial_region < env->limit ? env->initial_region
-                                                         : env->limit;
+                                                     : env->limit;
     size_t r = bfc__round256(init);
     return r ? r : BFC__MIN_ALLOC;
 }
@@ -549,6 +548,16 @@ static void fence_recorded(struct bfc__arena *a, struct bfc__chunk *c, struct bf
     }
 }
 
+/* The fences of c (chain f) have completed: the records go back to the
+ * pool and the block to the bins. */
+static void fenced_free_done(struct bfc__arena *a, struct bfc__fence *f, struct bfc__chunk *c)
+{
+    bfc__arena_fence_put(a, f);
+    if (bfc__tracing(a->env->obs))
+        trace_free_complete(a, c);
+    release_chunk(a, c);
+}
+
 void bfc__arena_free_chunk_locked(struct bfc__arena *a, struct bfc__chunk *c)
 {
     account_free(a, c);
@@ -558,14 +567,12 @@ void bfc__arena_free_chunk_locked(struct bfc__arena *a, struct bfc__chunk *c)
         fence_recorded(a, c, &chain);
         if (chain) {
             if (bfc__fence_query(a->env->be, chain) == BFC_OK) {
-                bfc__arena_fence_put(a, chain);
-                if (bfc__tracing(a->env->obs))
-                    trace_free_complete(a, c);
+                fenced_free_done(a, chain, c);
             } else {
                 chain->chunk = c;
                 pending_append(a, chain);
-                return;
             }
+            return;
         }
     }
     release_chunk(a, c);
@@ -580,14 +587,10 @@ static void remote_arrived(struct bfc__arena *a, struct bfc__fence *f)
     account_free(a, c);
     a->st.remote_frees++;
     fence_recorded(a, c, &f->extra);
-    if (bfc__fence_query(a->env->be, f) == BFC_OK) {
-        bfc__arena_fence_put(a, f);
-        if (bfc__tracing(a->env->obs))
-            trace_free_complete(a, c);
-        release_chunk(a, c);
-    } else {
+    if (bfc__fence_query(a->env->be, f) == BFC_OK)
+        fenced_free_done(a, f, c);
+    else
         pending_append(a, f);
-    }
 }
 
 /*
@@ -629,12 +632,8 @@ void bfc__arena_drain_locked(struct bfc__arena *a, bool full)
     struct bfc__fence *f;
     bfc__list_for_each_safe(f, &a->pending, plink) {
         if (bfc__fence_query(a->env->be, f) == BFC_OK) {
-            struct bfc__chunk *c = f->chunk;
             pending_unlink(a, f);
-            bfc__arena_fence_put(a, f);
-            if (bfc__tracing(a->env->obs))
-                trace_free_complete(a, c);
-            release_chunk(a, c);
+            fenced_free_done(a, f, f->chunk);
         } else if (!full) {
             /* Fences complete roughly in the order they were queued: the
              * cheap poll stops at the first one still in flight. */

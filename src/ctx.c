@@ -97,9 +97,9 @@
  * the stash the owner's drain spliced it into (whose chain a freer may still
  * have been linking, arena.h) and the fence pool -- are repaired in the
  * child instead, so the free path pays nothing: a chain that stops short of
- * its tail is cut at the last linked node.  The enqueuing thread does not exist in the child, so its free is
- * lost there (the block stays allocated in the child, consistently counted);
- * the parent is untouched.
+ * its tail is cut at the last linked node.  The enqueuing thread does not
+ * exist in the child, so its free is lost there (the block stays allocated
+ * in the child, consistently counted); the parent is untouched.
  *
  * Contexts are found through a registry; `g_ctxs_lock` is taken only by
  * create, destroy and fork.  A context being destroyed has left it, and the
@@ -512,6 +512,26 @@ static uint64_t now_ms(void)
 }
 
 /*
+ * retry_ms: waits a millisecond for other threads to free memory (and on
+ * SIM for streams to be drained), with a's lock dropped.  *deadline starts
+ * at 0 and is set at the first call; false, without waiting, once the
+ * budget is spent (or retry_ms is 0).
+ */
+static bool retry_wait(struct bfc_ctx *ctx, struct bfc__arena *a, uint64_t *deadline)
+{
+    if (ctx->cfg.retry_ms == 0)
+        return false;
+    if (*deadline == 0)
+        *deadline = now_ms() + ctx->cfg.retry_ms;
+    if (now_ms() >= *deadline)
+        return false;
+    bfc__unlock(&a->lock);
+    sleep_ms(1);
+    bfc__lock(&a->lock);
+    return true;
+}
+
+/*
  * How long the slow path waits for fences.  On a device, queued work always
  * finishes, so without bound (PyTorch's caching allocator synchronises its
  * outstanding events the same way before it reports out of memory).  On SIM
@@ -647,15 +667,8 @@ static void *expand_escalate(struct bfc_ctx *ctx, struct bfc__arena *a, size_t n
             return p;
         if (st != BFC_ENOMEM)
             goto fail;
-        if (ctx->cfg.retry_ms == 0)
+        if (!retry_wait(ctx, a, &deadline))
             break;
-        if (deadline == 0)
-            deadline = now_ms() + ctx->cfg.retry_ms;
-        if (now_ms() >= deadline)
-            break;
-        bfc__unlock(&a->lock);
-        sleep_ms(1);
-        bfc__lock(&a->lock);
         if ((p = expand_retry(a, n, rounded, &st)))
             return p;
         if (st != BFC_ENOMEM)
@@ -834,15 +847,8 @@ void *bfc__ctx_alloc_slow(struct bfc_ctx *ctx, struct bfc__arena *a, size_t n, s
             return p;
         /* 7. retry_ms: wait for other threads to free memory (and on SIM
          * for streams to be drained), polling every millisecond. */
-        if (ctx->cfg.retry_ms == 0)
+        if (!retry_wait(ctx, a, &deadline))
             break;
-        if (deadline == 0)
-            deadline = now_ms() + ctx->cfg.retry_ms;
-        if (now_ms() >= deadline)
-            break;
-        bfc__unlock(&a->lock);
-        sleep_ms(1);
-        bfc__lock(&a->lock);
         if ((p = retry_here(ctx, a, n, rounded, large, fit_first, &st)))
             return p;
         if (st != BFC_ENOMEM)
