@@ -620,7 +620,7 @@ static void report_targets(const struct perf_report *rp, const struct opts *o)
         else
             snprintf(name, sizeof(name), "inference %u thr: shardbfc overhead",
                      o->threads[k]);
-        add_target(name, s->overhead, s->have_mem, 1.15, true);
+        add_target(name, s->overhead, s->have_mem, 1.10, true);
     }
     /* The arena's own pair, alone and among free fragments. */
     s = perf_report_find(rp, "arena", "shardbfc", 1);
