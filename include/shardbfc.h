@@ -285,9 +285,13 @@ BFC_API int bfc_config_validate(const bfc_config_t *cfg);
  *     SIM, so shards that peak at different times need no higher limit
  *     than one allocator would); until another shard grows within the
  *     limit while this one holds free granules beyond what it keeps for
- *     its own churn (release_threshold plus the slack below: those stay,
- *     since handing them over and back costs device calls each way);
- *     until this shard
+ *     its own churn (release_threshold plus the slack below); until
+ *     another shard's growth would raise the context's peak reserved,
+ *     which this shard's slack then covers too, as much as that growth
+ *     needs (a loan: a shard that maps again while its loan is out lends
+ *     no more for 256 of its allocations, twice as many at each such
+ *     take-back, so shards whose use swings do not hand granules back and
+ *     forth); until this shard
  *     grows while it holds free granules beyond release_threshold (as
  *     many go as it maps); until its frees leave more than
  *     release_threshold bytes mapped but free plus a slack that doubles

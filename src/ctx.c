@@ -555,8 +555,10 @@ static uint32_t fence_wait_ms(struct bfc_ctx *ctx)
  * limit, and trim) or those beyond what it keeps for its own churn (a
  * growth that still fits the limit; expand.c, "When", (a)).  With wait_ms,
  * waits for their fences without a lock and unmaps again. */
-static void expand_unmap_others(struct bfc_ctx *ctx, struct bfc__arena *self, uint32_t wait_ms, bool all)
+static void expand_unmap_others(struct bfc_ctx *ctx, struct bfc__arena *self, uint32_t wait_ms, bool all,
+                                size_t need)
 {
+    size_t loan = need;
     bfc__event_t evs[UNMAP_WAIT_MAX];
     size_t n = 0;
     bool again = false;
@@ -571,7 +573,7 @@ static void expand_unmap_others(struct bfc_ctx *ctx, struct bfc__arena *self, ui
             if (all)
                 (void)bfc__expand_release_locked(a, 0);
             else
-                (void)bfc__expand_release_spare_locked(a);
+                (void)bfc__expand_release_spare_locked(a, &loan);
             if (a->x && a->x->leaving_bytes) {
                 again = true;
                 /* The record is the pool's: its event outlives our locks. */
@@ -660,7 +662,7 @@ static void *expand_escalate(struct bfc_ctx *ctx, struct bfc__arena *a, size_t n
         if (st != BFC_ENOMEM)
             goto fail;
         bfc__unlock(&a->lock);
-        expand_unmap_others(ctx, a, wait, true);
+        expand_unmap_others(ctx, a, wait, true, 0);
         bfc__pool_wait(&ctx->pool, a->stream_id, true, wait);
         bfc__lock(&a->lock);
         if ((p = expand_retry(a, n, rounded, &st)))
@@ -696,7 +698,11 @@ static void *expand_alloc_slow(struct bfc_ctx *ctx, struct bfc__arena *a, size_t
                        : atomic_load_explicit(&ctx->pool.vmm_idle, memory_order_relaxed) >= ctx->be->vmm_granule;
     if (others) {
         bfc__unlock(&a->lock);
-        expand_unmap_others(ctx, a, 0, false);
+        /* Other shards lend their slack only to a growth that would
+         * raise the peak reserved: below it, what a shard keeps for its
+         * churn costs no memory the context has not held already. */
+        size_t need = bfc__round_up(rounded, ctx->be->vmm_granule);
+        expand_unmap_others(ctx, a, 0, false, bfc__pool_would_peak(&ctx->pool, need) ? need : 0);
         bfc__lock(&a->lock);
     }
     if (a->x)
@@ -1161,7 +1167,7 @@ int bfc_ctx_trim(bfc_ctx_t *ctx)
         return BFC_EINVAL;
     bfc__rcu_register(); /* before the arenas lock: releases call call_rcu */
     if (ctx->vmm) /* the free granules of shards still in use */
-        expand_unmap_others(ctx, NULL, fence_wait_ms(ctx), true);
+        expand_unmap_others(ctx, NULL, fence_wait_ms(ctx), true, 0);
     bfc__shard_reclaim_others(ctx, NULL, false);
     /* What just left the shards is fenced on their streams: on a device,
      * wait for that work (as PyTorch's empty_cache synchronises its events

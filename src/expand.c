@@ -38,19 +38,29 @@
  *     threshold and its slack, see (c)), goes to the slow path, which asks
  *     every other shard to mark and fence its spare granules and unmap
  *     those whose fence has completed, then maps.  What a shard keeps for
- *     its own churn stays: handing it over would cost a pair of device
- *     calls each way every time the two shards' use swings (two threads
- *     churning one context made 28 map calls per 1,000 allocations that
- *     way and ran at a sixth of their speed), and a request that still
- *     fits the limit does not need it.  When another shard cannot map
- *     within the limit, its slow path takes everything free, slack
- *     included, and waits for those fences with no lock held (on a
- *     device; not on SIM, where a held stream only ends when a test
- *     drains it): memory changes hands between streams, so shards that
- *     peak at different times need no higher limit than one allocator
- *     over the device would.  The price: without a limit, a shard may hold
- *     its slack while another peaks (tests/traces server2: overhead 1.265;
- *     1.012 under a limit of its peak).
+ *     its own churn stays, with one exception, the loan: when the growth
+ *     would raise the most the context has held (bfc__pool_would_peak),
+ *     shards whose slack is lendable (pool.vmm_lendable, the second hint)
+ *     give it too, as much as the growth needs.  Below that peak a
+ *     shard's slack costs no memory the context has not held already, and
+ *     handing it over would cost a pair of device calls each way every
+ *     time the two shards' use swings (two threads churning one context
+ *     made 28 map calls per 1,000 allocations that way and ran at a sixth
+ *     of their speed); at the peak, it is what one allocator over the
+ *     device would reuse -- a stream gone quiet no longer holds what a
+ *     busy one must map afresh (tests/traces server2: overhead 1.265
+ *     without loans, 1.012 with).  A loan stays out, each such growth
+ *     taking its part, until the lender maps again: it needed the memory
+ *     back, so it stops lending for lend_every of its allocations (256,
+ *     doubled at each take-back, halved when a loan stayed out that long;
+ *     it lends again at its first policy check after that).  Shards whose
+ *     use swings thus settle to a loan every few million allocations.
+ *     When another shard cannot map within the limit, its slow path takes
+ *     everything free, slack included, and waits for those fences with no
+ *     lock held (on a device; not on SIM, where a held stream only ends
+ *     when a test drains it): memory changes hands between streams, so
+ *     shards that peak at different times need no higher limit than one
+ *     allocator over the device would.
  *     (b) Growth here.  Before mapping, the shard marks and fences its own
  *     free granules beyond release_threshold, up to as many bytes as it is
  *     about to map (the largest free chunks first), and unmaps them if the
@@ -119,6 +129,14 @@
 
 #define GRAN(x) ((size_t)1 << (x)->shift)
 
+/* A shard whose loan of slack was taken back (it mapped again while the
+ * loan was out) lends again after lend_every of its own allocations, at
+ * its next policy check: LEND_MIN at first, doubled at each take-back,
+ * halved when a loan stayed out that long, between LEND_MIN and LEND_MAX
+ * ("When", (a)). */
+#define LEND_MIN 256
+#define LEND_MAX ((uint64_t)1 << 24)
+
 static bool bit(const uint64_t *w, size_t g)
 {
     return (w[g >> 6] >> (g & 63)) & 1;
@@ -160,6 +178,7 @@ int bfc__expand_create_locked(struct bfc__arena *a)
     x->gone = bfc__meta_zalloc(sizeof(*x->gone));
     x->fence = x->mapped && x->ready && x->gone ? bfc__pool_fence_get(env->pool) : NULL;
     x->threshold = env->release_threshold;
+    x->lend_every = LEND_MIN;
     if (!x->fence) {
         expand_free(a, x);
         return BFC_ENOMEM;
@@ -182,7 +201,7 @@ void bfc__expand_destroy_locked(struct bfc__arena *a)
     expand_free(a, x);
 }
 
-static void publish(struct bfc__arena *a, size_t idle);
+static void publish(struct bfc__arena *a, size_t spare, size_t lend);
 
 void bfc__expand_depart_locked(struct bfc__arena *a, bool fence)
 {
@@ -194,7 +213,7 @@ void bfc__expand_depart_locked(struct bfc__arena *a, bool fence)
         bfc__fence_reset(f);
         bfc__fence_arm(a->env->be, f, a->stream);
     }
-    publish(a, 0);
+    publish(a, 0, 0);
     a->st.bytes_reserved -= x->mapped_bytes;
     struct bfc__vmm_gone *rec = x->gone;
     x->gone = NULL;
@@ -220,24 +239,41 @@ static size_t idle_bytes(const struct bfc__arena *a)
     return a->x->mapped_bytes > busy ? a->x->mapped_bytes - busy : 0;
 }
 
-/* What other shards read of our free mapped bytes (their growth asks us
- * for them).  relaxed: a hint; the slow path reads the truth under locks. */
-static void publish(struct bfc__arena *a, size_t idle)
+static void publish_one(_Atomic size_t *h, size_t *mine, size_t v)
 {
-    struct bfc__expand *x = a->x;
-    _Atomic size_t *h = &a->env->pool->vmm_idle;
-    if (idle > x->published)
-        atomic_fetch_add_explicit(h, idle - x->published, memory_order_relaxed);
-    else if (idle < x->published)
-        atomic_fetch_sub_explicit(h, x->published - idle, memory_order_relaxed);
-    x->published = idle;
+    if (v > *mine)
+        atomic_fetch_add_explicit(h, v - *mine, memory_order_relaxed);
+    else if (v < *mine)
+        atomic_fetch_sub_explicit(h, *mine - v, memory_order_relaxed);
+    *mine = v;
 }
 
-/* Do other shards say they hold a granule or more mapped but free? */
-static bool others_idle(const struct bfc__arena *a)
+/* What other shards read of our free mapped bytes (their growth asks us
+ * for them): the spare, and what an open loan would lend beyond it.
+ * relaxed: hints; the slow path reads the truth under locks. */
+static void publish(struct bfc__arena *a, size_t spare, size_t lend)
 {
-    size_t all = atomic_load_explicit(&a->env->pool->vmm_idle, memory_order_relaxed);
-    return all > a->x->published && all - a->x->published >= GRAN(a->x);
+    struct bfc__expand *x = a->x;
+    publish_one(&a->env->pool->vmm_idle, &x->published, spare);
+    publish_one(&a->env->pool->vmm_lendable, &x->published_lend, lend);
+}
+
+/* Does a hint say other shards hold a granule or more for our growth? */
+static bool others_hold(const struct bfc__arena *a, _Atomic size_t *h, size_t mine)
+{
+    size_t all = atomic_load_explicit(h, memory_order_relaxed);
+    return all > mine && all - mine >= GRAN(a->x);
+}
+
+/* Shall a growth of `need` bytes ask the other shards first?  When they
+ * hold spare granules; or granules an open loan would lend and the growth
+ * would raise the peak reserved (bfc__pool_would_peak: below it, what a
+ * shard keeps for its churn costs no memory the context has not held). */
+static bool ask_others(const struct bfc__arena *a, size_t need)
+{
+    struct bfc__pool *pool = a->env->pool;
+    return others_hold(a, &pool->vmm_idle, a->x->published) ||
+           (others_hold(a, &pool->vmm_lendable, a->x->published_lend) && bfc__pool_would_peak(pool, need));
 }
 
 /* Free mapped bytes the shard keeps beyond its granules shared with live
@@ -248,6 +284,13 @@ static size_t keep_bytes(const struct bfc__expand *x)
     size_t keep = x->threshold + x->slack;
     return keep < x->threshold ? SIZE_MAX : keep;
 }
+
+/* May another shard's growth take some of the slack now? */
+static bool lend_open(const struct bfc__arena *a)
+{
+    return !a->x->lend_shut;
+}
+
 
 /* Sets the low-water mark of bytes_in_use below which a free asks the
  * policy again: once the free mapped bytes (by bytes_in_use, the one
@@ -262,6 +305,8 @@ static void rearm(struct bfc__arena *a, bool mapped)
     size_t in_use = a->st.bytes_in_use;
     size_t idle = x->mapped_bytes > in_use ? x->mapped_bytes - in_use : 0;
     size_t keep = keep_bytes(x);
+    if (x->lend_shut && a->st.num_allocs - x->lent_at >= x->lend_every)
+        x->lend_shut = false;
     /* A granule more free than now: publish it (other shards' growth
      * reads it) and see whether it passed what the shard keeps. */
     size_t trigger = idle + GRAN(x);
@@ -270,10 +315,13 @@ static void rearm(struct bfc__arena *a, bool mapped)
     x->low_water = x->mapped_bytes > trigger ? x->mapped_bytes - trigger : 0;
     /* Published: what another shard's growth would get here (above the
      * granules shared with live blocks, beyond what this shard keeps). */
-    size_t now = idle_bytes(a), floor = x->idle_floor + keep;
+    size_t now = idle_bytes(a), floor = x->idle_floor + keep, lend = x->idle_floor + x->threshold;
     if (floor < keep)
         floor = SIZE_MAX;
-    publish(a, now > floor ? now - floor : 0);
+    if (lend < x->threshold || !lend_open(a))
+        lend = floor;
+    size_t spare = now > floor ? now - floor : 0;
+    publish(a, spare, now > lend ? now - lend - spare : 0);
 }
 
 /* The first granule at or after g that is not ready (ngran if none). */
@@ -316,6 +364,15 @@ static void account_map(struct bfc__arena *a, size_t bytes)
         x->calm_since = a->st.num_allocs;
         x->slack = x->slack ? (x->slack < x->size / 2 ? 2 * x->slack : x->size) : GRAN(x);
     }
+    /* A map while a loan of the slack is out: the shard needed what it
+     * lent (or more).  It stops lending, for twice as long as last time. */
+    if (x->lending) {
+        x->lending = false;
+        x->lend_shut = true;
+        x->lent_at = a->st.num_allocs;
+        if (x->lend_every < LEND_MAX)
+            x->lend_every *= 2;
+    }
 }
 
 static size_t release(struct bfc__arena *a, uint32_t wait_ms, size_t g0, size_t g1, size_t budget);
@@ -354,7 +411,7 @@ int bfc__expand_make_ready_locked(struct bfc__arena *a, uintptr_t p, size_t size
          * (the context's, ctx.c) takes theirs first, as one allocator
          * over the device would reuse it, and comes back with `deferred`
          * set to map. */
-        if (!x->deferred && others_idle(a)) {
+        if (!x->deferred && ask_others(a, need)) {
             x->deferred = true;
             x->map_status = BFC_ENOMEM;
             return BFC_ENOMEM;
@@ -551,19 +608,38 @@ void bfc__expand_after_free_locked(struct bfc__arena *a)
     rearm(a, false);
 }
 
-size_t bfc__expand_release_spare_locked(struct bfc__arena *a)
+size_t bfc__expand_release_spare_locked(struct bfc__arena *a, size_t *loan)
 {
     struct bfc__expand *x = a->x;
     if (!x)
         return 0;
     size_t keep = keep_bytes(x), idle = idle_bytes(a), freed = 0;
-    if (idle > keep) {
+    size_t spare = idle > keep ? idle - keep : 0, lend = 0;
+    if (*loan && lend_open(a)) {
+        size_t lendable = idle > x->threshold ? idle - x->threshold : 0;
+        if (lendable > spare)
+            lend = lendable - spare < *loan ? lendable - spare : *loan;
+    }
+    if (spare + lend) {
         /* On the churn book of a release at a free: if this shard maps the
          * memory again, the pair of calls was wasted and its slack doubles,
-         * so shards whose use swings stop handing granules back and forth. */
-        freed = release(a, 0, 0, 0, idle - keep);
+         * so shards whose use swings stop handing granules back and forth
+         * (and a map closes an open loan: above). */
+        freed = release(a, 0, 0, 0, spare + lend);
         x->unmapped_at_free = freed;
         x->remapped = false;
+    }
+    if (lend) {
+        *loan -= lend;
+        if (!x->lending) {
+            x->lending = true;
+            x->lent_at = a->st.num_allocs;
+        } else if (a->st.num_allocs - x->lent_at >= x->lend_every) {
+            /* Out a whole period and not needed back: shut for less. */
+            x->lent_at = a->st.num_allocs;
+            if (x->lend_every > LEND_MIN)
+                x->lend_every /= 2;
+        }
     }
     rearm(a, false);
     return freed;

@@ -41,7 +41,17 @@ struct bfc__expand {
     size_t unmapped_at_free;    /* unmapped at the last release at a free, not mapped again since */
     bool remapped;              /* some of it was mapped again */
     uint64_t calm_since;        /* num_allocs at the last churn or slack decay */
-    size_t published;           /* its share of pool.vmm_idle: free mapped bytes above idle_floor */
+    /* Loans of the slack to other shards' growth (expand.c, "When", (a)):
+     * each growth elsewhere that would raise the peak reserved takes what
+     * it needs, until this shard maps again -- which takes the loan back
+     * and shuts lending for lend_every of its allocations (doubled at
+     * each take-back). */
+    uint64_t lent_at;           /* num_allocs when the loan went out or was taken back */
+    uint64_t lend_every;
+    bool lending;               /* a loan is out */
+    bool lend_shut;             /* taken back: no loan until lend_every allocations passed */
+    size_t published;           /* its share of pool.vmm_idle: free mapped bytes above idle_floor and keep */
+    size_t published_lend;      /* its share of pool.vmm_lendable: what an open loan adds */
     size_t idle_floor;          /* free mapped bytes the last full release left (inside granules in use) */
     bool deferred;              /* a growth went to the slow path: other shards hold free memory */
     int map_status;             /* why the last fit failed to map */
@@ -82,8 +92,10 @@ int bfc__expand_make_ready_locked(struct bfc__arena *a, uintptr_t p, size_t size
 size_t bfc__expand_release_locked(struct bfc__arena *a, uint32_t wait_ms);
 /* Another shard grows within the limit: releases, without waiting, the
  * free granules beyond what this shard keeps (threshold and churn slack),
- * on the churn book of a release at a free.  Returns the bytes unmapped. */
-size_t bfc__expand_release_spare_locked(struct bfc__arena *a);
+ * on the churn book of a release at a free -- and, when a loan of the
+ * slack is open, up to *loan bytes of the slack too (*loan is reduced by
+ * what it lends).  Returns the bytes unmapped. */
+size_t bfc__expand_release_spare_locked(struct bfc__arena *a, size_t *loan);
 /* After a free that left bytes_in_use below x->low_water (the caller's
  * inline test): releases when the mapped-but-free bytes passed the
  * threshold and the shard's slack, and sets the next low-water mark. */

@@ -585,6 +585,14 @@ void bfc__pool_clear_peak(struct bfc__pool *p)
     bfc__unlock(&p->lock);
 }
 
+bool bfc__pool_would_peak(struct bfc__pool *p, size_t bytes)
+{
+    bfc__lock(&p->lock);
+    bool peak = p->held + bytes > p->peak_held;
+    bfc__unlock(&p->lock);
+    return peak;
+}
+
 size_t bfc__pool_spans(struct bfc__pool *p, struct bfc__span_info *out, size_t max)
 {
     size_t n = 0;

@@ -84,6 +84,8 @@ struct bfc__pool {
     /* Mapped-but-free bytes that the expandable arenas published at their
      * last policy check (expand.c): a hint, read and written relaxed. */
     _Atomic size_t vmm_idle;
+    /* And what their open loans of slack would add (expand.c, "When"). */
+    _Atomic size_t vmm_lendable;
 };
 
 /* With growth == false the whole limit is reserved from the backend here.
@@ -183,6 +185,9 @@ struct bfc__pool_stats {
 };
 void bfc__pool_stats(struct bfc__pool *p, struct bfc__pool_stats *out);
 void bfc__pool_clear_peak(struct bfc__pool *p);
+/* Would `bytes` more held from the backend raise the most it has held
+ * (peak_held, which the context reports as its peak reserved)? */
+bool bfc__pool_would_peak(struct bfc__pool *p, size_t bytes);
 
 /* Invariants (see pool.c); 0 or -1 with a message naming the broken one. */
 int bfc__pool_check(struct bfc__pool *p, char *buf, size_t len);

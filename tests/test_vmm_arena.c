@@ -626,7 +626,7 @@ struct churned {
     char *keep, *sep, *tk, *p[8];
 };
 
-static void churned_setup(struct churned *w, const char *spec)
+static void churned_init(struct churned *w, const char *spec)
 {
     w->ctx = ctx_spec(spec, G);
     w->s = bfc_sim_stream_create(w->ctx);
@@ -636,6 +636,10 @@ static void churned_setup(struct churned *w, const char *spec)
     ck_assert_ptr_nonnull(w->keep);
     ck_assert_ptr_nonnull(w->tk);
     w->sep = NULL;
+}
+
+static void churned_cycles(struct churned *w)
+{
     for (int c = 0; c < 12; c++) {
         char *s2 = cycle(w->ctx, w->s, w->p);
         if (w->sep)
@@ -643,6 +647,12 @@ static void churned_setup(struct churned *w, const char *spec)
         w->sep = s2;
     }
     ck_assert(mapped(w->ctx, w->p[3], G));
+}
+
+static void churned_setup(struct churned *w, const char *spec)
+{
+    churned_init(w, spec);
+    churned_cycles(w);
 }
 
 static bfc_stats_t stream_stats(bfc_ctx_t *ctx, bfc_stream_t s)
@@ -662,11 +672,14 @@ static void churned_teardown(struct churned *w, char *b)
     bfc_ctx_destroy(w->ctx);
 }
 
-/* Growth in one shard, well below the limit, while another keeps free
- * granules for its own churn (its slack): they stay where they are -- the
- * growing shard maps its own, since handing churning memory back and forth
- * costs two device calls each way and its owner would map it again.  What
- * another shard keeps beyond its slack would go (bfc__expand_release_spare). */
+/* Growth in one shard, well below the limit, that would raise the peak
+ * reserved while another keeps free granules for its own churn (its
+ * slack): the other lends what the growth needs, so t's 8 granules cost
+ * at most one more than the context held before.  s then maps again (it
+ * needed the memory back: the loan is taken back), and the next such
+ * growth -- within the 256 allocations of s for which it now lends
+ * nothing -- finds s's slack kept: shards whose use swings do not hand
+ * granules back and forth. */
 START_TEST(test_growth_elsewhere)
 {
     struct churned w;
@@ -675,16 +688,64 @@ START_TEST(test_growth_elsewhere)
     uint64_t before = reserved(w.ctx);
     char *b = bfc_ctx_alloc(w.ctx, w.t, 8 * G);
     ck_assert_ptr_nonnull(b);
-    ck_assert(mapped(w.ctx, w.p[3], G)); /* s's churn memory stays mapped */
     ck_assert(mapped(w.ctx, b, 8 * G));
+    ck_assert(!mapped(w.ctx, w.p[3], 1)); /* lent */
+    ck_assert_uint_gt(stream_stats(w.ctx, w.s).num_vmm_unmaps, s_unmaps);
+    /* s's 7 whole free granules (its first and last hold keep and sep). */
+    ck_assert_uint_le(reserved(w.ctx), before + G);
+    /* s takes its memory back: a map. */
+    uint64_t s_maps = stream_stats(w.ctx, w.s).num_vmm_maps;
+    char *s2 = cycle(w.ctx, w.s, w.p);
+    ck_assert_int_eq(bfc_ctx_free(w.ctx, w.sep, w.s), BFC_OK);
+    w.sep = s2;
+    ck_assert_uint_gt(stream_stats(w.ctx, w.s).num_vmm_maps, s_maps);
+    ck_assert(mapped(w.ctx, w.p[3], G));
+    /* t grows past the peak again: s keeps its slack this time. */
     bfc_stats_t st = stream_stats(w.ctx, w.s);
-    ck_assert_uint_eq(st.num_vmm_unmaps, s_unmaps);
+    before = reserved(w.ctx);
+    char *b2 = bfc_ctx_alloc(w.ctx, w.t, 8 * G);
+    ck_assert_ptr_nonnull(b2);
+    ck_assert(mapped(w.ctx, w.p[3], G));
+    ck_assert(mapped(w.ctx, b2, 8 * G));
+    ck_assert_uint_eq(stream_stats(w.ctx, w.s).num_vmm_unmaps, st.num_vmm_unmaps);
     ck_assert_uint_ge(reserved(w.ctx), before + 8 * G);
     /* s's next cycle needs no device call. */
-    char *s2 = cycle(w.ctx, w.s, w.p);
+    s2 = cycle(w.ctx, w.s, w.p);
     ck_assert_uint_eq(stream_stats(w.ctx, w.s).num_vmm_maps, st.num_vmm_maps);
     ck_assert_int_eq(bfc_ctx_free(w.ctx, w.sep, w.s), BFC_OK);
     w.sep = s2;
+    ck_assert_int_eq(bfc_ctx_free(w.ctx, b2, w.t), BFC_OK);
+    churned_teardown(&w, b);
+}
+END_TEST
+
+/* Growth that stays below the peak reserved takes no loan: the slack s
+ * keeps costs no memory the context has not held already.  Growth past
+ * the peak does. */
+START_TEST(test_growth_below_peak)
+{
+    struct churned w;
+    churned_init(&w, "memory_limit=64M,vmm=on");
+    /* t held 16 granules once, and gave them back at its free. */
+    char *big = bfc_ctx_alloc(w.ctx, w.t, 16 * G);
+    ck_assert_ptr_nonnull(big);
+    uint64_t peak = reserved(w.ctx);
+    ck_assert_int_eq(bfc_ctx_free(w.ctx, big, w.t), BFC_OK);
+    ck_assert_uint_le(reserved(w.ctx), peak - 16 * G);
+    churned_cycles(&w);
+    uint64_t s_unmaps = stream_stats(w.ctx, w.s).num_vmm_unmaps;
+    ck_assert_uint_le(reserved(w.ctx) + 4 * G, peak);
+    char *b = bfc_ctx_alloc(w.ctx, w.t, 4 * G);
+    ck_assert_ptr_nonnull(b);
+    ck_assert(mapped(w.ctx, w.p[3], G)); /* kept */
+    ck_assert_uint_eq(stream_stats(w.ctx, w.s).num_vmm_unmaps, s_unmaps);
+    /* Past the peak: s lends. */
+    char *b2 = bfc_ctx_alloc(w.ctx, w.t, 8 * G);
+    ck_assert_ptr_nonnull(b2);
+    ck_assert_uint_gt(stream_stats(w.ctx, w.s).num_vmm_unmaps, s_unmaps);
+    ck_assert(!mapped(w.ctx, w.p[3], 1));
+    ck_assert_uint_le(reserved(w.ctx), peak);
+    ck_assert_int_eq(bfc_ctx_free(w.ctx, b2, w.t), BFC_OK);
     churned_teardown(&w, b);
 }
 END_TEST
@@ -730,6 +791,7 @@ static Suite *vmm_suite(void)
     tcase_add_test(tc, test_under_threshold);
     tcase_add_test(tc, test_growth_release);
     tcase_add_test(tc, test_growth_elsewhere);
+    tcase_add_test(tc, test_growth_below_peak);
     tcase_add_test(tc, test_growth_elsewhere_at_limit);
     suite_add_tcase(s, tc);
     return s;
