@@ -286,8 +286,9 @@ BFC_API int bfc_config_validate(const bfc_config_t *cfg);
  *     than one allocator would); until another shard grows within the
  *     limit while this one holds free granules beyond what it keeps for
  *     its own churn (release_threshold plus the slack below); until
- *     another shard's growth would raise the context's peak reserved,
- *     which this shard's slack then covers too, as much as that growth
+ *     another shard's growth would raise the context's peak reserved
+ *     (peak_bytes_reserved, which bfc_ctx_clear_peaks restarts), which
+ *     this shard's slack then covers too, as much as that growth
  *     needs (a loan: a shard that maps again while its loan is out lends
  *     no more for 256 of its allocations, twice as many at each such
  *     take-back, so shards whose use swings do not hand granules back and
