@@ -687,22 +687,25 @@ fail:
  * The slow path of an expandable arena.  The fast path comes here instead
  * of growing while other shards hold spare granules (`deferred`, set by
  * bfc__expand_make_ready_locked), or for a shard with no reservation yet
- * when they say they do (the pool's vmm_idle hint): their spare goes first
+ * when they say they do (the pool's vmm_idle hint, or vmm_lendable for a
+ * growth that would raise the peak reserved): their spare goes first
  * (fenced, not waited for), as one allocator over the device would reuse
  * it, then the escalation maps where it must -- and at the limit takes
  * everything free (expand_escalate).
  */
 static void *expand_alloc_slow(struct bfc_ctx *ctx, struct bfc__arena *a, size_t n, size_t rounded, int *status)
 {
+    size_t gran = ctx->be->vmm_granule, need = bfc__round_up(rounded, gran);
+    /* Other shards lend their slack only to a growth that would raise the
+     * peak reserved: below it, what a shard keeps for its churn costs no
+     * memory the context has not held already (expand.c, "When", (a)). */
+    bool peak = bfc__pool_would_peak(&ctx->pool, need);
     bool others = a->x ? a->x->deferred
-                       : atomic_load_explicit(&ctx->pool.vmm_idle, memory_order_relaxed) >= ctx->be->vmm_granule;
+                       : atomic_load_explicit(&ctx->pool.vmm_idle, memory_order_relaxed) >= gran ||
+                             (peak && atomic_load_explicit(&ctx->pool.vmm_lendable, memory_order_relaxed) >= gran);
     if (others) {
         bfc__unlock(&a->lock);
-        /* Other shards lend their slack only to a growth that would
-         * raise the peak reserved: below it, what a shard keeps for its
-         * churn costs no memory the context has not held already. */
-        size_t need = bfc__round_up(rounded, ctx->be->vmm_granule);
-        expand_unmap_others(ctx, a, 0, false, bfc__pool_would_peak(&ctx->pool, need) ? need : 0);
+        expand_unmap_others(ctx, a, 0, false, peak ? need : 0);
         bfc__lock(&a->lock);
     }
     if (a->x)

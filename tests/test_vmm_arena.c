@@ -750,6 +750,29 @@ START_TEST(test_growth_below_peak)
 }
 END_TEST
 
+/* A stream's first block, which makes its shard's reservation, takes a
+ * loan as any growth past the peak does. */
+START_TEST(test_loan_first_block)
+{
+    struct churned w;
+    churned_setup(&w, "memory_limit=64M,vmm=on");
+    uint64_t s_unmaps = stream_stats(w.ctx, w.s).num_vmm_unmaps;
+    uint64_t before = reserved(w.ctx);
+    bfc_stream_t u = bfc_sim_stream_create(w.ctx);
+    char *b = bfc_ctx_alloc(w.ctx, u, 8 * G);
+    ck_assert_ptr_nonnull(b);
+    ck_assert(mapped(w.ctx, b, 8 * G));
+    ck_assert(!mapped(w.ctx, w.p[3], 1));
+    ck_assert_uint_gt(stream_stats(w.ctx, w.s).num_vmm_unmaps, s_unmaps);
+    /* s's 7 whole free granules went; u maps 8. */
+    ck_assert_uint_le(reserved(w.ctx), before + G);
+    ck_assert_int_eq(bfc_ctx_free(w.ctx, b, u), BFC_OK);
+    char *tb = bfc_ctx_alloc(w.ctx, w.t, 256);
+    ck_assert_ptr_nonnull(tb);
+    churned_teardown(&w, tb);
+}
+END_TEST
+
 /* The same at the limit: t's request fits only if s gives back the free
  * granules it keeps for its churn, and it does -- no stream's slack keeps
  * another stream out. */
@@ -792,6 +815,7 @@ static Suite *vmm_suite(void)
     tcase_add_test(tc, test_growth_release);
     tcase_add_test(tc, test_growth_elsewhere);
     tcase_add_test(tc, test_growth_below_peak);
+    tcase_add_test(tc, test_loan_first_block);
     tcase_add_test(tc, test_growth_elsewhere_at_limit);
     suite_add_tcase(s, tc);
     return s;
