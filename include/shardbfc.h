@@ -288,22 +288,22 @@ BFC_API int bfc_config_validate(const bfc_config_t *cfg);
  *     its own churn (release_threshold plus the slack below); until
  *     another shard's growth would raise the context's peak reserved
  *     (peak_bytes_reserved, which bfc_ctx_clear_peaks restarts), which
- *     this shard's slack then covers too, as much as that growth
- *     needs (a loan: a shard that maps again while its loan is out lends
- *     no more for 256 of its allocations, twice as many at each such
- *     take-back, so shards whose use swings do not hand granules back and
- *     forth); until this shard
- *     grows while it holds free granules beyond release_threshold (as
- *     many go as it maps); until its frees leave more than
- *     release_threshold bytes mapped but free plus a slack that doubles
- *     whenever such a release is mapped again soon after and halves when
- *     it is not (checked only when bytes in use drop a granule below the
- *     last check); and on bfc_ctx_trim.  The default threshold is 0, as
- *     cudaMemPoolAttrReleaseThreshold's: the slack, not the threshold,
- *     keeps frees that cycle memory from unmapping it, and a larger
- *     threshold makes a shard keep more (a higher peak: 5 to 8% on the
- *     traces of tests/traces at 64 MiB).  An allocation that lands on a granule waiting for its
- *     event takes it back at no cost.  So one stream's peak never keeps
+ *     this shard's slack then covers too, as much as that growth needs
+ *     (a loan: a shard that maps again while its loan is out lends no
+ *     more for 256 of its allocations, twice as many at each such
+ *     take-back, so shards whose use swings do not hand granules back
+ *     and forth); until this shard grows while it holds free granules
+ *     beyond release_threshold (as many go as it maps); until its frees
+ *     leave more than release_threshold bytes mapped but free plus a
+ *     slack that doubles whenever such a release is mapped again soon
+ *     after and halves when it is not (checked only when bytes in use
+ *     drop a granule below the last check); and on bfc_ctx_trim.  The
+ *     default threshold is 0, as cudaMemPoolAttrReleaseThreshold's: the
+ *     slack, not the threshold, keeps frees that cycle memory from
+ *     unmapping it, and a larger threshold makes a shard keep more (a
+ *     higher peak: 5 to 8% on the traces of tests/traces at 64 MiB).  An
+ *     allocation that lands on a granule waiting for its event takes it
+ *     back at no cost.  So one stream's peak never keeps
  *     another stream out: a request succeeds when the limit minus what is
  *     mapped, plus what other shards can unmap, covers it (granules aside).
  *     large_alloc is ignored (a big block is a chunk like any other and its
