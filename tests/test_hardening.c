@@ -1301,6 +1301,24 @@ static void *fork_watchdog(void *arg)
 }
 
 /* Waits for child k with the bound; "" or what went wrong in msg. */
+/* A child that hangs: where?  Its one thread's stack on stderr, through
+ * gdb where the machine has it (a hang seen once in a loop of thousands
+ * is otherwise lost with the child). */
+static void fork_dump_stack(pid_t pid, int k)
+{
+    char cmd[256];
+    if (system("command -v gdb >/dev/null 2>&1") != 0) {
+        fprintf(stderr, "fork %d: child %d hangs (no gdb for its stack)\n", k, (int)pid);
+        return;
+    }
+    snprintf(cmd, sizeof cmd,
+             "gdb -p %d -batch -nx -ex 'thread apply all bt' </dev/null 2>&1 | grep -E '^(#|Thread)' >&2",
+             (int)pid);
+    fprintf(stderr, "fork %d: child %d hangs; its stack:\n", k, (int)pid);
+    if (system(cmd) != 0)
+        fprintf(stderr, "fork %d: gdb could not attach\n", k);
+}
+
 static void fork_wait(pid_t pid, int k, char *msg, size_t len)
 {
     uint64_t t0 = now_ns();
@@ -1320,6 +1338,7 @@ static void fork_wait(pid_t pid, int k, char *msg, size_t len)
             return;
         }
         if (now_ns() - t0 > (uint64_t)FORK_BOUND_S * 1000000000u) {
+            fork_dump_stack(pid, k);
             kill(pid, SIGKILL);
             (void)waitpid(pid, &status, 0);
             snprintf(msg, len,
