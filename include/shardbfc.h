@@ -272,7 +272,12 @@ BFC_API int bfc_config_validate(const bfc_config_t *cfg);
  *     reports it -- allow_growth is true and the limit holds one granule;
  *     vmm=on without those makes bfc_ctx_create fail with BFC_EINVAL; host
  *     contexts always keep classic regions).  A shard then reserves, at its
- *     first allocation, addresses for the whole limit as its one region and
+ *     first allocation, addresses for the whole limit as its one region
+ *     (where the address space refuses that -- RLIMIT_AS, valgrind, a limit
+ *     beyond it, thousands of shards -- a sixteenth of the limit, halved
+ *     until it fits but never below the first block: that shard grows
+ *     within its range only, and an allocation fails with BFC_ENOMEM when
+ *     not even its block's addresses can be had) and
  *     maps device memory behind it granule by granule (2 MiB on SIM and
  *     most GPUs): an allocation maps exactly the granules its block lacks
  *     -- no doubling --, and bytes_reserved counts mapped bytes.  Free

@@ -192,9 +192,9 @@ static int region_new(struct bfc__arena *a, size_t size, bool large, struct bfc_
     return BFC_OK;
 }
 
-int bfc__arena_expand_locked(struct bfc__arena *a)
+int bfc__arena_expand_locked(struct bfc__arena *a, size_t need)
 {
-    int st = bfc__expand_create_locked(a);
+    int st = bfc__expand_create_locked(a, need);
     if (st != BFC_OK)
         return st;
     st = region_setup(a, a->x->base, a->x->size, NULL, false, false, true, &a->x->region);

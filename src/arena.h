@@ -171,11 +171,11 @@ void *bfc__arena_grow_locked(struct bfc__arena *a, size_t n, size_t rounded, boo
 void bfc__arena_drain_locked(struct bfc__arena *a, bool full);
 void bfc__arena_wait_pending_locked(struct bfc__arena *a, uint32_t timeout_ms);
 size_t bfc__arena_shed_locked(struct bfc__arena *a, bool tails);
-/* Makes a an expandable arena (expand.c): the reservation, then its one
- * region (nothing mapped), one free chunk covering it, published in the
- * region map.  BFC_OK, BFC_ENOMEM or the backend's error; a unchanged on
- * failure. */
-int bfc__arena_expand_locked(struct bfc__arena *a);
+/* Makes a an expandable arena (expand.c): the reservation (at least `need`
+ * bytes), then its one region (nothing mapped), one free chunk covering it,
+ * published in the region map.  BFC_OK, BFC_ENOMEM or the backend's error;
+ * a unchanged on failure. */
+int bfc__arena_expand_locked(struct bfc__arena *a, size_t need);
 /* Local free of a live chunk c (validated and claimed by the caller). */
 void bfc__arena_free_chunk_locked(struct bfc__arena *a, struct bfc__chunk *c);
 /* Retired and empty: give everything back, mark dead.  Returns true when the

@@ -163,6 +163,10 @@ void bfc__sim_stream_drain(bfc__backend_t *be, bfc_stream_t s);
 void bfc__sim_fail_alloc_every(bfc__backend_t *be, unsigned n);
 void bfc__sim_fail_event_every(bfc__backend_t *be, unsigned n);
 void bfc__sim_set_alloc_ceiling(bfc__backend_t *be, size_t bytes);
+/* Tests: va_reserve refuses (BFC_ENOMEM) a reservation that would take the
+ * bytes of the backend's live reservations past `bytes` -- an address space
+ * that small (SIZE_MAX, the default: only the machine's). */
+void bfc__sim_set_va_ceiling(bfc__backend_t *be, size_t bytes);
 uint64_t bfc__sim_allocs(bfc__backend_t *be);
 uint64_t bfc__sim_failures(bfc__backend_t *be);
 /* Bytes the SIM backend currently holds (allocated, not freed, plus mapped

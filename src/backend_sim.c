@@ -121,8 +121,11 @@ struct sim_backend {
     alignas(BFC__CACHELINE) atomic_uint fail_event_every;
     atomic_uint event_calls;
 
-    /* Reservations and mapped granules, under book.lock. */
+    /* Reservations and mapped granules, under book.lock; so are the bytes
+     * of live reservations and their ceiling (bfc__sim_set_va_ceiling). */
     alignas(BFC__CACHELINE) bfc__vmm_book_t book;
+    size_t va_reserved;
+    size_t va_ceiling;
 };
 
 /* The process-wide stream table (see above).  g_n_streams is written under
@@ -304,6 +307,13 @@ static int sim_host_unregister(bfc__backend_t *be, void *p)
 
 /* ------------------------------------------------------ virtual memory */
 
+static void va_unreserved(struct sim_backend *b, size_t size)
+{
+    bfc__lock(&b->book.lock);
+    b->va_reserved -= size;
+    bfc__unlock(&b->book.lock);
+}
+
 static int sim_va_reserve(bfc__backend_t *be, size_t size, uintptr_t *base)
 {
     struct sim_backend *b = sim_of(be);
@@ -323,9 +333,20 @@ static int sim_va_reserve(bfc__backend_t *be, size_t size, uintptr_t *base)
     span = size + (g - pg);
     if (span < size)
         return BFC_ENOMEM;
+    /* A test's address space smaller than the machine's (a ceiling on the
+     * bytes of live reservations): refused as a full one is. */
+    bfc__lock(&b->book.lock);
+    bool room = size <= b->va_ceiling - b->va_reserved;
+    if (room)
+        b->va_reserved += size; /* taken back below if the reservation fails */
+    bfc__unlock(&b->book.lock);
+    if (!room)
+        return BFC_ENOMEM;
     p = mmap(NULL, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (p == MAP_FAILED)
+    if (p == MAP_FAILED) {
+        va_unreserved(b, size);
         return BFC_ENOMEM; /* the address space refused (as mem_alloc reads it) */
+    }
     a = ((uintptr_t)p + g - 1) & ~(uintptr_t)(g - 1);
     head = a - (uintptr_t)p;
     tail = span - head - size;
@@ -334,10 +355,13 @@ static int sim_va_reserve(bfc__backend_t *be, size_t size, uintptr_t *base)
         /* Cannot happen for page-aligned pieces of our own mapping; if it
          * did, give back what we can and report it. */
         (void)munmap(p, span);
+        va_unreserved(b, size);
         return BFC_EBACKEND;
     }
     bfc__lock(&b->book.lock);
     st = bfc__vmm_book_add(&b->book, a, size);
+    if (st != BFC_OK)
+        b->va_reserved -= size;
     bfc__unlock(&b->book.lock);
     if (st != BFC_OK) {
         (void)munmap((void *)a, size); /* nothing more to undo if it fails */
@@ -363,6 +387,7 @@ static int sim_va_release(bfc__backend_t *be, uintptr_t base, size_t size)
             /* relaxed: a byte count (see sim_take). */
             atomic_fetch_sub_explicit(&b->held, mapped, memory_order_relaxed);
             bfc__vmm_book_remove(&b->book, r);
+            b->va_reserved -= size;
             st = BFC_OK;
         }
     }
@@ -720,6 +745,16 @@ void bfc__sim_fail_event_every(bfc__backend_t *be, unsigned n)
     atomic_store_explicit(&sim_of(be)->fail_event_every, n, memory_order_relaxed);
 }
 
+void bfc__sim_set_va_ceiling(bfc__backend_t *be, size_t bytes)
+{
+    if (!is_sim(be))
+        return;
+    struct sim_backend *b = sim_of(be);
+    bfc__lock(&b->book.lock);
+    b->va_ceiling = bytes;
+    bfc__unlock(&b->book.lock);
+}
+
 void bfc__sim_set_alloc_ceiling(bfc__backend_t *be, size_t bytes)
 {
     if (is_sim(be))
@@ -835,6 +870,7 @@ int bfc__backend_sim_open(const bfc_config_t *cfg, bfc__backend_t **out)
     b->limit = cfg->memory_limit ? cfg->memory_limit : SIM_DEFAULT_LIMIT;
     atomic_init(&b->held, 0);
     atomic_init(&b->ceiling, SIZE_MAX);
+    b->va_ceiling = SIZE_MAX;
     atomic_init(&b->fail_alloc_every, 0);
     atomic_init(&b->alloc_calls, 0);
     atomic_init(&b->allocs, 0);

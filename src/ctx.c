@@ -622,7 +622,7 @@ static void *expand_retry(struct bfc__arena *a, size_t n, size_t rounded, int *s
         return NULL;
     }
     if (!a->x) {
-        int s = bfc__arena_expand_locked(a);
+        int s = bfc__arena_expand_locked(a, rounded);
         if (s != BFC_OK) {
             *st = s;
             return NULL;

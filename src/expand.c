@@ -4,7 +4,8 @@
  *
  * With virtual memory (vmm=on, or auto where the backend has it) a shard
  * reserves, at its first allocation, a range of addresses as large as the
- * memory limit (rounded up to the granule) and makes it its one region: one
+ * memory limit (rounded up to the granule; less only where the address
+ * space refuses that: reserve(), below) and makes it its one region: one
  * free chunk covering it, cut by TensorFlow's BFC exactly as a classic
  * region is (bins, best fit, the split rule, coalescing: arena.c).  Only the
  * granules under blocks handed out are backed by memory:
@@ -162,7 +163,38 @@ static void expand_free(struct bfc__arena *a, struct bfc__expand *x)
     bfc__meta_free(x, sizeof(*x));
 }
 
-int bfc__expand_create_locked(struct bfc__arena *a)
+/*
+ * The reservation.  The whole limit when the address space takes it, so
+ * that this shard can grow to everything the others give back.  Where it
+ * does not -- a process under RLIMIT_AS (ulimit -v), valgrind, thousands of
+ * shards each reserving a large limit (128 TiB of user addresses hold 1,985
+ * reservations of 64 GiB) -- a sixteenth of the limit, halved until the
+ * address space takes it but never below `need` (the block that asks,
+ * rounded to the granule): the shard then grows within that range only, and
+ * the sixteenth leaves room for many more shards where a plain halving would
+ * let each next shard take half of what is left.  BFC_ENOMEM when not even
+ * `need` fits.
+ */
+static int reserve(const struct bfc__arena_env *env, size_t need, size_t *size, uintptr_t *base)
+{
+    size_t g = env->be->vmm_granule, full = bfc__round_up(env->limit, g);
+    size_t min = need < full ? bfc__round_up(need ? need : 1, g) : full;
+    int st = bfc__pool_vmm_reserve(env->pool, full, base);
+    if (st == BFC_OK)
+        *size = full;
+    for (size_t s = full / 16 & ~(g - 1); st == BFC_ENOMEM && min < full; s = s / 2 & ~(g - 1)) {
+        if (s < min)
+            s = min;
+        st = bfc__pool_vmm_reserve(env->pool, s, base);
+        if (st == BFC_OK)
+            *size = s;
+        if (s == min)
+            break;
+    }
+    return st;
+}
+
+int bfc__expand_create_locked(struct bfc__arena *a, size_t need)
 {
     const struct bfc__arena_env *env = a->env;
     size_t g = env->be->vmm_granule;
@@ -170,7 +202,11 @@ int bfc__expand_create_locked(struct bfc__arena *a)
     if (!x)
         return BFC_ENOMEM;
     x->shift = (unsigned)__builtin_ctzll(g);
-    x->size = bfc__round_up(env->limit, g);
+    int st = reserve(env, need, &x->size, &x->base);
+    if (st != BFC_OK) {
+        bfc__meta_free(x, sizeof(*x));
+        return st;
+    }
     x->ngran = x->size >> x->shift;
     size_t words = (x->ngran + 63) / 64;
     x->mapped = bfc__meta_zalloc(words * sizeof(uint64_t));
@@ -180,13 +216,9 @@ int bfc__expand_create_locked(struct bfc__arena *a)
     x->threshold = env->release_threshold;
     x->lend_every = LEND_MIN;
     if (!x->fence) {
+        bfc__pool_vmm_unreserve(env->pool, x->base, x->size);
         expand_free(a, x);
         return BFC_ENOMEM;
-    }
-    int st = bfc__pool_vmm_reserve(env->pool, x->size, &x->base);
-    if (st != BFC_OK) {
-        expand_free(a, x);
-        return st;
     }
     x->ready_end = x->base;
     a->x = x; /* before the region (arena.c): its accounting reads it */

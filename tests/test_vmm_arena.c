@@ -5,7 +5,9 @@
  * threshold and under another shard's pressure -- each only after the
  * owner stream's fence --, a hole mapped again, the stranding case that
  * classic regions fail, backend and metadata failures leaving a consistent
- * allocator, and the configuration rules (vmm=on refused without support).
+ * allocator, reservations smaller than the limit where the address space
+ * cannot hold it, and the configuration rules (vmm=on refused without
+ * support).
  *
  * White-box only in setting the SIM granule (bfc__sim_set_vmm_granule on
  * the context's backend, before its first allocation) so that small tests
@@ -19,13 +21,18 @@
 #include <shardbfc_sim.h>
 
 #include <check.h>
+#include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
-#define KiB ((size_t)1 << 10)
-#define MiB ((size_t)1 << 20)
+#define BFC_TESTUTIL_NO_CTX
+#include "testutil.h"
+
 #define G (64 * KiB) /* the granule most tests use */
 
 static bfc_ctx_t *ctx_spec(const char *spec, size_t granule)
@@ -792,6 +799,157 @@ START_TEST(test_growth_elsewhere_at_limit)
 }
 END_TEST
 
+/* ------------------------------------------------------- address space */
+
+/* Allocates n bytes on s and writes its first and last byte. */
+static char *touch_alloc(bfc_ctx_t *ctx, bfc_stream_t s, size_t n)
+{
+    char *p = bfc_ctx_alloc(ctx, s, n);
+    ck_assert_msg(p != NULL, "alloc of %zu: %s", n, bfc_err_name(bfc_last_error()));
+    p[0] = 1;
+    p[n - 1] = 2;
+    return p;
+}
+
+/*
+ * An address space that cannot hold a reservation of the limit per shard
+ * (SIM's ceiling on reserved addresses): the first shards reserve the limit;
+ * the next a sixteenth of it (never less than the block that asks), within
+ * which they grow; when not even that block's granules fit, the allocation
+ * fails with BFC_ENOMEM and the allocator stays sound.
+ */
+START_TEST(test_reserve_fallback)
+{
+    const size_t limit = 64 * MiB; /* 1024 granules */
+    bfc_ctx_t *ctx = ctx_spec("memory_limit=64M,vmm=on,retry_ms=0", G);
+    bfc__sim_set_va_ceiling(ctx->be, 2 * limit + limit / 8);
+    bfc_stream_t s[6];
+    for (int i = 0; i < 6; i++)
+        s[i] = bfc_sim_stream_create(ctx);
+    /* Two whole reservations: each shard can grow to the whole limit's
+     * share that is free. */
+    char *a0 = touch_alloc(ctx, s[0], MiB);
+    char *a1 = touch_alloc(ctx, s[1], 40 * MiB);
+    /* Third and fourth: a sixteenth each (4 MiB), the ceiling's rest. */
+    char *a2 = touch_alloc(ctx, s[2], MiB);
+    char *b2 = touch_alloc(ctx, s[2], 2 * MiB);
+    char *a3 = touch_alloc(ctx, s[3], 3 * MiB);
+    check_ok(ctx);
+    /* s[2]'s range is full past 3 MiB + what it has free: a block larger
+     * than its range fails although the limit has room ... */
+    ck_assert_ptr_null(bfc_ctx_alloc(ctx, s[2], 2 * MiB));
+    ck_assert_int_eq(bfc_last_error(), BFC_ENOMEM);
+    /* ... and a fifth shard finds no addresses at all. */
+    ck_assert_ptr_null(bfc_ctx_alloc(ctx, s[4], 64 * KiB));
+    ck_assert_int_eq(bfc_last_error(), BFC_ENOMEM);
+    check_ok(ctx);
+    /* A released shard's reservation goes back (after its fence): a new
+     * shard reserves again. */
+    ck_assert_int_eq(bfc_ctx_free(ctx, a3, s[3]), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_stream_release(ctx, s[3]), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_trim(ctx), BFC_OK);
+    char *a5 = touch_alloc(ctx, s[5], 3 * MiB);
+    check_ok(ctx);
+    ck_assert_int_eq(bfc_ctx_free(ctx, a0, s[0]), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_free(ctx, a1, s[1]), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_free(ctx, a2, s[2]), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_free(ctx, b2, s[2]), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_free(ctx, a5, s[5]), BFC_OK);
+    check_ok(ctx);
+    bfc_ctx_destroy(ctx);
+
+    /* A block larger than a sixteenth: the reservation is the block's. */
+    ctx = ctx_spec("memory_limit=64M,vmm=on,retry_ms=0", G);
+    bfc__sim_set_va_ceiling(ctx->be, limit + 12 * MiB);
+    char *x = touch_alloc(ctx, s[0], MiB);
+    char *y = touch_alloc(ctx, s[1], 10 * MiB);
+    check_ok(ctx);
+    ck_assert_int_eq(bfc_ctx_free(ctx, x, s[0]), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_free(ctx, y, s[1]), BFC_OK);
+    bfc_ctx_destroy(ctx);
+    for (int i = 0; i < 6; i++)
+        bfc_sim_stream_destroy(NULL, s[i]);
+}
+END_TEST
+
+/* A limit larger than the machine's address space (1 PiB; x86-64 gives a
+ * process 128 TiB): every shard works within what it could reserve. */
+START_TEST(test_reserve_beyond_address_space)
+{
+    bfc_ctx_t *ctx = ctx_spec("memory_limit=1125899906842624", 0);
+    ck_assert(ctx->vmm);
+    bfc_stream_t s[3];
+    char *p[3][2];
+    for (int i = 0; i < 3; i++) {
+        s[i] = bfc_sim_stream_create(ctx);
+        p[i][0] = touch_alloc(ctx, s[i], MiB);
+        p[i][1] = touch_alloc(ctx, s[i], 64 * MiB);
+    }
+    check_ok(ctx);
+    for (int i = 0; i < 3; i++) {
+        ck_assert_int_eq(bfc_ctx_free(ctx, p[i][0], s[i]), BFC_OK);
+        ck_assert_int_eq(bfc_ctx_free(ctx, p[i][1], s[i]), BFC_OK);
+    }
+    ck_assert_int_eq(bfc_ctx_trim(ctx), BFC_OK);
+    check_ok(ctx);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
+/* The process's own bytes of address space (VmSize), or 0. */
+static size_t vm_size(void)
+{
+    unsigned long pages = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (!f)
+        return 0;
+    if (fscanf(f, "%lu", &pages) != 1)
+        pages = 0;
+    fclose(f);
+    return pages * (size_t)sysconf(_SC_PAGESIZE);
+}
+
+/* Under RLIMIT_AS (ulimit -v) below the default limit (SIM: 16 GiB), in a
+ * child process: four streams allocate and write 64 MiB each.  Plain builds
+ * only: sanitizers and valgrind manage their own address space. */
+START_TEST(test_reserve_under_rlimit_as)
+{
+#if defined(BFC_TEST_ASAN) || defined(BFC_TEST_TSAN)
+    return;
+#endif
+    if (under_valgrind())
+        return;
+    size_t vm = vm_size();
+    ck_assert_uint_gt(vm, 0);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        struct rlimit rl = { vm + 3 * GiB, vm + 3 * GiB };
+        if (setrlimit(RLIMIT_AS, &rl) != 0)
+            _exit(10);
+        bfc_config_t c;
+        bfc_config_init(&c);
+        c.backend = BFC_BACKEND_SIM;
+        bfc_ctx_t *ctx;
+        if (bfc_ctx_create(&c, &ctx) != BFC_OK || !ctx->vmm)
+            _exit(11);
+        for (int i = 0; i < 4; i++) {
+            bfc_stream_t s = bfc_sim_stream_create(ctx);
+            char *p = bfc_ctx_alloc(ctx, s, 64 * MiB);
+            if (!p)
+                _exit(20 + i);
+            memset(p, i, 64 * MiB);
+        }
+        _exit(bfc_ctx_check(ctx) == BFC_OK ? 0 : 12);
+    }
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+        ;
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+                  "child under RLIMIT_AS failed: status %d (20 + i: stream i's allocation failed)", status);
+}
+END_TEST
+
 static Suite *vmm_suite(void)
 {
     Suite *s = suite_create("vmm_arena");
@@ -817,6 +975,9 @@ static Suite *vmm_suite(void)
     tcase_add_test(tc, test_growth_below_peak);
     tcase_add_test(tc, test_loan_first_block);
     tcase_add_test(tc, test_growth_elsewhere_at_limit);
+    tcase_add_test(tc, test_reserve_fallback);
+    tcase_add_test(tc, test_reserve_beyond_address_space);
+    tcase_add_test(tc, test_reserve_under_rlimit_as);
     suite_add_tcase(s, tc);
     return s;
 }
