@@ -53,7 +53,11 @@
  *    another stream, record_stream, hold, drain, stream release, trim.
  *    Configurations: the product of limits 16M (tight: forces reclaim and
  *    release), 48M, 64M, 128M, 256M; allow_growth on/off; garbage collection
- *    on/off; large_alloc 0 / default / 4M; retry_ms=0.  Each run is one
+ *    on/off; large_alloc 0 / default / 4M; retry_ms=0; and, for expandable
+ *    arenas at 16M and 64M, an address space that holds only two
+ *    reservations of the limit and a quarter more (a "tight_va," prefix:
+ *    the SIM backend's ceiling on reserved addresses), so that later shards
+ *    reserve less than the limit, and some none.  Each run is one
  *    (configuration, seed): single-threaded and seeded.  The operations
  *    follow the seed and the allocator's answers; those can differ slightly
  *    between runs (the library defers some work, such as reclaiming a
@@ -93,6 +97,8 @@
  * x 12000 operations, and 4 x 8000 under faults (a few minutes).
  */
 #include "testutil.h"
+
+#include "ctx.h" /* ctx->be, for the SIM address-space ceiling (tight_va) */
 
 #include <shardbfc.h>
 #include <shardbfc_sim.h>
@@ -1032,8 +1038,12 @@ static bool model_run(struct model *m, const char *spec, uint64_t seed, uint64_t
     m->rng = seed * 0xD1B54A32D192ED03ull + 1;
     m->meta_every = meta_every;
     m->keep_going = keep_going;
-    m->ctx = ctx_spec(spec);
+    static const char tight_va[] = "tight_va,";
+    bool va = strncmp(spec, tight_va, sizeof tight_va - 1) == 0;
+    m->ctx = ctx_spec(va ? spec + sizeof tight_va - 1 : spec);
     ck_assert_int_eq(bfc_ctx_config(m->ctx, &m->cfg), BFC_OK);
+    if (va)
+        bfc__sim_set_va_ceiling(m->ctx->be, 2 * m->cfg.memory_limit + m->cfg.memory_limit / 4);
     m->s = model_streams(m->ctx);
     for (int k = 0; k < NSTREAM; k++)
         bfc_sim_stream_drain(m->ctx, m->s[k]);
@@ -1088,6 +1098,16 @@ static int model_configs(char (*out)[160], int max)
                     snprintf(out[n++], 160, "memory_limit=%s,allow_growth=%s,garbage_collection=%s,%s%sretry_ms=0",
                              limits[li], g ? "true" : "false", gc ? "true" : "false", large[la], vmm);
                 }
+    /* Expandable arenas in an address space too small for a reservation of
+     * the limit per shard (model_run reads the prefix). */
+    static const char *va_limits[] = { TIGHT_LIMIT, "64M" };
+    for (size_t li = 0; li < sizeof va_limits / sizeof va_limits[0]; li++)
+        for (int gc = 0; gc <= 1; gc++) {
+            ck_assert_int_lt(n, max);
+            snprintf(out[n++], 160,
+                     "tight_va,memory_limit=%s,allow_growth=true,garbage_collection=%s,vmm=on,retry_ms=0",
+                     va_limits[li], gc ? "true" : "false");
+        }
     return n;
 }
 
@@ -1096,7 +1116,7 @@ static int model_configs(char (*out)[160], int max)
  * configurations never moved memory between streams. */
 static void model_suite(bool faults)
 {
-    static char confs[64][160];
+    static char confs[72][160];
     int nconf;
     const char *env_conf = getenv("SHARDBFC_SAFETY_CONF");
     bool one = false;
@@ -1105,7 +1125,7 @@ static void model_suite(bool faults)
         nconf = 1;
         one = true;
     } else {
-        nconf = model_configs(confs, 64);
+        nconf = model_configs(confs, 72);
     }
     uint64_t seeds = g_long ? 6 : 2, seed0 = 1;
     uint64_t ops = g_long ? 12000 : 1500;
