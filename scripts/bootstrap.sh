@@ -51,6 +51,7 @@ packages=(
     jq
     cflow
     graphviz
+    gdb # test_hardening prints the stack of a fork child that hangs
 )
 
 missing=()
