@@ -661,8 +661,13 @@ static void *expand_escalate(struct bfc_ctx *ctx, struct bfc__arena *a, size_t n
             return p;
         if (st != BFC_ENOMEM)
             goto fail;
+        /* No reservation: the address space refused even this block's
+         * (expand.c, reserve()).  Other shards' free granules would not
+         * help, only departed reservations going back. */
+        bool reserved = a->x != NULL;
         bfc__unlock(&a->lock);
-        expand_unmap_others(ctx, a, wait, true, 0);
+        if (reserved)
+            expand_unmap_others(ctx, a, wait, true, 0);
         bfc__pool_wait(&ctx->pool, a->stream_id, true, wait);
         bfc__lock(&a->lock);
         if ((p = expand_retry(a, n, rounded, &st)))

@@ -821,7 +821,7 @@ static char *touch_alloc(bfc_ctx_t *ctx, bfc_stream_t s, size_t n)
 START_TEST(test_reserve_fallback)
 {
     const size_t limit = 64 * MiB; /* 1024 granules */
-    bfc_ctx_t *ctx = ctx_spec("memory_limit=64M,vmm=on,retry_ms=0", G);
+    bfc_ctx_t *ctx = ctx_spec("memory_limit=64M,vmm=on,retry_ms=0,release_threshold=1G", G);
     bfc__sim_set_va_ceiling(ctx->be, 2 * limit + limit / 8);
     bfc_stream_t s[6];
     for (int i = 0; i < 6; i++)
@@ -835,12 +835,20 @@ START_TEST(test_reserve_fallback)
     char *b2 = touch_alloc(ctx, s[2], 2 * MiB);
     char *a3 = touch_alloc(ctx, s[3], 3 * MiB);
     check_ok(ctx);
-    /* s[2]'s range is full past 3 MiB + what it has free: a block larger
-     * than its range fails although the limit has room ... */
-    ck_assert_ptr_null(bfc_ctx_alloc(ctx, s[2], 2 * MiB));
-    ck_assert_int_eq(bfc_last_error(), BFC_ENOMEM);
-    /* ... and a fifth shard finds no addresses at all. */
+    /* A fifth shard finds no addresses at all: BFC_ENOMEM, and other
+     * shards keep their free granules (unmapping them frees no address). */
+    char *f0 = touch_alloc(ctx, s[0], 2 * MiB);
+    ck_assert_int_eq(bfc_ctx_free(ctx, f0, s[0]), BFC_OK);
+    ck_assert(mapped(ctx, f0, 2 * MiB)); /* under release_threshold */
+    uint64_t unmaps0 = stream_stats(ctx, s[0]).num_vmm_unmaps;
     ck_assert_ptr_null(bfc_ctx_alloc(ctx, s[4], 64 * KiB));
+    ck_assert_int_eq(bfc_last_error(), BFC_ENOMEM);
+    ck_assert(mapped(ctx, f0, 2 * MiB));
+    ck_assert_uint_eq(stream_stats(ctx, s[0]).num_vmm_unmaps, unmaps0);
+    check_ok(ctx);
+    /* s[2]'s range is full past 3 MiB + what it has free: a block larger
+     * than its range fails although the limit has room. */
+    ck_assert_ptr_null(bfc_ctx_alloc(ctx, s[2], 2 * MiB));
     ck_assert_int_eq(bfc_last_error(), BFC_ENOMEM);
     check_ok(ctx);
     /* A released shard's reservation goes back (after its fence): a new
