@@ -10,6 +10,7 @@
 # of a variable).  Static functions are file-local and never cross files, so
 # they are left out; a static inline function in a header counts as part of
 # that header's layer, so a call hidden in one is seen where it is written.
+# X_inline.h (a module's hot functions, inline) is part of module X.
 #
 # The layers, bottom first (a file may use files of its own layer or below,
 # never above; and no circle of files at all):
@@ -52,6 +53,7 @@ function mod(path,    m) {
     sub(/^src\//, "", m)
     sub(/:[0-9]+$/, "", m)
     sub(/\.[ch]$/, "", m)
+    sub(/_inline$/, "", m)
     return m
 }
 BEGIN {

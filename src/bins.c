@@ -45,32 +45,19 @@
  * Locking: none here.  A struct bfc__bins and the links of the chunks in it
  * belong to one arena and are touched only under that arena's lock.  The
  * module never allocates.
+ *
+ * Insert, remove and best fit are written in bins_inline.h, inline for the
+ * arena's fast path; the functions of the same names here call them.
  */
-#include "bins.h"
+#include "bins_inline.h"
 
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "chunk.h"
-
 #define L(c) ((c)->link.left)
 #define R(c) ((c)->link.right)
 #define P(c) ((c)->link.parent)
-
-
-/* Key order: a < b by (size, ptr). */
-static inline bool bins_less(const struct bfc__chunk *a, const struct bfc__chunk *b)
-{
-    return a->size < b->size || (a->size == b->size && a->ptr < b->ptr);
-}
-
-static inline struct bfc__chunk *bins_min(struct bfc__chunk *n)
-{
-    while (L(n))
-        n = L(n);
-    return n;
-}
 
 static inline struct bfc__chunk *bins_max(struct bfc__chunk *n)
 {
@@ -83,7 +70,7 @@ static inline struct bfc__chunk *bins_max(struct bfc__chunk *n)
 static inline struct bfc__chunk *bins_next(struct bfc__chunk *n)
 {
     if (R(n))
-        return bins_min(R(n));
+        return bfc__bins_min(R(n));
     struct bfc__chunk *p = P(n);
     while (p && n == R(p)) {
         n = p;
@@ -92,33 +79,7 @@ static inline struct bfc__chunk *bins_next(struct bfc__chunk *n)
     return p;
 }
 
-/* Makes child x take its parent's place (one rotation), fixing all links. */
-static inline void bins_rotate_up(struct bfc__chunk **root, struct bfc__chunk *x)
-{
-    struct bfc__chunk *p = P(x), *g = P(p), *mid;
-
-    if (L(p) == x) {
-        mid = R(x);
-        L(p) = mid;
-        R(x) = p;
-    } else {
-        mid = L(x);
-        R(p) = mid;
-        L(x) = p;
-    }
-    if (mid)
-        P(mid) = p;
-    P(p) = x;
-    P(x) = g;
-    if (!g)
-        *root = x;
-    else if (L(g) == p)
-        L(g) = x;
-    else
-        R(g) = x;
-}
-
-static void bins_bug(const char *what, const struct bfc__chunk *c)
+void bfc__bins_bug(const char *what, const struct bfc__chunk *c)
 {
     fprintf(stderr,
             "shardbfc: internal error in bins: %s (chunk %p ptr 0x%" PRIxPTR
@@ -126,8 +87,6 @@ static void bins_bug(const char *what, const struct bfc__chunk *c)
             what, (const void *)c, c->ptr, c->size, c->link.bin);
     abort();
 }
-
-static bool bins_find(const struct bfc__bins *b, uint32_t i, const struct bfc__chunk *c);
 
 void bfc__bins_init(struct bfc__bins *b)
 {
@@ -143,105 +102,17 @@ void bfc__bins_init(struct bfc__bins *b)
 
 void bfc__bins_insert(struct bfc__bins *b, struct bfc__chunk *c)
 {
-    uint32_t i = bfc__bin_for_size(c->size);
-    struct bfc__chunk **root = &b->root[i];
-    struct bfc__chunk *parent = NULL, **slot = root;
-
-    if (bfc__config_debug && c->link.bin != BFC__NO_BIN)
-        bins_bug("insert of a chunk already in a bin", c);
-
-    /* Plain BST insert at a leaf ... */
-    while (*slot) {
-        parent = *slot;
-        if (bfc__config_debug && parent->size == c->size && parent->ptr == c->ptr)
-            bins_bug("insert of a duplicate key", c);
-        slot = bins_less(c, parent) ? &L(parent) : &R(parent);
-    }
-    L(c) = NULL;
-    R(c) = NULL;
-    P(c) = parent;
-    c->link.bin = i;
-    *slot = c;
-
-    /* ... then rotate up until the heap property holds again. */
-    while (P(c) && c->link.prio > P(c)->link.prio)
-        bins_rotate_up(root, c);
-
-    b->nonempty |= UINT32_C(1) << i;
-    b->count[i]++;
-    b->bytes[i] += c->size;
-    b->total_count++;
-    b->total_bytes += c->size;
+    bfc__bins_insert_inline(b, c);
 }
 
 void bfc__bins_remove(struct bfc__bins *b, struct bfc__chunk *c)
 {
-    uint32_t i = c->link.bin;
-
-    if (BFC__UNLIKELY(i >= BFC__NUM_BINS)) {
-        if (bfc__config_debug)
-            bins_bug("remove of a chunk not in a bin", c);
-        return;
-    }
-    if (bfc__config_debug && !bins_find(b, i, c))
-        bins_bug("remove of a chunk missing from its bin's tree", c);
-
-    struct bfc__chunk **root = &b->root[i];
-
-    /* Rotate c down (its higher-priority child up) until it has <= 1 child. */
-    while (L(c) && R(c))
-        bins_rotate_up(root, L(c)->link.prio > R(c)->link.prio ? L(c) : R(c));
-
-    struct bfc__chunk *child = L(c) ? L(c) : R(c), *p = P(c);
-    if (child)
-        P(child) = p;
-    if (!p)
-        *root = child;
-    else if (L(p) == c)
-        L(p) = child;
-    else
-        R(p) = child;
-
-    L(c) = NULL;
-    R(c) = NULL;
-    P(c) = NULL;
-    c->link.bin = BFC__NO_BIN;
-
-    b->count[i]--;
-    b->bytes[i] -= c->size;
-    b->total_count--;
-    b->total_bytes -= c->size;
-    if (!*root)
-        b->nonempty &= ~(UINT32_C(1) << i);
+    bfc__bins_remove_inline(b, c);
 }
 
 struct bfc__chunk *bfc__bins_best_fit(const struct bfc__bins *b, size_t rounded)
 {
-    uint32_t i = bfc__bin_for_size(rounded);
-    struct bfc__chunk *n = b->root[i], *best = NULL;
-
-    /*
-     * lower_bound((rounded, 0)): (size, ptr) >= (rounded, 0) iff size >= rounded.
-     * Plain branches on purpose: a branch-free descent (cmov, computed child)
-     * halves mispredictions but serialises the loads, and measured slower
-     * here, worst with a cold 100 000-chunk tree where speculation prefetches.
-     */
-    while (n) {
-        if (n->size >= rounded) {
-            best = n;
-            n = L(n);
-        } else {
-            n = R(n);
-        }
-    }
-    if (best)
-        return best;
-
-    /* Every chunk of a higher bin is larger than any size of bin i. */
-    uint32_t above = b->nonempty & ~((UINT32_C(2) << i) - 1);
-    if (!above)
-        return NULL;
-    return bins_min(b->root[__builtin_ctz(above)]);
+    return bfc__bins_best_fit_inline(b, rounded);
 }
 
 size_t bfc__bins_largest(const struct bfc__bins *b)
@@ -262,7 +133,7 @@ int bfc__bins_walk(const struct bfc__bins *b, uint32_t i,
 {
     if (i >= BFC__NUM_BINS || !b->root[i])
         return 0;
-    struct bfc__chunk *n = bins_min(b->root[i]);
+    struct bfc__chunk *n = bfc__bins_min(b->root[i]);
     while (n) {
         struct bfc__chunk *next = bins_next(n);
         int rc = fn(n, arg);
@@ -274,7 +145,7 @@ int bfc__bins_walk(const struct bfc__bins *b, uint32_t i,
 }
 
 /* Search by c's key, bounded by the bin's count so a corrupt tree cannot loop. */
-static bool bins_find(const struct bfc__bins *b, uint32_t i, const struct bfc__chunk *c)
+bool bfc__bins_find(const struct bfc__bins *b, uint32_t i, const struct bfc__chunk *c)
 {
     const struct bfc__chunk *n = b->root[i];
     size_t steps = 0;
@@ -283,7 +154,7 @@ static bool bins_find(const struct bfc__bins *b, uint32_t i, const struct bfc__c
             return true;
         if (n->size == c->size && n->ptr == c->ptr)
             return false; /* another record with c's key */
-        n = bins_less(c, n) ? L(n) : R(n);
+        n = bfc__bins_less(c, n) ? L(n) : R(n);
     }
     return false;
 }
@@ -292,7 +163,7 @@ bool bfc__bins_contains(const struct bfc__bins *b, uint32_t i, const struct bfc_
 {
     if (i >= BFC__NUM_BINS || !c)
         return false;
-    return bins_find(b, i, c);
+    return bfc__bins_find(b, i, c);
 }
 
 #define BINS_FAIL(...)                                                         \
@@ -363,7 +234,7 @@ static int bins_verify_bin(const struct bfc__bins *b, uint32_t i, size_t *sum_co
                 BINS_FAIL("bin %" PRIu32 ": chunk 0x%" PRIxPTR
                           " has a stale priority (key changed while binned?)",
                           i, n->ptr);
-            if (prev && !bins_less(prev, n))
+            if (prev && !bfc__bins_less(prev, n))
                 BINS_FAIL("bin %" PRIu32 ": order broken: (%zu, 0x%" PRIxPTR
                           ") not after (%zu, 0x%" PRIxPTR ")",
                           i, n->size, n->ptr, prev->size, prev->ptr);

@@ -972,12 +972,14 @@ static inline __attribute__((always_inline)) int resolve(struct bfc_ctx *ctx, ui
     return BFC_OK;
 }
 
-/* Same-stream (or error) path under the owner's lock. */
-static int free_locked_path(struct bfc__arena *a, struct bfc__region *r, uintptr_t p, bfc_stream_t stream)
+/* Same-stream (or error) path under the owner's lock.  Inlined into the
+ * same-stream free; free_locked_path, below, for the other cases. */
+static inline __attribute__((always_inline)) int free_locked_inline(struct bfc__arena *a, struct bfc__region *r,
+                                                                     uintptr_t p, bfc_stream_t stream)
 {
     struct bfc__chunk *c;
     bfc__lock(&a->lock);
-    int st = bfc__arena_classify_locked(a, r, p, &c);
+    int st = bfc__arena_classify_fast_locked(a, r, p, &c);
     bool dead = false;
     if (st == BFC_OK) {
         /* Claim it as a cross-stream free does (which takes no lock):
@@ -997,6 +999,12 @@ static int free_locked_path(struct bfc__arena *a, struct bfc__region *r, uintptr
     if (dead)
         bfc__shard_reclaim(a);
     return st;
+}
+
+static __attribute__((noinline)) int free_locked_path(struct bfc__arena *a, struct bfc__region *r, uintptr_t p,
+                                                     bfc_stream_t stream)
+{
+    return free_locked_inline(a, r, p, stream);
 }
 
 int bfc_ctx_free(bfc_ctx_t *ctx, void *ptr, bfc_stream_t stream)
@@ -1022,7 +1030,11 @@ int bfc_ctx_free(bfc_ctx_t *ctx, void *ptr, bfc_stream_t stream)
             goto out;
         local = id == a->stream_id;
     }
-    if (local || !c || c == BFC__HANDLE_GONE) {
+    if (BFC__LIKELY(local)) {
+        st = free_locked_inline(a, r, p, stream);
+        goto out;
+    }
+    if (!c || c == BFC__HANDLE_GONE) {
         st = free_locked_path(a, r, p, stream);
         goto out;
     }
