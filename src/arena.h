@@ -191,18 +191,19 @@ static inline bool bfc__arena_maybe_dead_locked(struct bfc__arena *a)
  * introspection call; BFC_OK, BFC_ENOTOWNED or BFC_EDOUBLEFREE. */
 int bfc__arena_classify_locked(struct bfc__arena *a, struct bfc__region *r, uintptr_t p,
                                struct bfc__chunk **out);
-/* The same, with the common answer -- a live block's own start -- decided
- * inline (the same-stream free); everything else goes to the call. */
+/* The same, with the common answer decided inline (the same-stream free):
+ * `hint` is the chunk the caller read from p's handle without the lock; if
+ * it is still the live block that starts at p -- its start, region and
+ * state say so under the lock, whatever happened to the handle meanwhile --
+ * it is the answer.  Everything else goes to the call. */
 static inline int bfc__arena_classify_fast_locked(struct bfc__arena *a, struct bfc__region *r, uintptr_t p,
-                                                  struct bfc__chunk **out)
+                                                  struct bfc__chunk *hint, struct bfc__chunk **out)
 {
-    if (BFC__LIKELY(!a->dead && !r->gone && !(p & (BFC__MIN_ALLOC - 1)))) {
-        struct bfc__chunk *c = bfc__region_handle(r, p);
-        if (BFC__LIKELY(c && c != BFC__HANDLE_GONE && c->ptr == p && c->region == r &&
-                        atomic_load_explicit(&c->state, memory_order_acquire) == BFC__CHUNK_INUSE)) {
-            *out = c;
-            return BFC_OK;
-        }
+    if (BFC__LIKELY(hint && hint != BFC__HANDLE_GONE && !a->dead && !r->gone && hint->ptr == p &&
+                    hint->region == r &&
+                    atomic_load_explicit(&hint->state, memory_order_acquire) == BFC__CHUNK_INUSE)) {
+        *out = hint;
+        return BFC_OK;
     }
     return bfc__arena_classify_locked(a, r, p, out);
 }

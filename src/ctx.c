@@ -975,11 +975,12 @@ static inline __attribute__((always_inline)) int resolve(struct bfc_ctx *ctx, ui
 /* Same-stream (or error) path under the owner's lock.  Inlined into the
  * same-stream free; free_locked_path, below, for the other cases. */
 static inline __attribute__((always_inline)) int free_locked_inline(struct bfc__arena *a, struct bfc__region *r,
-                                                                     uintptr_t p, bfc_stream_t stream)
+                                                                     uintptr_t p, struct bfc__chunk *hint,
+                                                                     bfc_stream_t stream)
 {
     struct bfc__chunk *c;
     bfc__lock(&a->lock);
-    int st = bfc__arena_classify_fast_locked(a, r, p, &c);
+    int st = bfc__arena_classify_fast_locked(a, r, p, hint, &c);
     bool dead = false;
     if (st == BFC_OK) {
         /* Claim it as a cross-stream free does (which takes no lock):
@@ -1004,7 +1005,7 @@ static inline __attribute__((always_inline)) int free_locked_inline(struct bfc__
 static __attribute__((noinline)) int free_locked_path(struct bfc__arena *a, struct bfc__region *r, uintptr_t p,
                                                      bfc_stream_t stream)
 {
-    return free_locked_inline(a, r, p, stream);
+    return free_locked_inline(a, r, p, NULL, stream);
 }
 
 int bfc_ctx_free(bfc_ctx_t *ctx, void *ptr, bfc_stream_t stream)
@@ -1031,7 +1032,7 @@ int bfc_ctx_free(bfc_ctx_t *ctx, void *ptr, bfc_stream_t stream)
         local = id == a->stream_id;
     }
     if (BFC__LIKELY(local)) {
-        st = free_locked_inline(a, r, p, stream);
+        st = free_locked_inline(a, r, p, c, stream);
         goto out;
     }
     if (!c || c == BFC__HANDLE_GONE) {
