@@ -56,7 +56,10 @@
  * The order, outermost first (every path nests in it, none the other way),
  * is that of the lock ranks (enum bfc__lock_rank, mutex.h), which debug
  * builds check on every lock taken:
- *   outer   the service's create lock (api.c); the host table lock (host.c);
+ *   outer   the urcu-bp registration gate (rcu.h: urcu-bp registers a thread
+ *           under a lock of its own that its hooks do not take, so no thread
+ *           may be registering across fork; a registering thread holds no
+ *           other lock); the service's create lock (api.c); the host table lock (host.c);
  *           the context registry (g_ctxs_lock, below); each context's
  *           obs.lock (trace start/stop, OOM report);
  *   liburcu call_rcu_before_fork, rcu_bp_before_fork;
@@ -148,7 +151,9 @@ static void before_fork(void)
 {
     struct bfc__arena *a;
     /* Outer, in rank order (mutex.h): the locks of one rank across every
-     * context before those of the next rank. */
+     * context before those of the next rank.  First, no thread registering
+     * with urcu-bp (rcu.h: its init_lock is no fork hook's). */
+    bfc__lock(&bfc__rcu_reg_gate);
     bfc__lock(&bfc__ctx_create_lock);
     bfc__lock(&bfc__ctx_host_lock);
     bfc__lock(&g_ctxs_lock);
@@ -214,6 +219,7 @@ static void release_outer(void)
     bfc__unlock(&g_ctxs_lock);
     bfc__unlock(&bfc__ctx_host_lock);
     bfc__unlock(&bfc__ctx_create_lock);
+    bfc__unlock(&bfc__rcu_reg_gate);
 }
 
 static void after_fork_parent(void)

@@ -44,11 +44,24 @@ static void rcu_thread_exit(void *arg)
     bfc__rcu_ctr = NULL;
 }
 
+/* Rank: outermost (mutex.h).  Taken only by a thread that registers, which
+ * holds no lock of the library then (rcu.h), and by the fork handlers. */
+bfc__mutex_t bfc__rcu_reg_gate = BFC__MUTEX_INIT(BFC__RANK_RCU_REG, "urcu-bp registration");
+
+void bfc__rcu_register_slow(void)
+{
+    bfc__lock(&bfc__rcu_reg_gate);
+    urcu_bp_register_thread();
+    bfc__unlock(&bfc__rcu_reg_gate);
+}
+
 void bfc__rcu_lock_slow(void)
 {
+    /* Registered through the gate even while exiting: urcu-bp's read lock
+     * would otherwise register a thread whose record its key destructor
+     * already freed, ungated. */
+    bfc__rcu_register();
     if (!rcu_exiting) {
-        /* Registration first: urcu-bp's pointer is set from then on. */
-        urcu_bp_register_thread();
         /* The destructor first, so that a thread whose hook could not be
          * registered (out of memory) never caches the record. */
         if (!rcu_hooked && __cxa_thread_atexit_impl(rcu_thread_exit, NULL, &__dso_handle) == 0)

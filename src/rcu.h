@@ -86,10 +86,21 @@ static inline void bfc__rcu_unlock(void)
  * RCU (call_rcu, a nested read section): the allocation and free paths are,
  * because they open a read section first; the slow entry points that start
  * with a lock (trim, statistics, dumps) call this first.
+ *
+ * Registering goes through bfc__rcu_reg_gate, which the fork handlers take
+ * first of all (ctx.c, "Fork"): urcu-bp registers under a lock of its own
+ * (init_lock, in _urcu_bp_init) that its fork hooks do not hold, so a fork
+ * while another thread registered left that lock held in the child, whose
+ * first registration -- its own, or its new call_rcu thread's -- then
+ * waited for ever (test_hardening's fork loop, about one fork in 75,000).
  */
+void bfc__rcu_register_slow(void);
+extern bfc__mutex_t bfc__rcu_reg_gate;
 static inline void bfc__rcu_register(void)
 {
-    urcu_bp_register_thread();
+    if (BFC__LIKELY(URCU_TLS(urcu_bp_reader) != NULL))
+        return;
+    bfc__rcu_register_slow();
 }
 
 /*
