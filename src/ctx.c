@@ -56,12 +56,12 @@
  * The order, outermost first (every path nests in it, none the other way),
  * is that of the lock ranks (enum bfc__lock_rank, mutex.h), which debug
  * builds check on every lock taken:
- *   outer   the urcu-bp registration gate (rcu.h: urcu-bp registers a thread
- *           under a lock of its own that its hooks do not take, so no thread
- *           may be registering across fork; a registering thread holds no
- *           other lock); the service's create lock (api.c); the host table lock (host.c);
- *           the context registry (g_ctxs_lock, below); each context's
- *           obs.lock (trace start/stop, OOM report);
+ *   outer   the urcu-bp registration gate (rcu.h: urcu-bp registers a
+ *           thread under a lock of its own that its hooks do not take, so
+ *           no thread may be registering across fork; a registering thread
+ *           holds no other lock); the service's create lock (api.c); the
+ *           host table lock (host.c); the context registry (g_ctxs_lock,
+ *           below); each context's obs.lock (trace start/stop, OOM report);
  *   liburcu call_rcu_before_fork, rcu_bp_before_fork;
  *   inner   every context's arenas_lock, then every arena's lock, then
  *           every context's pool lock, then every arena's fence-pool dequeue
