@@ -191,6 +191,11 @@ static inline bool bfc__arena_maybe_dead_locked(struct bfc__arena *a)
  * introspection call; BFC_OK, BFC_ENOTOWNED or BFC_EDOUBLEFREE. */
 int bfc__arena_classify_locked(struct bfc__arena *a, struct bfc__region *r, uintptr_t p,
                                struct bfc__chunk **out);
+/* Is c (a value read from a handle) the chunk record that starts at p in r? */
+static inline bool bfc__chunk_at(const struct bfc__chunk *c, const struct bfc__region *r, uintptr_t p)
+{
+    return c && c != BFC__HANDLE_GONE && c->ptr == p && c->region == r;
+}
 /* The same, with the common answer decided inline (the same-stream free):
  * `hint` is the chunk the caller read from p's handle without the lock; if
  * it is still the live block that starts at p -- its start, region and
@@ -199,8 +204,7 @@ int bfc__arena_classify_locked(struct bfc__arena *a, struct bfc__region *r, uint
 static inline int bfc__arena_classify_fast_locked(struct bfc__arena *a, struct bfc__region *r, uintptr_t p,
                                                   struct bfc__chunk *hint, struct bfc__chunk **out)
 {
-    if (BFC__LIKELY(hint && hint != BFC__HANDLE_GONE && !a->dead && !r->gone && hint->ptr == p &&
-                    hint->region == r &&
+    if (BFC__LIKELY(bfc__chunk_at(hint, r, p) && !a->dead && !r->gone &&
                     atomic_load_explicit(&hint->state, memory_order_acquire) == BFC__CHUNK_INUSE)) {
         *out = hint;
         return BFC_OK;

@@ -165,7 +165,8 @@ void bfc__sim_fail_event_every(bfc__backend_t *be, unsigned n);
 void bfc__sim_set_alloc_ceiling(bfc__backend_t *be, size_t bytes);
 /* Tests: va_reserve refuses (BFC_ENOMEM) a reservation that would take the
  * bytes of the backend's live reservations past `bytes` -- an address space
- * that small (SIZE_MAX, the default: only the machine's). */
+ * that small (SIZE_MAX, the default: only the machine's).  Thread-safe (the
+ * book lock); reservations already made stay. */
 void bfc__sim_set_va_ceiling(bfc__backend_t *be, size_t bytes);
 uint64_t bfc__sim_allocs(bfc__backend_t *be);
 uint64_t bfc__sim_failures(bfc__backend_t *be);

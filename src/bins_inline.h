@@ -3,8 +3,8 @@
  * as inline functions, for the arena's fast path (arena.c) and for bins.c,
  * whose bfc__bins_insert / _remove / _best_fit are these, called.  The
  * algorithm, its invariants and why a treap: bins.c.  A call's register
- * saves cost ~10 instructions each, three calls of a 600-instruction
- * alloc+free pair (make perf-instructions).
+ * saves cost ~10 instructions each, and an alloc+free pair makes three
+ * (make perf-instructions).
  *
  * Not thread-safe: under the owning arena's lock, as bins.h.
  */
