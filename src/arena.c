@@ -50,22 +50,10 @@
 #include <sys/mman.h>
 #include <time.h>
 
-#include "arena.h"
-#include "bins_inline.h"
+#include "arena_inline.h"
 #include "regionmap.h"
 
 /* ------------------------------------------------------------ regions */
-
-static struct bfc__chunk *chunk_new(struct bfc__arena *a)
-{
-    struct bfc__chunk *c = bfc__slab_get(&a->chunk_slab);
-    if (!c)
-        return NULL;
-    c->link.bin = BFC__NO_BIN;
-    c->alloc_id = -1;
-    a->st.chunks++;
-    return c;
-}
 
 static void chunk_delete(struct bfc__arena *a, struct bfc__chunk *c)
 {
@@ -107,7 +95,7 @@ static int region_setup(struct bfc__arena *a, uintptr_t base, size_t size, struc
 {
     const struct bfc__arena_env *env = a->env;
     struct bfc__region *r = bfc__meta_zalloc(sizeof(*r));
-    struct bfc__chunk *c = chunk_new(a);
+    struct bfc__chunk *c = bfc__arena_chunk_new(a);
     if (!r || !c)
         goto nomem;
     r->base = base;
@@ -219,7 +207,7 @@ static size_t initial_region_bytes(const struct bfc__arena_env *env)
  * stream if any of it was used (fence.h); only context teardown, which
  * returns everything to the backend, passes false.
  */
-static void region_depart(struct bfc__arena *a, struct bfc__region *r, bool fence)
+void bfc__arena_region_depart(struct bfc__arena *a, struct bfc__region *r, bool fence)
 {
     struct bfc__chunk *c = bfc__region_handle(r, r->base);
     bool used = fence && (c->flags & BFC__CF_USED);
@@ -314,7 +302,7 @@ size_t bfc__arena_shed_locked(struct bfc__arena *a, bool tails)
          * (fenced); one in use, its free granules. */
         if (r->live == 0) {
             freed += r->vmm ? a->x->mapped_bytes : r->size;
-            region_depart(a, r, true);
+            bfc__arena_region_depart(a, r, true);
         } else if (r->vmm) {
             freed += bfc__expand_release_locked(a, 0);
         } else if (tails) {
@@ -326,53 +314,6 @@ size_t bfc__arena_shed_locked(struct bfc__arena *a, bool tails)
 
 /* ------------------------------------------------------------- chunks */
 
-static void account_alloc(struct bfc__arena *a, struct bfc__chunk *c, size_t n)
-{
-    struct bfc__astats *st = &a->st;
-    st->num_allocs++;
-    st->bytes_in_use += c->size;
-    if (st->bytes_in_use > st->peak_in_use)
-        st->peak_in_use = st->bytes_in_use;
-    st->bytes_requested += n;
-    if (st->bytes_requested > st->peak_requested)
-        st->peak_requested = st->bytes_requested;
-    /* TensorFlow counts the chunk size as the largest allocation. */
-    if (c->size > st->largest_alloc)
-        st->largest_alloc = c->size;
-}
-
-static void account_free(struct bfc__arena *a, struct bfc__chunk *c)
-{
-    a->st.num_frees++;
-    a->st.bytes_in_use -= c->size;
-    a->st.bytes_requested -= c->requested;
-}
-
-/* Splits c so that it keeps `rounded` bytes; the leftover after it goes to
- * the bins.  Returns false (c unchanged) if no record is available. */
-static inline __attribute__((always_inline)) bool split(struct bfc__arena *a, struct bfc__chunk *c, size_t rounded)
-{
-    struct bfc__chunk *n = chunk_new(a);
-    if (!n)
-        return false;
-    n->ptr = c->ptr + rounded;
-    n->link.prio = bfc__bins_prio(n->ptr);
-    n->size = c->size - rounded;
-    n->region = c->region;
-    n->flags = c->flags & BFC__CF_USED;
-    n->prev = c;
-    n->next = c->next;
-    if (c->next)
-        c->next->prev = n;
-    else
-        c->region->tail = n;
-    c->next = n;
-    c->size = rounded;
-    bfc__region_set_handle(c->region, n->ptr, n);
-    bfc__bins_insert_inline(&a->bins, n);
-    return true;
-}
-
 /*
  * poison=true (host-accessible memory only): every byte of a free chunk is
  * 0xDB -- regions are filled when created, blocks when released, and merges
@@ -381,7 +322,7 @@ static inline __attribute__((always_inline)) bool split(struct bfc__arena *a, st
  * num_poison_errors) and reported on stderr once per context; the block is
  * still handed out (a debugging aid, not a fence).
  */
-static __attribute__((noinline, cold)) void poison_verify(struct bfc__arena *a, struct bfc__chunk *c)
+__attribute__((noinline, cold)) void bfc__arena_poison_verify(struct bfc__arena *a, struct bfc__chunk *c)
 {
     const unsigned char *m = (const unsigned char *)c->ptr;
     size_t i = 0;
@@ -399,8 +340,8 @@ static __attribute__((noinline, cold)) void poison_verify(struct bfc__arena *a, 
 
 /* Expandable arena: the granules under a block about to be handed out are
  * mapped first.  NULL when they cannot be (c back in the bins). */
-static __attribute__((noinline)) struct bfc__chunk *take_vmm(struct bfc__arena *a, struct bfc__chunk *c,
-                                                             size_t rounded)
+__attribute__((noinline)) struct bfc__chunk *bfc__arena_take_vmm(struct bfc__arena *a, struct bfc__chunk *c,
+                                                                 size_t rounded)
 {
     bool cut = c->size >= 2 * rounded || c->size - rounded >= a->env->max_frag;
     size_t keep = cut ? rounded : c->size;
@@ -414,7 +355,7 @@ static __attribute__((noinline)) struct bfc__chunk *take_vmm(struct bfc__arena *
         return NULL;
     if (c->link.bin != BFC__NO_BIN)
         bfc__bins_remove(&a->bins, c);
-    if (cut && !split(a, c, rounded) && !bfc__expand_ready(a->x, c->ptr, c->size) &&
+    if (cut && !bfc__arena_split(a, c, rounded) && !bfc__expand_ready(a->x, c->ptr, c->size) &&
         bfc__expand_make_ready_locked(a, c->ptr, c->size) != BFC_OK) {
         bfc__bins_insert(&a->bins, c);
         return NULL;
@@ -422,45 +363,14 @@ static __attribute__((noinline)) struct bfc__chunk *take_vmm(struct bfc__arena *
     return c;
 }
 
-/* Inlined into the fast path (bfc__arena_alloc_locked); take_chunk, below,
- * for the other callers: a call's register saves and argument moves cost
- * ~15 instructions, a fortieth of an alloc+free pair. */
-static inline __attribute__((always_inline)) void *take_chunk_inline(struct bfc__arena *a, struct bfc__chunk *c,
-                                                                      size_t rounded, size_t n)
-{
-    /* An expandable arena's chunk wholly on ready granules takes the
-     * classic way: take_vmm's rules differ only where granules are not. */
-    if (BFC__UNLIKELY(a->x != NULL) && !bfc__expand_backed(a->x, c->ptr + c->size)) {
-        if (!take_vmm(a, c, rounded))
-            return NULL;
-    } else {
-        if (c->link.bin != BFC__NO_BIN)
-            bfc__bins_remove_inline(&a->bins, c);
-        if (!c->region->large && (c->size >= 2 * rounded || c->size - rounded >= a->env->max_frag))
-            (void)split(a, c, rounded); /* without a record the whole chunk is used */
-    }
-    if (BFC__UNLIKELY(a->env->poison))
-        poison_verify(a, c);
-    c->requested = n;
-    c->alloc_id = (int64_t)((a->seq << 40) | (uint64_t)a->next_id++);
-    c->flags |= BFC__CF_RETURNED | BFC__CF_USED;
-    c->region->live++;
-    a->live++;
-    /* release: pairs with the acquire CAS of a cross-stream free, which
-     * must see ptr/region of this chunk once it sees INUSE. */
-    atomic_store_explicit(&c->state, BFC__CHUNK_INUSE, memory_order_release);
-    account_alloc(a, c, n);
-    return (void *)c->ptr;
-}
-
+/* bfc__arena_take_inline, called: the paths other than the fast path. */
 static __attribute__((noinline)) void *take_chunk(struct bfc__arena *a, struct bfc__chunk *c, size_t rounded,
                                                   size_t n)
 {
-    return take_chunk_inline(a, c, rounded, n);
+    return bfc__arena_take_inline(a, c, rounded, n);
 }
 
-/* Merges n (free, following c) into c. */
-static void merge(struct bfc__arena *a, struct bfc__chunk *c, struct bfc__chunk *n)
+void bfc__arena_merge(struct bfc__arena *a, struct bfc__chunk *c, struct bfc__chunk *n)
 {
     c->size += n->size;
     c->flags |= n->flags & BFC__CF_USED;
@@ -473,46 +383,10 @@ static void merge(struct bfc__arena *a, struct bfc__chunk *c, struct bfc__chunk 
     chunk_delete(a, n);
 }
 
-/* The block's memory is reusable now: back to the bins, coalesced.  Inlined
- * into the same-stream free (bfc__arena_free_chunk_locked); release_chunk,
- * below, for the other callers. */
-static inline __attribute__((always_inline)) void release_chunk_inline(struct bfc__arena *a, struct bfc__chunk *c)
-{
-    struct bfc__region *r = c->region;
-    const struct bfc__arena_env *env = a->env;
-    atomic_store_explicit(&c->state, BFC__CHUNK_FREE, memory_order_relaxed);
-    c->requested = 0;
-    c->alloc_id = -1;
-    r->live--;
-    a->live--;
-    if (env->poison)
-        memset((void *)c->ptr, 0xDB, c->size);
-    if (r->large) {
-        region_depart(a, r, true);
-        return;
-    }
-    struct bfc__chunk *n = c->next;
-    if (n && atomic_load_explicit(&n->state, memory_order_relaxed) == BFC__CHUNK_FREE) {
-        bfc__bins_remove_inline(&a->bins, n);
-        merge(a, c, n);
-    }
-    struct bfc__chunk *p = c->prev;
-    if (p && atomic_load_explicit(&p->state, memory_order_relaxed) == BFC__CHUNK_FREE) {
-        bfc__bins_remove_inline(&a->bins, p);
-        merge(a, p, c);
-        c = p;
-    }
-    bfc__bins_insert_inline(&a->bins, c);
-    /* A retired shard keeps nothing it does not need. */
-    if (r->live == 0 && atomic_load_explicit(&a->retired, memory_order_relaxed))
-        region_depart(a, r, true);
-    else if (BFC__UNLIKELY(r->vmm) && a->st.bytes_in_use < a->x->low_water)
-        bfc__expand_after_free_locked(a);
-}
-
+/* bfc__arena_release_inline, called: fenced and remote frees. */
 static __attribute__((noinline)) void release_chunk(struct bfc__arena *a, struct bfc__chunk *c)
 {
-    release_chunk_inline(a, c);
+    bfc__arena_release_inline(a, c);
 }
 
 /* ------------------------------------------------------------- fences */
@@ -576,24 +450,18 @@ static void fenced_free_done(struct bfc__arena *a, struct bfc__fence *f, struct 
     release_chunk(a, c);
 }
 
-void bfc__arena_free_chunk_locked(struct bfc__arena *a, struct bfc__chunk *c)
+__attribute__((noinline)) void bfc__arena_free_recorded_locked(struct bfc__arena *a, struct bfc__chunk *c)
 {
-    account_free(a, c);
-    if (BFC__UNLIKELY(atomic_load_explicit((struct bfc__recorded *_Atomic *)&c->recorded, memory_order_relaxed) !=
-                      NULL)) {
-        struct bfc__fence *chain = NULL;
-        fence_recorded(a, c, &chain);
-        if (chain) {
-            if (bfc__fence_query(a->env->be, chain) == BFC_OK) {
-                fenced_free_done(a, chain, c);
-            } else {
-                chain->chunk = c;
-                pending_append(a, chain);
-            }
-            return;
-        }
+    struct bfc__fence *chain = NULL;
+    fence_recorded(a, c, &chain);
+    if (!chain) { /* every stream recorded was our own */
+        release_chunk(a, c);
+    } else if (bfc__fence_query(a->env->be, chain) == BFC_OK) {
+        fenced_free_done(a, chain, c);
+    } else {
+        chain->chunk = c;
+        pending_append(a, chain);
     }
-    release_chunk_inline(a, c);
 }
 
 /* A remote free taken off the queue: fenced, or back in the bins. */
@@ -602,7 +470,7 @@ static void remote_arrived(struct bfc__arena *a, struct bfc__fence *f)
     /* acquire: pairs with the release in bfc__remote_free. */
     (void)atomic_load_explicit(&f->handoff, memory_order_acquire);
     struct bfc__chunk *c = f->chunk;
-    account_free(a, c);
+    bfc__arena_account_free(a, c);
     a->st.remote_frees++;
     fence_recorded(a, c, &f->extra);
     if (bfc__fence_query(a->env->be, f) == BFC_OK)
@@ -761,20 +629,6 @@ void *bfc__arena_grow_locked(struct bfc__arena *a, size_t n, size_t rounded, boo
     return bfc__arena_fit_locked(a, n, rounded);
 }
 
-void *bfc__arena_alloc_locked(struct bfc__arena *a, size_t n, size_t rounded)
-{
-    const struct bfc__arena_env *env = a->env;
-    /* st.pending counts the pending list: a test of one word, cheaper here
-     * than cds_list_empty's compare with the head's address. */
-    if (bfc__arena_rq_waiting(a) || a->st.pending)
-        bfc__arena_drain_locked(a, false);
-    if (BFC__LIKELY(rounded < env->bins_max)) {
-        struct bfc__chunk *c = bfc__bins_best_fit_inline(&a->bins, rounded);
-        if (BFC__LIKELY(c != NULL))
-            return take_chunk_inline(a, c, rounded, n);
-    }
-    return NULL;
-}
 
 /* ---------------------------------------------------------- lifecycle */
 
@@ -860,7 +714,7 @@ void bfc__arena_free(struct bfc__arena *a)
         if (c)
             c->link.bin = BFC__NO_BIN;
         r->live = 0;
-        region_depart(a, r, false);
+        bfc__arena_region_depart(a, r, false);
     }
     bfc__arena_fence_pool_destroy(a);
     bfc__slab_destroy(&a->chunk_slab);

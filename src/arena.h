@@ -147,12 +147,12 @@ struct bfc__arena *bfc__arena_new(const struct bfc__arena_env *env, bfc_stream_t
 void bfc__arena_free(struct bfc__arena *a);
 
 /*
- * The allocation fast path, under a->lock: drains the remote queue when it
- * is not empty, then takes the best fit from the bins.  NULL when nothing
- * fits (or the request is large): the caller runs the slow path
- * (bfc__ctx_alloc_slow), which escalates with the primitives below.
+ * The allocation fast path and the same-stream free are inline functions in
+ * arena_inline.h (bfc__arena_alloc_inline, bfc__arena_free_chunk_inline).
+ * When the fast path finds nothing (or the request is large) the caller
+ * runs the slow path (bfc__ctx_alloc_slow), which escalates with the
+ * primitives below.
  */
-void *bfc__arena_alloc_locked(struct bfc__arena *a, size_t n, size_t rounded);
 /* Primitives of the slow path, all under a->lock:
  * fit     the best fit from the bins, or NULL;
  * grow    a new region (TensorFlow's Extend; for a large request a region of
@@ -176,8 +176,6 @@ size_t bfc__arena_shed_locked(struct bfc__arena *a, bool tails);
  * published in the region map.  BFC_OK, BFC_ENOMEM or the backend's error;
  * a unchanged on failure. */
 int bfc__arena_expand_locked(struct bfc__arena *a, size_t need);
-/* Local free of a live chunk c (validated and claimed by the caller). */
-void bfc__arena_free_chunk_locked(struct bfc__arena *a, struct bfc__chunk *c);
 /* Retired and empty: give everything back, mark dead.  Returns true when the
  * caller must unlink and reclaim the arena (bfc__shard_reclaim) after
  * unlocking. */

@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "ctx.h"
+#include "arena_inline.h"
 #include <shardbfc_sim.h>
 
 /* ------------------------------------------------------------ process */
@@ -906,7 +907,7 @@ static inline __attribute__((always_inline)) void *alloc_once(struct bfc_ctx *ct
             bfc__unlock(&a->lock);
             continue;
         }
-        p = bfc__arena_alloc_locked(a, n, rounded);
+        p = bfc__arena_alloc_inline(a, n, rounded);
         if (BFC__UNLIKELY(!p)) {
             st = BFC_ENOMEM;
             p = bfc__ctx_alloc_slow(ctx, a, n, rounded, &st);
@@ -999,7 +1000,7 @@ static inline __attribute__((always_inline)) int free_locked_inline(struct bfc__
     if (st == BFC_OK) {
         if (bfc__tracing(a->env->obs))
             bfc__trace_event(a->env->obs, BFC__TR_FREE, p, c->requested, stream);
-        bfc__arena_free_chunk_locked(a, c);
+        bfc__arena_free_chunk_inline(a, c);
         dead = bfc__arena_maybe_dead_locked(a);
     }
     bfc__unlock(&a->lock);

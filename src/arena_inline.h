@@ -1,0 +1,199 @@
+/*
+ * arena_inline.h -- the arena's two fast-path operations as inline
+ * functions: the allocation from the bins (bfc__arena_alloc_inline) and the
+ * same-stream free of a live chunk (bfc__arena_free_chunk_inline), with the
+ * steps they share with the rest of arena.c (split, take, release).  ctx.c
+ * inlines them into bfc_ctx_alloc and the same-stream free; arena.c calls
+ * the shared steps through out-of-line wrappers (take_chunk, release_chunk)
+ * on its other paths.  As calls from ctx.c into arena.c they cost two sets
+ * of register saves and argument moves per alloc+free pair, about 35
+ * instructions (make perf-instructions).
+ *
+ * What is rare stays out of line, in arena.c: an expandable arena's chunk
+ * on granules that are not mapped (bfc__arena_take_vmm), poison checks,
+ * merges, a region's departure, fenced frees.  The algorithm and its rules
+ * (split, coalescing, departures): arena.c.
+ *
+ * Not thread-safe: everything here runs under the arena's lock, as arena.h.
+ */
+#ifndef BFC_ARENA_INLINE_H
+#define BFC_ARENA_INLINE_H
+
+#include <string.h>
+
+#include "arena.h"
+#include "bins_inline.h"
+
+/* The out-of-line parts (arena.c). */
+struct bfc__chunk *bfc__arena_take_vmm(struct bfc__arena *a, struct bfc__chunk *c, size_t rounded);
+__attribute__((cold)) void bfc__arena_poison_verify(struct bfc__arena *a, struct bfc__chunk *c);
+/* Merges n (free, following c) into c. */
+void bfc__arena_merge(struct bfc__arena *a, struct bfc__chunk *c, struct bfc__chunk *n);
+/* Gives a fully free region back to the pool (arena.c, "Departures"). */
+void bfc__arena_region_depart(struct bfc__arena *a, struct bfc__region *r, bool fence);
+/* The free of a chunk with recorded streams: fenced, or released at once
+ * when every stream recorded was the owner's own. */
+void bfc__arena_free_recorded_locked(struct bfc__arena *a, struct bfc__chunk *c);
+
+/* A chunk record from the arena's slab; NULL when metadata is exhausted. */
+static inline struct bfc__chunk *bfc__arena_chunk_new(struct bfc__arena *a)
+{
+    struct bfc__chunk *c = bfc__slab_get(&a->chunk_slab);
+    if (!c)
+        return NULL;
+    c->link.bin = BFC__NO_BIN;
+    c->alloc_id = -1;
+    a->st.chunks++;
+    return c;
+}
+
+static inline void bfc__arena_account_alloc(struct bfc__arena *a, struct bfc__chunk *c, size_t n)
+{
+    struct bfc__astats *st = &a->st;
+    st->num_allocs++;
+    st->bytes_in_use += c->size;
+    if (st->bytes_in_use > st->peak_in_use)
+        st->peak_in_use = st->bytes_in_use;
+    st->bytes_requested += n;
+    if (st->bytes_requested > st->peak_requested)
+        st->peak_requested = st->bytes_requested;
+    /* TensorFlow counts the chunk size as the largest allocation. */
+    if (c->size > st->largest_alloc)
+        st->largest_alloc = c->size;
+}
+
+static inline void bfc__arena_account_free(struct bfc__arena *a, struct bfc__chunk *c)
+{
+    a->st.num_frees++;
+    a->st.bytes_in_use -= c->size;
+    a->st.bytes_requested -= c->requested;
+}
+
+/* Splits c so that it keeps `rounded` bytes; the leftover after it goes to
+ * the bins.  Returns false (c unchanged) if no record is available. */
+static inline __attribute__((always_inline)) bool bfc__arena_split(struct bfc__arena *a, struct bfc__chunk *c,
+                                                                   size_t rounded)
+{
+    struct bfc__chunk *n = bfc__arena_chunk_new(a);
+    if (!n)
+        return false;
+    n->ptr = c->ptr + rounded;
+    n->link.prio = bfc__bins_prio(n->ptr);
+    n->size = c->size - rounded;
+    n->region = c->region;
+    n->flags = c->flags & BFC__CF_USED;
+    n->prev = c;
+    n->next = c->next;
+    if (c->next)
+        c->next->prev = n;
+    else
+        c->region->tail = n;
+    c->next = n;
+    c->size = rounded;
+    bfc__region_set_handle(c->region, n->ptr, n);
+    bfc__bins_insert_inline(&a->bins, n);
+    return true;
+}
+
+/* Hands out free chunk c (in a bin or just made) for a request of n bytes
+ * (rounded): split by TensorFlow's rule, marked live, counted.  NULL only
+ * when an expandable arena cannot map the granules under it. */
+static inline __attribute__((always_inline)) void *bfc__arena_take_inline(struct bfc__arena *a,
+                                                                          struct bfc__chunk *c, size_t rounded,
+                                                                          size_t n)
+{
+    /* An expandable arena's chunk wholly on ready granules takes the
+     * classic way: take_vmm's rules differ only where granules are not. */
+    if (BFC__UNLIKELY(a->x != NULL) && !bfc__expand_backed(a->x, c->ptr + c->size)) {
+        if (!bfc__arena_take_vmm(a, c, rounded))
+            return NULL;
+    } else {
+        if (c->link.bin != BFC__NO_BIN)
+            bfc__bins_remove_inline(&a->bins, c);
+        if (!c->region->large && (c->size >= 2 * rounded || c->size - rounded >= a->env->max_frag))
+            (void)bfc__arena_split(a, c, rounded); /* without a record the whole chunk is used */
+    }
+    if (BFC__UNLIKELY(a->env->poison))
+        bfc__arena_poison_verify(a, c);
+    c->requested = n;
+    c->alloc_id = (int64_t)((a->seq << 40) | (uint64_t)a->next_id++);
+    c->flags |= BFC__CF_RETURNED | BFC__CF_USED;
+    c->region->live++;
+    a->live++;
+    /* release: pairs with the acquire CAS of a cross-stream free, which
+     * must see ptr/region of this chunk once it sees INUSE. */
+    atomic_store_explicit(&c->state, BFC__CHUNK_INUSE, memory_order_release);
+    bfc__arena_account_alloc(a, c, n);
+    return (void *)c->ptr;
+}
+
+/* The block's memory is reusable now: back to the bins, coalesced. */
+static inline __attribute__((always_inline)) void bfc__arena_release_inline(struct bfc__arena *a,
+                                                                            struct bfc__chunk *c)
+{
+    struct bfc__region *r = c->region;
+    const struct bfc__arena_env *env = a->env;
+    atomic_store_explicit(&c->state, BFC__CHUNK_FREE, memory_order_relaxed);
+    c->requested = 0;
+    c->alloc_id = -1;
+    r->live--;
+    a->live--;
+    if (BFC__UNLIKELY(env->poison))
+        memset((void *)c->ptr, 0xDB, c->size);
+    if (r->large) {
+        bfc__arena_region_depart(a, r, true);
+        return;
+    }
+    struct bfc__chunk *n = c->next;
+    if (n && atomic_load_explicit(&n->state, memory_order_relaxed) == BFC__CHUNK_FREE) {
+        bfc__bins_remove_inline(&a->bins, n);
+        bfc__arena_merge(a, c, n);
+    }
+    struct bfc__chunk *p = c->prev;
+    if (p && atomic_load_explicit(&p->state, memory_order_relaxed) == BFC__CHUNK_FREE) {
+        bfc__bins_remove_inline(&a->bins, p);
+        bfc__arena_merge(a, p, c);
+        c = p;
+    }
+    bfc__bins_insert_inline(&a->bins, c);
+    /* A retired shard keeps nothing it does not need. */
+    if (r->live == 0 && atomic_load_explicit(&a->retired, memory_order_relaxed))
+        bfc__arena_region_depart(a, r, true);
+    else if (BFC__UNLIKELY(r->vmm) && a->st.bytes_in_use < a->x->low_water)
+        bfc__expand_after_free_locked(a);
+}
+
+/* Local free of a live chunk c (validated and claimed by the caller). */
+static inline __attribute__((always_inline)) void bfc__arena_free_chunk_inline(struct bfc__arena *a,
+                                                                               struct bfc__chunk *c)
+{
+    bfc__arena_account_free(a, c);
+    if (BFC__UNLIKELY(atomic_load_explicit((struct bfc__recorded *_Atomic *)&c->recorded, memory_order_relaxed) !=
+                      NULL))
+        bfc__arena_free_recorded_locked(a, c);
+    else
+        bfc__arena_release_inline(a, c);
+}
+
+/*
+ * The allocation fast path: drains the remote queue when it is not empty,
+ * then takes the best fit from the bins.  NULL when nothing fits (or the
+ * request is large).
+ */
+static inline __attribute__((always_inline)) void *bfc__arena_alloc_inline(struct bfc__arena *a, size_t n,
+                                                                           size_t rounded)
+{
+    const struct bfc__arena_env *env = a->env;
+    /* st.pending counts the pending list: a test of one word, cheaper here
+     * than cds_list_empty's compare with the head's address. */
+    if (bfc__arena_rq_waiting(a) || a->st.pending)
+        bfc__arena_drain_locked(a, false);
+    if (BFC__LIKELY(rounded < env->bins_max)) {
+        struct bfc__chunk *c = bfc__bins_best_fit_inline(&a->bins, rounded);
+        if (BFC__LIKELY(c != NULL))
+            return bfc__arena_take_inline(a, c, rounded, n);
+    }
+    return NULL;
+}
+
+#endif /* BFC_ARENA_INLINE_H */
