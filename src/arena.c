@@ -27,9 +27,9 @@
  * until every event has completed (drain / poll below).
  *
  * Departures: memory leaves the shard as whole fully free regions
- * (region_depart: a large block's region at its free, shed under pressure,
- * retirement, trim) or as the free tail of a region still in use
- * (region_shed_tail, when that makes another request fit).  A chunk in a
+ * (bfc__arena_region_depart: a large block's region at its free, shed
+ * under pressure, retirement, trim) or as the free tail of a region still
+ * in use (region_shed_tail, when that makes another request fit).  A chunk in a
  * bin may still be in use by work queued on our stream before its free
  * (same-stream frees are reusable at once), so departing memory is fenced
  * by an event on our stream (pool.c), unless none of it was ever used:
@@ -697,7 +697,7 @@ void bfc__arena_free(struct bfc__arena *a)
     while (!cds_list_empty(&a->regions)) {
         struct bfc__region *r = cds_list_first_entry(&a->regions, struct bfc__region, alink);
         /* Free every chunk record of the region but the first, then the
-         * region itself (region_depart deletes the first). */
+         * region itself (bfc__arena_region_depart deletes the first). */
         struct bfc__chunk *c = bfc__region_handle(r, r->base);
         if (c) {
             struct bfc__chunk *n = c->next;

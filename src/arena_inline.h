@@ -103,7 +103,8 @@ static inline __attribute__((always_inline)) void *bfc__arena_take_inline(struct
                                                                           size_t n)
 {
     /* An expandable arena's chunk wholly on ready granules takes the
-     * classic way: take_vmm's rules differ only where granules are not. */
+     * classic way: bfc__arena_take_vmm's rules differ only where granules
+     * are not. */
     if (BFC__UNLIKELY(a->x != NULL) && !bfc__expand_backed(a->x, c->ptr + c->size)) {
         if (!bfc__arena_take_vmm(a, c, rounded))
             return NULL;

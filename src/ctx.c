@@ -1047,8 +1047,9 @@ int bfc_ctx_free(bfc_ctx_t *ctx, void *ptr, bfc_stream_t stream)
         goto out;
     }
     /* Cross-stream: claim the block without the owner's lock.  acq_rel:
-     * acquire pairs with take_chunk's release store of INUSE (we then see
-     * ptr/region); release orders our claim before the enqueue. */
+     * acquire pairs with bfc__arena_take_inline's release store of INUSE
+     * (we then see ptr/region); release orders our claim before the
+     * enqueue. */
     uint32_t expect = BFC__CHUNK_INUSE;
     if (!atomic_compare_exchange_strong_explicit(&c->state, &expect, BFC__CHUNK_FREEING, memory_order_acq_rel,
                                                  memory_order_acquire)) {
