@@ -29,8 +29,8 @@
  * Departures: memory leaves the shard as whole fully free regions
  * (bfc__arena_region_depart: a large block's region at its free, shed
  * under pressure, retirement, trim) or as the free tail of a region still
- * in use (region_shed_tail, when that makes another request fit).  A chunk in a
- * bin may still be in use by work queued on our stream before its free
+ * in use (region_shed_tail, when that makes another request fit).  A chunk
+ * in a bin may still be in use by work queued on our stream before its free
  * (same-stream frees are reusable at once), so departing memory is fenced
  * by an event on our stream (pool.c), unless none of it was ever used:
  * BFC__CF_USED marks chunks that were handed out or taken back under our own
@@ -628,7 +628,6 @@ void *bfc__arena_grow_locked(struct bfc__arena *a, size_t n, size_t rounded, boo
     }
     return bfc__arena_fit_locked(a, n, rounded);
 }
-
 
 /* ---------------------------------------------------------- lifecycle */
 

@@ -6,8 +6,8 @@
  * inlines them into bfc_ctx_alloc and the same-stream free; arena.c calls
  * the shared steps through out-of-line wrappers (take_chunk, release_chunk)
  * on its other paths.  As calls from ctx.c into arena.c they cost two sets
- * of register saves and argument moves per alloc+free pair, about 35
- * instructions (make perf-instructions).
+ * of register saves and argument moves per alloc+free pair (make
+ * perf-instructions shows the difference).
  *
  * What is rare stays out of line, in arena.c: an expandable arena's chunk
  * on granules that are not mapped (bfc__arena_take_vmm), poison checks,

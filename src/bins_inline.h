@@ -1,10 +1,10 @@
 /*
  * bins_inline.h -- the bins' three hot operations (insert, remove, best fit)
- * as inline functions, for the arena's fast path (arena.c) and for bins.c,
- * whose bfc__bins_insert / _remove / _best_fit are these, called.  The
- * algorithm, its invariants and why a treap: bins.c.  A call's register
- * saves cost ~10 instructions each, and an alloc+free pair makes three
- * (make perf-instructions).
+ * as inline functions, for the arena's fast path (arena_inline.h) and for
+ * bins.c, whose bfc__bins_insert / _remove / _best_fit are these, called:
+ * on the fast path a call's register saves and argument moves would cost
+ * more than some of the operations (make perf-instructions).  The
+ * algorithm, its invariants and why a treap: bins.c.
  *
  * Not thread-safe: under the owning arena's lock, as bins.h.
  */
@@ -36,6 +36,19 @@ static inline struct bfc__chunk *bfc__bins_min(struct bfc__chunk *n)
     return n;
 }
 
+/* Puts `to` where `from` hangs below parent p (the root when p is NULL).
+ * Only the downward link: the caller sets to's parent. */
+static inline void bfc__bins_replace_child(struct bfc__chunk **root, struct bfc__chunk *p, struct bfc__chunk *from,
+                                           struct bfc__chunk *to)
+{
+    if (!p)
+        *root = to;
+    else if (L(p) == from)
+        L(p) = to;
+    else
+        R(p) = to;
+}
+
 /* Makes child x take its parent's place (one rotation), fixing all links. */
 static inline void bfc__bins_rotate_up(struct bfc__chunk **root, struct bfc__chunk *x)
 {
@@ -54,12 +67,7 @@ static inline void bfc__bins_rotate_up(struct bfc__chunk **root, struct bfc__chu
         P(mid) = p;
     P(p) = x;
     P(x) = g;
-    if (!g)
-        *root = x;
-    else if (L(g) == p)
-        L(g) = x;
-    else
-        R(g) = x;
+    bfc__bins_replace_child(root, g, p, x);
 }
 
 static inline __attribute__((always_inline)) void bfc__bins_insert_inline(struct bfc__bins *b, struct bfc__chunk *c)
@@ -116,12 +124,7 @@ static inline __attribute__((always_inline)) void bfc__bins_remove_inline(struct
     struct bfc__chunk *child = L(c) ? L(c) : R(c), *p = P(c);
     if (child)
         P(child) = p;
-    if (!p)
-        *root = child;
-    else if (L(p) == c)
-        L(p) = child;
-    else
-        R(p) = child;
+    bfc__bins_replace_child(root, p, c, child);
 
     L(c) = NULL;
     R(c) = NULL;
