@@ -780,6 +780,79 @@ START_TEST(test_loan_first_block)
 }
 END_TEST
 
+/* A loan is counted by what a lender gives, not by what it was asked for.
+ * f (asked first: the newest shard) has churned as s has, so it keeps a
+ * slack too, but its free bytes now lie in granules shared with live
+ * blocks, where no release can unmap them; s holds 7 whole free granules
+ * of slack.  t's growth past the peak must get s's: f gives nothing, and
+ * the loan goes on to s. */
+START_TEST(test_loan_counts_what_is_given)
+{
+    struct churned w;
+    churned_init(&w, "memory_limit=64M,vmm=on");
+    bfc_stream_t f = bfc_sim_stream_create(w.ctx);
+    char *fp[8], *fsep = NULL, *h[32];
+    for (int c = 0; c < 12; c++) { /* f's slack */
+        char *s2 = cycle(w.ctx, f, fp);
+        if (fsep)
+            ck_assert_int_eq(bfc_ctx_free(w.ctx, fsep, f), BFC_OK);
+        fsep = s2;
+    }
+    for (int i = 0; i < 32; i++)
+        ck_assert_ptr_nonnull(h[i] = bfc_ctx_alloc(w.ctx, f, G / 2));
+    for (int i = 0; i < 32; i += 2)
+        ck_assert_int_eq(bfc_ctx_free(w.ctx, h[i], f), BFC_OK);
+    churned_cycles(&w);
+    bfc_stats_t fs = stream_stats(w.ctx, f);
+    ck_assert_uint_ge(fs.bytes_reserved - fs.bytes_in_use, 8 * G);
+    uint64_t s_unmaps = stream_stats(w.ctx, w.s).num_vmm_unmaps;
+    uint64_t before = reserved(w.ctx);
+    char *b = bfc_ctx_alloc(w.ctx, w.t, 8 * G);
+    ck_assert_ptr_nonnull(b);
+    ck_assert(mapped(w.ctx, b, 8 * G));
+    ck_assert(!mapped(w.ctx, w.p[3], 1)); /* s lent */
+    ck_assert_uint_gt(stream_stats(w.ctx, w.s).num_vmm_unmaps, s_unmaps);
+    ck_assert_uint_le(reserved(w.ctx), before + G);
+    for (int i = 1; i < 32; i += 2)
+        ck_assert(mapped(w.ctx, h[i], G / 2)); /* f's live blocks stay */
+    for (int i = 1; i < 32; i += 2)
+        ck_assert_int_eq(bfc_ctx_free(w.ctx, h[i], f), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_free(w.ctx, fsep, f), BFC_OK);
+    churned_teardown(&w, b);
+}
+END_TEST
+
+/* A shard that takes its loans back lends again after a back-off that
+ * doubles at each take-back, but never beyond 16,384 of its own
+ * allocations: in each of 8 rounds t grows past the peak and s lends, s
+ * takes the loan back at once (a map), cycles for 16,407 allocations and
+ * frees a block (a policy check).  Uncapped, the back-off of the 7th round
+ * (32,768) would keep s's slack from t. */
+START_TEST(test_lend_backoff_capped)
+{
+    struct churned w;
+    churned_setup(&w, "memory_limit=64M,vmm=on");
+    char *tb[8];
+    for (int k = 0; k < 8; k++) {
+        char *x1 = bfc_ctx_alloc(w.ctx, w.s, G);
+        ck_assert_ptr_nonnull(x1);
+        uint64_t u = stream_stats(w.ctx, w.s).num_vmm_unmaps, m = stream_stats(w.ctx, w.s).num_vmm_maps;
+        ck_assert_ptr_nonnull(tb[k] = bfc_ctx_alloc(w.ctx, w.t, 8 * G));
+        ck_assert_msg(stream_stats(w.ctx, w.s).num_vmm_unmaps > u, "round %d: s did not lend", k);
+        for (int c = 0; c < 1823; c++) {
+            char *s2 = cycle(w.ctx, w.s, w.p);
+            ck_assert_int_eq(bfc_ctx_free(w.ctx, w.sep, w.s), BFC_OK);
+            w.sep = s2;
+        }
+        ck_assert_uint_gt(stream_stats(w.ctx, w.s).num_vmm_maps, m); /* taken back */
+        ck_assert_int_eq(bfc_ctx_free(w.ctx, x1, w.s), BFC_OK);
+    }
+    for (int k = 1; k < 8; k++)
+        ck_assert_int_eq(bfc_ctx_free(w.ctx, tb[k], w.t), BFC_OK);
+    churned_teardown(&w, tb[0]);
+}
+END_TEST
+
 /* The same at the limit: t's request fits only if s gives back the free
  * granules it keeps for its churn, and it does -- no stream's slack keeps
  * another stream out. */
@@ -982,6 +1055,8 @@ static Suite *vmm_suite(void)
     tcase_add_test(tc, test_growth_elsewhere);
     tcase_add_test(tc, test_growth_below_peak);
     tcase_add_test(tc, test_loan_first_block);
+    tcase_add_test(tc, test_loan_counts_what_is_given);
+    tcase_add_test(tc, test_lend_backoff_capped);
     tcase_add_test(tc, test_growth_elsewhere_at_limit);
     tcase_add_test(tc, test_reserve_fallback);
     tcase_add_test(tc, test_reserve_beyond_address_space);
