@@ -58,9 +58,9 @@
  *     that).  The cap is low on purpose: a shard that does not lend keeps
  *     its slack while the others peak, and shards whose use swings all end
  *     up at the cap (perf's inference workload, 4 and 8 threads: peak
- *     reserved 1.08-1.15 times the peak requested with a cap of 2^24,
+ *     reserved 1.10-1.19 times the peak requested with a cap of 2^24,
  *     1.03-1.08 with 2^14, at 0.6-1.5 map calls per 1,000 allocations
- *     instead of 0.3-0.9).  A loan counts what the lender gives -- granules
+ *     instead of 0.3-1.1).  A loan counts what the lender gives -- granules
  *     unmapped or marked to leave -- not what it was asked for: free bytes
  *     in granules shared with live blocks cannot be unmapped, and the
  *     growth then asks the next shard.
