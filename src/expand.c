@@ -87,8 +87,13 @@
  *     when nothing of it came back before the next such release and a
  *     thousand allocations (CALM_ALLOCS) passed without churn, it halves.
  *     A shard that frees and reuses the same memory thus settles
- *     with no device calls and no scans; one that shrinks for good gives
- *     its memory back.
+ *     with no device calls and no scans; one that shrinks gives back what
+ *     exceeds its slack.  The slack decays only at such a release, though:
+ *     one grown past all the shard ever holds free stays (shards of perf's
+ *     inference workload reach the reservation's size), and what the
+ *     shard holds then leaves by loans -- when another shard's growth
+ *     would raise the peak reserved -- or by trim, as a caching
+ *     allocator's segments do.
  *     (d) trim, and retirement (departure, below).
  *     The default threshold is 0, as cudaMemPoolAttrReleaseThreshold's:
  *     with (a) and (b), what the shards hold grows only when their free
