@@ -294,15 +294,18 @@ BFC_API int bfc_config_validate(const bfc_config_t *cfg);
  *     another shard's growth would raise the context's peak reserved
  *     (peak_bytes_reserved, which bfc_ctx_clear_peaks restarts), which
  *     this shard's slack then covers too, as much as that growth needs
- *     (a loan: a shard that maps again while its loan is out lends no
- *     more for 256 of its allocations, twice as many at each such
- *     take-back, so shards whose use swings do not hand granules back
- *     and forth); until this shard grows while it holds free granules
+ *     (a loan, counted by the granules lenders actually give: a shard
+ *     that maps again while its loan is out lends no more for 256 of its
+ *     allocations, twice as many at each such take-back up to 16,384, so
+ *     shards whose use swings do not hand granules back and forth at
+ *     every swing); until this shard grows while it holds free granules
  *     beyond release_threshold (as many go as it maps); until its frees
  *     leave more than release_threshold bytes mapped but free plus a
  *     slack that doubles whenever such a release is mapped again soon
- *     after and halves when it is not (checked only when bytes in use
- *     drop a granule below the last check); and on bfc_ctx_trim.  The
+ *     after and halves at the next such release when it was not (checked
+ *     only when bytes in use drop a granule below the last check; a
+ *     slack grown past what the shard holds free therefore stays, and
+ *     that memory leaves by loans or trim); and on bfc_ctx_trim.  The
  *     default threshold is 0, as cudaMemPoolAttrReleaseThreshold's: the
  *     slack, not the threshold, keeps frees that cycle memory from
  *     unmapping it, and a larger threshold makes a shard keep more (a
