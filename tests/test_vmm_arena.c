@@ -822,6 +822,57 @@ START_TEST(test_loan_counts_what_is_given)
 }
 END_TEST
 
+/* A lender whose stream is still busy lends without unmapping: it marks
+ * its free granules to leave and records its fence, and they are unmapped
+ * only once that fence has completed (memory its queued work may touch is
+ * never unmapped).  The growth maps meanwhile; the marked granules then go
+ * at the lender's next release, here a trim after its stream drained. */
+/* Bytes of stream s's shard marked to leave (mapped, waiting for its
+ * fence): the arena's own record, read under its lock. */
+static size_t leaving(bfc_ctx_t *ctx, bfc_stream_t s)
+{
+    int st;
+    size_t n = 0;
+    bfc__rcu_lock();
+    struct bfc__arena *a = bfc__shard_get(ctx, s, &st);
+    ck_assert_ptr_nonnull(a);
+    bfc__lock(&a->lock);
+    if (a->x)
+        n = a->x->leaving_bytes;
+    bfc__unlock(&a->lock);
+    bfc__rcu_unlock();
+    return n;
+}
+
+START_TEST(test_loan_from_busy_lender)
+{
+    struct churned w;
+    churned_setup(&w, "memory_limit=64M,vmm=on");
+    uint64_t s_unmaps = stream_stats(w.ctx, w.s).num_vmm_unmaps;
+    bfc_sim_stream_hold(w.ctx, w.s);
+    char *b = bfc_ctx_alloc(w.ctx, w.t, 8 * G);
+    ck_assert_ptr_nonnull(b);
+    ck_assert(mapped(w.ctx, b, 8 * G));
+    ck_assert_uint_eq(stream_stats(w.ctx, w.s).num_vmm_unmaps, s_unmaps);
+    ck_assert_uint_ge(leaving(w.ctx, w.s), 7 * G); /* lent: marked */
+    for (int i = 0; i < 8; i++)
+        ck_assert(mapped(w.ctx, w.p[i], G));
+    check_ok(w.ctx);
+    /* Allocations on s take marked granules back at no cost. */
+    uint64_t s_maps = stream_stats(w.ctx, w.s).num_vmm_maps;
+    char *again = bfc_ctx_alloc(w.ctx, w.s, G);
+    ck_assert_ptr_nonnull(again);
+    ck_assert_uint_eq(stream_stats(w.ctx, w.s).num_vmm_unmaps, s_unmaps);
+    ck_assert_uint_eq(stream_stats(w.ctx, w.s).num_vmm_maps, s_maps);
+    ck_assert_int_eq(bfc_ctx_free(w.ctx, again, w.s), BFC_OK);
+    bfc_sim_stream_drain(w.ctx, w.s);
+    ck_assert_int_eq(bfc_ctx_trim(w.ctx), BFC_OK);
+    ck_assert_uint_gt(stream_stats(w.ctx, w.s).num_vmm_unmaps, s_unmaps);
+    ck_assert(!mapped(w.ctx, w.p[3], 1));
+    churned_teardown(&w, b);
+}
+END_TEST
+
 /* A shard that takes its loans back lends again after a back-off that
  * doubles at each take-back, but never beyond 16,384 of its own
  * allocations: in each of 8 rounds t grows past the peak and s lends, s
@@ -1057,6 +1108,7 @@ static Suite *vmm_suite(void)
     tcase_add_test(tc, test_loan_first_block);
     tcase_add_test(tc, test_loan_counts_what_is_given);
     tcase_add_test(tc, test_lend_backoff_capped);
+    tcase_add_test(tc, test_loan_from_busy_lender);
     tcase_add_test(tc, test_growth_elsewhere_at_limit);
     tcase_add_test(tc, test_reserve_fallback);
     tcase_add_test(tc, test_reserve_beyond_address_space);
