@@ -333,8 +333,8 @@ static size_t keep_bytes(const struct bfc__expand *x)
 /* Free mapped bytes a loan leaves the shard: those inside granules shared
  * with live blocks (idle_floor: no release can unmap them) and the
  * threshold (saturating).  The hint (rearm) and the loan
- * (bfc__expand_release_spare_locked) both count from it, so a shard that
- * publishes nothing lendable is never asked for a loan it cannot give. */
+ * (bfc__expand_release_spare_locked) both count from it, so a loan takes
+ * on no more than the hint offered. */
 static size_t lend_floor(const struct bfc__expand *x)
 {
     size_t f = x->idle_floor + x->threshold;
