@@ -343,7 +343,7 @@ __attribute__((noinline, cold)) void bfc__arena_poison_verify(struct bfc__arena 
 __attribute__((noinline)) struct bfc__chunk *bfc__arena_take_vmm(struct bfc__arena *a, struct bfc__chunk *c,
                                                                  size_t rounded)
 {
-    bool cut = c->size >= 2 * rounded || c->size - rounded >= a->env->max_frag;
+    bool cut = bfc__arena_should_split(a, c, rounded);
     size_t keep = cut ? rounded : c->size;
     /* Granules not mapped are no internal fragmentation: a leftover that
      * has some is cut off rather than mapped for the block. */

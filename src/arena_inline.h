@@ -69,6 +69,15 @@ static inline void bfc__arena_account_free(struct bfc__arena *a, struct bfc__chu
     a->st.bytes_requested -= c->requested;
 }
 
+/* TensorFlow's split rule: a chunk handed out for `rounded` bytes is cut
+ * when it is at least twice that, or when the leftover reaches max_frag;
+ * otherwise the whole chunk is used. */
+static inline bool bfc__arena_should_split(const struct bfc__arena *a, const struct bfc__chunk *c,
+                                           size_t rounded)
+{
+    return c->size >= 2 * rounded || c->size - rounded >= a->env->max_frag;
+}
+
 /* Splits c so that it keeps `rounded` bytes; the leftover after it goes to
  * the bins.  Returns false (c unchanged) if no record is available. */
 static inline __attribute__((always_inline)) bool bfc__arena_split(struct bfc__arena *a, struct bfc__chunk *c,
@@ -111,7 +120,7 @@ static inline __attribute__((always_inline)) void *bfc__arena_take_inline(struct
     } else {
         if (c->link.bin != BFC__NO_BIN)
             bfc__bins_remove_inline(&a->bins, c);
-        if (!c->region->large && (c->size >= 2 * rounded || c->size - rounded >= a->env->max_frag))
+        if (!c->region->large && bfc__arena_should_split(a, c, rounded))
             (void)bfc__arena_split(a, c, rounded); /* without a record the whole chunk is used */
     }
     if (BFC__UNLIKELY(a->env->poison))
