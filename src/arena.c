@@ -211,7 +211,7 @@ void bfc__arena_region_depart(struct bfc__arena *a, struct bfc__region *r, bool 
 {
     struct bfc__chunk *c = bfc__region_handle(r, r->base);
     bool used = fence && (c->flags & BFC__CF_USED);
-    if (c->link.bin != BFC__NO_BIN)
+    if (c->link.slot != BFC__NO_SLOT)
         bfc__bins_remove(&a->bins, c);
     bfc__region_set_handle(r, r->base, NULL);
     chunk_delete(a, c);
@@ -353,7 +353,7 @@ __attribute__((noinline)) struct bfc__chunk *bfc__arena_take_vmm(struct bfc__are
     }
     if (!bfc__expand_ready(a->x, c->ptr, keep) && bfc__expand_make_ready_locked(a, c->ptr, keep) != BFC_OK)
         return NULL;
-    if (c->link.bin != BFC__NO_BIN)
+    if (c->link.slot != BFC__NO_SLOT)
         bfc__bins_remove(&a->bins, c);
     if (cut && !bfc__arena_split(a, c, rounded) && !bfc__expand_ready(a->x, c->ptr, c->size) &&
         bfc__expand_make_ready_locked(a, c->ptr, c->size) != BFC_OK) {
@@ -711,7 +711,7 @@ void bfc__arena_free(struct bfc__arena *a)
         }
         bfc__bins_init(&a->bins);
         if (c)
-            c->link.bin = BFC__NO_BIN;
+            c->link.slot = BFC__NO_SLOT;
         r->live = 0;
         bfc__arena_region_depart(a, r, false);
     }
@@ -809,16 +809,16 @@ int bfc__arena_check_locked(struct bfc__arena *a, char *buf, size_t len)
                     return -1;
                 }
                 uint32_t b = bfc__bin_for_size(c->size);
-                if (!r->large && (c->link.bin != b || !bfc__bins_contains(&a->bins, b, c))) {
+                if (!r->large && (c->link.slot != bfc__bin_slot(c->size) || !bfc__bins_contains(&a->bins, b, c))) {
                     snprintf(buf, len, "invariant 3: free chunk %#lx (size %zu) not in bin %u",
                              (unsigned long)c->ptr, c->size, b);
                     return -1;
                 }
             } else {
                 rlive++;
-                if (c->link.bin != BFC__NO_BIN) {
+                if (c->link.slot != BFC__NO_SLOT) {
                     snprintf(buf, len, "invariant 3: chunk %#lx in state %u is in bin %u", (unsigned long)c->ptr,
-                             s, c->link.bin);
+                             s, c->link.slot >> BFC__BIN_SUB_BITS);
                     return -1;
                 }
                 if (s == BFC__CHUNK_PENDING) {

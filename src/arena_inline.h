@@ -41,7 +41,7 @@ static inline struct bfc__chunk *bfc__arena_chunk_new(struct bfc__arena *a)
     struct bfc__chunk *c = bfc__slab_get(&a->chunk_slab);
     if (!c)
         return NULL;
-    c->link.bin = BFC__NO_BIN;
+    c->link.slot = BFC__NO_SLOT;
     c->alloc_id = -1;
     a->st.chunks++;
     return c;
@@ -118,7 +118,7 @@ static inline __attribute__((always_inline)) void *bfc__arena_take_inline(struct
         if (!bfc__arena_take_vmm(a, c, rounded))
             return NULL;
     } else {
-        if (c->link.bin != BFC__NO_BIN)
+        if (c->link.slot != BFC__NO_SLOT)
             bfc__bins_remove_inline(&a->bins, c);
         if (!c->region->large && bfc__arena_should_split(a, c, rounded))
             (void)bfc__arena_split(a, c, rounded); /* without a record the whole chunk is used */

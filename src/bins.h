@@ -2,12 +2,15 @@
  * bins.h -- the free-chunk index of one BFC arena.
  *
  * 21 bins: bin i holds free chunks of size in [256*2^i, 256*2^(i+1)), the
- * last bin open-ended.  Inside a bin the chunks are kept in an intrusive
- * balanced search tree ordered by (size, address); a bitmap records which bins
- * are non-empty.  Best fit -- the smallest free chunk >= the request, lowest
+ * last bin open-ended (TensorFlow's bins: their counts and bytes are what
+ * stats, dumps and snapshots show).  Each bin is cut into 16 sub-bins of
+ * equal width (slots; a bin of fewer than 16 sizes leaves some empty), and
+ * inside a slot the chunks are kept in an intrusive balanced search tree
+ * ordered by (size, address); bitmaps record which bins and which slots are
+ * non-empty.  Best fit -- the smallest free chunk >= the request, lowest
  * address among equal sizes -- costs O(log n) and never scans: a lower-bound
- * search in the request's own bin, else the minimum of the next non-empty bin
- * found with one find-first-set on the bitmap.
+ * search in the request's own slot, else the minimum of the next non-empty
+ * slot found with two find-first-sets.
  *
  * Not thread-safe: the owning arena's lock protects a bins structure.
  * The bins never allocate; a chunk carries its own tree links.
@@ -23,9 +26,14 @@ struct bfc__chunk;
 struct bfc__bin_link {
     struct bfc__chunk *left, *right, *parent;
     uint32_t prio;   /* treap priority (or balance info for another tree) */
-    uint32_t bin;    /* bin index while in a bin, BFC__NO_BIN otherwise */
+    uint32_t slot;   /* slot (sub-bin) index while binned, BFC__NO_SLOT otherwise */
 };
-#define BFC__NO_BIN UINT32_MAX
+#define BFC__NO_SLOT UINT32_MAX
+
+/* Sub-bins per bin, and slots in all. */
+#define BFC__BIN_SUB_BITS 4
+#define BFC__BIN_SUBS (1u << BFC__BIN_SUB_BITS)
+#define BFC__NUM_SLOTS (BFC__NUM_BINS * BFC__BIN_SUBS)
 
 /* What the bins need to see of a chunk (the rest lives in chunk.h). */
 struct bfc__chunk_key {
@@ -35,7 +43,8 @@ struct bfc__chunk_key {
 
 struct bfc__bins {
     uint32_t nonempty;                          /* bit i: bin i has chunks */
-    struct bfc__chunk *root[BFC__NUM_BINS];
+    uint16_t subs[BFC__NUM_BINS];               /* bit j of subs[i]: slot 16i+j has chunks */
+    struct bfc__chunk *root[BFC__NUM_SLOTS];    /* one tree per slot */
     size_t count[BFC__NUM_BINS];
     size_t bytes[BFC__NUM_BINS];
     size_t total_count;
@@ -48,6 +57,21 @@ static inline uint32_t bfc__bin_for_size(size_t size)
     size_t units = size >> BFC__MIN_ALLOC_BITS;
     uint32_t b = units ? (uint32_t)(63 - __builtin_clzll((unsigned long long)units)) : 0;
     return b < BFC__NUM_BINS - 1 ? b : BFC__NUM_BINS - 1;
+}
+
+/*
+ * Slot of a size: 16 * bin + j, where j cuts the bin's range into 16 equal
+ * parts (the open-ended last bin's last slot also takes every size of
+ * 512 MiB or more).  Slots are ordered as sizes are: every size of slot k is
+ * below every size of slot k + 1.
+ */
+static inline uint32_t bfc__bin_slot(size_t size)
+{
+    uint32_t i = bfc__bin_for_size(size);
+    size_t j = ((size >> BFC__MIN_ALLOC_BITS) << BFC__BIN_SUB_BITS) >> i; /* [16, 32) below bin 20 */
+    if (j > 2 * BFC__BIN_SUBS - 1)
+        j = 2 * BFC__BIN_SUBS - 1;
+    return (i << BFC__BIN_SUB_BITS) | (uint32_t)(j - BFC__BIN_SUBS);
 }
 
 /*
@@ -70,7 +94,7 @@ static inline uint32_t bfc__bins_prio(uintptr_t ptr)
 }
 
 void bfc__bins_init(struct bfc__bins *b);
-/* c must not be in a bin, its link.prio set (bfc__bins_prio); its key (ptr,
+/* c must not be in a bin (link.slot == BFC__NO_SLOT), its link.prio set (bfc__bins_prio); its key (ptr,
  * size) must not change while binned. */
 void bfc__bins_insert(struct bfc__bins *b, struct bfc__chunk *c);
 void bfc__bins_remove(struct bfc__bins *b, struct bfc__chunk *c);
@@ -82,7 +106,7 @@ size_t bfc__bins_largest(const struct bfc__bins *b);
  * returns non-zero and returns that value. */
 int bfc__bins_walk(const struct bfc__bins *b, uint32_t i,
                    int (*fn)(struct bfc__chunk *c, void *arg), void *arg);
-/* Is c in bin i's tree (O(log n) search by key)?  For bfc_ctx_check. */
+/* Is c in bin i, in its slot's tree (O(log n) search by key)?  For bfc_ctx_check. */
 bool bfc__bins_contains(const struct bfc__bins *b, uint32_t i, const struct bfc__chunk *c);
 /* Verifies tree order, links, counts, bytes and the bitmap; 0 if sound,
  * else writes a description into buf and returns -1. */

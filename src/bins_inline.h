@@ -20,8 +20,8 @@
 
 /* A bug inside the library (never user input): reported, then abort(). */
 __attribute__((noreturn, cold)) void bfc__bins_bug(const char *what, const struct bfc__chunk *c);
-/* Is c in bin i's tree?  A search by its key (debug builds' checks). */
-bool bfc__bins_find(const struct bfc__bins *b, uint32_t i, const struct bfc__chunk *c);
+/* Is c in slot k's tree?  A search by its key (debug builds' checks). */
+bool bfc__bins_find(const struct bfc__bins *b, uint32_t k, const struct bfc__chunk *c);
 
 /* Key order: a < b by (size, ptr). */
 static inline bool bfc__bins_less(const struct bfc__chunk *a, const struct bfc__chunk *b)
@@ -72,11 +72,11 @@ static inline void bfc__bins_rotate_up(struct bfc__chunk **root, struct bfc__chu
 
 static inline __attribute__((always_inline)) void bfc__bins_insert_inline(struct bfc__bins *b, struct bfc__chunk *c)
 {
-    uint32_t i = bfc__bin_for_size(c->size);
-    struct bfc__chunk **root = &b->root[i];
+    uint32_t k = bfc__bin_slot(c->size), i = k >> BFC__BIN_SUB_BITS;
+    struct bfc__chunk **root = &b->root[k];
     struct bfc__chunk *parent = NULL, **slot = root;
 
-    if (bfc__config_debug && c->link.bin != BFC__NO_BIN)
+    if (bfc__config_debug && c->link.slot != BFC__NO_SLOT)
         bfc__bins_bug("insert of a chunk already in a bin", c);
 
     /* Plain BST insert at a leaf ... */
@@ -89,13 +89,14 @@ static inline __attribute__((always_inline)) void bfc__bins_insert_inline(struct
     L(c) = NULL;
     R(c) = NULL;
     P(c) = parent;
-    c->link.bin = i;
+    c->link.slot = k;
     *slot = c;
 
     /* ... then rotate up until the heap property holds again. */
     while (P(c) && c->link.prio > P(c)->link.prio)
         bfc__bins_rotate_up(root, c);
 
+    b->subs[i] |= (uint16_t)(1u << (k & (BFC__BIN_SUBS - 1)));
     b->nonempty |= UINT32_C(1) << i;
     b->count[i]++;
     b->bytes[i] += c->size;
@@ -105,17 +106,18 @@ static inline __attribute__((always_inline)) void bfc__bins_insert_inline(struct
 
 static inline __attribute__((always_inline)) void bfc__bins_remove_inline(struct bfc__bins *b, struct bfc__chunk *c)
 {
-    uint32_t i = c->link.bin;
+    uint32_t k = c->link.slot;
 
-    if (BFC__UNLIKELY(i >= BFC__NUM_BINS)) {
+    if (BFC__UNLIKELY(k >= BFC__NUM_SLOTS)) {
         if (bfc__config_debug)
             bfc__bins_bug("remove of a chunk not in a bin", c);
         return;
     }
-    if (bfc__config_debug && !bfc__bins_find(b, i, c))
-        bfc__bins_bug("remove of a chunk missing from its bin's tree", c);
+    if (bfc__config_debug && !bfc__bins_find(b, k, c))
+        bfc__bins_bug("remove of a chunk missing from its slot's tree", c);
 
-    struct bfc__chunk **root = &b->root[i];
+    uint32_t i = k >> BFC__BIN_SUB_BITS;
+    struct bfc__chunk **root = &b->root[k];
 
     /* Rotate c down (its higher-priority child up) until it has <= 1 child. */
     while (L(c) && R(c))
@@ -129,21 +131,24 @@ static inline __attribute__((always_inline)) void bfc__bins_remove_inline(struct
     L(c) = NULL;
     R(c) = NULL;
     P(c) = NULL;
-    c->link.bin = BFC__NO_BIN;
+    c->link.slot = BFC__NO_SLOT;
 
     b->count[i]--;
     b->bytes[i] -= c->size;
     b->total_count--;
     b->total_bytes -= c->size;
-    if (!*root)
-        b->nonempty &= ~(UINT32_C(1) << i);
+    if (!*root) {
+        b->subs[i] &= (uint16_t)~(1u << (k & (BFC__BIN_SUBS - 1)));
+        if (!b->subs[i])
+            b->nonempty &= ~(UINT32_C(1) << i);
+    }
 }
 
 static inline __attribute__((always_inline)) struct bfc__chunk *bfc__bins_best_fit_inline(const struct bfc__bins *b,
                                                                                      size_t rounded)
 {
-    uint32_t i = bfc__bin_for_size(rounded);
-    struct bfc__chunk *n = b->root[i], *best = NULL;
+    uint32_t k = bfc__bin_slot(rounded), i = k >> BFC__BIN_SUB_BITS;
+    struct bfc__chunk *n = b->root[k], *best = NULL;
 
     /*
      * lower_bound((rounded, 0)): (size, ptr) >= (rounded, 0) iff size >= rounded.
@@ -162,11 +167,17 @@ static inline __attribute__((always_inline)) struct bfc__chunk *bfc__bins_best_f
     if (best)
         return best;
 
-    /* Every chunk of a higher bin is larger than any size of bin i. */
-    uint32_t above = b->nonempty & ~((UINT32_C(2) << i) - 1);
-    if (!above)
-        return NULL;
-    return bfc__bins_min(b->root[__builtin_ctz(above)]);
+    /* Every chunk of a higher slot is larger than any size of slot k: the
+     * next non-empty slot of bin i, else the first of the next non-empty bin. */
+    uint32_t subs = b->subs[i] & ~((2u << (k & (BFC__BIN_SUBS - 1))) - 1);
+    if (!subs) {
+        uint32_t above = b->nonempty & ~((UINT32_C(2) << i) - 1);
+        if (!above)
+            return NULL;
+        i = (uint32_t)__builtin_ctz(above);
+        subs = b->subs[i];
+    }
+    return bfc__bins_min(b->root[(i << BFC__BIN_SUB_BITS) | (uint32_t)__builtin_ctz(subs)]);
 }
 
 

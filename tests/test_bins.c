@@ -2,10 +2,10 @@
  * test_bins.c -- Check suite for bins.c, the free-chunk index of an arena.
  *
  * White-box: chunk records are calloc'd here with only ptr, size and
- * link.bin = BFC__NO_BIN set, as the arena does, and handed straight to the
- * bins.  The suite checks the size classes, every best-fit rule (smallest
- * sufficient size, lowest address among equals, fall-through to the next
- * non-empty bin, none), largest, walk order, that bfc__bins_verify notices
+ * link.slot = BFC__NO_SLOT set, as the arena does, and handed straight to the
+ * bins.  The suite checks the size classes and slots, every best-fit rule
+ * (smallest sufficient size, lowest address among equals, fall-through to
+ * the next non-empty slot and bin, none), largest, walk order, that bfc__bins_verify notices
  * corruption, and compares the bins against a brute-force reference on a long
  * random sequence and at 100 000 chunks.  All randomness is a fixed-seed
  * splitmix64, printed on failure.
@@ -51,7 +51,7 @@ static struct bfc__chunk *mk(uintptr_t ptr, size_t size)
     c->ptr = ptr;
     c->link.prio = bfc__bins_prio(ptr);
     c->size = size;
-    c->link.bin = BFC__NO_BIN;
+    c->link.slot = BFC__NO_SLOT;
     return c;
 }
 
@@ -117,6 +117,101 @@ START_TEST(test_bin_for_size)
 }
 END_TEST
 
+/* Slots: 16 per bin, ordered as sizes are, each bin's range cut evenly. */
+START_TEST(test_slots)
+{
+    const uint32_t S = BFC__BIN_SUBS;
+    ck_assert_uint_eq(S, 16);
+    ck_assert_uint_eq(bfc__bin_slot(256), 0);
+    ck_assert_uint_eq(bfc__bin_slot(512), S);           /* bin 1 has 2 sizes: slots 0 and 8 */
+    ck_assert_uint_eq(bfc__bin_slot(768), S + 8);
+    ck_assert_uint_eq(bfc__bin_slot(1024), 2 * S);      /* bin 2 has 4: slots 0, 4, 8, 12 */
+    ck_assert_uint_eq(bfc__bin_slot(1792), 2 * S + 12);
+    ck_assert_uint_eq(bfc__bin_slot(4096), 4 * S);      /* bin 4: one size per slot */
+    ck_assert_uint_eq(bfc__bin_slot(4096 + 256), 4 * S + 1);
+    ck_assert_uint_eq(bfc__bin_slot(8192 - 256), 4 * S + 15);
+    ck_assert_uint_eq(bfc__bin_slot(65536 + 4095), 8 * S); /* bin 8: 4 KiB per slot */
+    ck_assert_uint_eq(bfc__bin_slot(65536 + 4096), 8 * S + 1);
+    ck_assert_uint_eq(bfc__bin_slot(256 * BFC__MiB), 20 * S);
+    ck_assert_uint_eq(bfc__bin_slot(512 * BFC__MiB - 256), 20 * S + 15);
+    ck_assert_uint_eq(bfc__bin_slot(512 * BFC__MiB), 20 * S + 15); /* the open end */
+    ck_assert_uint_eq(bfc__bin_slot((size_t)1 << 40), BFC__NUM_SLOTS - 1);
+    /* Every size from 256 B to 2 MiB, and samples of every bin: the slot is in
+     * the size's bin, never decreases with the size, and a bin of 16 or more
+     * sizes fills all its slots, in equal runs. */
+    uint32_t prev = 0, runs[BFC__NUM_SLOTS] = {0};
+    for (size_t sz = 256; sz <= 2 * BFC__MiB; sz += 256) {
+        uint32_t k = bfc__bin_slot(sz);
+        ck_assert_uint_lt(k, BFC__NUM_SLOTS);
+        ck_assert_uint_eq(k / S, bfc__bin_for_size(sz));
+        ck_assert_uint_ge(k, prev);
+        prev = k;
+        runs[k]++;
+    }
+    for (uint32_t i = 4; i <= 12; i++)
+        for (uint32_t j = 0; j < S; j++)
+            ck_assert_uint_eq(runs[i * S + j], 1u << (i - 4));
+    for (uint32_t i = 0; i < 20; i++) {
+        size_t lo = (size_t)256 << i, hi = ((size_t)256 << (i + 1)) - 256;
+        ck_assert_uint_eq(bfc__bin_slot(lo), i * S);
+        ck_assert_uint_eq(bfc__bin_slot(hi), i * S + (i == 0 ? 0 : i < 4 ? S - (S >> i) : S - 1));
+    }
+}
+END_TEST
+
+/* Best fit across slots of one bin: the request's own slot holds only
+ * smaller chunks (or none), so the fit is the minimum of the next non-empty
+ * slot of the bin, before any chunk of a higher bin. */
+START_TEST(test_falls_through_slots)
+{
+    struct bfc__bins b;
+    bfc__bins_init(&b);
+    /* bin 8 (64 KiB .. 128 KiB - 256): slots 4 KiB wide */
+    struct bfc__chunk *small = mk(0x100000, 65536 + 1024);      /* slot 128 */
+    struct bfc__chunk *mid_a = mk(0x200000, 65536 + 5 * 4096); /* slot 133 */
+    struct bfc__chunk *mid_b = mk(0x300000, 65536 + 5 * 4096); /* slot 133, mid_a's size, higher address */
+    struct bfc__chunk *mid2 = mk(0x050000, 65536 + 5 * 4096 + 256); /* slot 133, larger */
+    struct bfc__chunk *top = mk(0x400000, 131072);              /* bin 9 */
+    bfc__bins_insert(&b, top);
+    bfc__bins_insert(&b, mid_b);
+    bfc__bins_insert(&b, mid2);
+    bfc__bins_insert(&b, mid_a);
+    bfc__bins_insert(&b, small);
+    verify_ok(&b);
+    ck_assert_uint_eq(b.subs[8], (1u << 0) | (1u << 5));
+    ck_assert_ptr_eq(bfc__bins_best_fit(&b, 65536), small);
+    ck_assert_ptr_eq(bfc__bins_best_fit(&b, 65536 + 1024), small);
+    /* own slot 128 holds only a smaller chunk: on to slot 133's minimum */
+    ck_assert_ptr_eq(bfc__bins_best_fit(&b, 65536 + 1280), mid_a);
+    /* own slot 130 empty */
+    ck_assert_ptr_eq(bfc__bins_best_fit(&b, 65536 + 2 * 4096), mid_a);
+    ck_assert_ptr_eq(bfc__bins_best_fit(&b, 65536 + 5 * 4096 + 256), mid2);
+    /* past slot 133 inside bin 8: on to bin 9 */
+    ck_assert_ptr_eq(bfc__bins_best_fit(&b, 65536 + 5 * 4096 + 512), top);
+    ck_assert_ptr_eq(bfc__bins_best_fit(&b, 131072 - 256), top);
+    ck_assert_ptr_null(bfc__bins_best_fit(&b, 131072 + 256));
+    /* the walk of bin 8 visits its slots in order */
+    ck_assert_uint_eq(bfc__bins_largest(&b), 131072);
+    bfc__bins_remove(&b, mid_a);
+    bfc__bins_remove(&b, mid_b);
+    ck_assert_ptr_eq(bfc__bins_best_fit(&b, 65536 + 1280), mid2);
+    bfc__bins_remove(&b, mid2);
+    ck_assert_uint_eq(b.subs[8], 1u);
+    ck_assert_ptr_eq(bfc__bins_best_fit(&b, 65536 + 1280), top);
+    bfc__bins_remove(&b, small);
+    ck_assert_uint_eq(b.subs[8], 0);
+    ck_assert_uint_eq(b.nonempty, 1u << 9);
+    verify_ok(&b);
+    bfc__bins_remove(&b, top);
+    ck_assert_uint_eq(b.nonempty, 0);
+    free(small);
+    free(mid_a);
+    free(mid_b);
+    free(mid2);
+    free(top);
+}
+END_TEST
+
 /* ----------------------------------------------------------- best fit */
 
 START_TEST(test_empty)
@@ -144,9 +239,10 @@ START_TEST(test_exact_match)
     ck_assert_ptr_eq(bfc__bins_best_fit(&b, 1024), c1);
     ck_assert_ptr_eq(bfc__bins_best_fit(&b, 2048), c2);
     ck_assert_ptr_eq(bfc__bins_best_fit(&b, 4096), c3);
-    ck_assert_uint_eq(c1->link.bin, 2);
-    ck_assert_uint_eq(c2->link.bin, 3);
-    ck_assert_uint_eq(c3->link.bin, 4);
+    /* the first slot of bins 2, 3, 4 */
+    ck_assert_uint_eq(c1->link.slot, 2 * BFC__BIN_SUBS);
+    ck_assert_uint_eq(c2->link.slot, 3 * BFC__BIN_SUBS);
+    ck_assert_uint_eq(c3->link.slot, 4 * BFC__BIN_SUBS);
     ck_assert_uint_eq(b.nonempty, (1u << 2) | (1u << 3) | (1u << 4));
     ck_assert_uint_eq(b.total_count, 3);
     ck_assert_uint_eq(b.total_bytes, 1024 + 2048 + 4096);
@@ -211,7 +307,7 @@ START_TEST(test_lowest_address_among_equals)
         ck_assert_msg(f == c[k], "step %zu: got ptr 0x%lx size %zu", k,
                       f ? (unsigned long)f->ptr : 0ul, f ? f->size : 0);
         bfc__bins_remove(&b, f);
-        ck_assert_uint_eq(f->link.bin, BFC__NO_BIN);
+        ck_assert_uint_eq(f->link.slot, BFC__NO_SLOT);
     }
     verify_ok(&b);
     /* then the next size up, 4352, lowest address first: other[k] for odd k
@@ -304,7 +400,8 @@ START_TEST(test_remove_skips)
     /* a removed chunk may be resized and inserted again */
     x->size = 512;
     bfc__bins_insert(&b, x);
-    ck_assert_uint_eq(x->link.bin, 1);
+    ck_assert_uint_eq(x->link.slot, bfc__bin_slot(512));
+    ck_assert_uint_eq(x->link.slot >> BFC__BIN_SUB_BITS, 1);
     ck_assert_ptr_eq(bfc__bins_best_fit(&b, 256), x);
     verify_ok(&b);
     free(x);
@@ -402,7 +499,9 @@ START_TEST(test_walk_order)
     ck_assert_uint_eq(w.n, N);
     for (size_t k = 0; k < N; k++)
         ck_assert_msg(w.seen[k] == sorted[k], "removing walk position %zu out of order", k);
-    ck_assert_ptr_null(b.root[5]);
+    for (uint32_t k = 5 * BFC__BIN_SUBS; k < 6 * BFC__BIN_SUBS; k++)
+        ck_assert_ptr_null(b.root[k]);
+    ck_assert_uint_eq(b.subs[5], 0);
     ck_assert_uint_eq(b.nonempty, 1u);
     ck_assert_uint_eq(b.total_count, 1);
     verify_ok(&b);
@@ -416,21 +515,25 @@ END_TEST
 
 START_TEST(test_verify_detects_corruption)
 {
-    enum { N = 64 };
+    /* 64 chunks of 4 sizes, 64 KiB .. 64.75 KiB: all in bin 8's first slot
+     * (its slots are 4 KiB wide), so one tree holds several sizes. */
+    enum { N = 64, BIN = 8 };
+    const uint32_t K = BIN * BFC__BIN_SUBS;
     struct bfc__bins b;
     struct bfc__chunk *c[N];
     char msg[256];
     bfc__bins_init(&b);
     for (size_t k = 0; k < N; k++) {
-        c[k] = mk((uintptr_t)(k + 1) << 12, 1024 + 256 * (k % 4));
+        c[k] = mk((uintptr_t)(k + 1) << 20, 65536 + 256 * (k % 4));
         bfc__bins_insert(&b, c[k]);
+        ck_assert_uint_eq(c[k]->link.slot, K);
     }
     verify_ok(&b);
 
-    b.count[2]++;
+    b.count[BIN]++;
     ck_assert_int_eq(bfc__bins_verify(&b, msg, sizeof msg), -1);
-    ck_assert_msg(strstr(msg, "bin 2") != NULL, "message: %s", msg);
-    b.count[2]--;
+    ck_assert_msg(strstr(msg, "bin 8") != NULL, "message: %s", msg);
+    b.count[BIN]--;
 
     b.total_bytes += 256;
     ck_assert_int_eq(bfc__bins_verify(&b, msg, sizeof msg), -1);
@@ -443,32 +546,47 @@ START_TEST(test_verify_detects_corruption)
     b.nonempty &= ~(1u << 9);
     verify_ok(&b);
 
+    /* a slot's bit set with no tree, and a tree with its bit clear */
+    b.subs[BIN] |= 1u << 3;
+    ck_assert_int_eq(bfc__bins_verify(&b, msg, sizeof msg), -1);
+    ck_assert_msg(strstr(msg, "slot 131") != NULL, "message: %s", msg);
+    b.subs[BIN] &= (uint16_t)~(1u << 3);
+    b.subs[BIN] &= (uint16_t)~1u;
+    ck_assert_int_eq(bfc__bins_verify(&b, msg, sizeof msg), -1);
+    ck_assert_msg(strstr(msg, "slot 128") != NULL, "message: %s", msg);
+    b.subs[BIN] |= 1u;
+    verify_ok(&b);
+
     /* an address changed while binned: stale priority (and order) */
-    struct bfc__chunk *r = b.root[2];
+    struct bfc__chunk *r = b.root[K];
     r->ptr += (uintptr_t)1 << 30;
     ck_assert_int_eq(bfc__bins_verify(&b, msg, sizeof msg), -1);
     r->ptr -= (uintptr_t)1 << 30;
     verify_ok(&b);
 
-    /* a size changed while binned (same bin) breaks the order */
-    struct bfc__chunk *mx = b.root[2];
+    /* a size changed while binned (same slot) breaks the order */
+    struct bfc__chunk *mx = b.root[K];
     while (mx->link.right)
         mx = mx->link.right;
-    size_t saved = mx->size; /* 1792, the largest */
-    mx->size = 1024;
+    size_t saved = mx->size; /* 65536 + 768, the largest */
+    mx->size = 65536;
     ck_assert_int_eq(bfc__bins_verify(&b, msg, sizeof msg), -1);
     ck_assert_msg(strstr(msg, "order") != NULL, "message: %s", msg);
     mx->size = saved;
     verify_ok(&b);
 
-    /* a size that belongs in another bin */
-    struct bfc__chunk *leaf = bfc__bins_best_fit(&b, 1024); /* the minimum: no left child */
+    /* a size that belongs in another bin, and in another slot of the same bin */
+    struct bfc__chunk *leaf = bfc__bins_best_fit(&b, 65536); /* the minimum: no left child */
     ck_assert_ptr_null(leaf->link.left);
     saved = leaf->size;
     leaf->size = 768;
     ck_assert_int_eq(bfc__bins_verify(&b, msg, sizeof msg), -1);
-    ck_assert_msg(strstr(msg, "belongs in bin 1") != NULL, "message: %s", msg);
+    ck_assert_msg(strstr(msg, "belongs in slot 24") != NULL, "message: %s", msg); /* bin 1 */
+    leaf->size = 65536 + 4096;
+    ck_assert_int_eq(bfc__bins_verify(&b, msg, sizeof msg), -1);
+    ck_assert_msg(strstr(msg, "belongs in slot 129") != NULL, "message: %s", msg);
     leaf->size = saved;
+    verify_ok(&b);
 
     /* a broken parent link */
     struct bfc__chunk *child = r->link.left ? r->link.left : r->link.right;
@@ -488,23 +606,24 @@ START_TEST(test_verify_detects_corruption)
     child->link.prio = saved_prio;
 
     /* a cycle terminates */
-    struct bfc__chunk *lo = b.root[2];
+    struct bfc__chunk *lo = b.root[K];
     while (lo->link.left)
         lo = lo->link.left;
-    lo->link.left = b.root[2];
+    lo->link.left = b.root[K];
     ck_assert_int_eq(bfc__bins_verify(&b, msg, sizeof msg), -1);
     lo->link.left = NULL;
 
-    /* wrong link.bin */
-    c[5]->link.bin = 3;
+    /* wrong link.slot */
+    c[5]->link.slot = K + 1;
     ck_assert_int_eq(bfc__bins_verify(&b, msg, sizeof msg), -1);
-    c[5]->link.bin = 2;
+    ck_assert_msg(strstr(msg, "link.slot") != NULL, "message: %s", msg);
+    c[5]->link.slot = K;
     verify_ok(&b);
 
     /* buffer of length 0 is fine */
-    b.count[2]++;
+    b.count[BIN]++;
     ck_assert_int_eq(bfc__bins_verify(&b, NULL, 0), -1);
-    b.count[2]--;
+    b.count[BIN]--;
     for (size_t k = 0; k < N; k++)
         free(c[k]);
 }
@@ -550,7 +669,7 @@ START_TEST(test_random_vs_reference)
             ref_bytes += c[k]->size;
         } else if (kind == 1 && in[k]) {
             bfc__bins_remove(&b, c[k]);
-            ck_assert_uint_eq(c[k]->link.bin, BFC__NO_BIN);
+            ck_assert_uint_eq(c[k]->link.slot, BFC__NO_SLOT);
             in[k] = false;
             ref_count--;
             ref_bytes -= c[k]->size;
@@ -644,7 +763,7 @@ START_TEST(test_scale_100k)
     verify_ok(&b);
     size_t n = 0;
     for (size_t k = 0; k < N; k++)
-        if (c[k]->link.bin != BFC__NO_BIN)
+        if (c[k]->link.slot != BFC__NO_SLOT)
             sorted[n++] = c[k];
     ck_assert_uint_eq(n, N - N / 2);
     ck_assert_uint_eq(b.total_count, n);
@@ -707,7 +826,7 @@ static double bench_one(size_t present, size_t iters)
         recs[k].ptr = (uintptr_t)(k + 1) << 21;
         recs[k].link.prio = bfc__bins_prio(recs[k].ptr);
         recs[k].size = bench_size();
-        recs[k].link.bin = BFC__NO_BIN;
+        recs[k].link.slot = BFC__NO_SLOT;
         if (k < present)
             bfc__bins_insert(&b, &recs[k]);
     }
@@ -754,6 +873,8 @@ static Suite *bins_suite(void)
     Suite *s = suite_create("bins");
     TCase *tc = tcase_create("core");
     tcase_add_test(tc, test_bin_for_size);
+    tcase_add_test(tc, test_slots);
+    tcase_add_test(tc, test_falls_through_slots);
     tcase_add_test(tc, test_empty);
     tcase_add_test(tc, test_exact_match);
     tcase_add_test(tc, test_smallest_sufficient);
