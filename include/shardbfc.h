@@ -170,8 +170,17 @@ typedef struct bfc_config {
                                      unmaps pages (cudaMemPoolAttrReleaseThreshold; default 0) */
     int32_t vmm;                  /* bfc_vmm_t: expandable (virtual-memory) arenas; default AUTO */
     uint32_t reserved_flags;      /* zero */
-    uint64_t reserved[14];        /* room for the settings of later versions: zero (see "version") */
+    /* ---- also from the reserved words, after 0.9.0 (zero is the default) ---- */
+    uint64_t slack_decay_ms;      /* expandable arenas: free memory a shard keeps beyond
+                                     release_threshold and left unused this long is released;
+                                     0: the default, 10000 (10 s); BFC_DECAY_NEVER: kept */
+    uint64_t reserved[13];        /* room for the settings of later versions: zero (see "version") */
 } bfc_config_t;
+
+/* bfc_config_t.slack_decay_ms: never ("slack_decay_ms=never"). */
+#define BFC_DECAY_NEVER UINT64_MAX
+/* bfc_config_t.slack_decay_ms = 0 means this many milliseconds. */
+#define BFC_DECAY_DEFAULT_MS 10000
 
 /* bfc_config_t.vmm (see "Expandable arenas" below). */
 typedef enum {
@@ -187,7 +196,7 @@ typedef enum {
  * garbage_collection true (as TensorFlow, whose TF_ENABLE_GPU_GARBAGE_COLLECTION
  * defaults to true), large_alloc 32 MiB, retry_ms 0, debug off,
  * host_numa thread, no oom_dump, no trace, vmm AUTO, release_threshold 0,
- * reserved words zero.  (Fault
+ * slack_decay_ms 0 (10 s), reserved words zero.  (Fault
  * injection, a test facility, is set on a context through shardbfc_sim.h.)
  * Context: thread-safe (touches only *cfg), never blocks.
  */
@@ -210,6 +219,8 @@ BFC_API void bfc_config_init(bfc_config_t *cfg);
  *   fragmentation_fraction   a decimal number from 0 to 1
  *   retry_ms          0 to 3600000 (one hour)
  *   release_threshold any size
+ *   slack_decay_ms    1 to 4294967295 milliseconds, or never (0 is the
+ *                     struct's default, 10 s, and not accepted in a spec)
  *   device, host_numa node   0 to 2147483647
  *   oom_dump, trace   at most 255 bytes
  *   one item          at most 4096 bytes (the spec itself is unbounded)
@@ -303,9 +314,13 @@ BFC_API int bfc_config_validate(const bfc_config_t *cfg);
  *     leave more than release_threshold bytes mapped but free plus a
  *     slack that doubles whenever such a release is mapped again soon
  *     after and halves at the next such release when it was not (checked
- *     only when bytes in use drop a granule below the last check; a
- *     slack grown past what the shard holds free therefore stays, and
- *     that memory leaves by loans or trim); and on bfc_ctx_trim.  The
+ *     only when bytes in use drop a granule below the last check); until
+ *     free memory beyond release_threshold has lain unused for
+ *     slack_decay_ms (10 s by default; the shard looks at the first free
+ *     after every 1,024 of its allocations, and gives back the least it
+ *     held free at any such look during that time: a shard that stops
+ *     allocating altogether keeps its memory until loans, trim or
+ *     bfc_ctx_stream_release take it); and on bfc_ctx_trim.  The
  *     default threshold is 0, as cudaMemPoolAttrReleaseThreshold's: the
  *     slack, not the threshold, keeps frees that cycle memory from
  *     unmapping it, and a larger threshold makes a shard keep more (a

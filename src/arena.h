@@ -56,6 +56,10 @@ struct bfc__arena_env {
     size_t initial_region;       /* the first region (allow_growth=true) */
     size_t large_alloc;          /* requests of at least this size get a region of their own; 0: none */
     size_t release_threshold;    /* expandable arenas: mapped-but-free bytes kept (expand.c) */
+    uint64_t slack_decay_ms;     /* expandable arenas: free memory unused this long goes; 0: never */
+    uint64_t decay_check_allocs; /* ... looked at after every this many allocations (expand.h) */
+    uint64_t (*decay_clock)(void); /* milliseconds for the decay; NULL: CLOCK_MONOTONIC_COARSE
+                                      (white-box tests set their own) */
     bool allow_growth;           /* false: one region of the whole limit */
     bool poison;                 /* poison=true on a host-accessible backend: fill and verify */
     bool vmm;                    /* shards are expandable arenas (expand.c) */

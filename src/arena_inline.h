@@ -169,7 +169,8 @@ static inline __attribute__((always_inline)) void bfc__arena_release_inline(stru
     /* A retired shard keeps nothing it does not need. */
     if (r->live == 0 && atomic_load_explicit(&a->retired, memory_order_relaxed))
         bfc__arena_region_depart(a, r, true);
-    else if (BFC__UNLIKELY(r->vmm) && a->st.bytes_in_use < a->x->low_water)
+    else if (BFC__UNLIKELY(r->vmm) &&
+             (a->st.bytes_in_use < a->x->low_water || a->st.num_allocs >= a->x->decay_at))
         bfc__expand_after_free_locked(a);
 }
 

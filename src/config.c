@@ -54,6 +54,8 @@
 /* The smallest non-zero memory_limit: one 256-byte granule. */
 #define MIN_LIMIT BFC__MIN_ALLOC
 #define MAX_RETRY_MS 3600000u
+/* slack_decay_ms in a spec: 1 ms to 2^32 - 1 (49.7 days), or never. */
+#define MAX_DECAY_MS 4294967295u
 
 enum kind {
     K_BACKEND,
@@ -65,6 +67,7 @@ enum kind {
     K_HOST_NUMA,
     K_PATH,
     K_VMM,
+    K_DECAY,
 };
 
 static const struct key {
@@ -96,6 +99,7 @@ static const struct key {
     {"trace", K_PATH, offsetof(bfc_config_t, trace), 0, false, sizeof(((bfc_config_t *)0)->trace)},
     {"vmm", K_VMM, offsetof(bfc_config_t, vmm), 0, false, 0},
     {"release_threshold", K_SIZE, offsetof(bfc_config_t, release_threshold), 0, true, 0},
+    {"slack_decay_ms", K_DECAY, offsetof(bfc_config_t, slack_decay_ms), 0, false, MAX_DECAY_MS},
 };
 
 /* A piece of the spec string, not NUL-terminated. */
@@ -376,6 +380,15 @@ static const char *apply(bfc_config_t *cfg, const struct key *k, struct span v)
         *(int32_t *)(void *)field = m;
         return NULL;
     }
+    case K_DECAY:
+        /* 0 is the struct's "default" (zero-is-default rule), which a spec
+         * would only make ambiguous: "immediately" or "never"? */
+        if (eq_nocase(v, "never"))
+            u = BFC_DECAY_NEVER;
+        else if (!parse_uint(v, k->hi, &u) || u == 0)
+            return "expected milliseconds from 1 to 4294967295, or never";
+        *(uint64_t *)(void *)field = u;
+        return NULL;
     case K_PATH:
         /* Taken verbatim (UTF-8 allowed), but no control character can be
          * part of a path a user meant; ',' never reaches here. */
@@ -501,6 +514,7 @@ void bfc_config_init(bfc_config_t *cfg)
     cfg->host_numa = BFC_HOST_NUMA_THREAD;
     cfg->vmm = BFC_VMM_AUTO;
     cfg->release_threshold = 0;
+    cfg->slack_decay_ms = 0;
 }
 
 static int parse(bfc_config_t *cfg, const char *spec, struct errbuf *e)

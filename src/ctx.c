@@ -403,6 +403,10 @@ static int ctx_create(bfc_config_t cfg, bfc__backend_t *be, bool host, bfc_ctx_t
     ctx->env.initial_region = cfg.initial_region;
     ctx->env.large_alloc = cfg.large_alloc;
     ctx->env.release_threshold = cfg.release_threshold;
+    ctx->env.slack_decay_ms = cfg.slack_decay_ms == 0               ? BFC_DECAY_DEFAULT_MS
+                              : cfg.slack_decay_ms == BFC_DECAY_NEVER ? 0
+                                                                      : cfg.slack_decay_ms;
+    ctx->env.decay_check_allocs = BFC__DECAY_CHECK_ALLOCS;
     ctx->env.allow_growth = cfg.allow_growth;
     ctx->env.poison = cfg.poison && be->host_accessible;
     ctx->env.vmm = ctx->vmm;

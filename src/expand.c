@@ -88,12 +88,17 @@
  *     thousand allocations (CALM_ALLOCS) passed without churn, it halves.
  *     A shard that frees and reuses the same memory thus settles
  *     with no device calls and no scans; one that shrinks gives back what
- *     exceeds its slack.  The slack decays only at such a release, though:
- *     one grown past all the shard ever holds free stays (shards of perf's
- *     inference workload reach the reservation's size), and what the
- *     shard holds then leaves by loans -- when another shard's growth
- *     would raise the peak reserved -- or by trim, as a caching
- *     allocator's segments do.
+ *     exceeds its slack.  The slack shrinks only at such a release,
+ *     though: one grown past all the shard ever holds free stays (shards
+ *     of perf's inference workload reach the reservation's size), and
+ *     the memory it covers would leave only by loans -- when another
+ *     shard's growth would raise the peak reserved -- or by trim, as a
+ *     caching allocator's segments do.  Hence the decay: the first free
+ *     after every 1,024 allocations (BFC__DECAY_CHECK_ALLOCS; the free's second test:
+ *     num_allocs against decay_at) notes what the shard holds free, and
+ *     once slack_decay_ms (10 s by default) have passed, the least it
+ *     held free at any check of that period, beyond the threshold, was
+ *     never used in it and goes (decay_check(), below), slack or no.
  *     (d) trim, and retirement (departure, below).
  *     The default threshold is 0, as cudaMemPoolAttrReleaseThreshold's:
  *     with (a) and (b), what the shards hold grows only when their free
@@ -138,6 +143,7 @@
  * fences.
  */
 #include <string.h>
+#include <time.h>
 
 #include "arena.h"
 
@@ -162,6 +168,19 @@ static void set_bit(uint64_t *w, size_t g, bool on)
         w[g >> 6] |= (uint64_t)1 << (g & 63);
     else
         w[g >> 6] &= ~((uint64_t)1 << (g & 63));
+}
+
+/* The decay's clock: CLOCK_MONOTONIC_COARSE in milliseconds (a tick or so
+ * of resolution is plenty for a decay of seconds; 0 if the clock fails,
+ * which only postpones a decay), or the environment's own (tests). */
+static uint64_t now_ms(const struct bfc__arena_env *env)
+{
+    if (env->decay_clock)
+        return env->decay_clock();
+    struct timespec ts;
+    if (clock_gettime(CLOCK_MONOTONIC_COARSE, &ts) != 0)
+        return 0;
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
 /* ------------------------------------------------------------- set-up */
@@ -228,6 +247,9 @@ int bfc__expand_create_locked(struct bfc__arena *a, size_t need)
     x->fence = x->mapped && x->ready && x->gone ? bfc__pool_fence_get(env->pool) : NULL;
     x->threshold = env->release_threshold;
     x->lend_every = LEND_MIN;
+    x->decay_at = env->slack_decay_ms ? a->st.num_allocs + env->decay_check_allocs : UINT64_MAX;
+    x->decay_since_ms = now_ms(env);
+    x->decay_idle_min = SIZE_MAX;
     if (!x->fence) {
         bfc__pool_vmm_unreserve(env->pool, x->base, x->size);
         expand_free(a, x);
@@ -644,9 +666,47 @@ size_t bfc__expand_release_locked(struct bfc__arena *a, uint32_t wait_ms)
 
 #define CALM_ALLOCS 1024
 
+/*
+ * The decay ("When", (c)), checked at the first free after every
+ * env->decay_check_allocs allocations (BFC__DECAY_CHECK_ALLOCS: one more
+ * test on the free path, and a clock read per check).  Each check notes the free bytes
+ * (idle_bytes) and unmaps granules whose departure fence has completed;
+ * once slack_decay_ms have passed since the period began, the least free
+ * figure its checks saw, beyond the threshold, is memory the shard held
+ * and never used in that time: that much goes (marked and fenced, largest
+ * free chunks first, as every release), and a new period begins.  A shard
+ * whose use swings sees its free bytes near zero at some check of every
+ * period and gives nothing; one that shrank gives back what it no longer
+ * uses, however large a slack its churn once earned.  Not on the churn
+ * book: memory unused for that long is not the slack's to keep.  Sampled,
+ * not exact: a short dip between two checks goes unseen, and what it used
+ * is mapped again when next needed.
+ */
+static void decay_check(struct bfc__arena *a)
+{
+    struct bfc__expand *x = a->x;
+    bfc__backend_t *be = a->env->be;
+    x->decay_at = a->st.num_allocs + a->env->decay_check_allocs;
+    if (x->leaving_bytes && x->armed && bfc__fence_query(be, x->fence) == BFC_OK)
+        (void)unmap_leaving(a);
+    size_t idle = idle_bytes(a);
+    if (idle < x->decay_idle_min)
+        x->decay_idle_min = idle;
+    uint64_t now = now_ms(a->env);
+    if (now - x->decay_since_ms < a->env->slack_decay_ms)
+        return;
+    size_t unused = x->decay_idle_min > x->threshold ? x->decay_idle_min - x->threshold : 0;
+    if (unused >= GRAN(x))
+        (void)release(a, 0, 0, 0, unused);
+    x->decay_since_ms = now;
+    x->decay_idle_min = idle_bytes(a);
+}
+
 void bfc__expand_after_free_locked(struct bfc__arena *a)
 {
     struct bfc__expand *x = a->x;
+    if (a->st.num_allocs >= x->decay_at)
+        decay_check(a);
     size_t keep = keep_bytes(x);
     if (idle_bytes(a) > keep) {
         /* Nothing of the last release at a free was mapped again, and no

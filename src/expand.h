@@ -14,6 +14,10 @@
 struct bfc__arena;
 struct bfc__region;
 
+/* The decay's check comes at the first free after this many allocations
+ * (the arena env's decay_check_allocs; white-box tests lower it). */
+#define BFC__DECAY_CHECK_ALLOCS 1024
+
 struct bfc__expand {
     uintptr_t base;             /* the reservation: one region of the arena */
     size_t size;
@@ -37,6 +41,12 @@ struct bfc__expand {
     /* The amortised check at frees: a free that leaves bytes_in_use below
      * low_water asks the policy (expand.c); no other free does anything. */
     size_t low_water;
+    /* ... and so does the first free once num_allocs reaches decay_at:
+     * the decay's check (expand.c, (c)), every env->decay_check_allocs
+     * allocations; never when env->slack_decay_ms is 0. */
+    uint64_t decay_at;
+    uint64_t decay_since_ms;    /* CLOCK_MONOTONIC ms: the decay's period began */
+    size_t decay_idle_min;      /* the least idle_bytes() seen at its checks since */
     size_t slack;               /* kept beyond the threshold at frees: grows with churn */
     size_t unmapped_at_free;    /* unmapped at the last release at a free, not mapped again since */
     bool remapped;              /* some of it was mapped again */
@@ -97,9 +107,11 @@ size_t bfc__expand_release_locked(struct bfc__arena *a, uint32_t wait_ms);
  * slack is open, up to *loan bytes of the slack too (*loan is reduced by
  * what it lends).  Returns the bytes unmapped. */
 size_t bfc__expand_release_spare_locked(struct bfc__arena *a, size_t *loan);
-/* After a free that left bytes_in_use below x->low_water (the caller's
- * inline test): releases when the mapped-but-free bytes passed the
- * threshold and the shard's slack, and sets the next low-water mark. */
+/* After a free that left bytes_in_use below x->low_water, or came once
+ * num_allocs had reached x->decay_at (the caller's inline test): releases
+ * free memory left unused for slack_decay_ms, releases when the
+ * mapped-but-free bytes passed the threshold and the shard's slack, and
+ * sets the next low-water mark. */
 void bfc__expand_after_free_locked(struct bfc__arena *a);
 /* The reservation leaves the arena (the region is unlinked by the caller);
  * with `fence`, released once the owner stream's work has completed. */

@@ -57,7 +57,9 @@
  *    arenas at 16M and 64M, an address space that holds only two
  *    reservations of the limit and a quarter more (a "tight_va," prefix:
  *    the SIM backend's ceiling on reserved addresses), so that later shards
- *    reserve less than the limit, and some none.  Each run is one
+ *    reserve less than the limit, and some none; and, at the same limits,
+ *    expandable arenas whose decay gives back unused memory after 1 ms,
+ *    looked at every 8 allocations.  Each run is one
  *    (configuration, seed): single-threaded and seeded.  The operations
  *    follow the seed and the allocator's answers; those can differ slightly
  *    between runs (the library defers some work, such as reclaiming a
@@ -1023,6 +1025,15 @@ static bfc_stream_t *model_streams(bfc_ctx_t *ctx)
 }
 
 /* One (configuration, seed) run; returns whether it found a violation. */
+
+/* The decay's clock in the configurations with slack_decay_ms=1: a
+ * millisecond more at each look (runs are single-threaded). */
+static uint64_t model_clock_ms;
+static uint64_t model_decay_clock(void)
+{
+    return ++model_clock_ms;
+}
+
 static bool model_run(struct model *m, const char *spec, uint64_t seed, uint64_t ops, unsigned meta_every,
                       bool keep_going)
 {
@@ -1044,6 +1055,14 @@ static bool model_run(struct model *m, const char *spec, uint64_t seed, uint64_t
     ck_assert_int_eq(bfc_ctx_config(m->ctx, &m->cfg), BFC_OK);
     if (va)
         bfc__sim_set_va_ceiling(m->ctx->be, 2 * m->cfg.memory_limit + m->cfg.memory_limit / 4);
+    /* A run's shards make hundreds of allocations, not thousands, in a
+     * millisecond or two: with a decay of 1 ms, look every 8 allocations,
+     * on a clock that advances a millisecond at each look (set before any
+     * shard exists), so that every look may give memory back. */
+    if (m->cfg.slack_decay_ms == 1) {
+        m->ctx->env.decay_check_allocs = 8;
+        m->ctx->env.decay_clock = model_decay_clock;
+    }
     m->s = model_streams(m->ctx);
     for (int k = 0; k < NSTREAM; k++)
         bfc_sim_stream_drain(m->ctx, m->s[k]);
@@ -1106,6 +1125,16 @@ static int model_configs(char (*out)[160], int max)
             ck_assert_int_lt(n, max);
             snprintf(out[n++], 160,
                      "tight_va,memory_limit=%s,allow_growth=true,garbage_collection=%s,vmm=on,retry_ms=0",
+                     va_limits[li], gc ? "true" : "false");
+        }
+    /* Expandable arenas whose decay runs at nearly every check (1 ms; the
+     * default, 10 s, never comes within a run): memory leaves by the
+     * decay's releases too. */
+    for (size_t li = 0; li < sizeof va_limits / sizeof va_limits[0]; li++)
+        for (int gc = 0; gc <= 1; gc++) {
+            ck_assert_int_lt(n, max);
+            snprintf(out[n++], 160,
+                     "memory_limit=%s,allow_growth=true,garbage_collection=%s,vmm=on,slack_decay_ms=1,retry_ms=0",
                      va_limits[li], gc ? "true" : "false");
         }
     return n;

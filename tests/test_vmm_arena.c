@@ -197,6 +197,26 @@ START_TEST(test_config_keys)
     ck_assert_int_eq(bfc_config_parse(&c, "release_threshold=1X"), BFC_EINVAL);
     ck_assert_int_eq(memcmp(&before, &c, sizeof c), 0);
     ck_assert_int_eq(bfc_config_validate(&c), BFC_OK);
+
+    /* slack_decay_ms: 0 in the struct is the default; a spec says 1 ms or
+     * more, or never. */
+    bfc_config_init(&c);
+    ck_assert_uint_eq(c.slack_decay_ms, 0);
+    ck_assert_int_eq(bfc_config_parse(&c, "slack_decay_ms=250"), BFC_OK);
+    ck_assert_uint_eq(c.slack_decay_ms, 250);
+    ck_assert_int_eq(bfc_config_parse(&c, "slack_decay_ms=NEVER"), BFC_OK);
+    ck_assert_uint_eq(c.slack_decay_ms, BFC_DECAY_NEVER);
+    ck_assert_int_eq(bfc_config_parse(&c, "slack_decay_ms=4294967295"), BFC_OK);
+    ck_assert_uint_eq(c.slack_decay_ms, 4294967295u);
+    before = c;
+    ck_assert_int_eq(bfc_config_parse_err(&c, "slack_decay_ms=0", err, sizeof err), BFC_EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "or never"));
+    ck_assert_int_eq(bfc_config_parse(&c, "slack_decay_ms=4294967296"), BFC_EINVAL);
+    ck_assert_int_eq(bfc_config_parse(&c, "slack_decay_ms=-1"), BFC_EINVAL);
+    ck_assert_int_eq(bfc_config_parse(&c, "slack_decay_ms=10s"), BFC_EINVAL);
+    ck_assert_int_eq(bfc_config_parse(&c, "slack_decay_ms="), BFC_EINVAL);
+    ck_assert_int_eq(memcmp(&before, &c, sizeof c), 0);
+    ck_assert_int_eq(bfc_config_validate(&c), BFC_OK);
 }
 END_TEST
 
@@ -1082,6 +1102,121 @@ START_TEST(test_reserve_under_rlimit_as)
 }
 END_TEST
 
+/* ---------------------------------------------------------- the decay */
+
+/*
+ * A shard whose churn earned it a slack of 4 MiB, then holding 4 MiB
+ * mapped and free that it no longer uses, while it goes on allocating 256
+ * bytes at a time: the slack alone keeps the 4 MiB for good; the decay
+ * gives them back once slack_decay_ms passed with all of it free at every
+ * check (one per 1,024 allocations).  Returns the shard's stream; *p is
+ * the start of the 4 MiB.
+ */
+static bfc_stream_t decay_setup(bfc_ctx_t *ctx, char **p)
+{
+    bfc_stream_t s = bfc_sim_stream_create(ctx);
+    /* Each cycle's free releases the 4 MiB and the next cycle maps them
+     * again: the slack doubles from a granule (64 KiB) to 4 MiB. */
+    for (int i = 0; i < 8; i++) {
+        *p = touch_alloc(ctx, s, 4 * MiB);
+        ck_assert_int_eq(bfc_ctx_free(ctx, *p, s), BFC_OK);
+    }
+    ck_assert(mapped(ctx, *p, 4 * MiB));
+    /* The same memory in smaller blocks, all freed: still kept. */
+    char *q[32];
+    for (int i = 0; i < 32; i++)
+        q[i] = touch_alloc(ctx, s, 128 * KiB);
+    for (int i = 0; i < 32; i++)
+        ck_assert_int_eq(bfc_ctx_free(ctx, q[i], s), BFC_OK);
+    ck_assert(mapped(ctx, *p, 4 * MiB));
+    ck_assert_uint_eq(reserved(ctx), 4 * MiB);
+    return s;
+}
+
+/* Small pairs on s, in rounds of 1,100 (each round crosses a check),
+ * sleeping ms between rounds. */
+static void decay_rounds(bfc_ctx_t *ctx, bfc_stream_t s, int rounds, unsigned ms)
+{
+    for (int r = 0; r < rounds; r++) {
+        for (int i = 0; i < 1100; i++) {
+            char *b = bfc_ctx_alloc(ctx, s, 256);
+            ck_assert_ptr_nonnull(b);
+            b[0] = 1;
+            ck_assert_int_eq(bfc_ctx_free(ctx, b, s), BFC_OK);
+        }
+        usleep(ms * 1000u);
+    }
+}
+
+/* The decay on (decays) or off: the same shard, the same rounds. */
+static void decay_case(const char *spec, bool decays)
+{
+    bfc_ctx_t *ctx = ctx_spec(spec, G);
+    char *p;
+    bfc_stream_t s = decay_setup(ctx, &p);
+    uint64_t unmaps0 = stream_stats(ctx, s).num_vmm_unmaps;
+    /* 8 rounds 20 ms apart: at least 3 periods of 40 ms, each seen by
+     * two checks or more. */
+    decay_rounds(ctx, s, 8, 20);
+    if (decays) {
+        ck_assert_uint_le(reserved(ctx), G); /* the granule the small blocks use */
+        ck_assert(!mapped(ctx, p + G, 4 * MiB - G));
+        ck_assert_uint_gt(stream_stats(ctx, s).num_vmm_unmaps, unmaps0);
+        check_ok(ctx);
+        /* Needed again: mapped again. */
+        char *b = touch_alloc(ctx, s, 4 * MiB);
+        ck_assert(mapped(ctx, b, 4 * MiB));
+        ck_assert_int_eq(bfc_ctx_free(ctx, b, s), BFC_OK);
+    } else {
+        ck_assert_uint_eq(reserved(ctx), 4 * MiB);
+        ck_assert(mapped(ctx, p, 4 * MiB));
+        ck_assert_uint_eq(stream_stats(ctx, s).num_vmm_unmaps, unmaps0);
+    }
+    check_ok(ctx);
+    bfc_ctx_destroy(ctx);
+}
+
+START_TEST(test_slack_decays)
+{
+    decay_case("memory_limit=64M,vmm=on,slack_decay_ms=40", true);
+}
+END_TEST
+
+/* The control: with slack_decay_ms=never the same shard keeps the 4 MiB
+ * (what the slack alone does, and what the test above would see without
+ * the decay). */
+START_TEST(test_slack_decay_never)
+{
+    decay_case("memory_limit=64M,vmm=on,slack_decay_ms=never", false);
+}
+END_TEST
+
+/* Memory changing hands: what the decay gives back leaves only after the
+ * shard's stream has done the work queued before -- held, nothing is
+ * unmapped (the granules are marked, and allocations take them back at no
+ * cost); drained, the next check unmaps them. */
+START_TEST(test_slack_decay_fenced)
+{
+    bfc_ctx_t *ctx = ctx_spec("memory_limit=64M,vmm=on,slack_decay_ms=40", G);
+    char *p;
+    bfc_stream_t s = decay_setup(ctx, &p);
+    uint64_t unmaps0 = stream_stats(ctx, s).num_vmm_unmaps;
+    bfc_sim_stream_hold(ctx, s);
+    decay_rounds(ctx, s, 8, 20);
+    ck_assert_uint_eq(reserved(ctx), 4 * MiB);
+    ck_assert(mapped(ctx, p, 4 * MiB));
+    ck_assert_uint_eq(stream_stats(ctx, s).num_vmm_unmaps, unmaps0);
+    ck_assert_uint_ge(leaving(ctx, s), 4 * MiB - G); /* marked, waiting for the fence */
+    check_ok(ctx);
+    bfc_sim_stream_drain(ctx, s);
+    decay_rounds(ctx, s, 2, 0);
+    ck_assert_uint_le(reserved(ctx), G);
+    ck_assert_uint_gt(stream_stats(ctx, s).num_vmm_unmaps, unmaps0);
+    check_ok(ctx);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
 static Suite *vmm_suite(void)
 {
     Suite *s = suite_create("vmm_arena");
@@ -1113,6 +1248,9 @@ static Suite *vmm_suite(void)
     tcase_add_test(tc, test_reserve_fallback);
     tcase_add_test(tc, test_reserve_beyond_address_space);
     tcase_add_test(tc, test_reserve_under_rlimit_as);
+    tcase_add_test(tc, test_slack_decays);
+    tcase_add_test(tc, test_slack_decay_never);
+    tcase_add_test(tc, test_slack_decay_fenced);
     suite_add_tcase(s, tc);
     return s;
 }
