@@ -693,8 +693,8 @@ static void decay_check(struct bfc__arena *a)
     if (idle < x->decay_idle_min)
         x->decay_idle_min = idle;
     uint64_t now = now_ms(a->env);
-    if (now - x->decay_since_ms < a->env->slack_decay_ms)
-        return;
+    if (now == 0 || now < x->decay_since_ms || now - x->decay_since_ms < a->env->slack_decay_ms)
+        return; /* (a failed clock read postpones the decay) */
     size_t unused = x->decay_idle_min > x->threshold ? x->decay_idle_min - x->threshold : 0;
     if (unused >= GRAN(x))
         (void)release(a, 0, 0, 0, unused);
