@@ -94,11 +94,12 @@
  *     the memory it covers would leave only by loans -- when another
  *     shard's growth would raise the peak reserved -- or by trim, as a
  *     caching allocator's segments do.  Hence the decay: the first free
- *     after every 1,024 allocations (BFC__DECAY_CHECK_ALLOCS; the free's second test:
- *     num_allocs against decay_at) notes what the shard holds free, and
- *     once slack_decay_ms (10 s by default) have passed, the least it
- *     held free at any check of that period, beyond the threshold, was
- *     never used in it and goes (decay_check(), below), slack or no.
+ *     after every 1,024 allocations (BFC__DECAY_CHECK_ALLOCS; the free's
+ *     second test: num_allocs against decay_at) notes what the shard
+ *     holds free, and once slack_decay_ms (10 s by default) have passed,
+ *     the least it held free at any check of that period, beyond the
+ *     threshold, was never used in it and goes (decay_check(), below),
+ *     slack or no.
  *     (d) trim, and retirement (departure, below).
  *     The default threshold is 0, as cudaMemPoolAttrReleaseThreshold's:
  *     with (a) and (b), what the shards hold grows only when their free
@@ -669,8 +670,9 @@ size_t bfc__expand_release_locked(struct bfc__arena *a, uint32_t wait_ms)
 /*
  * The decay ("When", (c)), checked at the first free after every
  * env->decay_check_allocs allocations (BFC__DECAY_CHECK_ALLOCS: one more
- * test on the free path, and a clock read per check).  Each check notes the free bytes
- * (idle_bytes) and unmaps granules whose departure fence has completed;
+ * test on the free path, and a clock read per check).  Each check notes
+ * the free bytes (idle_bytes) and unmaps granules whose departure fence
+ * has completed;
  * once slack_decay_ms have passed since the period began, the least free
  * figure its checks saw, beyond the threshold, is memory the shard held
  * and never used in that time: that much goes (marked and fenced, largest
