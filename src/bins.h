@@ -94,8 +94,8 @@ static inline uint32_t bfc__bins_prio(uintptr_t ptr)
 }
 
 void bfc__bins_init(struct bfc__bins *b);
-/* c must not be in a bin (link.slot == BFC__NO_SLOT), its link.prio set (bfc__bins_prio); its key (ptr,
- * size) must not change while binned. */
+/* c must not be in a bin (link.slot == BFC__NO_SLOT), its link.prio set
+ * (bfc__bins_prio); its key (ptr, size) must not change while binned. */
 void bfc__bins_insert(struct bfc__bins *b, struct bfc__chunk *c);
 void bfc__bins_remove(struct bfc__bins *b, struct bfc__chunk *c);
 /* The best-fit chunk for a rounded size (not removed), or NULL. */

@@ -575,6 +575,16 @@ static size_t unmap_leaving(struct bfc__arena *a)
     return freed;
 }
 
+/* Unmaps the leaving granules if their fence has completed (a release and
+ * the decay's check start here). */
+static size_t unmap_if_fenced(struct bfc__arena *a)
+{
+    struct bfc__expand *x = a->x;
+    if (x->leaving_bytes && x->armed && bfc__fence_query(a->env->be, x->fence) == BFC_OK)
+        return unmap_leaving(a);
+    return 0;
+}
+
 struct marking {
     struct bfc__expand *x;
     size_t g0, g1;    /* granules not to mark: a block about to use them */
@@ -637,9 +647,7 @@ static size_t release(struct bfc__arena *a, uint32_t wait_ms, size_t g0, size_t 
 {
     struct bfc__expand *x = a->x;
     bfc__backend_t *be = a->env->be;
-    size_t freed = 0;
-    if (x->leaving_bytes && x->armed && bfc__fence_query(be, x->fence) == BFC_OK)
-        freed += unmap_leaving(a);
+    size_t freed = unmap_if_fenced(a);
     if (mark_free(a, g0, g1, budget) || (x->leaving_bytes && !x->armed)) {
         /* Recorded after the marks: covers every use of what is leaving. */
         bfc__fence_reset(x->fence);
@@ -687,10 +695,8 @@ size_t bfc__expand_release_locked(struct bfc__arena *a, uint32_t wait_ms)
 static void decay_check(struct bfc__arena *a)
 {
     struct bfc__expand *x = a->x;
-    bfc__backend_t *be = a->env->be;
     x->decay_at = a->st.num_allocs + a->env->decay_check_allocs;
-    if (x->leaving_bytes && x->armed && bfc__fence_query(be, x->fence) == BFC_OK)
-        (void)unmap_leaving(a);
+    (void)unmap_if_fenced(a);
     size_t idle = idle_bytes(a);
     if (idle < x->decay_idle_min)
         x->decay_idle_min = idle;

@@ -1118,25 +1118,20 @@ static int model_configs(char (*out)[160], int max)
                              limits[li], g ? "true" : "false", gc ? "true" : "false", large[la], vmm);
                 }
     /* Expandable arenas in an address space too small for a reservation of
-     * the limit per shard (model_run reads the prefix). */
+     * the limit per shard (model_run reads the prefix); then expandable
+     * arenas whose decay runs at nearly every check (1 ms; the default,
+     * 10 s, never comes within a run): memory leaves by the decay's
+     * releases too. */
     static const char *va_limits[] = { TIGHT_LIMIT, "64M" };
-    for (size_t li = 0; li < sizeof va_limits / sizeof va_limits[0]; li++)
-        for (int gc = 0; gc <= 1; gc++) {
-            ck_assert_int_lt(n, max);
-            snprintf(out[n++], 160,
-                     "tight_va,memory_limit=%s,allow_growth=true,garbage_collection=%s,vmm=on,retry_ms=0",
-                     va_limits[li], gc ? "true" : "false");
-        }
-    /* Expandable arenas whose decay runs at nearly every check (1 ms; the
-     * default, 10 s, never comes within a run): memory leaves by the
-     * decay's releases too. */
-    for (size_t li = 0; li < sizeof va_limits / sizeof va_limits[0]; li++)
-        for (int gc = 0; gc <= 1; gc++) {
-            ck_assert_int_lt(n, max);
-            snprintf(out[n++], 160,
-                     "memory_limit=%s,allow_growth=true,garbage_collection=%s,vmm=on,slack_decay_ms=1,retry_ms=0",
-                     va_limits[li], gc ? "true" : "false");
-        }
+    static const char *va_kinds[][2] = { { "tight_va,", "" }, { "", "slack_decay_ms=1," } };
+    for (size_t kind = 0; kind < 2; kind++)
+        for (size_t li = 0; li < sizeof va_limits / sizeof va_limits[0]; li++)
+            for (int gc = 0; gc <= 1; gc++) {
+                ck_assert_int_lt(n, max);
+                snprintf(out[n++], 160,
+                         "%smemory_limit=%s,allow_growth=true,garbage_collection=%s,vmm=on,%sretry_ms=0",
+                         va_kinds[kind][0], va_limits[li], gc ? "true" : "false", va_kinds[kind][1]);
+            }
     return n;
 }
 
