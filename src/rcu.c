@@ -9,8 +9,8 @@
  *
  * bfc__rcu_ctr is the inlined read side's cache of the counter of the
  * thread's urcu-bp reader record (rcu.h): filled here on a thread's first
- * section, emptied by a thread_local destructor before urcu-bp's key
- * destructor can free the record.
+ * section where urcu-bp uses membarrier, emptied by a thread_local
+ * destructor before urcu-bp's key destructor can free the record.
  */
 #include "rcu.h"
 
@@ -68,7 +68,7 @@ void bfc__rcu_lock_slow(void)
             rcu_hooked = true;
         /* Converted, not dereferenced: the record may lie below its type's
          * alignment (rcu.h). */
-        if (rcu_hooked) {
+        if (rcu_hooked && urcu_bp_has_sys_membarrier) {
             bfc__rcu_ctr = (unsigned long *)(void *)URCU_TLS(urcu_bp_reader);
             BFC__TSAN_ACQUIRE(bfc__rcu_ctr);
         }

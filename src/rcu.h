@@ -35,7 +35,15 @@
  * undefined behaviour (UBSan reports it).
  *
  * The cache is filled on a thread's first section (rcu.c, registering the
- * thread with urcu-bp if needed) and is valid until the thread exits:
+ * thread with urcu-bp if needed), and only where urcu-bp found the
+ * membarrier system call: urcu-bp's grace periods then order the readers'
+ * accesses themselves, and its read side's fence is a compiler barrier, so
+ * ours is one outright, without urcu-bp's test of its global flag (a load
+ * through the GOT and a branch at each fence, 16 instructions per
+ * alloc+free pair).  That flag is set once, by urcu-bp's constructor, before
+ * any thread can enter a section.  Without membarrier (an old kernel, some
+ * sandboxes) the cache stays empty and every section is urcu-bp's own
+ * call, fences included.  The cache is valid until the thread exits:
  * urcu-bp never moves a reader record, and a fork child keeps the forking
  * thread's.  At exit urcu-bp frees the record in a pthread key destructor,
  * after which another thread may take it; so rcu.c clears the cache in a
@@ -59,7 +67,7 @@ static inline void bfc__rcu_lock(void)
     unsigned long tmp = *ctr;
     if (BFC__LIKELY(!(tmp & URCU_BP_GP_CTR_NEST_MASK))) {
         CMM_STORE_SHARED(*ctr, CMM_LOAD_SHARED(urcu_bp_gp.ctr));
-        urcu_bp_smp_mb_slave();
+        cmm_barrier(); /* urcu_bp_smp_mb_slave with membarrier (above) */
     } else {
         CMM_STORE_SHARED(*ctr, tmp + URCU_BP_GP_COUNT);
     }
@@ -73,7 +81,7 @@ static inline void bfc__rcu_unlock(void)
         return;
     }
     unsigned long tmp = *ctr;
-    urcu_bp_smp_mb_slave();
+    cmm_barrier(); /* urcu_bp_smp_mb_slave with membarrier (above) */
     CMM_STORE_SHARED(*ctr, tmp - URCU_BP_GP_COUNT);
     cmm_barrier();
 }

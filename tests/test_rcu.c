@@ -58,6 +58,61 @@ START_TEST(test_cache_is_urcu_record)
 }
 END_TEST
 
+/* ------------------------------------------------ without membarrier */
+
+/* Where urcu-bp has no membarrier its readers must fence, which only its
+ * own read side does: the cache stays empty and every section is urcu-bp's
+ * call, nesting on the same record. */
+struct nomb_probe {
+    bool empty_inside, empty_after;
+    unsigned long nest1, nest2, nest0;
+    bool alloc_ok;
+};
+
+static void *nomb_thread(void *arg)
+{
+    struct nomb_probe *pr = arg;
+    /* Converted, not dereferenced through its type (see cache_thread). */
+    bfc__rcu_lock();
+    const unsigned long *rec = (const unsigned long *)(const void *)URCU_TLS(urcu_bp_reader);
+    pr->empty_inside = bfc__rcu_ctr == NULL;
+    pr->nest1 = *rec & URCU_BP_GP_CTR_NEST_MASK;
+    bfc__rcu_lock();
+    pr->nest2 = *rec & URCU_BP_GP_CTR_NEST_MASK;
+    bfc__rcu_unlock();
+    bfc__rcu_unlock();
+    pr->nest0 = *rec & URCU_BP_GP_CTR_NEST_MASK;
+    bfc_config_t cfg = sim_cfg(64 * MiB);
+    bfc_ctx_t *ctx = NULL;
+    if (bfc_ctx_create(&cfg, &ctx) == BFC_OK) {
+        bfc_stream_t s = bfc_sim_stream_create(ctx);
+        void *p = bfc_ctx_alloc(ctx, s, 5000);
+        pr->alloc_ok = p != NULL && bfc_ctx_free(ctx, p, s) == BFC_OK && bfc_ctx_check(ctx) == BFC_OK;
+        bfc_ctx_destroy(ctx);
+    }
+    pr->empty_after = bfc__rcu_ctr == NULL;
+    return NULL;
+}
+
+START_TEST(test_no_membarrier_uses_urcu)
+{
+    /* This process only (Check forks each test); restored below. */
+    int saved = urcu_bp_has_sys_membarrier;
+    urcu_bp_has_sys_membarrier = 0;
+    struct nomb_probe pr = { 0 };
+    pthread_t t;
+    ck_assert_int_eq(pthread_create(&t, NULL, nomb_thread, &pr), 0);
+    ck_assert_int_eq(pthread_join(t, NULL), 0);
+    urcu_bp_has_sys_membarrier = saved;
+    ck_assert(pr.empty_inside);
+    ck_assert(pr.empty_after);
+    ck_assert_uint_eq(pr.nest1, 1);
+    ck_assert_uint_eq(pr.nest2, 2);
+    ck_assert_uint_eq(pr.nest0, 0);
+    ck_assert(pr.alloc_ok);
+}
+END_TEST
+
 /* ------------------------------------------- grace periods wait for us */
 
 static atomic_int reader_in, reader_go, sync_done;
@@ -243,6 +298,7 @@ static Suite *rcu_suite(void)
     TCase *tc = tcase_create("rcu");
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_cache_is_urcu_record);
+    tcase_add_test(tc, test_no_membarrier_uses_urcu);
     tcase_add_test(tc, test_grace_period_waits);
     tcase_add_test(tc, test_exit_empties_cache);
     tcase_add_test(tc, test_threads_come_and_go);
