@@ -156,6 +156,30 @@ START_TEST(test_slots)
         ck_assert_uint_eq(bfc__bin_slot(lo), i * S);
         ck_assert_uint_eq(bfc__bin_slot(hi), i * S + (i == 0 ? 0 : i < 4 ? S - (S >> i) : S - 1));
     }
+    /* Every slot's bounds from its definition (16 * bin + the sixteenth of
+     * the bin's range), at both ends of each slot of every bin and for
+     * random sizes up to 2^44, the open end included. */
+    for (uint32_t i = 0; i < BFC__NUM_BINS; i++) {
+        size_t lo = (size_t)256 << i, step = lo / S;
+        for (uint32_t j = 0; j < S; j++) {
+            size_t first = lo + j * step, last = first + step - 256;
+            if (step < 256 && (first % 256 || step * j % 256))
+                continue; /* bins below 4 have fewer sizes than slots */
+            ck_assert_uint_eq(bfc__bin_slot(first), i * S + j);
+            if (step >= 256)
+                ck_assert_uint_eq(bfc__bin_slot(last), i * S + j);
+        }
+    }
+    uint64_t x = 88172645463325252u;
+    for (int t = 0; t < 1000000; t++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        size_t sz = ((size_t)(x >> (20 + x % 24)) + 1) << 8;
+        size_t units = sz >> 8;
+        uint32_t i = bfc__bin_for_size(sz);
+        size_t j = (units << 4) >> i;
+        uint32_t want = i * S + (uint32_t)(j > 31 ? 31 : j) - S;
+        ck_assert_uint_eq(bfc__bin_slot(sz), want);
+    }
 }
 END_TEST
 
