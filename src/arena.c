@@ -850,16 +850,12 @@ int bfc__arena_check_locked(struct bfc__arena *a, char *buf, size_t len)
         snprintf(buf, len, "invariant 3: bins: %s", bb);
         return -1;
     }
-    if (a->bins.total_count != free_chunks - 0 && a->bins.total_count != free_chunks) {
-        snprintf(buf, len, "invariant 3: bins hold %zu chunks, regions %lu free", a->bins.total_count,
-                 (unsigned long)free_chunks);
-        return -1;
-    }
     /* Large regions' free chunks are never binned; none exist (a large
      * region goes back the moment its block is freed). */
-    if (a->bins.total_count != free_chunks || a->bins.total_bytes != free_bytes) {
-        snprintf(buf, len, "invariant 3: bins hold %zu chunks/%zu bytes, regions %lu/%lu", a->bins.total_count,
-                 a->bins.total_bytes, (unsigned long)free_chunks, (unsigned long)free_bytes);
+    size_t binned = bfc__bins_total_count(&a->bins), binned_bytes = bfc__bins_total_bytes(&a->bins);
+    if (binned != free_chunks || binned_bytes != free_bytes) {
+        snprintf(buf, len, "invariant 3: bins hold %zu chunks/%zu bytes, regions %lu/%lu", binned, binned_bytes,
+                 (unsigned long)free_chunks, (unsigned long)free_bytes);
         return -1;
     }
     if (in_use != a->st.bytes_in_use || requested != a->st.bytes_requested || reserved != a->st.bytes_reserved ||

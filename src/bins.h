@@ -47,8 +47,6 @@ struct bfc__bins {
     struct bfc__chunk *root[BFC__NUM_SLOTS];    /* one tree per slot */
     size_t count[BFC__NUM_BINS];
     size_t bytes[BFC__NUM_BINS];
-    size_t total_count;
-    size_t total_bytes;
 };
 
 /* Bin index of a size (a multiple of 256, >= 256): min(20, floor(log2(size/256))). */
@@ -102,6 +100,24 @@ static inline uint32_t bfc__bins_prio(uintptr_t ptr)
     x *= UINT64_C(0xc4ceb9fe1a85ec53);
     x ^= x >> 33;
     return (uint32_t)(x >> 32);
+}
+
+/* Chunks and bytes in all bins: sums of the bins' counts, for the paths
+ * that need them (growth, stats, checks), so that the fast path's inserts
+ * and removes keep two counters, not four. */
+static inline size_t bfc__bins_total_count(const struct bfc__bins *b)
+{
+    size_t n = 0;
+    for (uint32_t i = 0; i < BFC__NUM_BINS; i++)
+        n += b->count[i];
+    return n;
+}
+static inline size_t bfc__bins_total_bytes(const struct bfc__bins *b)
+{
+    size_t n = 0;
+    for (uint32_t i = 0; i < BFC__NUM_BINS; i++)
+        n += b->bytes[i];
+    return n;
 }
 
 void bfc__bins_init(struct bfc__bins *b);

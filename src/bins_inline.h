@@ -100,8 +100,6 @@ static inline __attribute__((always_inline)) void bfc__bins_insert_inline(struct
     b->nonempty |= UINT32_C(1) << i;
     b->count[i]++;
     b->bytes[i] += c->size;
-    b->total_count++;
-    b->total_bytes += c->size;
 }
 
 static inline __attribute__((always_inline)) void bfc__bins_remove_inline(struct bfc__bins *b, struct bfc__chunk *c)
@@ -135,8 +133,6 @@ static inline __attribute__((always_inline)) void bfc__bins_remove_inline(struct
 
     b->count[i]--;
     b->bytes[i] -= c->size;
-    b->total_count--;
-    b->total_bytes -= c->size;
     if (!*root) {
         b->subs[i] &= (uint16_t)~(1u << (k & (BFC__BIN_SUBS - 1)));
         if (!b->subs[i])

@@ -57,7 +57,7 @@ static void add_arena(bfc_stats_t *o, const struct bfc__arena *a)
     o->num_pending_frees += s->pending;
     o->bytes_pending += s->pending_bytes;
     o->num_ooms += s->ooms;
-    o->bytes_free += a->bins.total_bytes;
+    o->bytes_free += bfc__bins_total_bytes(&a->bins);
     size_t lf = bfc__bins_largest(&a->bins);
     if (lf > o->largest_free_chunk)
         o->largest_free_chunk = lf;

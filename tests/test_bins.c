@@ -247,7 +247,7 @@ START_TEST(test_empty)
     ck_assert_ptr_null(bfc__bins_best_fit(&b, 256 * BFC__MiB));
     ck_assert_uint_eq(bfc__bins_largest(&b), 0);
     ck_assert_uint_eq(b.nonempty, 0);
-    ck_assert_uint_eq(b.total_count, 0);
+    ck_assert_uint_eq(bfc__bins_total_count(&b), 0);
 }
 END_TEST
 
@@ -268,8 +268,8 @@ START_TEST(test_exact_match)
     ck_assert_uint_eq(c2->link.slot, 3 * BFC__BIN_SUBS);
     ck_assert_uint_eq(c3->link.slot, 4 * BFC__BIN_SUBS);
     ck_assert_uint_eq(b.nonempty, (1u << 2) | (1u << 3) | (1u << 4));
-    ck_assert_uint_eq(b.total_count, 3);
-    ck_assert_uint_eq(b.total_bytes, 1024 + 2048 + 4096);
+    ck_assert_uint_eq(bfc__bins_total_count(&b), 3);
+    ck_assert_uint_eq(bfc__bins_total_bytes(&b), 1024 + 2048 + 4096);
     ck_assert_uint_eq(b.count[3], 1);
     ck_assert_uint_eq(b.bytes[3], 2048);
     free(c1);
@@ -419,7 +419,7 @@ START_TEST(test_remove_skips)
     bfc__bins_remove(&b, z);
     ck_assert_ptr_null(bfc__bins_best_fit(&b, 256));
     ck_assert_uint_eq(b.nonempty, 0);
-    ck_assert_uint_eq(b.total_bytes, 0);
+    ck_assert_uint_eq(bfc__bins_total_bytes(&b), 0);
     verify_ok(&b);
     /* a removed chunk may be resized and inserted again */
     x->size = 512;
@@ -527,7 +527,7 @@ START_TEST(test_walk_order)
         ck_assert_ptr_null(b.root[k]);
     ck_assert_uint_eq(b.subs[5], 0);
     ck_assert_uint_eq(b.nonempty, 1u);
-    ck_assert_uint_eq(b.total_count, 1);
+    ck_assert_uint_eq(bfc__bins_total_count(&b), 1);
     verify_ok(&b);
     for (size_t k = 0; k < N; k++)
         free(c[k]);
@@ -559,10 +559,10 @@ START_TEST(test_verify_detects_corruption)
     ck_assert_msg(strstr(msg, "bin 8") != NULL, "message: %s", msg);
     b.count[BIN]--;
 
-    b.total_bytes += 256;
+    b.bytes[BIN] += 256;
     ck_assert_int_eq(bfc__bins_verify(&b, msg, sizeof msg), -1);
-    ck_assert_msg(strstr(msg, "total_bytes") != NULL, "message: %s", msg);
-    b.total_bytes -= 256;
+    ck_assert_msg(strstr(msg, "bin 8") != NULL && strstr(msg, "bytes") != NULL, "message: %s", msg);
+    b.bytes[BIN] -= 256;
 
     b.nonempty |= 1u << 9;
     ck_assert_int_eq(bfc__bins_verify(&b, msg, sizeof msg), -1);
@@ -712,8 +712,8 @@ START_TEST(test_random_vs_reference)
                           got ? (unsigned long)got->ptr : 0ul, expect ? expect->size : 0,
                           expect ? (unsigned long)expect->ptr : 0ul);
         }
-        ck_assert_uint_eq(b.total_count, ref_count);
-        ck_assert_uint_eq(b.total_bytes, ref_bytes);
+        ck_assert_uint_eq(bfc__bins_total_count(&b), ref_count);
+        ck_assert_uint_eq(bfc__bins_total_bytes(&b), ref_bytes);
         if (op % 1000 == 999) {
             char msg[256];
             ck_assert_msg(bfc__bins_verify(&b, msg, sizeof msg) == 0,
@@ -776,7 +776,7 @@ START_TEST(test_scale_100k)
     for (size_t k = 0; k < N; k++)
         bfc__bins_insert(&b, c[k]);
     verify_ok(&b);
-    ck_assert_uint_eq(b.total_count, N);
+    ck_assert_uint_eq(bfc__bins_total_count(&b), N);
     memcpy(sorted, c, N * sizeof *c);
     qsort(sorted, N, sizeof *sorted, key_cmp);
     check_queries(&b, sorted, N);
@@ -790,7 +790,7 @@ START_TEST(test_scale_100k)
         if (c[k]->link.slot != BFC__NO_SLOT)
             sorted[n++] = c[k];
     ck_assert_uint_eq(n, N - N / 2);
-    ck_assert_uint_eq(b.total_count, n);
+    ck_assert_uint_eq(bfc__bins_total_count(&b), n);
     qsort(sorted, n, sizeof *sorted, key_cmp);
     check_queries(&b, sorted, n);
 
