@@ -69,7 +69,13 @@ struct bfc__arena_env {
     void *tag;                   /* regions' tag (region.h): the context */
     _Atomic uint64_t *poison_errors; /* poison=true: reused blocks found written after free */
     _Atomic uint64_t *shards_live;   /* live shards of the context (a region is sized by it) */
+    _Atomic uint64_t *alloc_ids;     /* ids given out so far, in blocks of BFC__ID_BLOCK (arena.c) */
 };
+
+/* Allocation ids: unique within a context, increasing within a shard,
+ * > 0.  A shard takes them from its context in blocks of this many, one
+ * atomic add per block, and hands them out one by one. */
+#define BFC__ID_BLOCK 65536
 
 /* ------------------------------------------------------------------ arena */
 
@@ -94,7 +100,7 @@ struct bfc__arena {
     const struct bfc__arena_env *env;
     bfc_stream_t stream;
     uint64_t stream_id;
-    uint64_t seq;                /* creation order, for alloc ids and dumps */
+    uint64_t seq;                /* creation order, for dumps */
 
     /* ---- owner side: written under `lock` ---- */
     alignas(BFC__SHARE_SPAN) bfc__mutex_t lock; /* normally taken by the one thread driving the stream */
@@ -102,7 +108,7 @@ struct bfc__arena {
     struct bfc__slab chunk_slab;
     struct cds_list_head regions; /* bfc__region.alink, newest first */
     size_t curr_region_bytes;    /* TensorFlow's doubling schedule, per arena */
-    int64_t next_id;
+    int64_t next_id, id_end;     /* the shard's block of allocation ids: next, end (BFC__ID_BLOCK) */
     struct bfc__astats st;
     struct cds_list_head pending; /* bfc__fence.plink, oldest first */
     /* Remote frees taken off rq_head but not yet handled: the first of them
@@ -146,6 +152,8 @@ static inline bool bfc__arena_rq_waiting(struct bfc__arena *a)
 }
 
 struct bfc__arena *bfc__arena_new(const struct bfc__arena_env *env, bfc_stream_t s, uint64_t sid);
+/* Takes the shard's next block of allocation ids from its context. */
+void bfc__arena_ids_refill(struct bfc__arena *a);
 /* Frees an arena that was never published, or one reclaimed after its
  * grace period (regions must all be gone). */
 void bfc__arena_free(struct bfc__arena *a);

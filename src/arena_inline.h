@@ -126,7 +126,9 @@ static inline __attribute__((always_inline)) void *bfc__arena_take_inline(struct
     if (BFC__UNLIKELY(a->env->poison))
         bfc__arena_poison_verify(a, c);
     c->requested = n;
-    c->alloc_id = (int64_t)((a->seq << 40) | (uint64_t)a->next_id++);
+    if (BFC__UNLIKELY(a->next_id == a->id_end))
+        bfc__arena_ids_refill(a);
+    c->alloc_id = a->next_id++;
     c->flags |= BFC__CF_RETURNED | BFC__CF_USED;
     c->region->live++;
     a->live++;

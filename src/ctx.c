@@ -416,6 +416,7 @@ static int ctx_create(bfc_config_t cfg, bfc__backend_t *be, bool host, bfc_ctx_t
     ctx->env.tag = ctx;
     ctx->env.poison_errors = &ctx->poison_errors;
     ctx->env.shards_live = &ctx->shards_live;
+    ctx->env.alloc_ids = &ctx->alloc_ids;
     st = bfc__shard_dir_init(ctx);
     if (st != BFC_OK)
         goto fail_pool;

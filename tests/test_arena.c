@@ -1754,6 +1754,44 @@ START_TEST(test_introspection)
 }
 END_TEST
 
+/* Allocation ids stay unique within the context and increasing within
+ * each shard over many allocations of two shards that alternate, hundreds
+ * of thousands each (a shard takes its ids from the context in blocks). */
+static int cmp_i64(const void *x, const void *y)
+{
+    int64_t a = *(const int64_t *)x, b = *(const int64_t *)y;
+    return (a > b) - (a < b);
+}
+
+START_TEST(test_allocation_ids_unique)
+{
+    bfc_config_t c = cfg_grow(256 * MiB);
+    bfc_ctx_t *ctx = ctx_new(&c);
+    bfc_stream_t s[2] = {new_stream(ctx), new_stream(ctx)};
+    enum { N = 300000, RUN = 7000 };
+    int64_t *ids = malloc(2 * N * sizeof(*ids));
+    ck_assert_ptr_nonnull(ids);
+    int64_t last[2] = {0, 0};
+    size_t n = 0;
+    for (int i = 0; i < 2 * N; i++) {
+        int w = (i / RUN) % 2; /* runs of each stream in turn */
+        void *p = xalloc(ctx, s[w], 256 + (size_t)(i % 7) * 512);
+        int64_t id = bfc_ctx_allocation_id(ctx, p);
+        ck_assert_msg(id > last[w], "stream %d: id %lld after %lld", w, (long long)id, (long long)last[w]);
+        last[w] = id;
+        ids[n++] = id;
+        xfree(ctx, p, s[w]);
+    }
+    qsort(ids, n, sizeof(*ids), cmp_i64);
+    for (size_t k = 1; k < n; k++)
+        ck_assert_msg(ids[k] != ids[k - 1], "allocation id %lld given twice", (long long)ids[k]);
+    free(ids);
+    xcheck(ctx);
+    bfc_sim_stream_destroy(ctx, s[1]);
+    ctx_done(ctx, s[0]);
+}
+END_TEST
+
 /* ------------------------------------------------------------- stats */
 
 START_TEST(test_stats_exact)
@@ -1911,7 +1949,8 @@ static Suite *arena_suite(void)
         {"bad_free",
          {test_free_null, test_free_foreign, test_free_interior, test_double_free, test_double_free_after_merge,
           test_free_never_returned_in_region, NULL}},
-        {"introspection", {test_introspection, test_stats_exact, test_contents_preserved, NULL}},
+        {"introspection",
+         {test_introspection, test_allocation_ids_unique, test_stats_exact, test_contents_preserved, NULL}},
     };
     for (size_t g = 0; g < sizeof groups / sizeof groups[0]; g++) {
         TCase *tc = tcase_create(groups[g].name);
