@@ -194,7 +194,7 @@ int bfc__arena_expand_locked(struct bfc__arena *a, size_t need);
 bool bfc__arena_maybe_dead_slow(struct bfc__arena *a);
 static inline bool bfc__arena_maybe_dead_locked(struct bfc__arena *a)
 {
-    /* acquire: pairs with the seq_cst store in bfc__shard_retire. */
+    /* acquire: pairs with the seq_cst store in bfc__remote_mark_retired. */
     return BFC__UNLIKELY(atomic_load_explicit(&a->retired, memory_order_acquire)) && bfc__arena_maybe_dead_slow(a);
 }
 /* Under a->lock: validate p against chunk c of region r for a free or an

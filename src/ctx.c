@@ -267,6 +267,7 @@ static void process_init_once(void)
      * call_rcu under an arena lock: see "Fork" above. */
     if (get_default_call_rcu_data() == NULL)
         process_status = BFC_ENOMEM;
+    bfc__remote_init();
 }
 
 void bfc__process_init(void)
@@ -628,7 +629,7 @@ static void *expand_fit(struct bfc__arena *a, size_t n, size_t rounded, int *st)
 
 static void *expand_retry(struct bfc__arena *a, size_t n, size_t rounded, int *st)
 {
-    /* acquire: pairs with the seq_cst store in bfc__shard_retire. */
+    /* acquire: pairs with the seq_cst store in bfc__remote_mark_retired. */
     if (atomic_load_explicit(&a->retired, memory_order_acquire)) {
         *st = BFC__RETRY;
         return NULL;
@@ -751,7 +752,7 @@ static void *retry_here(struct bfc_ctx *ctx, struct bfc__arena *a, size_t n, siz
 {
     void *p;
     (void)ctx;
-    /* acquire: pairs with the seq_cst store in bfc__shard_retire. */
+    /* acquire: pairs with the seq_cst store in bfc__remote_mark_retired. */
     if (atomic_load_explicit(&a->retired, memory_order_acquire)) {
         *status = BFC__RETRY;
         return NULL;

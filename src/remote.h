@@ -14,4 +14,18 @@
  * -- the arena layer never reaches up into the shard directory. */
 int bfc__remote_free(struct bfc__arena *a, struct bfc__chunk *c, bfc_stream_t s, bool *dead);
 
+/* The two halves of the handshake between cross-stream frees and the
+ * owner's retirement (remote.c, "Retirement").  The freer's, after its
+ * enqueue on a's queue: is a retired (so that the freer must drain it)?
+ * The retirer's: marks a retired; a drain after it sees the enqueue of
+ * every freer that saw a not retired. */
+bool bfc__remote_owner_retired(struct bfc__arena *a);
+void bfc__remote_mark_retired(struct bfc__arena *a);
+/* Once per process, before any context exists: picks the handshake. */
+void bfc__remote_init(void);
+/* Freers use the light handshake (a compiler barrier, the retirer runs
+ * membarrier): set by bfc__remote_init where membarrier works, cleared if
+ * it ever fails.  Tests may set it before they start threads. */
+extern _Atomic bool bfc__remote_light;
+
 #endif /* BFC_REMOTE_H */

@@ -197,9 +197,10 @@ int bfc__shard_retire(struct bfc_ctx *ctx, bfc_stream_t s)
         bfc__rcu_unlock();
         return BFC_EINVAL;
     }
-    /* seq_cst: pairs with the seq_cst fence in bfc__remote_free (an enqueue
-     * racing with retirement is drained by one side or the other). */
-    atomic_store_explicit(&a->retired, true, memory_order_seq_cst);
+    /* Pairs with bfc__remote_owner_retired in a cross-stream free: an
+     * enqueue racing with retirement is drained by one side or the other
+     * (remote.c, "Retirement"). */
+    bfc__remote_mark_retired(a);
     /* release: pairs with the acquire loads in tls_hit. */
     atomic_fetch_add_explicit(&bfc__dir_epoch, 1, memory_order_release);
     atomic_fetch_sub_explicit(&ctx->shards_live, 1, memory_order_relaxed);
