@@ -17,6 +17,7 @@
 #include <inttypes.h>
 #include <limits.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdalign.h>
 #include <stdatomic.h>
@@ -537,8 +538,10 @@ struct racer {
 static void *racer_main(void *arg)
 {
     struct racer *r = arg;
+    bool yield = under_valgrind(); /* memcheck runs one thread at a time */
     while (!atomic_load(r->go))
-        ;
+        if (yield)
+            sched_yield();
     for (int i = 0; i < r->n; i++)
         if (bfc_ctx_free(r->ctx, r->blocks[i], r->s) != BFC_OK)
             return (void *)1;
@@ -547,7 +550,8 @@ static void *racer_main(void *arg)
 
 START_TEST(test_frees_race_retirement)
 {
-    enum { ROUNDS = 400, PER = 48, RACERS = 2 };
+    enum { PER = 48, RACERS = 2 };
+    const int ROUNDS = under_valgrind() ? 20 : 400; /* memcheck runs one thread at a time */
     bfc_ctx_t *ctx = ctx_grow();
     bfc_stream_t fs[RACERS];
     for (int i = 0; i < RACERS; i++)
@@ -678,6 +682,10 @@ START_TEST(test_retirement_handshake)
      * then the fenced one it falls back to.  The process's set-up (which
      * a context's creation runs) picks the first. */
     bfc__process_init();
+    /* memcheck runs one thread at a time: no reordering to find, and every
+     * round of spinning would wait for a thread switch. */
+    if (under_valgrind())
+        return;
     bool light = atomic_load(&bfc__remote_light);
     ck_assert(light == (urcu_bp_has_sys_membarrier != 0));
     for (int pass = 0; pass < 2; pass++) {
