@@ -79,7 +79,7 @@ void bfc__remote_mark_retired(struct bfc__arena *a)
     if (syscall(__NR_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0) != 0) {
         atomic_store_explicit(&bfc__remote_light, false, memory_order_seq_cst);
         /* The kernel's barrier did not run: put our own here. */
-        atomic_thread_fence(memory_order_seq_cst);
+        cmm_smp_mb(); /* liburcu's full barrier (TSan rejects atomic_thread_fence) */
     }
 }
 
@@ -88,7 +88,7 @@ bool bfc__remote_owner_retired(struct bfc__arena *a)
     if (BFC__LIKELY(atomic_load_explicit(&bfc__remote_light, memory_order_relaxed)))
         cmm_barrier();
     else
-        atomic_thread_fence(memory_order_seq_cst);
+        cmm_smp_mb(); /* liburcu's full barrier (TSan rejects atomic_thread_fence) */
     return atomic_load_explicit(&a->retired, memory_order_relaxed);
 }
 
