@@ -11,6 +11,8 @@
  * thread's urcu-bp reader record (rcu.h): filled here on a thread's first
  * section where urcu-bp uses membarrier, emptied by a thread_local
  * destructor before urcu-bp's key destructor can free the record.
+ * bfc__rcu_ctr_fenced is the same where urcu-bp has no membarrier, for the
+ * sections here that fence (rcu.h).
  */
 #include "rcu.h"
 
@@ -23,6 +25,7 @@ extern void *__dso_handle;
 _Static_assert(offsetof(struct urcu_bp_reader, ctr) == 0, "urcu-bp's reader counter comes first");
 
 __thread unsigned long *bfc__rcu_ctr BFC__TLS_IE;
+__thread unsigned long *bfc__rcu_ctr_fenced BFC__TLS_IE;
 /* Set once the thread's exit has begun: the cache stays empty from then on. */
 static __thread bool rcu_exiting;
 static __thread bool rcu_hooked;
@@ -41,7 +44,10 @@ static void rcu_thread_exit(void *arg)
     rcu_exiting = true;
     if (bfc__rcu_ctr)
         BFC__TSAN_RELEASE(bfc__rcu_ctr);
+    if (bfc__rcu_ctr_fenced)
+        BFC__TSAN_RELEASE(bfc__rcu_ctr_fenced);
     bfc__rcu_ctr = NULL;
+    bfc__rcu_ctr_fenced = NULL;
 }
 
 /* Rank: outermost (mutex.h).  Taken only by a thread that registers, which
@@ -55,8 +61,27 @@ void bfc__rcu_register_slow(void)
     bfc__unlock(&bfc__rcu_reg_gate);
 }
 
+/* urcu-bp's read-side steps with full fences (urcu_bp_smp_mb_slave without
+ * membarrier), on the thread's record: the sections of a process without
+ * membarrier (rcu.h). */
+static void lock_fenced(unsigned long *ctr)
+{
+    cmm_barrier();
+    unsigned long tmp = *ctr;
+    if (BFC__LIKELY(!(tmp & URCU_BP_GP_CTR_NEST_MASK))) {
+        CMM_STORE_SHARED(*ctr, CMM_LOAD_SHARED(urcu_bp_gp.ctr));
+        cmm_smp_mb();
+    } else {
+        CMM_STORE_SHARED(*ctr, tmp + URCU_BP_GP_COUNT);
+    }
+}
+
 void bfc__rcu_lock_slow(void)
 {
+    if (BFC__LIKELY(bfc__rcu_ctr_fenced != NULL)) {
+        lock_fenced(bfc__rcu_ctr_fenced);
+        return;
+    }
     /* Registered through the gate even while exiting: urcu-bp's read lock
      * would otherwise register a thread whose record its key destructor
      * already freed, ungated. */
@@ -68,15 +93,34 @@ void bfc__rcu_lock_slow(void)
             rcu_hooked = true;
         /* Converted, not dereferenced: the record may lie below its type's
          * alignment (rcu.h). */
-        if (rcu_hooked && urcu_bp_has_sys_membarrier) {
-            bfc__rcu_ctr = (unsigned long *)(void *)URCU_TLS(urcu_bp_reader);
-            BFC__TSAN_ACQUIRE(bfc__rcu_ctr);
+        if (rcu_hooked) {
+            unsigned long *rec = (unsigned long *)(void *)URCU_TLS(urcu_bp_reader);
+            BFC__TSAN_ACQUIRE(rec);
+            if (urcu_bp_has_sys_membarrier)
+                bfc__rcu_ctr = rec;
+            else
+                bfc__rcu_ctr_fenced = rec;
         }
     }
     if (bfc__rcu_ctr)
         bfc__rcu_lock();
+    else if (bfc__rcu_ctr_fenced)
+        lock_fenced(bfc__rcu_ctr_fenced);
     else
         urcu_bp_read_lock();
+}
+
+void bfc__rcu_unlock_slow(void)
+{
+    unsigned long *ctr = bfc__rcu_ctr_fenced;
+    if (BFC__UNLIKELY(!ctr)) {
+        urcu_bp_read_unlock();
+        return;
+    }
+    unsigned long tmp = *ctr;
+    cmm_smp_mb();
+    CMM_STORE_SHARED(*ctr, tmp - URCU_BP_GP_COUNT);
+    cmm_barrier();
 }
 
 char bfc__rcu_sync;

@@ -41,9 +41,12 @@
  * ours is one outright, without urcu-bp's test of its global flag (a load
  * through the GOT and a branch at each fence, 16 instructions per
  * alloc+free pair).  That flag is set once, by urcu-bp's constructor, before
- * any thread can enter a section.  Without membarrier (an old kernel, some
- * sandboxes) the cache stays empty and every section is urcu-bp's own
- * call, fences included.  The cache is valid until the thread exits:
+ * any thread can enter a section.  Without membarrier (an old kernel, a
+ * sandbox that filters it) readers must fence: the inline cache stays
+ * empty, and every section is the same steps with full fences, out of line
+ * in rcu.c on a second cache of the same record (urcu-bp's own calls would
+ * add ~170 instructions per pair: a PLT call and __tls_get_addr each).
+ * The caches are valid until the thread exits:
  * urcu-bp never moves a reader record, and a fork child keeps the forking
  * thread's.  At exit urcu-bp frees the record in a pthread key destructor,
  * after which another thread may take it; so rcu.c clears the cache in a
@@ -52,7 +55,10 @@
  * destructor of the application may still free memory).
  */
 extern __thread unsigned long *bfc__rcu_ctr BFC__TLS_IE;
+/* Without membarrier: the fenced sections' cache of the same counter. */
+extern __thread unsigned long *bfc__rcu_ctr_fenced BFC__TLS_IE;
 void bfc__rcu_lock_slow(void);
+void bfc__rcu_unlock_slow(void);
 
 /* RCU read side, and the matching edge for reclamation (BFC__TSAN_RELEASE, internal.h). */
 extern char bfc__rcu_sync;
@@ -77,7 +83,7 @@ static inline void bfc__rcu_unlock(void)
     BFC__TSAN_RELEASE(&bfc__rcu_sync);
     unsigned long *ctr = bfc__rcu_ctr;
     if (BFC__UNLIKELY(!ctr)) {
-        urcu_bp_read_unlock();
+        bfc__rcu_unlock_slow();
         return;
     }
     unsigned long tmp = *ctr;

@@ -60,11 +60,12 @@ END_TEST
 
 /* ------------------------------------------------ without membarrier */
 
-/* Where urcu-bp has no membarrier its readers must fence, which only its
- * own read side does: the cache stays empty and every section is urcu-bp's
- * call, nesting on the same record. */
+/* Where urcu-bp has no membarrier its readers must fence: the inline cache
+ * stays empty, and the sections run out of line with full fences on the
+ * second cache, which holds the thread's own urcu-bp record (nesting as
+ * urcu-bp does). */
 struct nomb_probe {
-    bool empty_inside, empty_after;
+    bool empty_inside, empty_after, fenced_record;
     unsigned long nest1, nest2, nest0;
     bool alloc_ok;
 };
@@ -76,6 +77,7 @@ static void *nomb_thread(void *arg)
     bfc__rcu_lock();
     const unsigned long *rec = (const unsigned long *)(const void *)URCU_TLS(urcu_bp_reader);
     pr->empty_inside = bfc__rcu_ctr == NULL;
+    pr->fenced_record = (const void *)bfc__rcu_ctr_fenced == (const void *)rec;
     pr->nest1 = *rec & URCU_BP_GP_CTR_NEST_MASK;
     bfc__rcu_lock();
     pr->nest2 = *rec & URCU_BP_GP_CTR_NEST_MASK;
@@ -94,7 +96,7 @@ static void *nomb_thread(void *arg)
     return NULL;
 }
 
-START_TEST(test_no_membarrier_uses_urcu)
+START_TEST(test_no_membarrier_fences)
 {
     /* This process only (Check forks each test); restored below. */
     int saved = urcu_bp_has_sys_membarrier;
@@ -105,6 +107,7 @@ START_TEST(test_no_membarrier_uses_urcu)
     ck_assert_int_eq(pthread_join(t, NULL), 0);
     urcu_bp_has_sys_membarrier = saved;
     ck_assert(pr.empty_inside);
+    ck_assert(pr.fenced_record);
     ck_assert(pr.empty_after);
     ck_assert_uint_eq(pr.nest1, 1);
     ck_assert_uint_eq(pr.nest2, 2);
@@ -298,7 +301,7 @@ static Suite *rcu_suite(void)
     TCase *tc = tcase_create("rcu");
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_cache_is_urcu_record);
-    tcase_add_test(tc, test_no_membarrier_uses_urcu);
+    tcase_add_test(tc, test_no_membarrier_fences);
     tcase_add_test(tc, test_grace_period_waits);
     tcase_add_test(tc, test_exit_empties_cache);
     tcase_add_test(tc, test_threads_come_and_go);
