@@ -436,8 +436,17 @@ static void pending_unlink(struct bfc__arena *a, struct bfc__fence *f)
  * fences at least the work queued before the free: it is never too early. */
 static void fence_recorded(struct bfc__arena *a, struct bfc__chunk *c, struct bfc__fence **chain)
 {
-    struct bfc__recorded *rs = atomic_exchange_explicit((struct bfc__recorded *_Atomic *)&c->recorded, NULL,
-                                                        memory_order_acquire);
+    /* A load, and a store only when there are records: bfc_ctx_record_stream
+     * adds them under the owner's lock, which we hold, so no exchange is
+     * needed -- and a locked exchange on the chunk record, whose line a
+     * cross-stream freer has just read, waited for the line to be taken
+     * from the freer's core on every remote free the owner drained.
+     * acquire: pairs with the release store in record_fn (ctx.c). */
+    struct bfc__recorded *rs = atomic_load_explicit((struct bfc__recorded *_Atomic *)&c->recorded,
+                                                    memory_order_acquire);
+    if (BFC__LIKELY(rs == NULL))
+        return;
+    atomic_store_explicit((struct bfc__recorded *_Atomic *)&c->recorded, NULL, memory_order_relaxed);
     while (rs) {
         struct bfc__recorded *next = rs->next;
         struct bfc__fence *f = rs->fence;
