@@ -286,15 +286,6 @@ static int cuda_event_query(bfc__backend_t *be, bfc__event_t ev)
     return cuda_status(err);
 }
 
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-
-    if (clock_gettime(CLOCK_MONOTONIC, &ts) != 0)
-        return 0;
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 static int cuda_event_wait(bfc__backend_t *be, bfc__event_t ev, uint32_t timeout_ms)
 {
     struct timespec nap = {0, CUDA_POLL_NS};
@@ -305,12 +296,12 @@ static int cuda_event_wait(bfc__backend_t *be, bfc__event_t ev, uint32_t timeout
         return BFC_EINVAL;
     if (timeout_ms == UINT32_MAX)
         return cuda_status(cudaEventSynchronize((cudaEvent_t)ev));
-    deadline = now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    deadline = bfc__clock_ns(CLOCK_MONOTONIC) + (uint64_t)timeout_ms * 1000000ull;
     for (;;) {
         st = cuda_event_query(be, ev);
         if (st != BFC_EBUSY)
             return st;
-        if (now_ns() >= deadline)
+        if (bfc__clock_ns(CLOCK_MONOTONIC) >= deadline)
             return BFC_EBUSY;
         nanosleep(&nap, NULL); /* EINTR: just poll again */
     }

@@ -534,15 +534,6 @@ static int sim_event_query(bfc__backend_t *be, bfc__event_t ev)
     return sim_event_done(b, ev) ? BFC_OK : BFC_EBUSY;
 }
 
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-
-    if (clock_gettime(CLOCK_MONOTONIC, &ts) != 0)
-        return 0;
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 /*
  * Polls (not counted by event fault injection: the wait is one call) until
  * the event completes or the timeout passes.  A held stream only completes
@@ -556,11 +547,11 @@ static int sim_event_wait(bfc__backend_t *be, bfc__event_t ev, uint32_t timeout_
 
     if (!ev)
         return BFC_EINVAL;
-    deadline = now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    deadline = bfc__clock_ns(CLOCK_MONOTONIC) + (uint64_t)timeout_ms * 1000000ull;
     for (;;) {
         if (sim_event_done(b, ev))
             return BFC_OK;
-        if (timeout_ms != UINT32_MAX && now_ns() >= deadline)
+        if (timeout_ms != UINT32_MAX && bfc__clock_ns(CLOCK_MONOTONIC) >= deadline)
             return BFC_EBUSY;
         nanosleep(&nap, NULL); /* EINTR: just poll again */
     }

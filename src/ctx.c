@@ -321,10 +321,9 @@ static void oom_dump(struct bfc_ctx *ctx)
 {
     if (!ctx->cfg.oom_dump[0] || ctx->is_host || !ctx->obs.lock_ready)
         return;
-    struct timespec ts;
-    if (clock_gettime(CLOCK_MONOTONIC, &ts) != 0)
+    uint64_t now = bfc__clock_ns(CLOCK_MONOTONIC);
+    if (now == 0)
         return;
-    uint64_t now = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
     /* At most one dump a second, and one at a time: an OOM storm must not
      * turn into a storm of multi-megabyte writes, and the newest state is
      * what matters.  The file is written without obs.lock, because the
@@ -519,9 +518,7 @@ static void sleep_ms(unsigned ms)
 
 static uint64_t now_ms(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+    return bfc__clock_ns(CLOCK_MONOTONIC) / 1000000u;
 }
 
 /*

@@ -144,7 +144,6 @@
  * fences.
  */
 #include <string.h>
-#include <time.h>
 
 #include "arena.h"
 
@@ -178,10 +177,7 @@ static uint64_t now_ms(const struct bfc__arena_env *env)
 {
     if (env->decay_clock)
         return env->decay_clock();
-    struct timespec ts;
-    if (clock_gettime(CLOCK_MONOTONIC_COARSE, &ts) != 0)
-        return 0;
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+    return bfc__clock_ns(CLOCK_MONOTONIC_COARSE) / 1000000u;
 }
 
 /* ------------------------------------------------------------- set-up */

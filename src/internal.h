@@ -26,6 +26,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 
 #include <shardbfc.h>
 
@@ -36,6 +37,16 @@
  * x86's adjacent-line prefetcher moves 128-byte-aligned pairs (C++'s
  * hardware_destructive_interference_size is 128 there for this reason). */
 #define BFC__SHARE_SPAN 128
+
+/* Nanoseconds on `clock` (CLOCK_MONOTONIC, CLOCK_MONOTONIC_COARSE, ...); 0
+ * when it cannot be read, which callers take as "unknown". */
+static inline uint64_t bfc__clock_ns(clockid_t clock)
+{
+    struct timespec ts;
+    if (clock_gettime(clock, &ts) != 0)
+        return 0;
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
 
 /*
  * Walks of liburcu's intrusive lists (<urcu/list.h>).  Not its

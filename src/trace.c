@@ -121,13 +121,6 @@ static pthread_key_t tb_key;
 static pthread_once_t tb_key_once = PTHREAD_ONCE_INIT;
 static int tb_key_status;
 
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 /* Hand-rolled number formatting: snprintf cost ~4x more per row, which was
  * most of a traced event's price. */
 static char *put_dec(char *o, uint64_t v)
@@ -292,7 +285,7 @@ static struct tbuf *attach(struct bfc__trace *t)
 void bfc__trace_event(struct bfc__obs *obs, enum bfc__trace_action action, uintptr_t ptr, size_t size,
                       bfc_stream_t stream)
 {
-    uint64_t now = now_ns();
+    uint64_t now = bfc__clock_ns(CLOCK_MONOTONIC);
     bfc__rcu_lock();
     /* acquire: pairs with the release store in bfc_ctx_trace_start (the
      * record's fields are initialised). */
@@ -451,7 +444,7 @@ int bfc_ctx_trace_start(bfc_ctx_t *ctx, const char *path)
     t->ctx = ctx;
     /* relaxed: uniqueness is all that matters. */
     t->gen = atomic_fetch_add_explicit(&next_gen, 1, memory_order_relaxed);
-    t->t0 = now_ns();
+    t->t0 = bfc__clock_ns(CLOCK_MONOTONIC);
     bfc__lock(&reg_lock);
     t->run_next = running;
     if (running)
