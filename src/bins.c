@@ -46,8 +46,8 @@
  *    (set by whoever sets a record's ptr: bfc__bins_prio, bins.h);
  *  - a chunk in slot k's tree has link.slot == k and bfc__bin_slot(size) == k;
  *  - count[i] / bytes[i] are the number / total size of bin i's chunks (its
- *    16 slots'), bit j of subs[i] is set iff slot
- *    16i+j has chunks, and bit i of nonempty iff subs[i] is not 0.
+ *    16 slots'), bit j of subs[i] is set iff slot 16i+j has chunks, and bit
+ *    i of nonempty iff subs[i] is not 0.
  *  A chunk not in any bin has link.slot == BFC__NO_SLOT.  bfc__bins_init
  *  touches no chunk: whoever creates a chunk record zeroes it and sets
  *  link.slot = BFC__NO_SLOT before its first insert; bfc__bins_remove resets

@@ -21,10 +21,22 @@
 
 /* ------------------------------------------------------- the cache */
 
+/* Called inside one read section on record rec: the nest count there, in a
+ * second section, and once both (the caller's too) are closed. */
+static void nesting(const unsigned long *rec, unsigned long nest[3])
+{
+    nest[0] = *rec & URCU_BP_GP_CTR_NEST_MASK;
+    bfc__rcu_lock();
+    nest[1] = *rec & URCU_BP_GP_CTR_NEST_MASK;
+    bfc__rcu_unlock();
+    bfc__rcu_unlock();
+    nest[2] = *rec & URCU_BP_GP_CTR_NEST_MASK;
+}
+
 struct cache_probe {
     bool empty_before;
     bool same_record;
-    unsigned long nest1, nest2, nest0;
+    unsigned long nest[3];
 };
 
 static void *cache_thread(void *arg)
@@ -35,12 +47,7 @@ static void *cache_thread(void *arg)
     /* Compared as addresses: urcu-bp's records may lie below their type's
      * alignment, so the record is not dereferenced through its type. */
     pr->same_record = bfc__rcu_ctr != NULL && (void *)bfc__rcu_ctr == (void *)URCU_TLS(urcu_bp_reader);
-    pr->nest1 = *bfc__rcu_ctr & URCU_BP_GP_CTR_NEST_MASK;
-    bfc__rcu_lock();
-    pr->nest2 = *bfc__rcu_ctr & URCU_BP_GP_CTR_NEST_MASK;
-    bfc__rcu_unlock();
-    bfc__rcu_unlock();
-    pr->nest0 = *bfc__rcu_ctr & URCU_BP_GP_CTR_NEST_MASK;
+    nesting(bfc__rcu_ctr, pr->nest);
     return NULL;
 }
 
@@ -52,9 +59,9 @@ START_TEST(test_cache_is_urcu_record)
     ck_assert_int_eq(pthread_join(t, NULL), 0);
     ck_assert(pr.empty_before);
     ck_assert(pr.same_record);
-    ck_assert_uint_eq(pr.nest1, 1);
-    ck_assert_uint_eq(pr.nest2, 2);
-    ck_assert_uint_eq(pr.nest0, 0);
+    ck_assert_uint_eq(pr.nest[0], 1);
+    ck_assert_uint_eq(pr.nest[1], 2);
+    ck_assert_uint_eq(pr.nest[2], 0);
 }
 END_TEST
 
@@ -66,7 +73,7 @@ END_TEST
  * urcu-bp does). */
 struct nomb_probe {
     bool empty_inside, empty_after, fenced_record;
-    unsigned long nest1, nest2, nest0;
+    unsigned long nest[3];
     bool alloc_ok;
 };
 
@@ -78,12 +85,7 @@ static void *nomb_thread(void *arg)
     const unsigned long *rec = (const unsigned long *)(const void *)URCU_TLS(urcu_bp_reader);
     pr->empty_inside = bfc__rcu_ctr == NULL;
     pr->fenced_record = (const void *)bfc__rcu_ctr_fenced == (const void *)rec;
-    pr->nest1 = *rec & URCU_BP_GP_CTR_NEST_MASK;
-    bfc__rcu_lock();
-    pr->nest2 = *rec & URCU_BP_GP_CTR_NEST_MASK;
-    bfc__rcu_unlock();
-    bfc__rcu_unlock();
-    pr->nest0 = *rec & URCU_BP_GP_CTR_NEST_MASK;
+    nesting(rec, pr->nest);
     bfc_config_t cfg = sim_cfg(64 * MiB);
     bfc_ctx_t *ctx = NULL;
     if (bfc_ctx_create(&cfg, &ctx) == BFC_OK) {
@@ -109,9 +111,9 @@ START_TEST(test_no_membarrier_fences)
     ck_assert(pr.empty_inside);
     ck_assert(pr.fenced_record);
     ck_assert(pr.empty_after);
-    ck_assert_uint_eq(pr.nest1, 1);
-    ck_assert_uint_eq(pr.nest2, 2);
-    ck_assert_uint_eq(pr.nest0, 0);
+    ck_assert_uint_eq(pr.nest[0], 1);
+    ck_assert_uint_eq(pr.nest[1], 2);
+    ck_assert_uint_eq(pr.nest[2], 0);
     ck_assert(pr.alloc_ok);
 }
 END_TEST
