@@ -1024,8 +1024,6 @@ static bfc_stream_t *model_streams(bfc_ctx_t *ctx)
     return s;
 }
 
-/* One (configuration, seed) run; returns whether it found a violation. */
-
 /* The decay's clock in the configurations with slack_decay_ms=1: a
  * millisecond more at each look (runs are single-threaded). */
 static uint64_t model_clock_ms;
@@ -1034,6 +1032,7 @@ static uint64_t model_decay_clock(void)
     return ++model_clock_ms;
 }
 
+/* One (configuration, seed) run; returns whether it found a violation. */
 static bool model_run(struct model *m, const char *spec, uint64_t seed, uint64_t ops, unsigned meta_every,
                       bool keep_going)
 {
