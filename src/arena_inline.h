@@ -35,15 +35,21 @@ void bfc__arena_region_depart(struct bfc__arena *a, struct bfc__region *r, bool 
  * when every stream recorded was the owner's own. */
 void bfc__arena_free_recorded_locked(struct bfc__arena *a, struct bfc__chunk *c);
 
+/* A fresh (zeroed) record's fields that are not zero, and the count. */
+static inline void bfc__arena_chunk_init(struct bfc__arena *a, struct bfc__chunk *c)
+{
+    c->link.slot = BFC__NO_SLOT;
+    c->alloc_id = -1;
+    a->st.chunks++;
+}
+
 /* A chunk record from the arena's slab; NULL when metadata is exhausted. */
 static inline struct bfc__chunk *bfc__arena_chunk_new(struct bfc__arena *a)
 {
     struct bfc__chunk *c = bfc__slab_get(&a->chunk_slab);
     if (!c)
         return NULL;
-    c->link.slot = BFC__NO_SLOT;
-    c->alloc_id = -1;
-    a->st.chunks++;
+    bfc__arena_chunk_init(a, c);
     return c;
 }
 
@@ -78,14 +84,11 @@ static inline bool bfc__arena_should_split(const struct bfc__arena *a, const str
     return c->size >= 2 * rounded || c->size - rounded >= a->env->max_frag;
 }
 
-/* Splits c so that it keeps `rounded` bytes; the leftover after it goes to
- * the bins.  Returns false (c unchanged) if no record is available. */
-static inline __attribute__((always_inline)) bool bfc__arena_split(struct bfc__arena *a, struct bfc__chunk *c,
-                                                                   size_t rounded)
+/* Splits c so that it keeps `rounded` bytes, with the new record n (from
+ * bfc__arena_chunk_new) for the leftover after it, which goes to the bins. */
+static inline __attribute__((always_inline)) void bfc__arena_split_with(struct bfc__arena *a, struct bfc__chunk *c,
+                                                                        struct bfc__chunk *n, size_t rounded)
 {
-    struct bfc__chunk *n = bfc__arena_chunk_new(a);
-    if (!n)
-        return false;
     n->ptr = c->ptr + rounded;
     n->link.prio = bfc__bins_prio(n->ptr);
     n->size = c->size - rounded;
@@ -101,7 +104,35 @@ static inline __attribute__((always_inline)) bool bfc__arena_split(struct bfc__a
     c->size = rounded;
     bfc__region_set_handle(c->region, n->ptr, n);
     bfc__bins_insert_inline(&a->bins, n);
+}
+
+/* The same with a record of its own; false (c unchanged) if none is left. */
+static inline __attribute__((always_inline)) bool bfc__arena_split(struct bfc__arena *a, struct bfc__chunk *c,
+                                                                   size_t rounded)
+{
+    struct bfc__chunk *n = bfc__arena_chunk_new(a);
+    if (!n)
+        return false;
+    bfc__arena_split_with(a, c, n, rounded);
     return true;
+}
+
+/* The last steps of a take: c, out of the bins and cut to size, is handed
+ * out for a request of n bytes (the caller has made sure that an
+ * allocation id is left, a->next_id < a->id_end). */
+static inline __attribute__((always_inline)) void *bfc__arena_hand_out(struct bfc__arena *a, struct bfc__chunk *c,
+                                                                       size_t n)
+{
+    c->requested = n;
+    c->alloc_id = a->next_id++;
+    c->flags |= BFC__CF_RETURNED | BFC__CF_USED;
+    c->region->live++;
+    a->live++;
+    /* release: pairs with the acquire CAS of a cross-stream free, which
+     * must see ptr/region of this chunk once it sees INUSE. */
+    atomic_store_explicit(&c->state, BFC__CHUNK_INUSE, memory_order_release);
+    bfc__arena_account_alloc(a, c, n);
+    return (void *)c->ptr;
 }
 
 /* Hands out free chunk c (in a bin or just made) for a request of n bytes
@@ -125,18 +156,37 @@ static inline __attribute__((always_inline)) void *bfc__arena_take_inline(struct
     }
     if (BFC__UNLIKELY(a->env->poison))
         bfc__arena_poison_verify(a, c);
-    c->requested = n;
     if (BFC__UNLIKELY(a->next_id == a->id_end))
         bfc__arena_ids_refill(a);
-    c->alloc_id = a->next_id++;
-    c->flags |= BFC__CF_RETURNED | BFC__CF_USED;
-    c->region->live++;
-    a->live++;
-    /* release: pairs with the acquire CAS of a cross-stream free, which
-     * must see ptr/region of this chunk once it sees INUSE. */
-    atomic_store_explicit(&c->state, BFC__CHUNK_INUSE, memory_order_release);
-    bfc__arena_account_alloc(a, c, n);
-    return (void *)c->ptr;
+    return bfc__arena_hand_out(a, c, n);
+}
+
+/* The first steps of a release: from here on the chunk is free. */
+static inline void bfc__arena_release_mark(struct bfc__arena *a, struct bfc__chunk *c)
+{
+    atomic_store_explicit(&c->state, BFC__CHUNK_FREE, memory_order_relaxed);
+    c->requested = 0;
+    c->alloc_id = -1;
+    c->region->live--;
+    a->live--;
+}
+
+/* After a release that left region r with `live` live chunks: is there more
+ * to do than the bins (a retired shard's region left empty, an expandable
+ * arena's decay)?  bfc__arena_release_followup (arena.c) does it. */
+static inline bool bfc__arena_release_followup_due(struct bfc__arena *a, const struct bfc__region *r)
+{
+    /* A retired shard keeps nothing it does not need. */
+    return (r->live == 0 && atomic_load_explicit(&a->retired, memory_order_relaxed)) ||
+           (BFC__UNLIKELY(r->vmm) &&
+            (a->st.bytes_in_use < a->x->low_water || a->st.num_allocs >= a->x->decay_at));
+}
+void bfc__arena_release_followup(struct bfc__arena *a, struct bfc__region *r);
+
+/* Is c's neighbour n free (to merge with)? */
+static inline bool bfc__arena_free_neighbour(const struct bfc__chunk *n)
+{
+    return n && atomic_load_explicit(&n->state, memory_order_relaxed) == BFC__CHUNK_FREE;
 }
 
 /* The block's memory is reusable now: back to the bins, coalesced. */
@@ -145,11 +195,7 @@ static inline __attribute__((always_inline)) void bfc__arena_release_inline(stru
 {
     struct bfc__region *r = c->region;
     const struct bfc__arena_env *env = a->env;
-    atomic_store_explicit(&c->state, BFC__CHUNK_FREE, memory_order_relaxed);
-    c->requested = 0;
-    c->alloc_id = -1;
-    r->live--;
-    a->live--;
+    bfc__arena_release_mark(a, c);
     if (BFC__UNLIKELY(env->poison))
         memset((void *)c->ptr, 0xDB, c->size);
     if (r->large) {
@@ -157,23 +203,19 @@ static inline __attribute__((always_inline)) void bfc__arena_release_inline(stru
         return;
     }
     struct bfc__chunk *n = c->next;
-    if (n && atomic_load_explicit(&n->state, memory_order_relaxed) == BFC__CHUNK_FREE) {
+    if (bfc__arena_free_neighbour(n)) {
         bfc__bins_remove_inline(&a->bins, n);
         bfc__arena_merge(a, c, n);
     }
     struct bfc__chunk *p = c->prev;
-    if (p && atomic_load_explicit(&p->state, memory_order_relaxed) == BFC__CHUNK_FREE) {
+    if (bfc__arena_free_neighbour(p)) {
         bfc__bins_remove_inline(&a->bins, p);
         bfc__arena_merge(a, p, c);
         c = p;
     }
     bfc__bins_insert_inline(&a->bins, c);
-    /* A retired shard keeps nothing it does not need. */
-    if (r->live == 0 && atomic_load_explicit(&a->retired, memory_order_relaxed))
-        bfc__arena_region_depart(a, r, true);
-    else if (BFC__UNLIKELY(r->vmm) &&
-             (a->st.bytes_in_use < a->x->low_water || a->st.num_allocs >= a->x->decay_at))
-        bfc__expand_after_free_locked(a);
+    if (bfc__arena_release_followup_due(a, r))
+        bfc__arena_release_followup(a, r);
 }
 
 /* Local free of a live chunk c (validated and claimed by the caller). */

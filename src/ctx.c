@@ -948,7 +948,23 @@ static __attribute__((noinline, cold)) void *alloc_observed(struct bfc_ctx *ctx,
     return p;
 }
 
-void *bfc_ctx_alloc(bfc_ctx_t *ctx, bfc_stream_t stream, size_t n)
+/* The end of every allocation: the OOM report and trace (alloc_observed),
+ * the thread's last error, the debug check. */
+static inline __attribute__((always_inline)) void *alloc_exit(struct bfc_ctx *ctx, bfc_stream_t stream, size_t n,
+                                                             void *p, int st)
+{
+    /* The one test observability adds: failure or a running trace. */
+    if (BFC__UNLIKELY((p == NULL) | bfc__tracing(&ctx->obs)))
+        return alloc_observed(ctx, stream, n, p, st);
+    bfc__set_last_error(BFC_OK);
+    if (BFC__UNLIKELY(ctx->cfg.debug_check))
+        debug_check(ctx);
+    return p;
+}
+
+/* The general allocation: every case (bfc_ctx_alloc, below, takes the
+ * common one). */
+static __attribute__((noinline)) void *alloc_general(struct bfc_ctx *ctx, bfc_stream_t stream, size_t n)
 {
     if (BFC__UNLIKELY(!ctx)) {
         bfc__set_last_error(BFC_EINVAL);
@@ -960,13 +976,88 @@ void *bfc_ctx_alloc(bfc_ctx_t *ctx, bfc_stream_t stream, size_t n)
     }
     int st;
     void *p = alloc_once(ctx, stream, n, &st);
-    /* The one test observability adds: failure or a running trace. */
-    if (BFC__UNLIKELY((p == NULL) | bfc__tracing(&ctx->obs)))
-        return alloc_observed(ctx, stream, n, p, st);
+    return alloc_exit(ctx, stream, n, p, st);
+}
+
+/* The fast path's ways out, holding a's lock and the read section (tail
+ * calls from bfc_ctx_alloc): the rest of alloc_once's step for a request
+ * the fast path declined before changing anything, and the wake of a
+ * waiter on the lock, which the fast path has released. */
+static __attribute__((noinline)) void *alloc_locked_rest(struct bfc_ctx *ctx, bfc_stream_t stream,
+                                                        struct bfc__arena *a, size_t n, size_t rounded)
+{
+    void *p = NULL;
+    int st = BFC_ENOMEM;
+    /* acquire: as alloc_once. */
+    if (BFC__UNLIKELY(atomic_load_explicit(&a->retired, memory_order_acquire)))
+        st = BFC__RETRY;
+    else if (!(p = bfc__arena_alloc_inline(a, n, rounded)))
+        p = bfc__ctx_alloc_slow(ctx, a, n, rounded, &st);
+    bfc__unlock(&a->lock);
+    bfc__rcu_unlock();
+    if (st == BFC__RETRY) /* the shard was released: alloc_once's next round */
+        return alloc_general(ctx, stream, n);
+    return alloc_exit(ctx, stream, n, p, st);
+}
+
+static __attribute__((noinline)) void *alloc_wake(struct bfc__arena *a, void *p)
+{
+    bfc__mutex_wake(&a->lock);
+    bfc__rcu_unlock();
     bfc__set_last_error(BFC_OK);
-    if (BFC__UNLIKELY(ctx->cfg.debug_check))
-        debug_check(ctx);
     return p;
+}
+
+/*
+ * The common allocation: the thread's last stream (bfc__shard_hit), a best
+ * fit in the bins on mapped memory, a record at hand if it splits, no
+ * remote frees to drain, nobody waiting on the lock, no trace, no poison,
+ * no debug check.  Like bfc_ctx_free it makes no call; whatever else it
+ * meets it hands, before it has changed anything, to alloc_general or
+ * (holding the lock) to alloc_locked_rest -- tail calls, whose paths are
+ * alloc_once's.
+ */
+void *bfc_ctx_alloc(bfc_ctx_t *ctx, bfc_stream_t stream, size_t n)
+{
+    unsigned long *ctr = bfc__rcu_ctr;
+    size_t rounded = bfc__round256(n); /* 0 for 0 and on overflow */
+    if (BFC__UNLIKELY(!ctx || !ctr || rounded == 0 || rounded > ctx->limit || ctx->cfg.debug_check ||
+                      bfc__tracing(&ctx->obs)))
+        return alloc_general(ctx, stream, n);
+    bfc__rcu_lock_on(ctr);
+    if (BFC__UNLIKELY(!bfc__shard_hit(ctx, stream)))
+        goto general;
+    struct bfc__arena *a = bfc__shard_last.arena;
+    if (BFC__UNLIKELY(!bfc__trylock(&a->lock)))
+        goto general;
+    const struct bfc__arena_env *env = a->env;
+    /* acquire: as alloc_once. */
+    if (BFC__UNLIKELY(atomic_load_explicit(&a->retired, memory_order_acquire) || bfc__arena_rq_waiting(a) ||
+                      a->st.pending || rounded >= env->bins_max || env->poison || a->next_id == a->id_end))
+        return alloc_locked_rest(ctx, stream, a, n, rounded);
+    struct bfc__chunk *c = bfc__bins_best_fit_inline(&a->bins, rounded), *leftover = NULL;
+    if (BFC__UNLIKELY(!c || (a->x != NULL && !bfc__expand_backed(a->x, c->ptr + c->size))))
+        return alloc_locked_rest(ctx, stream, a, n, rounded);
+    if (!c->region->large && bfc__arena_should_split(a, c, rounded)) {
+        leftover = bfc__slab_pop(&a->chunk_slab, sizeof(struct bfc__chunk));
+        if (BFC__UNLIKELY(!leftover))
+            return alloc_locked_rest(ctx, stream, a, n, rounded);
+    }
+    /* From here on as bfc__arena_take_inline. */
+    bfc__bins_remove_inline(&a->bins, c);
+    if (leftover) {
+        bfc__arena_chunk_init(a, leftover);
+        bfc__arena_split_with(a, c, leftover, rounded);
+    }
+    void *p = bfc__arena_hand_out(a, c, n);
+    if (BFC__UNLIKELY(bfc__unlock_nowake(&a->lock)))
+        return alloc_wake(a, p);
+    bfc__rcu_unlock_on(bfc__rcu_ctr);
+    bfc__set_last_error(BFC_OK);
+    return p;
+general:
+    bfc__rcu_unlock_on(ctr);
+    return alloc_general(ctx, stream, n);
 }
 
 /* -------------------------------------------------------------- free */
@@ -983,14 +1074,14 @@ static inline __attribute__((always_inline)) int resolve(struct bfc_ctx *ctx, ui
     return BFC_OK;
 }
 
-/* Same-stream (or error) path under the owner's lock.  Inlined into the
- * same-stream free; free_locked_path, below, for the other cases. */
-static inline __attribute__((always_inline)) int free_locked_inline(struct bfc__arena *a, struct bfc__region *r,
-                                                                     uintptr_t p, struct bfc__chunk *hint,
-                                                                     bfc_stream_t stream)
+/* Same-stream (or error) path under the owner's lock, which it takes with
+ * free_locked_inline (inlined into the general free; free_locked_path, below,
+ * for the other cases) and releases. */
+static inline __attribute__((always_inline)) int free_under_lock(struct bfc__arena *a, struct bfc__region *r,
+                                                                  uintptr_t p, struct bfc__chunk *hint,
+                                                                  bfc_stream_t stream)
 {
     struct bfc__chunk *c;
-    bfc__lock(&a->lock);
     int st = bfc__arena_classify_fast_locked(a, r, p, hint, &c);
     bool dead = false;
     if (st == BFC_OK) {
@@ -1013,13 +1104,31 @@ static inline __attribute__((always_inline)) int free_locked_inline(struct bfc__
     return st;
 }
 
+static inline __attribute__((always_inline)) int free_locked_inline(struct bfc__arena *a, struct bfc__region *r,
+                                                                     uintptr_t p, struct bfc__chunk *hint,
+                                                                     bfc_stream_t stream)
+{
+    bfc__lock(&a->lock);
+    return free_under_lock(a, r, p, hint, stream);
+}
+
 static __attribute__((noinline)) int free_locked_path(struct bfc__arena *a, struct bfc__region *r, uintptr_t p,
                                                      bfc_stream_t stream)
 {
     return free_locked_inline(a, r, p, NULL, stream);
 }
 
-int bfc_ctx_free(bfc_ctx_t *ctx, void *ptr, bfc_stream_t stream)
+/* The end of every free: the read section, then the debug check. */
+static inline __attribute__((always_inline)) int free_exit(struct bfc_ctx *ctx, int st)
+{
+    bfc__rcu_unlock();
+    if (BFC__UNLIKELY(ctx->cfg.debug_check))
+        debug_check(ctx);
+    return st;
+}
+
+/* The general free: every case (bfc_ctx_free, below, takes the common one). */
+static __attribute__((noinline)) int free_general(struct bfc_ctx *ctx, void *ptr, bfc_stream_t stream)
 {
     if (!ptr)
         return BFC_OK;
@@ -1075,10 +1184,90 @@ int bfc_ctx_free(bfc_ctx_t *ctx, void *ptr, bfc_stream_t stream)
     if (dead)
         bfc__shard_reclaim(a);
 out:
-    bfc__rcu_unlock();
-    if (BFC__UNLIKELY(ctx->cfg.debug_check))
-        debug_check(ctx);
-    return st;
+    return free_exit(ctx, st);
+}
+
+/* The fast path's ways out, holding the owner's lock and the read section
+ * (tail calls from bfc_ctx_free): the general same-stream free of p, which
+ * nothing has touched yet; the end of a free whose release left more to do
+ * (bfc__arena_release_followup_due, a retired shard); the wake of a waiter
+ * on the lock, which the fast path has released. */
+static __attribute__((noinline)) int free_locked_rest(struct bfc_ctx *ctx, struct bfc__arena *a,
+                                                     struct bfc__region *r, uintptr_t p, struct bfc__chunk *hint,
+                                                     bfc_stream_t stream)
+{
+    return free_exit(ctx, free_under_lock(a, r, p, hint, stream));
+}
+
+static __attribute__((noinline)) int free_followup(struct bfc_ctx *ctx, struct bfc__arena *a, struct bfc__region *r)
+{
+    if (bfc__arena_release_followup_due(a, r))
+        bfc__arena_release_followup(a, r);
+    bool dead = bfc__arena_maybe_dead_locked(a);
+    bfc__unlock(&a->lock);
+    if (dead)
+        bfc__shard_reclaim(a);
+    return free_exit(ctx, BFC_OK);
+}
+
+static __attribute__((noinline)) int free_wake(struct bfc_ctx *ctx, struct bfc__arena *a)
+{
+    bfc__mutex_wake(&a->lock);
+    return free_exit(ctx, BFC_OK);
+}
+
+/*
+ * The common free: a live block freed on its owner's stream, with nothing
+ * unusual about it -- no merge with a neighbour, no trace, no recorded
+ * stream, no poison, no large region, no waiter on the lock, nothing left
+ * for after the release.  It makes no call, so the compiler saves no
+ * register for it (make perf-instructions); whatever else it meets it hands,
+ * before it has changed anything, to free_general or (holding the lock) to
+ * free_locked_rest, or after the release to free_followup or free_wake: tail
+ * calls, whose paths are those of free_general.
+ */
+int bfc_ctx_free(bfc_ctx_t *ctx, void *ptr, bfc_stream_t stream)
+{
+    uintptr_t p = (uintptr_t)ptr;
+    unsigned long *ctr = bfc__rcu_ctr;
+    /* NULL passes this test and fails the region map's (no region holds
+     * address 0), as any pointer we did not hand out. */
+    if (BFC__UNLIKELY(!ctx || !ctr || (p & (BFC__MIN_ALLOC - 1)) || ctx->cfg.debug_check ||
+                      bfc__tracing(&ctx->obs)))
+        return free_general(ctx, ptr, stream);
+    bfc__rcu_lock_on(ctr);
+    struct bfc__region *r = bfc__regionmap_hit(p);
+    if (BFC__UNLIKELY(!r || r->tag != ctx || r->owner->stream != stream))
+        goto general;
+    struct bfc__arena *a = r->owner;
+    struct bfc__chunk *c = bfc__region_handle(r, p);
+    if (BFC__UNLIKELY(!c || c == BFC__HANDLE_GONE || !bfc__trylock(&a->lock)))
+        goto general;
+    /* Under the lock: still the block at p (the record may have been
+     * recycled since the handle was read), and a plain release. */
+    if (BFC__UNLIKELY(c->ptr != p || c->region != r || a->dead || r->gone || r->large || a->env->poison ||
+                      atomic_load_explicit((struct bfc__recorded *_Atomic *)&c->recorded, memory_order_relaxed) ||
+                      bfc__arena_free_neighbour(c->next) || bfc__arena_free_neighbour(c->prev)))
+        return free_locked_rest(ctx, a, r, p, c, stream);
+    /* The claim, as free_under_lock's; a lost claim is classified there. */
+    uint32_t expect = BFC__CHUNK_INUSE;
+    if (BFC__UNLIKELY(!atomic_compare_exchange_strong_explicit(&c->state, &expect, BFC__CHUNK_FREEING,
+                                                               memory_order_acq_rel, memory_order_acquire)))
+        return free_locked_rest(ctx, a, r, p, c, stream);
+    bfc__arena_account_free(a, c);
+    bfc__arena_release_mark(a, c);
+    bfc__bins_insert_inline(&a->bins, c);
+    /* acquire: as bfc__arena_maybe_dead_locked. */
+    if (BFC__UNLIKELY(atomic_load_explicit(&a->retired, memory_order_acquire) ||
+                      bfc__arena_release_followup_due(a, r)))
+        return free_followup(ctx, a, r);
+    if (BFC__UNLIKELY(bfc__unlock_nowake(&a->lock)))
+        return free_wake(ctx, a);
+    bfc__rcu_unlock_on(bfc__rcu_ctr);
+    return BFC_OK;
+general:
+    bfc__rcu_unlock_on(ctr);
+    return free_general(ctx, ptr, stream);
 }
 
 /* Runs fn on the live chunk at p under its owner's lock. */

@@ -18,6 +18,8 @@
 #ifndef BFC_META_H
 #define BFC_META_H
 
+#include <string.h>
+
 #include "internal.h"
 
 /* One-time set-up (creates the jemalloc arena).  Thread-safe; idempotent.
@@ -54,6 +56,19 @@ void bfc__slab_init(struct bfc__slab *s, size_t obj_size);
 /* A zeroed record (bar the first word, which is zero too), or NULL. */
 void *bfc__slab_get(struct bfc__slab *s);
 void bfc__slab_put(struct bfc__slab *s, void *obj);
+/* bfc__slab_get's common case, inline, for a slab of records of `size`
+ * bytes (the size it was made with, a constant): NULL when the free list is
+ * empty, and the caller calls bfc__slab_get, which grows it. */
+static inline void *bfc__slab_pop(struct bfc__slab *s, size_t size)
+{
+    void *obj = s->free_list;
+    if (BFC__UNLIKELY(obj == NULL))
+        return NULL;
+    memcpy(&s->free_list, obj, sizeof(void *));
+    memset(obj, 0, (size + 15) & ~(size_t)15);
+    s->n_live++;
+    return obj;
+}
 /* Frees every page (records must not be used any more). */
 void bfc__slab_destroy(struct bfc__slab *s);
 

@@ -165,4 +165,43 @@ static inline void bfc__unlock(bfc__mutex_t *m)
 #endif
 }
 
+/*
+ * The same two steps for a fast path that must make no call (ctx.c): take
+ * m only if it is free (false: another thread holds it, and the caller
+ * takes the general way, which waits), and release it, returning true when
+ * a waiter must be woken with bfc__mutex_wake.  With pthread mutexes both
+ * are the plain calls.
+ */
+static inline bool bfc__trylock(bfc__mutex_t *m)
+{
+#if BFC_PTHREAD_MUTEX
+    bfc__lock(m);
+    return true;
+#else
+    if (bfc__config_debug)
+        bfc__witness_check(m, false);
+    uint32_t c = 0;
+    /* acquire: as bfc__lock_impl. */
+    if (BFC__UNLIKELY(!atomic_compare_exchange_strong_explicit(&m->v, &c, 1, memory_order_acquire,
+                                                               memory_order_relaxed)))
+        return false;
+    if (bfc__config_debug)
+        bfc__witness_acquired(m);
+    return true;
+#endif
+}
+
+static inline bool bfc__unlock_nowake(bfc__mutex_t *m)
+{
+#if BFC_PTHREAD_MUTEX
+    bfc__unlock(m);
+    return false;
+#else
+    if (bfc__config_debug)
+        bfc__witness_release(m);
+    /* release: as bfc__unlock. */
+    return BFC__UNLIKELY(atomic_exchange_explicit(&m->v, 0, memory_order_release) == 2);
+#endif
+}
+
 #endif /* BFC_MUTEX_H */

@@ -62,13 +62,11 @@ void bfc__rcu_unlock_slow(void);
 
 /* RCU read side, and the matching edge for reclamation (BFC__TSAN_RELEASE, internal.h). */
 extern char bfc__rcu_sync;
-static inline void bfc__rcu_lock(void)
+/* The section's steps on a counter already read from the cache (non-NULL):
+ * for a fast path that tests the cache once, with its other conditions,
+ * and so makes no call (ctx.c). */
+static inline void bfc__rcu_lock_on(unsigned long *ctr)
 {
-    unsigned long *ctr = bfc__rcu_ctr;
-    if (BFC__UNLIKELY(!ctr)) {
-        bfc__rcu_lock_slow();
-        return;
-    }
     cmm_barrier();
     unsigned long tmp = *ctr;
     if (BFC__LIKELY(!(tmp & URCU_BP_GP_CTR_NEST_MASK))) {
@@ -78,18 +76,32 @@ static inline void bfc__rcu_lock(void)
         CMM_STORE_SHARED(*ctr, tmp + URCU_BP_GP_COUNT);
     }
 }
-static inline void bfc__rcu_unlock(void)
+static inline void bfc__rcu_unlock_on(unsigned long *ctr)
 {
     BFC__TSAN_RELEASE(&bfc__rcu_sync);
-    unsigned long *ctr = bfc__rcu_ctr;
-    if (BFC__UNLIKELY(!ctr)) {
-        bfc__rcu_unlock_slow();
-        return;
-    }
     unsigned long tmp = *ctr;
     cmm_barrier(); /* urcu_bp_smp_mb_slave with membarrier (above) */
     CMM_STORE_SHARED(*ctr, tmp - URCU_BP_GP_COUNT);
     cmm_barrier();
+}
+static inline void bfc__rcu_lock(void)
+{
+    unsigned long *ctr = bfc__rcu_ctr;
+    if (BFC__UNLIKELY(!ctr)) {
+        bfc__rcu_lock_slow();
+        return;
+    }
+    bfc__rcu_lock_on(ctr);
+}
+static inline void bfc__rcu_unlock(void)
+{
+    unsigned long *ctr = bfc__rcu_ctr;
+    if (BFC__UNLIKELY(!ctr)) {
+        BFC__TSAN_RELEASE(&bfc__rcu_sync);
+        bfc__rcu_unlock_slow();
+        return;
+    }
+    bfc__rcu_unlock_on(ctr);
 }
 /*
  * Registers the calling thread with urcu-bp if it is not yet (a thread-local

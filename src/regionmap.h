@@ -43,8 +43,10 @@ struct bfc__region *bfc__regionmap_lookup_slow(uintptr_t p);
 
 /* Process-wide: which region holds an address.  Lookups under
  * rcu_read_lock; updates under a writer mutex (only when regions come or
- * go).  Returns NULL when no region holds p.  The hint's test is inline. */
-static inline struct bfc__region *bfc__regionmap_lookup(uintptr_t p)
+ * go).  bfc__regionmap_hit answers from the thread's hint alone (NULL when
+ * it does not hold p: ask bfc__regionmap_lookup); bfc__regionmap_lookup
+ * returns NULL only when no region holds p. */
+static inline struct bfc__region *bfc__regionmap_hit(uintptr_t p)
 {
     /* acquire: pairs with the release store that publishes an array. */
     const struct bfc__rmap *m = atomic_load_explicit(&bfc__rmap_cur, memory_order_acquire);
@@ -57,7 +59,12 @@ static inline struct bfc__region *bfc__regionmap_lookup(uintptr_t p)
         if (e->base <= p && p < __atomic_load_n(&e->end, __ATOMIC_RELAXED))
             return e->r;
     }
-    return bfc__regionmap_lookup_slow(p);
+    return NULL;
+}
+static inline struct bfc__region *bfc__regionmap_lookup(uintptr_t p)
+{
+    struct bfc__region *r = bfc__regionmap_hit(p);
+    return BFC__LIKELY(r != NULL) ? r : bfc__regionmap_lookup_slow(p);
 }
 int bfc__regionmap_insert(struct bfc__region *r);
 void bfc__regionmap_remove(struct bfc__region *r);

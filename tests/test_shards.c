@@ -29,6 +29,7 @@
 #include <check.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -911,6 +912,111 @@ static void *spin_free(void *arg)
     }
 }
 
+/*
+ * The fast paths' unlock wakes a thread asleep on the shard's lock.  The
+ * test's thread churns allocations and frees on one stream; a reader stops
+ * it with a signal whose handler sleeps 3 ms -- most often inside a fast
+ * path's critical section, which is most of the loop -- and meanwhile asks
+ * for the stream's statistics, which take the same lock: the reader spins,
+ * then sleeps on it, and the interrupted path's unlock must wake it (its
+ * next lock would not: the lock is free by then).  Without the wake the
+ * reader sleeps for ever, which the loop's deadline reports.  The reader
+ * sends the next signal only once the handler has returned and the loop
+ * has moved on, so that the churner is not kept in its handler.
+ */
+static struct wake_run {
+    pthread_t churner;
+    bfc_ctx_t *ctx;
+    bfc_stream_t s;
+    atomic_int stop, rounds, rc; /* rc: the first failed status of the reader's calls */
+    atomic_int paused;           /* the churner is in its handler */
+    atomic_uint iters;           /* the churner's loop */
+} wake_run;
+
+static void wake_pause(int sig)
+{
+    (void)sig;
+    atomic_store(&wake_run.paused, 1);
+    struct timespec ts = { 0, 3000000 };
+    nanosleep(&ts, NULL);
+    atomic_store(&wake_run.paused, 0);
+}
+
+static void *wake_reader(void *arg)
+{
+    struct wake_run *w = arg;
+    while (!atomic_load(&w->stop)) {
+        unsigned it = atomic_load(&w->iters);
+        int rc = pthread_kill(w->churner, SIGUSR1) ? BFC_EINVAL : BFC_OK;
+        while (rc == BFC_OK && !atomic_load(&w->paused) && !atomic_load(&w->stop))
+            sched_yield();
+        bfc_stats_t o;
+        if (rc == BFC_OK)
+            rc = bfc_ctx_stream_stats(w->ctx, w->s, &o);
+        if (rc != BFC_OK) {
+            atomic_store(&w->rc, rc);
+            break;
+        }
+        atomic_fetch_add(&w->rounds, 1);
+        while ((atomic_load(&w->paused) || atomic_load(&w->iters) - it < 1000) && !atomic_load(&w->stop))
+            sched_yield();
+    }
+    return NULL;
+}
+
+START_TEST(test_fast_paths_wake_waiters)
+{
+    /* valgrind runs one thread at a time and lets the churner, which never
+     * blocks, hold its lock for seconds: the reader barely runs. */
+    if (under_valgrind())
+        return;
+    struct wake_run *w = &wake_run;
+    w->ctx = ctx_default();
+    w->s = new_stream(w->ctx);
+    w->churner = pthread_self();
+    atomic_store(&w->stop, 0);
+    atomic_store(&w->rounds, 0);
+    atomic_store(&w->rc, BFC_OK);
+    atomic_store(&w->paused, 0);
+    atomic_store(&w->iters, 0);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = wake_pause;
+    sa.sa_flags = SA_RESTART;
+    ck_assert_int_eq(sigaction(SIGUSR1, &sa, NULL), 0);
+    void *live[64] = { 0 };
+    live[0] = xalloc(w->ctx, w->s, 256); /* the stream's shard, for the reader's statistics */
+    pthread_t th;
+    ck_assert_int_eq(pthread_create(&th, NULL, wake_reader, w), 0);
+    const int rounds = 300;
+    struct timespec t0, tn;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (unsigned i = 0; atomic_load(&w->rounds) < rounds && atomic_load(&w->rc) == BFC_OK; i++) {
+        if ((i & 1023) == 0) {
+            clock_gettime(CLOCK_MONOTONIC, &tn);
+            if (tn.tv_sec - t0.tv_sec >= 20)
+                ck_abort_msg("the reader made %d of %d rounds: asleep on the shard's lock, never woken",
+                             atomic_load(&w->rounds), rounds);
+        }
+        unsigned k = i & 63;
+        if (live[k])
+            xfree(w->ctx, live[k], w->s);
+        live[k] = xalloc(w->ctx, w->s, 256 + (size_t)(i * 4099u) % (64 * KiB));
+        atomic_fetch_add_explicit(&w->iters, 1, memory_order_relaxed);
+    }
+    atomic_store(&w->stop, 1);
+    ck_assert_int_eq(pthread_join(th, NULL), 0);
+    ck_assert_msg(atomic_load(&w->rc) == BFC_OK, "reader: %s", bfc_err_name(atomic_load(&w->rc)));
+    for (unsigned k = 0; k < 64; k++)
+        if (live[k])
+            xfree(w->ctx, live[k], w->s);
+    bfc_stats_t o = sst(w->ctx, w->s);
+    ck_assert_uint_eq(o.bytes_in_use, 0);
+    xcheck(w->ctx);
+    bfc_ctx_destroy(w->ctx);
+}
+END_TEST
+
 START_TEST(test_race_double_free_spin)
 {
     bfc_ctx_t *ctx = ctx_default();
@@ -1193,6 +1299,7 @@ static Suite *shards_suite(void)
     tcase_add_test(race, test_race_shard_creation);
     tcase_add_test(race, test_race_double_free);
     tcase_add_test(race, test_race_double_free_spin);
+    tcase_add_test(race, test_fast_paths_wake_waiters);
 #ifndef BFC_TEST_TSAN
     tcase_add_test(race, test_fork_child_allocates);
 #else
