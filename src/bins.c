@@ -13,8 +13,8 @@
  * bfc__bin_slot(r) -- the first chunk with size >= r, which is the smallest
  * sufficient size at its lowest address -- and, when that slot has none, the
  * minimum of the first non-empty slot above it, found with a find-first-set
- * on the bin's slot bitmap or, past the bin, on the bins' bitmap and then the
- * next bin's.  Nothing ever scans a bin.  The result is TensorFlow's best
+ * on the slot map (one bit per slot, 64 to a word: the rest of k's word,
+ * then the next of the six words).  Nothing ever scans a bin.  The result is TensorFlow's best
  * fit exactly; the slots only make the trees smaller: a tree of one slot
  * holds about a sixteenth of a bin, so the descents of insert and best fit
  * are about 2 ln 16 = 5.5 levels shorter, and each level is a key
@@ -24,7 +24,10 @@
  * from about 105 to 80 ns, at the same instruction count; 8 slots gave 4.6,
  * and 32 gave 5.4, since a slot that small more often holds no fit and the
  * search moves on to the next slot's minimum.  The price is 336 root
- * pointers and 21 slot bitmaps per arena.
+ * pointers and a 336-bit slot map per arena.  (The map was a 16-bit map per
+ * bin under a 21-bit map of the bins, two words to set or clear on an insert
+ * or a remove; one flat map of slots is one, 8 instructions fewer per
+ * alloc+free pair.)
  *
  * Why a treap.  A treap keeps a BST by key and a max-heap by a priority per
  * node; with priorities that behave like independent random numbers its shape
@@ -46,12 +49,12 @@
  *    (set by whoever sets a record's ptr: bfc__bins_prio, bins.h);
  *  - a chunk in slot k's tree has link.slot == k and bfc__bin_slot(size) == k;
  *  - count[i] / bytes[i] are the number / total size of bin i's chunks (its
- *    16 slots'), bit j of subs[i] is set iff slot 16i+j has chunks, and bit
- *    i of nonempty iff subs[i] is not 0.
+ *    16 slots'); bit k of the slot map is set iff slot k has chunks, and
+ *    the map's bits past the last slot are clear.
  *  A chunk not in any bin has link.slot == BFC__NO_SLOT.  bfc__bins_init
  *  touches no chunk: whoever creates a chunk record zeroes it and sets
  *  link.slot = BFC__NO_SLOT before its first insert; bfc__bins_remove resets
- *  it.  In debug builds (bfc__config_debug) insert checks that link.slot ==
+ *  it (and leaves the tree links stale: insert sets them).  In debug builds (bfc__config_debug) insert checks that link.slot ==
  *  BFC__NO_SLOT and remove that the chunk really is in its slot; a failure
  *  there is a bug inside the library (never user input), so it is reported
  *  on stderr and aborts.  In every build remove ignores a chunk whose
@@ -105,9 +108,9 @@ void bfc__bins_bug(const char *what, const struct bfc__chunk *c)
 
 void bfc__bins_init(struct bfc__bins *b)
 {
-    b->nonempty = 0;
+    for (uint32_t w = 0; w < BFC__SLOT_WORDS; w++)
+        b->slot_map[w] = 0;
     for (uint32_t i = 0; i < BFC__NUM_BINS; i++) {
-        b->subs[i] = 0;
         b->count[i] = 0;
         b->bytes[i] = 0;
     }
@@ -132,11 +135,19 @@ struct bfc__chunk *bfc__bins_best_fit(const struct bfc__bins *b, size_t rounded)
 
 size_t bfc__bins_largest(const struct bfc__bins *b)
 {
-    if (!b->nonempty)
-        return 0;
-    uint32_t i = 31 - (uint32_t)__builtin_clz(b->nonempty);
-    uint32_t j = 31 - (uint32_t)__builtin_clz(b->subs[i]);
-    return bins_max(b->root[(i << BFC__BIN_SUB_BITS) | j])->size;
+    for (uint32_t w = BFC__SLOT_WORDS; w-- > 0;)
+        if (b->slot_map[w])
+            return bins_max(b->root[(w << 6) | (63 - (uint32_t)__builtin_clzll(b->slot_map[w]))])->size;
+    return 0;
+}
+
+uint32_t bfc__bins_nonempty(const struct bfc__bins *b)
+{
+    uint32_t mask = 0;
+    for (uint32_t i = 0; i < BFC__NUM_BINS; i++)
+        if (bfc__bins_slots_of(b, i))
+            mask |= UINT32_C(1) << i;
+    return mask;
 }
 
 /*
@@ -208,15 +219,15 @@ static int bins_verify_slot(const struct bfc__bins *b, uint32_t k, size_t *visit
     struct bfc__chunk *root = b->root[k];
     size_t entered = 0, visited = 0, bytes = 0;
     const struct bfc__chunk *prev = NULL;
-    bool bit = (b->subs[i] >> (k & (BFC__BIN_SUBS - 1))) & 1;
+    bool bit = (b->slot_map[k >> 6] >> (k & 63)) & 1;
 
     if (!root) {
         if (bit)
-            BINS_FAIL("slot %" PRIu32 ": empty but its bit in bin %" PRIu32 "'s slot map is set", k, i);
+            BINS_FAIL("slot %" PRIu32 " (bin %" PRIu32 "): empty but its bit in the slot map is set", k, i);
         return 0;
     }
     if (!bit)
-        BINS_FAIL("slot %" PRIu32 ": has chunks but its bit in bin %" PRIu32 "'s slot map is clear", k, i);
+        BINS_FAIL("slot %" PRIu32 " (bin %" PRIu32 "): has chunks but its bit in the slot map is clear", k, i);
     if (P(root))
         BINS_FAIL("slot %" PRIu32 ": root %p has a parent", k, (void *)root);
 
@@ -291,11 +302,10 @@ done:
     return 0;
 }
 
-/* Bin i: its slots, its count and bytes against theirs, its nonempty bit. */
+/* Bin i: its slots, its count and bytes against theirs. */
 static int bins_verify_bin(const struct bfc__bins *b, uint32_t i, char *buf, size_t len)
 {
     size_t visited = 0, bytes = 0;
-    bool bit = (b->nonempty >> i) & 1;
 
     for (uint32_t k = i << BFC__BIN_SUB_BITS; k < (i + 1) << BFC__BIN_SUB_BITS; k++) {
         /* Each slot's walk is bounded by count[i]; so is their sum. */
@@ -304,8 +314,6 @@ static int bins_verify_bin(const struct bfc__bins *b, uint32_t i, char *buf, siz
         if (visited > b->count[i])
             BINS_FAIL("bin %" PRIu32 ": more nodes than its count %zu", i, b->count[i]);
     }
-    if (bit != (b->subs[i] != 0))
-        BINS_FAIL("bin %" PRIu32 ": nonempty bit %d but slot map 0x%04x", i, (int)bit, (unsigned)b->subs[i]);
     if (visited != b->count[i])
         BINS_FAIL("bin %" PRIu32 ": %zu chunks but count says %zu", i, visited, b->count[i]);
     if (bytes != b->bytes[i])
@@ -315,9 +323,11 @@ static int bins_verify_bin(const struct bfc__bins *b, uint32_t i, char *buf, siz
 
 int bfc__bins_verify(const struct bfc__bins *b, char *buf, size_t len)
 {
-    if (b->nonempty >> BFC__NUM_BINS)
-        BINS_FAIL("nonempty bitmap 0x%" PRIx32 " has bits past bin %d", b->nonempty,
-                  BFC__NUM_BINS - 1);
+#if BFC__NUM_SLOTS % 64
+    if (b->slot_map[BFC__SLOT_WORDS - 1] >> (BFC__NUM_SLOTS % 64))
+        BINS_FAIL("slot map word %d 0x%016" PRIx64 " has bits past slot %d", BFC__SLOT_WORDS - 1,
+                  b->slot_map[BFC__SLOT_WORDS - 1], BFC__NUM_SLOTS - 1);
+#endif
     for (uint32_t i = 0; i < BFC__NUM_BINS; i++)
         if (bins_verify_bin(b, i, buf, len))
             return -1;

@@ -41,13 +41,23 @@ struct bfc__chunk_key {
     size_t size;
 };
 
+/* The slot map's 64-bit words; a bin's slots never straddle two. */
+#define BFC__SLOT_WORDS ((BFC__NUM_SLOTS + 63) / 64)
+_Static_assert(64 % BFC__BIN_SUBS == 0, "a bin's slots in one word of the slot map");
+
 struct bfc__bins {
-    uint32_t nonempty;                          /* bit i: bin i has chunks */
-    uint16_t subs[BFC__NUM_BINS];               /* bit j of subs[i]: slot 16i+j has chunks */
+    uint64_t slot_map[BFC__SLOT_WORDS];         /* bit k % 64 of word k / 64: slot k has chunks */
     struct bfc__chunk *root[BFC__NUM_SLOTS];    /* one tree per slot */
     size_t count[BFC__NUM_BINS];
     size_t bytes[BFC__NUM_BINS];
 };
+
+/* Bin i's part of the slot map: bit j set iff slot 16i+j has chunks. */
+static inline uint32_t bfc__bins_slots_of(const struct bfc__bins *b, uint32_t i)
+{
+    uint32_t k = i << BFC__BIN_SUB_BITS;
+    return (uint32_t)(b->slot_map[k >> 6] >> (k & 63)) & ((1u << BFC__BIN_SUBS) - 1);
+}
 
 /* Bin index of a size (a multiple of 256, >= 256): min(20, floor(log2(size/256))). */
 static inline uint32_t bfc__bin_for_size(size_t size)
@@ -129,6 +139,8 @@ void bfc__bins_remove(struct bfc__bins *b, struct bfc__chunk *c);
 struct bfc__chunk *bfc__bins_best_fit(const struct bfc__bins *b, size_t rounded);
 /* Largest free chunk size (0 when empty). */
 size_t bfc__bins_largest(const struct bfc__bins *b);
+/* The bins that hold chunks: bit i set iff bin i does (stats, tests). */
+uint32_t bfc__bins_nonempty(const struct bfc__bins *b);
 /* Calls fn on every chunk of bin i in (size, address) order; stops when fn
  * returns non-zero and returns that value. */
 int bfc__bins_walk(const struct bfc__bins *b, uint32_t i,

@@ -96,8 +96,7 @@ static inline __attribute__((always_inline)) void bfc__bins_insert_inline(struct
     while (P(c) && c->link.prio > P(c)->link.prio)
         bfc__bins_rotate_up(root, c);
 
-    b->subs[i] |= (uint16_t)(1u << (k & (BFC__BIN_SUBS - 1)));
-    b->nonempty |= UINT32_C(1) << i;
+    b->slot_map[k >> 6] |= UINT64_C(1) << (k & 63);
     b->count[i]++;
     b->bytes[i] += c->size;
 }
@@ -126,24 +125,20 @@ static inline __attribute__((always_inline)) void bfc__bins_remove_inline(struct
         P(child) = p;
     bfc__bins_replace_child(root, p, c, child);
 
-    L(c) = NULL;
-    R(c) = NULL;
-    P(c) = NULL;
+    /* c's tree links stay as they were: nothing reads them out of a tree,
+     * and the next insert sets all three. */
     c->link.slot = BFC__NO_SLOT;
 
     b->count[i]--;
     b->bytes[i] -= c->size;
-    if (!*root) {
-        b->subs[i] &= (uint16_t)~(1u << (k & (BFC__BIN_SUBS - 1)));
-        if (!b->subs[i])
-            b->nonempty &= ~(UINT32_C(1) << i);
-    }
+    if (!*root)
+        b->slot_map[k >> 6] &= ~(UINT64_C(1) << (k & 63));
 }
 
 static inline __attribute__((always_inline)) struct bfc__chunk *bfc__bins_best_fit_inline(const struct bfc__bins *b,
                                                                                      size_t rounded)
 {
-    uint32_t k = bfc__bin_slot(rounded), i = k >> BFC__BIN_SUB_BITS;
+    uint32_t k = bfc__bin_slot(rounded);
     struct bfc__chunk *n = b->root[k], *best = NULL;
 
     /*
@@ -164,16 +159,16 @@ static inline __attribute__((always_inline)) struct bfc__chunk *bfc__bins_best_f
         return best;
 
     /* Every chunk of a higher slot is larger than any size of slot k: the
-     * next non-empty slot of bin i, else the first of the next non-empty bin. */
-    uint32_t subs = b->subs[i] & ~((2u << (k & (BFC__BIN_SUBS - 1))) - 1);
-    if (!subs) {
-        uint32_t above = b->nonempty & ~((UINT32_C(2) << i) - 1);
-        if (!above)
+     * minimum of the next non-empty slot, from the slot map (slots above k
+     * in k's word, then the next words; 4 bins to a word). */
+    uint32_t w = k >> 6;
+    uint64_t m = b->slot_map[w] & (~UINT64_C(1) << (k & 63));
+    while (!m) {
+        if (++w == BFC__SLOT_WORDS)
             return NULL;
-        i = (uint32_t)__builtin_ctz(above);
-        subs = b->subs[i];
+        m = b->slot_map[w];
     }
-    return bfc__bins_min(b->root[(i << BFC__BIN_SUB_BITS) | (uint32_t)__builtin_ctz(subs)]);
+    return bfc__bins_min(b->root[(w << 6) | (uint32_t)__builtin_ctzll(m)]);
 }
 
 

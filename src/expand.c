@@ -633,7 +633,7 @@ static size_t mark_free(struct bfc__arena *a, size_t g0, size_t g1, size_t budge
     struct marking m = { x, g0, g1, budget, 0 };
     uint32_t lo = bfc__bin_for_size(GRAN(x));
     for (uint32_t i = BFC__NUM_BINS; i-- > lo && m.marked < budget;)
-        if ((a->bins.nonempty >> i) & 1)
+        if (bfc__bins_slots_of(&a->bins, i))
             (void)bfc__bins_walk(&a->bins, i, mark_chunk, &m);
     x->leaving_bytes += m.marked;
     return m.marked;

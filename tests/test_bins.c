@@ -202,7 +202,7 @@ START_TEST(test_falls_through_slots)
     bfc__bins_insert(&b, mid_a);
     bfc__bins_insert(&b, small);
     verify_ok(&b);
-    ck_assert_uint_eq(b.subs[8], (1u << 0) | (1u << 5));
+    ck_assert_uint_eq(bfc__bins_slots_of(&b, 8), (1u << 0) | (1u << 5));
     ck_assert_ptr_eq(bfc__bins_best_fit(&b, 65536), small);
     ck_assert_ptr_eq(bfc__bins_best_fit(&b, 65536 + 1024), small);
     /* own slot 128 holds only a smaller chunk: on to slot 133's minimum */
@@ -220,14 +220,14 @@ START_TEST(test_falls_through_slots)
     bfc__bins_remove(&b, mid_b);
     ck_assert_ptr_eq(bfc__bins_best_fit(&b, 65536 + 1280), mid2);
     bfc__bins_remove(&b, mid2);
-    ck_assert_uint_eq(b.subs[8], 1u);
+    ck_assert_uint_eq(bfc__bins_slots_of(&b, 8), 1u);
     ck_assert_ptr_eq(bfc__bins_best_fit(&b, 65536 + 1280), top);
     bfc__bins_remove(&b, small);
-    ck_assert_uint_eq(b.subs[8], 0);
-    ck_assert_uint_eq(b.nonempty, 1u << 9);
+    ck_assert_uint_eq(bfc__bins_slots_of(&b, 8), 0);
+    ck_assert_uint_eq(bfc__bins_nonempty(&b), 1u << 9);
     verify_ok(&b);
     bfc__bins_remove(&b, top);
-    ck_assert_uint_eq(b.nonempty, 0);
+    ck_assert_uint_eq(bfc__bins_nonempty(&b), 0);
     free(small);
     free(mid_a);
     free(mid_b);
@@ -238,6 +238,47 @@ END_TEST
 
 /* ----------------------------------------------------------- best fit */
 
+/*
+ * The slot map's words (64 slots, 4 bins, to a word): a lone chunk of each
+ * reachable slot's smallest size in turn is the best fit for the smallest
+ * size of every slot up to its own, across words, and of none above it.
+ */
+START_TEST(test_slot_map_words)
+{
+    struct bfc__bins b;
+    size_t lo[BFC__NUM_SLOTS]; /* each slot's smallest size; 0 when no size maps there */
+    bfc__bins_init(&b);
+    for (uint32_t k = 0; k < BFC__NUM_SLOTS; k++) {
+        uint64_t a = 1, z = UINT64_C(1) << 40; /* in units of 256 B; bfc__bin_slot is monotone */
+        while (a < z) {
+            uint64_t m = a + (z - a) / 2;
+            if (bfc__bin_slot((size_t)m << BFC__MIN_ALLOC_BITS) >= k)
+                z = m;
+            else
+                a = m + 1;
+        }
+        lo[k] = bfc__bin_slot((size_t)a << BFC__MIN_ALLOC_BITS) == k ? (size_t)a << BFC__MIN_ALLOC_BITS : 0;
+        /* from bin 4 on a slot is at least 256 B wide: all reachable */
+        ck_assert(k < 4 * BFC__BIN_SUBS || lo[k] != 0);
+    }
+    for (uint32_t k = 0; k < BFC__NUM_SLOTS; k++) {
+        if (!lo[k])
+            continue;
+        struct bfc__chunk *c = mk(0x100000, lo[k]);
+        bfc__bins_insert(&b, c);
+        ck_assert_uint_eq(c->link.slot, k);
+        for (uint32_t j = 0; j < BFC__NUM_SLOTS; j++)
+            if (lo[j] && bfc__bins_best_fit(&b, lo[j]) != (j <= k ? c : NULL))
+                ck_abort_msg("chunk of slot %u: best fit for slot %u's %zu wrong", k, j, lo[j]);
+        ck_assert_uint_eq(bfc__bins_largest(&b), lo[k]);
+        verify_ok(&b);
+        bfc__bins_remove(&b, c);
+        ck_assert_uint_eq(bfc__bins_nonempty(&b), 0);
+        free(c);
+    }
+}
+END_TEST
+
 START_TEST(test_empty)
 {
     struct bfc__bins b;
@@ -246,7 +287,7 @@ START_TEST(test_empty)
     ck_assert_ptr_null(bfc__bins_best_fit(&b, 256));
     ck_assert_ptr_null(bfc__bins_best_fit(&b, 256 * BFC__MiB));
     ck_assert_uint_eq(bfc__bins_largest(&b), 0);
-    ck_assert_uint_eq(b.nonempty, 0);
+    ck_assert_uint_eq(bfc__bins_nonempty(&b), 0);
     ck_assert_uint_eq(bfc__bins_total_count(&b), 0);
 }
 END_TEST
@@ -267,7 +308,7 @@ START_TEST(test_exact_match)
     ck_assert_uint_eq(c1->link.slot, 2 * BFC__BIN_SUBS);
     ck_assert_uint_eq(c2->link.slot, 3 * BFC__BIN_SUBS);
     ck_assert_uint_eq(c3->link.slot, 4 * BFC__BIN_SUBS);
-    ck_assert_uint_eq(b.nonempty, (1u << 2) | (1u << 3) | (1u << 4));
+    ck_assert_uint_eq(bfc__bins_nonempty(&b), (1u << 2) | (1u << 3) | (1u << 4));
     ck_assert_uint_eq(bfc__bins_total_count(&b), 3);
     ck_assert_uint_eq(bfc__bins_total_bytes(&b), 1024 + 2048 + 4096);
     ck_assert_uint_eq(b.count[3], 1);
@@ -370,7 +411,7 @@ START_TEST(test_falls_through)
     bfc__bins_remove(&b, b8hi);
     bfc__bins_remove(&b, b8lo);
     verify_ok(&b);
-    ck_assert_uint_eq(b.nonempty, (1u << 3) | (1u << 12));
+    ck_assert_uint_eq(bfc__bins_nonempty(&b), (1u << 3) | (1u << 12));
     ck_assert_ptr_eq(bfc__bins_best_fit(&b, 2560), b12);
     free(small);
     free(b8hi);
@@ -418,7 +459,7 @@ START_TEST(test_remove_skips)
     ck_assert_uint_eq(b.bytes[2], 1280);
     bfc__bins_remove(&b, z);
     ck_assert_ptr_null(bfc__bins_best_fit(&b, 256));
-    ck_assert_uint_eq(b.nonempty, 0);
+    ck_assert_uint_eq(bfc__bins_nonempty(&b), 0);
     ck_assert_uint_eq(bfc__bins_total_bytes(&b), 0);
     verify_ok(&b);
     /* a removed chunk may be resized and inserted again */
@@ -525,8 +566,8 @@ START_TEST(test_walk_order)
         ck_assert_msg(w.seen[k] == sorted[k], "removing walk position %zu out of order", k);
     for (uint32_t k = 5 * BFC__BIN_SUBS; k < 6 * BFC__BIN_SUBS; k++)
         ck_assert_ptr_null(b.root[k]);
-    ck_assert_uint_eq(b.subs[5], 0);
-    ck_assert_uint_eq(b.nonempty, 1u);
+    ck_assert_uint_eq(bfc__bins_slots_of(&b, 5), 0);
+    ck_assert_uint_eq(bfc__bins_nonempty(&b), 1u);
     ck_assert_uint_eq(bfc__bins_total_count(&b), 1);
     verify_ok(&b);
     for (size_t k = 0; k < N; k++)
@@ -536,6 +577,12 @@ START_TEST(test_walk_order)
 END_TEST
 
 /* -------------------------------------------------------------- verify */
+
+/* Corrupts (or restores) slot k's bit in the slot map. */
+static void slot_bit_flip(struct bfc__bins *b, uint32_t k)
+{
+    b->slot_map[k >> 6] ^= UINT64_C(1) << (k & 63);
+}
 
 START_TEST(test_verify_detects_corruption)
 {
@@ -564,21 +611,22 @@ START_TEST(test_verify_detects_corruption)
     ck_assert_msg(strstr(msg, "bin 8") != NULL && strstr(msg, "bytes") != NULL, "message: %s", msg);
     b.bytes[BIN] -= 256;
 
-    b.nonempty |= 1u << 9;
+    /* a bit past the last slot */
+    slot_bit_flip(&b, BFC__SLOT_WORDS * 64 - 1);
     ck_assert_int_eq(bfc__bins_verify(&b, msg, sizeof msg), -1);
-    ck_assert_msg(strstr(msg, "bin 9") != NULL, "message: %s", msg);
-    b.nonempty &= ~(1u << 9);
+    ck_assert_msg(strstr(msg, "past slot 335") != NULL, "message: %s", msg);
+    slot_bit_flip(&b, BFC__SLOT_WORDS * 64 - 1);
     verify_ok(&b);
 
     /* a slot's bit set with no tree, and a tree with its bit clear */
-    b.subs[BIN] |= 1u << 3;
+    slot_bit_flip(&b, K + 3); /* set */
     ck_assert_int_eq(bfc__bins_verify(&b, msg, sizeof msg), -1);
     ck_assert_msg(strstr(msg, "slot 131") != NULL, "message: %s", msg);
-    b.subs[BIN] &= (uint16_t)~(1u << 3);
-    b.subs[BIN] &= (uint16_t)~1u;
+    slot_bit_flip(&b, K + 3);
+    slot_bit_flip(&b, K); /* clear */
     ck_assert_int_eq(bfc__bins_verify(&b, msg, sizeof msg), -1);
     ck_assert_msg(strstr(msg, "slot 128") != NULL, "message: %s", msg);
-    b.subs[BIN] |= 1u;
+    slot_bit_flip(&b, K);
     verify_ok(&b);
 
     /* an address changed while binned: stale priority (and order) */
@@ -800,7 +848,7 @@ START_TEST(test_scale_100k)
         ck_assert_ptr_eq(f, sorted[k]);
         bfc__bins_remove(&b, f);
     }
-    ck_assert_uint_eq(b.nonempty, 0);
+    ck_assert_uint_eq(bfc__bins_nonempty(&b), 0);
     verify_ok(&b);
     for (size_t k = 0; k < N; k++)
         free(c[k]);
@@ -899,6 +947,7 @@ static Suite *bins_suite(void)
     tcase_add_test(tc, test_bin_for_size);
     tcase_add_test(tc, test_slots);
     tcase_add_test(tc, test_falls_through_slots);
+    tcase_add_test(tc, test_slot_map_words);
     tcase_add_test(tc, test_empty);
     tcase_add_test(tc, test_exact_match);
     tcase_add_test(tc, test_smallest_sufficient);
