@@ -1220,24 +1220,20 @@ static __attribute__((noinline)) int free_wake(struct bfc_ctx *ctx, struct bfc__
  * The common free: a live block freed on its owner's stream, with nothing
  * unusual about it -- no merge with a neighbour, no trace, no recorded
  * stream, no poison, no large region, no waiter on the lock, nothing left
- * for after the release.  It makes no call, so the compiler saves no
- * register for it (make perf-instructions); whatever else it meets it hands,
- * before it has changed anything, to free_general or (holding the lock) to
- * free_locked_rest, or after the release to free_followup or free_wake: tail
- * calls, whose paths are those of free_general.
+ * for after the release.  It makes no call but tail calls, so it spills no
+ * argument and sets up no call on the way (make perf-instructions);
+ * whatever else it meets it hands, before it has changed anything, to
+ * free_general or (holding the lock) to free_locked_rest, or after the
+ * release to free_followup or free_wake, whose paths are those of
+ * free_general.  free_fast_in is the part after the region lookup, under
+ * the read section: bfc_ctx_free runs it when the thread's region-map hint
+ * holds p, free_search after the search (an arena of several regions).
  */
-int bfc_ctx_free(bfc_ctx_t *ctx, void *ptr, bfc_stream_t stream)
+static inline __attribute__((always_inline)) int free_fast_in(struct bfc_ctx *ctx, void *ptr, bfc_stream_t stream,
+                                                              struct bfc__region *r)
 {
     uintptr_t p = (uintptr_t)ptr;
-    unsigned long *ctr = bfc__rcu_ctr;
-    /* NULL passes this test and fails the region map's (no region holds
-     * address 0), as any pointer we did not hand out. */
-    if (BFC__UNLIKELY(!ctx || !ctr || (p & (BFC__MIN_ALLOC - 1)) || ctx->cfg.debug_check ||
-                      bfc__tracing(&ctx->obs)))
-        return free_general(ctx, ptr, stream);
-    bfc__rcu_lock_on(ctr);
-    struct bfc__region *r = bfc__regionmap_hit(p);
-    if (BFC__UNLIKELY(!r || r->tag != ctx || r->owner->stream != stream))
+    if (BFC__UNLIKELY(r->tag != ctx || r->owner->stream != stream))
         goto general;
     struct bfc__arena *a = r->owner;
     struct bfc__chunk *c = bfc__region_handle(r, p);
@@ -1266,8 +1262,36 @@ int bfc_ctx_free(bfc_ctx_t *ctx, void *ptr, bfc_stream_t stream)
     bfc__rcu_unlock_on(bfc__rcu_ctr);
     return BFC_OK;
 general:
-    bfc__rcu_unlock_on(ctr);
+    bfc__rcu_unlock_on(bfc__rcu_ctr);
     return free_general(ctx, ptr, stream);
+}
+
+/* The hint missed p, under the read section: the search (which moves the
+ * hint to p's region), then the rest of the fast path. */
+static __attribute__((noinline)) int free_search(struct bfc_ctx *ctx, void *ptr, bfc_stream_t stream)
+{
+    struct bfc__region *r = bfc__regionmap_lookup_slow((uintptr_t)ptr);
+    if (BFC__UNLIKELY(!r)) {
+        bfc__rcu_unlock_on(bfc__rcu_ctr);
+        return free_general(ctx, ptr, stream);
+    }
+    return free_fast_in(ctx, ptr, stream, r);
+}
+
+int bfc_ctx_free(bfc_ctx_t *ctx, void *ptr, bfc_stream_t stream)
+{
+    uintptr_t p = (uintptr_t)ptr;
+    unsigned long *ctr = bfc__rcu_ctr;
+    /* NULL passes this test and fails the region map's (no region holds
+     * address 0), as any pointer we did not hand out. */
+    if (BFC__UNLIKELY(!ctx || !ctr || (p & (BFC__MIN_ALLOC - 1)) || ctx->cfg.debug_check ||
+                      bfc__tracing(&ctx->obs)))
+        return free_general(ctx, ptr, stream);
+    bfc__rcu_lock_on(ctr);
+    struct bfc__region *r = bfc__regionmap_hit(p);
+    if (BFC__UNLIKELY(!r))
+        return free_search(ctx, ptr, stream);
+    return free_fast_in(ctx, ptr, stream, r);
 }
 
 /* Runs fn on the live chunk at p under its owner's lock. */
