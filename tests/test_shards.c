@@ -930,6 +930,7 @@ static struct wake_run {
     bfc_stream_t s;
     atomic_int stop, rounds, rc; /* rc: the first failed status of the reader's calls */
     atomic_int paused;           /* the churner is in its handler */
+    atomic_uint pauses;          /* handlers entered */
     atomic_uint iters;           /* the churner's loop */
 } wake_run;
 
@@ -937,6 +938,7 @@ static void wake_pause(int sig)
 {
     (void)sig;
     atomic_store(&wake_run.paused, 1);
+    atomic_fetch_add(&wake_run.pauses, 1);
     struct timespec ts = { 0, 3000000 };
     nanosleep(&ts, NULL);
     atomic_store(&wake_run.paused, 0);
@@ -946,9 +948,11 @@ static void *wake_reader(void *arg)
 {
     struct wake_run *w = arg;
     while (!atomic_load(&w->stop)) {
-        unsigned it = atomic_load(&w->iters);
+        unsigned it = atomic_load(&w->iters), pauses = atomic_load(&w->pauses);
         int rc = pthread_kill(w->churner, SIGUSR1) ? BFC_EINVAL : BFC_OK;
-        while (rc == BFC_OK && !atomic_load(&w->paused) && !atomic_load(&w->stop))
+        /* Until the handler has begun (on a loaded machine it may be over
+         * before this thread runs again: then the round takes no wait). */
+        while (rc == BFC_OK && atomic_load(&w->pauses) == pauses && !atomic_load(&w->stop))
             sched_yield();
         bfc_stats_t o;
         if (rc == BFC_OK)
@@ -978,6 +982,7 @@ START_TEST(test_fast_paths_wake_waiters)
     atomic_store(&w->rounds, 0);
     atomic_store(&w->rc, BFC_OK);
     atomic_store(&w->paused, 0);
+    atomic_store(&w->pauses, 0);
     atomic_store(&w->iters, 0);
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
