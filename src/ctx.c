@@ -1021,7 +1021,8 @@ void *bfc_ctx_alloc(bfc_ctx_t *ctx, bfc_stream_t stream, size_t n)
 {
     unsigned long *ctr = bfc__rcu_ctr;
     size_t rounded = bfc__round256(n); /* 0 for 0 and on overflow */
-    if (BFC__UNLIKELY(!ctx || !ctr || rounded == 0 || rounded > ctx->limit || ctx->cfg.debug_check ||
+    /* rounded - 1 >= limit: rounded is 0 or above the limit, in one test. */
+    if (BFC__UNLIKELY(!ctx || !ctr || rounded - 1 >= ctx->limit || ctx->cfg.debug_check ||
                       bfc__tracing(&ctx->obs)))
         return alloc_general(ctx, stream, n);
     bfc__rcu_lock_on(ctr);
