@@ -72,7 +72,7 @@ static inline void bfc__bins_rotate_up(struct bfc__chunk **root, struct bfc__chu
 
 static inline __attribute__((always_inline)) void bfc__bins_insert_inline(struct bfc__bins *b, struct bfc__chunk *c)
 {
-    uint32_t k = bfc__bin_slot(c->size), i = k >> BFC__BIN_SUB_BITS;
+    uint32_t k = bfc__bin_slot(c->size);
     struct bfc__chunk **root = &b->root[k];
     struct bfc__chunk *parent = NULL, **slot = root;
 
@@ -97,6 +97,7 @@ static inline __attribute__((always_inline)) void bfc__bins_insert_inline(struct
         bfc__bins_rotate_up(root, c);
 
     b->slot_map[k >> 6] |= UINT64_C(1) << (k & 63);
+    uint32_t i = k >> BFC__BIN_SUB_BITS;
     b->count[i]++;
     b->bytes[i] += c->size;
 }

@@ -1200,21 +1200,27 @@ static __attribute__((noinline)) int free_locked_rest(struct bfc_ctx *ctx, struc
     return free_exit(ctx, free_under_lock(a, r, p, hint, stream));
 }
 
-static __attribute__((noinline)) int free_followup(struct bfc_ctx *ctx, struct bfc__arena *a, struct bfc__region *r)
+/* (These two take only what the fast path still holds after the release:
+ * fewer values live across the bins' insert.  The fast path runs without
+ * debug_check, so they end without it.) */
+static __attribute__((noinline)) int free_followup(struct bfc__arena *a, struct bfc__chunk *c)
 {
+    struct bfc__region *r = c->region;
     if (bfc__arena_release_followup_due(a, r))
         bfc__arena_release_followup(a, r);
     bool dead = bfc__arena_maybe_dead_locked(a);
     bfc__unlock(&a->lock);
     if (dead)
         bfc__shard_reclaim(a);
-    return free_exit(ctx, BFC_OK);
+    bfc__rcu_unlock();
+    return BFC_OK;
 }
 
-static __attribute__((noinline)) int free_wake(struct bfc_ctx *ctx, struct bfc__arena *a)
+static __attribute__((noinline)) int free_wake(struct bfc__arena *a)
 {
     bfc__mutex_wake(&a->lock);
-    return free_exit(ctx, BFC_OK);
+    bfc__rcu_unlock();
+    return BFC_OK;
 }
 
 /*
@@ -1254,12 +1260,13 @@ static inline __attribute__((always_inline)) int free_fast_in(struct bfc_ctx *ct
     bfc__arena_account_free(a, c);
     bfc__arena_release_mark(a, c);
     bfc__bins_insert_inline(&a->bins, c);
-    /* acquire: as bfc__arena_maybe_dead_locked. */
+    /* acquire: as bfc__arena_maybe_dead_locked.  c->region: r, reloaded
+     * rather than kept in a register across the insert. */
     if (BFC__UNLIKELY(atomic_load_explicit(&a->retired, memory_order_acquire) ||
-                      bfc__arena_release_followup_due(a, r)))
-        return free_followup(ctx, a, r);
+                      bfc__arena_release_followup_due(a, c->region)))
+        return free_followup(a, c);
     if (BFC__UNLIKELY(bfc__unlock_nowake(&a->lock)))
-        return free_wake(ctx, a);
+        return free_wake(a);
     bfc__rcu_unlock_on(bfc__rcu_ctr);
     return BFC_OK;
 general:
