@@ -1008,24 +1008,45 @@ static __attribute__((noinline)) void *alloc_wake(struct bfc__arena *a, void *p)
     return p;
 }
 
+/* The fast paths' read section.  With membarrier (the thread's inline
+ * cache filled, rcu.h) its steps are inline; without, they are rcu.h's
+ * general calls, whose fenced steps run out of line (`fenced`, a constant
+ * in each copy of a fast path). */
+static inline __attribute__((always_inline)) void fast_rcu_lock(bool fenced)
+{
+    if (fenced)
+        bfc__rcu_lock();
+    else
+        bfc__rcu_lock_on(bfc__rcu_ctr);
+}
+
+static inline __attribute__((always_inline)) void fast_rcu_unlock(bool fenced)
+{
+    if (fenced)
+        bfc__rcu_unlock();
+    else
+        bfc__rcu_unlock_on(bfc__rcu_ctr);
+}
+
 /*
  * The common allocation: the thread's last stream (bfc__shard_hit), a best
  * fit in the bins on mapped memory, a record at hand if it splits, no
  * remote frees to drain, nobody waiting on the lock, no trace, no poison,
- * no debug check.  Like bfc_ctx_free it makes no call; whatever else it
- * meets it hands, before it has changed anything, to alloc_general or
- * (holding the lock) to alloc_locked_rest -- tail calls, whose paths are
- * alloc_once's.
+ * no debug check.  Like bfc_ctx_free it makes no call but tail calls;
+ * whatever else it meets it hands, before it has changed anything, to
+ * alloc_general or (holding the lock) to alloc_locked_rest, whose paths are
+ * alloc_once's.  Where the read section's steps are not inline (no
+ * membarrier, or the thread's first section) the same path runs with
+ * rcu.h's calls, in alloc_fast_fenced.
  */
-void *bfc_ctx_alloc(bfc_ctx_t *ctx, bfc_stream_t stream, size_t n)
+static inline __attribute__((always_inline)) void *alloc_fast(struct bfc_ctx *ctx, bfc_stream_t stream, size_t n,
+                                                             bool fenced)
 {
-    unsigned long *ctr = bfc__rcu_ctr;
     size_t rounded = bfc__round256(n); /* 0 for 0 and on overflow */
     /* rounded - 1 >= limit: rounded is 0 or above the limit, in one test. */
-    if (BFC__UNLIKELY(!ctx || !ctr || rounded - 1 >= ctx->limit || ctx->cfg.debug_check ||
-                      bfc__tracing(&ctx->obs)))
+    if (BFC__UNLIKELY(!ctx || rounded - 1 >= ctx->limit || ctx->cfg.debug_check || bfc__tracing(&ctx->obs)))
         return alloc_general(ctx, stream, n);
-    bfc__rcu_lock_on(ctr);
+    fast_rcu_lock(fenced);
     if (BFC__UNLIKELY(!bfc__shard_hit(ctx, stream)))
         goto general;
     struct bfc__arena *a = bfc__shard_last.arena;
@@ -1053,12 +1074,24 @@ void *bfc_ctx_alloc(bfc_ctx_t *ctx, bfc_stream_t stream, size_t n)
     void *p = bfc__arena_hand_out(a, c, n);
     if (BFC__UNLIKELY(bfc__unlock_nowake(&a->lock)))
         return alloc_wake(a, p);
-    bfc__rcu_unlock_on(bfc__rcu_ctr);
+    fast_rcu_unlock(fenced);
     bfc__set_last_error(BFC_OK);
     return p;
 general:
-    bfc__rcu_unlock_on(ctr);
+    fast_rcu_unlock(fenced);
     return alloc_general(ctx, stream, n);
+}
+
+static __attribute__((noinline)) void *alloc_fast_fenced(struct bfc_ctx *ctx, bfc_stream_t stream, size_t n)
+{
+    return alloc_fast(ctx, stream, n, true);
+}
+
+void *bfc_ctx_alloc(bfc_ctx_t *ctx, bfc_stream_t stream, size_t n)
+{
+    if (BFC__UNLIKELY(bfc__rcu_ctr == NULL))
+        return alloc_fast_fenced(ctx, stream, n);
+    return alloc_fast(ctx, stream, n, false);
 }
 
 /* -------------------------------------------------------------- free */
@@ -1237,7 +1270,7 @@ static __attribute__((noinline)) int free_wake(struct bfc__arena *a)
  * holds p, free_search after the search (an arena of several regions).
  */
 static inline __attribute__((always_inline)) int free_fast_in(struct bfc_ctx *ctx, void *ptr, bfc_stream_t stream,
-                                                              struct bfc__region *r)
+                                                              struct bfc__region *r, bool fenced)
 {
     uintptr_t p = (uintptr_t)ptr;
     if (BFC__UNLIKELY(r->tag != ctx || r->owner->stream != stream))
@@ -1267,39 +1300,53 @@ static inline __attribute__((always_inline)) int free_fast_in(struct bfc_ctx *ct
         return free_followup(a, c);
     if (BFC__UNLIKELY(bfc__unlock_nowake(&a->lock)))
         return free_wake(a);
-    bfc__rcu_unlock_on(bfc__rcu_ctr);
+    fast_rcu_unlock(fenced);
     return BFC_OK;
 general:
-    bfc__rcu_unlock_on(bfc__rcu_ctr);
+    fast_rcu_unlock(fenced);
     return free_general(ctx, ptr, stream);
 }
 
 /* The hint missed p, under the read section: the search (which moves the
- * hint to p's region), then the rest of the fast path. */
+ * hint to p's region), then the rest of the fast path, with rcu.h's general
+ * unlock (right with and without the inline steps). */
 static __attribute__((noinline)) int free_search(struct bfc_ctx *ctx, void *ptr, bfc_stream_t stream)
 {
     struct bfc__region *r = bfc__regionmap_lookup_slow((uintptr_t)ptr);
     if (BFC__UNLIKELY(!r)) {
-        bfc__rcu_unlock_on(bfc__rcu_ctr);
+        bfc__rcu_unlock();
         return free_general(ctx, ptr, stream);
     }
-    return free_fast_in(ctx, ptr, stream, r);
+    return free_fast_in(ctx, ptr, stream, r, true);
+}
+
+/* The free's fast path up to the region (its copy without the inline read
+ * section: free_fast_fenced, as alloc_fast_fenced). */
+static inline __attribute__((always_inline)) int free_fast(struct bfc_ctx *ctx, void *ptr, bfc_stream_t stream,
+                                                           bool fenced)
+{
+    uintptr_t p = (uintptr_t)ptr;
+    /* NULL passes this test and fails the region map's (no region holds
+     * address 0), as any pointer we did not hand out. */
+    if (BFC__UNLIKELY(!ctx || (p & (BFC__MIN_ALLOC - 1)) || ctx->cfg.debug_check || bfc__tracing(&ctx->obs)))
+        return free_general(ctx, ptr, stream);
+    fast_rcu_lock(fenced);
+    struct bfc__region *r = bfc__regionmap_hit(p);
+    if (BFC__UNLIKELY(!r))
+        return free_search(ctx, ptr, stream);
+    return free_fast_in(ctx, ptr, stream, r, fenced);
+}
+
+static __attribute__((noinline)) int free_fast_fenced(struct bfc_ctx *ctx, void *ptr, bfc_stream_t stream)
+{
+    return free_fast(ctx, ptr, stream, true);
 }
 
 int bfc_ctx_free(bfc_ctx_t *ctx, void *ptr, bfc_stream_t stream)
 {
-    uintptr_t p = (uintptr_t)ptr;
-    unsigned long *ctr = bfc__rcu_ctr;
-    /* NULL passes this test and fails the region map's (no region holds
-     * address 0), as any pointer we did not hand out. */
-    if (BFC__UNLIKELY(!ctx || !ctr || (p & (BFC__MIN_ALLOC - 1)) || ctx->cfg.debug_check ||
-                      bfc__tracing(&ctx->obs)))
-        return free_general(ctx, ptr, stream);
-    bfc__rcu_lock_on(ctr);
-    struct bfc__region *r = bfc__regionmap_hit(p);
-    if (BFC__UNLIKELY(!r))
-        return free_search(ctx, ptr, stream);
-    return free_fast_in(ctx, ptr, stream, r);
+    if (BFC__UNLIKELY(bfc__rcu_ctr == NULL))
+        return free_fast_fenced(ctx, ptr, stream);
+    return free_fast(ctx, ptr, stream, false);
 }
 
 /* Runs fn on the live chunk at p under its owner's lock. */
