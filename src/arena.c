@@ -397,13 +397,14 @@ void bfc__arena_merge(struct bfc__arena *a, struct bfc__chunk *c, struct bfc__ch
     chunk_delete(a, n);
 }
 
-/* What a release leaves beyond the bins (bfc__arena_release_followup_due). */
+/* What a release leaves beyond the bins, once bfc__arena_release_followup_due
+ * said there is something: a retired shard's empty region departs, else the
+ * expandable arena's decay is due. */
 void bfc__arena_release_followup(struct bfc__arena *a, struct bfc__region *r)
 {
     if (r->live == 0 && atomic_load_explicit(&a->retired, memory_order_relaxed))
         bfc__arena_region_depart(a, r, true);
-    else if (BFC__UNLIKELY(r->vmm) &&
-             (a->st.bytes_in_use < a->x->low_water || a->st.num_allocs >= a->x->decay_at))
+    else
         bfc__expand_after_free_locked(a);
 }
 

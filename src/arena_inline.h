@@ -173,7 +173,8 @@ static inline void bfc__arena_release_mark(struct bfc__arena *a, struct bfc__chu
 
 /* After a release that left region r with `live` live chunks: is there more
  * to do than the bins (a retired shard's region left empty, an expandable
- * arena's decay)?  bfc__arena_release_followup (arena.c) does it. */
+ * arena's decay)?  bfc__arena_release_followup (arena.c) does it, when and
+ * only when this says so. */
 static inline bool bfc__arena_release_followup_due(struct bfc__arena *a, const struct bfc__region *r)
 {
     /* A retired shard keeps nothing it does not need. */

@@ -141,14 +141,6 @@ size_t bfc__bins_largest(const struct bfc__bins *b)
     return 0;
 }
 
-uint32_t bfc__bins_nonempty(const struct bfc__bins *b)
-{
-    uint32_t mask = 0;
-    for (uint32_t i = 0; i < BFC__NUM_BINS; i++)
-        if (bfc__bins_slots_of(b, i))
-            mask |= UINT32_C(1) << i;
-    return mask;
-}
 
 /*
  * The slots of bin i in turn, each in order.  The successor is taken before

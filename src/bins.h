@@ -139,8 +139,6 @@ void bfc__bins_remove(struct bfc__bins *b, struct bfc__chunk *c);
 struct bfc__chunk *bfc__bins_best_fit(const struct bfc__bins *b, size_t rounded);
 /* Largest free chunk size (0 when empty). */
 size_t bfc__bins_largest(const struct bfc__bins *b);
-/* The bins that hold chunks: bit i set iff bin i does (stats, tests). */
-uint32_t bfc__bins_nonempty(const struct bfc__bins *b);
 /* Calls fn on every chunk of bin i in (size, address) order; stops when fn
  * returns non-zero and returns that value. */
 int bfc__bins_walk(const struct bfc__bins *b, uint32_t i,

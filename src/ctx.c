@@ -1002,7 +1002,7 @@ static __attribute__((noinline)) void *alloc_locked_rest(struct bfc_ctx *ctx, bf
 
 static __attribute__((noinline)) void *alloc_wake(struct bfc__arena *a, void *p)
 {
-    bfc__mutex_wake(&a->lock);
+    bfc__unlock_wake(&a->lock);
     bfc__rcu_unlock();
     bfc__set_last_error(BFC_OK);
     return p;
@@ -1251,7 +1251,7 @@ static __attribute__((noinline)) int free_followup(struct bfc__arena *a, struct 
 
 static __attribute__((noinline)) int free_wake(struct bfc__arena *a)
 {
-    bfc__mutex_wake(&a->lock);
+    bfc__unlock_wake(&a->lock);
     bfc__rcu_unlock();
     return BFC_OK;
 }
@@ -1281,7 +1281,7 @@ static inline __attribute__((always_inline)) int free_fast_in(struct bfc_ctx *ct
         goto general;
     /* Under the lock: still the block at p (the record may have been
      * recycled since the handle was read), and a plain release. */
-    if (BFC__UNLIKELY(c->ptr != p || c->region != r || a->dead || r->gone || r->large || a->env->poison ||
+    if (BFC__UNLIKELY(!bfc__chunk_at(c, r, p) || a->dead || r->gone || r->large || a->env->poison ||
                       atomic_load_explicit((struct bfc__recorded *_Atomic *)&c->recorded, memory_order_relaxed) ||
                       bfc__arena_free_neighbour(c->next) || bfc__arena_free_neighbour(c->prev)))
         return free_locked_rest(ctx, a, r, p, c, stream);

@@ -331,19 +331,11 @@ static bool slab_grow(struct bfc__slab *s)
 
 void *bfc__slab_get(struct bfc__slab *s)
 {
-    void *obj;
-    void *next;
-
     if (BFC__UNLIKELY(s->per_page == 0))
         return NULL;
     if (!s->free_list && slab_grow(s))
         return NULL;
-    obj = s->free_list;
-    memcpy(&next, obj, sizeof(next));
-    s->free_list = next;
-    memset(obj, 0, s->obj_size);
-    s->n_live++;
-    return obj;
+    return bfc__slab_pop(s, s->obj_size);
 }
 
 void bfc__slab_put(struct bfc__slab *s, void *obj)

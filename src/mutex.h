@@ -37,6 +37,7 @@
 #ifndef BFC_MUTEX_H
 #define BFC_MUTEX_H
 
+#include <errno.h>
 #include <pthread.h>
 
 #include "internal.h"
@@ -116,6 +117,17 @@ void bfc__witness_check(bfc__mutex_t *m, bool nested);
 void bfc__witness_acquired(bfc__mutex_t *m);
 void bfc__witness_release(bfc__mutex_t *m);
 
+#if !BFC_PTHREAD_MUTEX
+/* One attempt at the futex word: true when m is now ours, else false with
+ * what it held in *seen (1 locked, 2 locked with waiters).  acquire: pairs
+ * with the release exchange in bfc__unlock_nowake. */
+static inline bool bfc__mutex_try(bfc__mutex_t *m, uint32_t *seen)
+{
+    *seen = 0;
+    return atomic_compare_exchange_strong_explicit(&m->v, seen, 1, memory_order_acquire, memory_order_relaxed);
+}
+#endif
+
 static inline void bfc__lock_impl(bfc__mutex_t *m, bool nested)
 {
     if (bfc__config_debug)
@@ -125,10 +137,8 @@ static inline void bfc__lock_impl(bfc__mutex_t *m, bool nested)
     if (BFC__UNLIKELY(e != 0))
         bfc__fatal("pthread_mutex_lock", e);
 #else
-    uint32_t c = 0;
-    /* acquire: pairs with the release exchange in bfc__unlock. */
-    if (BFC__UNLIKELY(!atomic_compare_exchange_strong_explicit(&m->v, &c, 1, memory_order_acquire,
-                                                               memory_order_relaxed)))
+    uint32_t c;
+    if (BFC__UNLIKELY(!bfc__mutex_try(m, &c)))
         bfc__mutex_lock_slow(m, c);
 #endif
     if (bfc__config_debug)
@@ -150,7 +160,33 @@ static inline void bfc__lock_nested(bfc__mutex_t *m)
     bfc__lock_impl(m, true);
 }
 
-static inline void bfc__unlock(bfc__mutex_t *m)
+/* Takes m only if it is free: false when another thread holds it (the
+ * caller then takes a way that waits).  For a fast path that must make no
+ * call (ctx.c). */
+static inline bool bfc__trylock(bfc__mutex_t *m)
+{
+    if (bfc__config_debug)
+        bfc__witness_check(m, false);
+#if BFC_PTHREAD_MUTEX
+    int e = pthread_mutex_trylock(&m->pm);
+    if (e == EBUSY)
+        return false;
+    if (BFC__UNLIKELY(e != 0))
+        bfc__fatal("pthread_mutex_trylock", e);
+#else
+    uint32_t c;
+    if (BFC__UNLIKELY(!bfc__mutex_try(m, &c)))
+        return false;
+#endif
+    if (bfc__config_debug)
+        bfc__witness_acquired(m);
+    return true;
+}
+
+/* Releases m; true when a waiter must be woken with bfc__unlock_wake (never
+ * with pthread mutexes).  bfc__unlock does both; a fast path that must make
+ * no call wakes in a tail call (ctx.c). */
+static inline bool bfc__unlock_nowake(bfc__mutex_t *m)
 {
     if (bfc__config_debug)
         bfc__witness_release(m);
@@ -158,50 +194,28 @@ static inline void bfc__unlock(bfc__mutex_t *m)
     int e = pthread_mutex_unlock(&m->pm);
     if (BFC__UNLIKELY(e != 0))
         bfc__fatal("pthread_mutex_unlock", e);
-#else
-    /* release: pairs with the acquire CAS/exchange of the next locker. */
-    if (BFC__UNLIKELY(atomic_exchange_explicit(&m->v, 0, memory_order_release) == 2))
-        bfc__mutex_wake(m);
-#endif
-}
-
-/*
- * The same two steps for a fast path that must make no call (ctx.c): take
- * m only if it is free (false: another thread holds it, and the caller
- * takes the general way, which waits), and release it, returning true when
- * a waiter must be woken with bfc__mutex_wake.  With pthread mutexes both
- * are the plain calls.
- */
-static inline bool bfc__trylock(bfc__mutex_t *m)
-{
-#if BFC_PTHREAD_MUTEX
-    bfc__lock(m);
-    return true;
-#else
-    if (bfc__config_debug)
-        bfc__witness_check(m, false);
-    uint32_t c = 0;
-    /* acquire: as bfc__lock_impl. */
-    if (BFC__UNLIKELY(!atomic_compare_exchange_strong_explicit(&m->v, &c, 1, memory_order_acquire,
-                                                               memory_order_relaxed)))
-        return false;
-    if (bfc__config_debug)
-        bfc__witness_acquired(m);
-    return true;
-#endif
-}
-
-static inline bool bfc__unlock_nowake(bfc__mutex_t *m)
-{
-#if BFC_PTHREAD_MUTEX
-    bfc__unlock(m);
     return false;
 #else
-    if (bfc__config_debug)
-        bfc__witness_release(m);
-    /* release: as bfc__unlock. */
+    /* release: pairs with the acquire CAS/exchange of the next locker. */
     return BFC__UNLIKELY(atomic_exchange_explicit(&m->v, 0, memory_order_release) == 2);
 #endif
+}
+
+/* The wake bfc__unlock_nowake asked for (none exists with pthread mutexes,
+ * which wake their own waiters). */
+static inline void bfc__unlock_wake(bfc__mutex_t *m)
+{
+#if BFC_PTHREAD_MUTEX
+    (void)m;
+#else
+    bfc__mutex_wake(m);
+#endif
+}
+
+static inline void bfc__unlock(bfc__mutex_t *m)
+{
+    if (bfc__unlock_nowake(m))
+        bfc__unlock_wake(m);
 }
 
 #endif /* BFC_MUTEX_H */

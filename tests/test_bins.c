@@ -55,6 +55,16 @@ static struct bfc__chunk *mk(uintptr_t ptr, size_t size)
     return c;
 }
 
+/* The bins that hold chunks: bit i set iff bin i does. */
+static uint32_t bins_nonempty(const struct bfc__bins *b)
+{
+    uint32_t mask = 0;
+    for (uint32_t i = 0; i < BFC__NUM_BINS; i++)
+        if (bfc__bins_slots_of(b, i))
+            mask |= UINT32_C(1) << i;
+    return mask;
+}
+
 static void verify_ok(const struct bfc__bins *b)
 {
     char msg[256];
@@ -224,10 +234,10 @@ START_TEST(test_falls_through_slots)
     ck_assert_ptr_eq(bfc__bins_best_fit(&b, 65536 + 1280), top);
     bfc__bins_remove(&b, small);
     ck_assert_uint_eq(bfc__bins_slots_of(&b, 8), 0);
-    ck_assert_uint_eq(bfc__bins_nonempty(&b), 1u << 9);
+    ck_assert_uint_eq(bins_nonempty(&b), 1u << 9);
     verify_ok(&b);
     bfc__bins_remove(&b, top);
-    ck_assert_uint_eq(bfc__bins_nonempty(&b), 0);
+    ck_assert_uint_eq(bins_nonempty(&b), 0);
     free(small);
     free(mid_a);
     free(mid_b);
@@ -273,7 +283,7 @@ START_TEST(test_slot_map_words)
         ck_assert_uint_eq(bfc__bins_largest(&b), lo[k]);
         verify_ok(&b);
         bfc__bins_remove(&b, c);
-        ck_assert_uint_eq(bfc__bins_nonempty(&b), 0);
+        ck_assert_uint_eq(bins_nonempty(&b), 0);
         free(c);
     }
 }
@@ -287,7 +297,7 @@ START_TEST(test_empty)
     ck_assert_ptr_null(bfc__bins_best_fit(&b, 256));
     ck_assert_ptr_null(bfc__bins_best_fit(&b, 256 * BFC__MiB));
     ck_assert_uint_eq(bfc__bins_largest(&b), 0);
-    ck_assert_uint_eq(bfc__bins_nonempty(&b), 0);
+    ck_assert_uint_eq(bins_nonempty(&b), 0);
     ck_assert_uint_eq(bfc__bins_total_count(&b), 0);
 }
 END_TEST
@@ -308,7 +318,7 @@ START_TEST(test_exact_match)
     ck_assert_uint_eq(c1->link.slot, 2 * BFC__BIN_SUBS);
     ck_assert_uint_eq(c2->link.slot, 3 * BFC__BIN_SUBS);
     ck_assert_uint_eq(c3->link.slot, 4 * BFC__BIN_SUBS);
-    ck_assert_uint_eq(bfc__bins_nonempty(&b), (1u << 2) | (1u << 3) | (1u << 4));
+    ck_assert_uint_eq(bins_nonempty(&b), (1u << 2) | (1u << 3) | (1u << 4));
     ck_assert_uint_eq(bfc__bins_total_count(&b), 3);
     ck_assert_uint_eq(bfc__bins_total_bytes(&b), 1024 + 2048 + 4096);
     ck_assert_uint_eq(b.count[3], 1);
@@ -411,7 +421,7 @@ START_TEST(test_falls_through)
     bfc__bins_remove(&b, b8hi);
     bfc__bins_remove(&b, b8lo);
     verify_ok(&b);
-    ck_assert_uint_eq(bfc__bins_nonempty(&b), (1u << 3) | (1u << 12));
+    ck_assert_uint_eq(bins_nonempty(&b), (1u << 3) | (1u << 12));
     ck_assert_ptr_eq(bfc__bins_best_fit(&b, 2560), b12);
     free(small);
     free(b8hi);
@@ -459,7 +469,7 @@ START_TEST(test_remove_skips)
     ck_assert_uint_eq(b.bytes[2], 1280);
     bfc__bins_remove(&b, z);
     ck_assert_ptr_null(bfc__bins_best_fit(&b, 256));
-    ck_assert_uint_eq(bfc__bins_nonempty(&b), 0);
+    ck_assert_uint_eq(bins_nonempty(&b), 0);
     ck_assert_uint_eq(bfc__bins_total_bytes(&b), 0);
     verify_ok(&b);
     /* a removed chunk may be resized and inserted again */
@@ -567,7 +577,7 @@ START_TEST(test_walk_order)
     for (uint32_t k = 5 * BFC__BIN_SUBS; k < 6 * BFC__BIN_SUBS; k++)
         ck_assert_ptr_null(b.root[k]);
     ck_assert_uint_eq(bfc__bins_slots_of(&b, 5), 0);
-    ck_assert_uint_eq(bfc__bins_nonempty(&b), 1u);
+    ck_assert_uint_eq(bins_nonempty(&b), 1u);
     ck_assert_uint_eq(bfc__bins_total_count(&b), 1);
     verify_ok(&b);
     for (size_t k = 0; k < N; k++)
@@ -848,7 +858,7 @@ START_TEST(test_scale_100k)
         ck_assert_ptr_eq(f, sorted[k]);
         bfc__bins_remove(&b, f);
     }
-    ck_assert_uint_eq(bfc__bins_nonempty(&b), 0);
+    ck_assert_uint_eq(bins_nonempty(&b), 0);
     verify_ok(&b);
     for (size_t k = 0; k < N; k++)
         free(c[k]);
