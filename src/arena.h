@@ -145,10 +145,18 @@ static inline bool bfc__arena_rq_empty(struct bfc__arena *a)
     return CMM_LOAD_SHARED(a->rq_head.node.next) == NULL && CMM_LOAD_SHARED(a->rq_tail.p) == &a->rq_head.node;
 }
 
-/* Has the arena remote frees to handle: queued, or left by a drain? */
+/* Has the arena remote frees to handle: queued, or left by a drain?  For
+ * the owner (under its lock) the queue's tail alone says whether anything
+ * was queued since its last splice: an enqueue swaps the tail before it
+ * links the node, and a splice -- the owner's, the queue's only consumer --
+ * clears the head's link before it resets the tail, so the tail is back at
+ * the head only when the queue is empty.  One line read on every
+ * allocation instead of two (the head's link is in a span of its own).  A
+ * freer between its two stores counts as queued; the drain stashes its
+ * node until the link is there. */
 static inline bool bfc__arena_rq_waiting(struct bfc__arena *a)
 {
-    return !bfc__arena_rq_empty(a) || a->rq_stash_head.node.next != NULL;
+    return CMM_LOAD_SHARED(a->rq_tail.p) != &a->rq_head.node || a->rq_stash_head.node.next != NULL;
 }
 
 struct bfc__arena *bfc__arena_new(const struct bfc__arena_env *env, bfc_stream_t s, uint64_t sid);

@@ -23,7 +23,10 @@ int bfc__shard_dir_init(struct bfc_ctx *ctx);
 extern _Atomic uint64_t bfc__dir_epoch;
 
 /* The calling thread's last (context, stream handle, arena), valid while
- * bfc__dir_epoch is what it was when filled (shard.c). */
+ * bfc__dir_epoch is what it was when filled (shard.c).  Filled only with an
+ * arena, never NULL; a thread's cache starts zeroed, and epoch 0 is never
+ * current (bfc__dir_epoch starts at 1 and only grows), so an unfilled cache
+ * never hits. */
 struct bfc__shard_cache {
     struct bfc_ctx *ctx;
     bfc_stream_t stream;
@@ -37,7 +40,7 @@ static inline bool bfc__shard_hit(struct bfc_ctx *ctx, bfc_stream_t s)
     /* acquire: pairs with the release increment in bfc__shard_retire; an
      * unchanged epoch means the cached arena was not retired before this
      * read section began, so it is not freed before we unlock RCU. */
-    return bfc__shard_last.ctx == ctx && bfc__shard_last.stream == s && bfc__shard_last.arena &&
+    return bfc__shard_last.ctx == ctx && bfc__shard_last.stream == s &&
            bfc__shard_last.epoch == atomic_load_explicit(&bfc__dir_epoch, memory_order_acquire);
 }
 
