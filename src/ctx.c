@@ -417,6 +417,10 @@ static int ctx_create(bfc_config_t cfg, bfc__backend_t *be, bool host, bfc_ctx_t
     ctx->env.poison_errors = &ctx->poison_errors;
     ctx->env.shards_live = &ctx->shards_live;
     ctx->env.alloc_ids = &ctx->alloc_ids;
+    ctx->fast_max = ctx->limit < ctx->env.bins_max - 1 ? ctx->limit : ctx->env.bins_max - 1;
+    atomic_store_explicit(&ctx->fast_off,
+                          (cfg.debug_check ? BFC__FAST_DEBUG : 0) | (ctx->env.poison ? BFC__FAST_POISON : 0),
+                          memory_order_relaxed);
     st = bfc__shard_dir_init(ctx);
     if (st != BFC_OK)
         goto fail_pool;
@@ -1043,8 +1047,10 @@ static inline __attribute__((always_inline)) void *alloc_fast(struct bfc_ctx *ct
                                                              bool fenced)
 {
     size_t rounded = bfc__round256(n); /* 0 for 0 and on overflow */
-    /* rounded - 1 >= limit: rounded is 0 or above the limit, in one test. */
-    if (BFC__UNLIKELY(!ctx || rounded - 1 >= ctx->limit || ctx->cfg.debug_check || bfc__tracing(&ctx->obs)))
+    /* rounded - 1 >= fast_max: rounded is 0, above the limit or a large
+     * block's (ctx.h); fast_off: debug_check, poison or a trace. */
+    if (BFC__UNLIKELY(!ctx || rounded - 1 >= ctx->fast_max ||
+                      atomic_load_explicit(&ctx->fast_off, memory_order_relaxed)))
         return alloc_general(ctx, stream, n);
     fast_rcu_lock(fenced);
     if (BFC__UNLIKELY(!bfc__shard_hit(ctx, stream)))
@@ -1052,10 +1058,9 @@ static inline __attribute__((always_inline)) void *alloc_fast(struct bfc_ctx *ct
     struct bfc__arena *a = bfc__shard_last.arena;
     if (BFC__UNLIKELY(!bfc__trylock(&a->lock)))
         goto general;
-    const struct bfc__arena_env *env = a->env;
     /* acquire: as alloc_once. */
     if (BFC__UNLIKELY(atomic_load_explicit(&a->retired, memory_order_acquire) || bfc__arena_rq_waiting(a) ||
-                      a->st.pending || rounded >= env->bins_max || env->poison || a->next_id == a->id_end))
+                      a->st.pending || a->next_id == a->id_end))
         return alloc_locked_rest(ctx, stream, a, n, rounded);
     struct bfc__chunk *c = bfc__bins_best_fit_inline(&a->bins, rounded), *leftover = NULL;
     if (BFC__UNLIKELY(!c || (a->x != NULL && !bfc__expand_backed(a->x, c->ptr + c->size))))
@@ -1280,8 +1285,9 @@ static inline __attribute__((always_inline)) int free_fast_in(struct bfc_ctx *ct
     if (BFC__UNLIKELY(!c || c == BFC__HANDLE_GONE || !bfc__trylock(&a->lock)))
         goto general;
     /* Under the lock: still the block at p (the record may have been
-     * recycled since the handle was read), and a plain release. */
-    if (BFC__UNLIKELY(!bfc__chunk_at(c, r, p) || a->dead || r->gone || r->large || a->env->poison ||
+     * recycled since the handle was read), and a plain release.  (Poison
+     * was tested at the entry: r->tag == ctx, so a->env is ctx->env.) */
+    if (BFC__UNLIKELY(!bfc__chunk_at(c, r, p) || a->dead || r->gone || r->large ||
                       atomic_load_explicit((struct bfc__recorded *_Atomic *)&c->recorded, memory_order_relaxed) ||
                       bfc__arena_free_neighbour(c->next) || bfc__arena_free_neighbour(c->prev)))
         return free_locked_rest(ctx, a, r, p, c, stream);
@@ -1328,7 +1334,7 @@ static inline __attribute__((always_inline)) int free_fast(struct bfc_ctx *ctx, 
     uintptr_t p = (uintptr_t)ptr;
     /* NULL passes this test and fails the region map's (no region holds
      * address 0), as any pointer we did not hand out. */
-    if (BFC__UNLIKELY(!ctx || (p & (BFC__MIN_ALLOC - 1)) || ctx->cfg.debug_check || bfc__tracing(&ctx->obs)))
+    if (BFC__UNLIKELY(!ctx || (p & (BFC__MIN_ALLOC - 1)) || atomic_load_explicit(&ctx->fast_off, memory_order_relaxed)))
         return free_general(ctx, ptr, stream);
     fast_rcu_lock(fenced);
     struct bfc__region *r = bfc__regionmap_hit(p);

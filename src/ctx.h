@@ -18,6 +18,13 @@ struct bfc_ctx {
     bfc_config_t cfg;            /* resolved: backend, limit filled in */
     bfc__backend_t *be;
     size_t limit;
+    /* The fast paths' entry test (ctx.c), next to `limit` on one line.  A
+     * request of rounded size r (0 on overflow) stays on the fast path only
+     * if r - 1 < fast_max = min(limit, env.bins_max - 1): zero, over the
+     * limit and large blocks, in one compare.  fast_off is 0 unless a
+     * BFC__FAST_* reason below holds: one load for three tests. */
+    size_t fast_max;
+    _Atomic uint32_t fast_off;
     struct bfc__pool pool;
     struct cds_lfht *dir;        /* stream id -> arena */
     bfc__mutex_t arenas_lock;  /* the arena list: shard create/reclaim, stats, slow path */
@@ -35,6 +42,13 @@ struct bfc_ctx {
     struct bfc__obs obs;         /* trace and OOM report (obs.h) */
     struct bfc__arena_env env;   /* what its arenas see of it (arena.h) */
 };
+
+/* bfc_ctx.fast_off's bits: debug_check and poison are fixed at creation;
+ * the trace bit is set and cleared with obs.trace (trace.c), atomically,
+ * since the exit handler clears it under a lock of its own. */
+#define BFC__FAST_DEBUG 1u
+#define BFC__FAST_POISON 2u
+#define BFC__FAST_TRACE 4u
 
 /* A context over an already opened backend (host arenas); takes ownership of
  * be, also on failure. */

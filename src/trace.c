@@ -4,7 +4,9 @@
  * RMM's logging format (doc/trace.md).
  *
  * Cost model.  With no trace running, each allocation and free path reads
- * ctx->obs.trace once (relaxed) and branches: nothing else.  With a trace
+ * ctx->obs.trace once (relaxed) and branches: nothing else (the fast paths
+ * read ctx->fast_off instead, whose BFC__FAST_TRACE bit set_trace keeps
+ * with the pointer).  With a trace
  * running, an event is a clock read and a store into the calling thread's
  * buffer; a full buffer (TB_EVENTS events) is formatted by its thread and
  * written to the file under the trace's file lock -- the only lock an event
@@ -69,6 +71,19 @@
 
 #include "ctx.h"
 #include "trace_actions.h"
+
+/* Publishes or clears ctx's running trace, and with it the fast paths' bit
+ * (ctx.h: they then step aside to the paths that read obs.trace).  Set
+ * after the pointer, cleared before it: a fast path that sees the bit clear
+ * while a trace starts misses the event, as a call racing the start would. */
+static void set_trace(struct bfc_ctx *ctx, struct bfc__trace *t, memory_order mo)
+{
+    if (!t)
+        atomic_fetch_and_explicit(&ctx->fast_off, ~BFC__FAST_TRACE, memory_order_relaxed);
+    atomic_store_explicit(&ctx->obs.trace, t, mo);
+    if (t)
+        atomic_fetch_or_explicit(&ctx->fast_off, BFC__FAST_TRACE, memory_order_relaxed);
+}
 
 #define TB_EVENTS 512
 /* Longest row: 20 + 1 + 20 + 1 + 16 + 1 + 18 + 1 + 20 + 1 + 18 + 1 = 118. */
@@ -379,7 +394,7 @@ static void stop_all_at_exit(void)
         run_unlink(t);
         /* relaxed: the grace period in finish orders this store before
          * every buffer access that follows (as in bfc_ctx_trace_stop). */
-        atomic_store_explicit(&t->ctx->obs.trace, NULL, memory_order_relaxed);
+        set_trace(t->ctx, NULL, memory_order_relaxed);
         if (last)
             last->run_next = t;
         else
@@ -453,7 +468,7 @@ int bfc_ctx_trace_start(bfc_ctx_t *ctx, const char *path)
     /* release: pairs with the acquire load in bfc__trace_event.  Under
      * reg_lock, so the exit handler sees the trace listed and published
      * together. */
-    atomic_store_explicit(&ctx->obs.trace, t, memory_order_release);
+    set_trace(ctx, t, memory_order_release);
     bfc__unlock(&reg_lock);
 out:
     bfc__unlock(&ctx->obs.lock);
@@ -472,7 +487,7 @@ int bfc_ctx_trace_stop(bfc_ctx_t *ctx)
         bfc__lock(&reg_lock);
         if (atomic_load_explicit(&ctx->obs.trace, memory_order_relaxed) == t) {
             run_unlink(t);
-            atomic_store_explicit(&ctx->obs.trace, NULL, memory_order_relaxed);
+            set_trace(ctx, NULL, memory_order_relaxed);
         } else {
             t = NULL;
         }

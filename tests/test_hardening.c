@@ -839,7 +839,60 @@ static void child_private_no_debug(void)
         _exit(23);
     _exit(0);
 }
+
+/* debug_check without poison: the allocation and the free that the fast
+ * paths would take (the stream's shard cached, an exact fit that needs no
+ * split, a free between two live blocks) check too. */
+static bfc_ctx_t *debug_only_ctx(void **q)
+{
+    bfc_config_t c = cfg_sim(LIMIT);
+    c.debug_check = true;
+    bfc_ctx_t *ctx;
+    if (bfc_ctx_create(&c, &ctx) != BFC_OK)
+        _exit(30);
+    void *p = bfc_ctx_alloc(ctx, NULL, 4096);
+    *q = bfc_ctx_alloc(ctx, NULL, 256);
+    void *r = bfc_ctx_alloc(ctx, NULL, 256); /* q's neighbours stay live */
+    void *s = bfc_ctx_alloc(ctx, NULL, 512);
+    void *t = bfc_ctx_alloc(ctx, NULL, 256); /* and s's */
+    if (!p || !*q || !r || !s || !t || bfc_ctx_free(ctx, s, NULL) != BFC_OK)
+        _exit(31);
+    corrupt_shard_of(p, 256);
+    return ctx;
+}
+
+static void child_debug_fast_alloc(void)
+{
+    void *q;
+    bfc_ctx_t *ctx = debug_only_ctx(&q);
+    (void)bfc_ctx_alloc(ctx, NULL, 512); /* s's chunk again; checks after: aborts */
+    _exit(12);
+}
+
+static void child_debug_fast_free(void)
+{
+    void *q;
+    bfc_ctx_t *ctx = debug_only_ctx(&q);
+    (void)bfc_ctx_free(ctx, q, NULL); /* checks after the operation: aborts */
+    _exit(13);
+}
 #endif
+
+START_TEST(test_debug_check_fast_paths)
+{
+#ifndef HARD_TSAN
+    void (*const fns[])(void) = {child_debug_fast_alloc, child_debug_fast_free};
+    for (size_t i = 0; i < sizeof fns / sizeof fns[0]; i++) {
+        char err[4096];
+        int status = in_child(fns[i], err, sizeof err);
+        ck_assert_msg(WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT,
+                      "%s: debug_check did not abort on a broken invariant (status %#x): %s",
+                      i ? "free" : "alloc", status, err);
+        ck_assert_msg(strstr(err, "debug_check: invariant 4") != NULL, "stderr: %s", err);
+    }
+#endif
+}
+END_TEST
 
 START_TEST(test_debug_check_from_env)
 {
@@ -1523,6 +1576,7 @@ int main(void)
     TCase *dbg = tcase_create("debug");
     tcase_set_timeout(dbg, 60);
     tcase_add_test(dbg, test_debug_check_from_env);
+    tcase_add_test(dbg, test_debug_check_fast_paths);
     tcase_add_test(dbg, test_poison_detects_write_after_free);
     suite_add_tcase(s, dbg);
     /* A child forked while other threads hold allocator locks must not
