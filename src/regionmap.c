@@ -41,11 +41,16 @@ static void rmap_free_cb(struct rcu_head *h)
     bfc__rcu_reclaim_done();
 }
 
+/* Under wlock: the arrays' generations (bfc__rmap_hint), from 1. */
+static uint64_t rmap_gen;
+
 static struct bfc__rmap *rmap_new(size_t n)
 {
     struct bfc__rmap *m = bfc__meta_alloc(sizeof(*m) + n * sizeof(m->e[0]));
-    if (m)
+    if (m) {
         m->n = n;
+        m->gen = ++rmap_gen;
+    }
     return m;
 }
 
@@ -84,8 +89,8 @@ struct bfc__region *bfc__regionmap_lookup_slow(uintptr_t p)
     const struct bfc__rmap_entry *e = &m->e[i - 1];
     if (p >= __atomic_load_n(&e->end, __ATOMIC_RELAXED))
         return NULL;
-    bfc__rmap_hint.m = m;
-    bfc__rmap_hint.i = i - 1;
+    bfc__rmap_hint.gen = m->gen;
+    bfc__rmap_hint.e = e;
     return e->r;
 }
 

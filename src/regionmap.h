@@ -19,22 +19,25 @@ struct bfc__rmap_entry {
 struct bfc__rmap {
     struct rcu_head rcu;
     size_t n;
+    uint64_t gen;                /* unique per array, never 0 (the hint's key) */
     struct bfc__rmap_entry e[];
 };
 extern struct bfc__rmap *_Atomic bfc__rmap_cur;
 
 /*
- * The entry the calling thread found last, and the array it found it in: a
- * thread frees mostly into the regions it allocates from, so the next
- * lookup tries that entry first.  Valid only while that array is still the
- * current one (compared by address, under the caller's read section; an
- * array freed and its address reused by a later one is harmless: the index
- * is checked against the current array's size and the entry's range
- * against p, and a tombstone's range is empty).
+ * The entry the calling thread found last, and the generation of the array
+ * it found it in: a thread frees mostly into the regions it allocates from,
+ * so the next lookup tries that entry first.  Valid only while that array
+ * is still the current one, which its generation tells: an array freed and
+ * its address reused by a later one has another generation, so the entry
+ * pointer is dereferenced only inside the array it points into (and under
+ * the caller's read section, which keeps that array alive).  The entry's
+ * range is checked against p; a tombstone's range is empty.  A thread's
+ * hint starts zeroed, and no array has generation 0.
  */
 struct bfc__rmap_hint {
-    const struct bfc__rmap *m;
-    size_t i;
+    uint64_t gen;
+    const struct bfc__rmap_entry *e;
 };
 extern __thread struct bfc__rmap_hint bfc__rmap_hint BFC__TLS_IE;
 
@@ -54,10 +57,13 @@ static inline struct bfc__region *bfc__regionmap_hit(uintptr_t p)
      * departed, or a tombstone); a reader that sees the old end can only be
      * asked about memory it obtained before the change (see
      * bfc__regionmap_shrink). */
-    if (BFC__LIKELY(m != NULL && bfc__rmap_hint.m == m && bfc__rmap_hint.i < m->n)) {
-        const struct bfc__rmap_entry *e = &m->e[bfc__rmap_hint.i];
-        if (e->base <= p && p < __atomic_load_n(&e->end, __ATOMIC_RELAXED))
+    if (BFC__LIKELY(m != NULL && m->gen == bfc__rmap_hint.gen)) {
+        const struct bfc__rmap_entry *e = bfc__rmap_hint.e;
+        if (e->base <= p && p < __atomic_load_n(&e->end, __ATOMIC_RELAXED)) {
+            if (!e->r)
+                __builtin_unreachable(); /* every entry names its region: callers need no test */
             return e->r;
+        }
     }
     return NULL;
 }
