@@ -134,6 +134,7 @@ static int region_setup(struct bfc__arena *a, uintptr_t base, size_t size, struc
         goto nomem;
     cds_list_add(&r->alink, &a->regions);
     a->st.num_regions++;
+    a->span += size;
     /* An expandable arena's reserved bytes are its mapped granules. */
     if (!vmm) {
         a->st.bytes_reserved += size;
@@ -219,6 +220,7 @@ void bfc__arena_region_depart(struct bfc__arena *a, struct bfc__region *r, bool 
     r->gone = true;
     r->tail = NULL;
     a->st.num_regions--;
+    a->span -= r->size;
     if (!r->vmm)
         a->st.bytes_reserved -= r->size;
     if (bfc__tracing(a->env->obs) && !r->vmm)
@@ -272,6 +274,7 @@ static size_t region_shed_tail(struct bfc__arena *a, struct bfc__region *r)
     bfc__region_set_handle(r, base, NULL);
     chunk_delete(a, c);
     r->size -= size;
+    a->span -= size;
     a->st.bytes_reserved -= size;
     if (bfc__tracing(a->env->obs))
         bfc__trace_event(a->env->obs, BFC__TR_RELEASE, base, size, a->stream);
@@ -801,10 +804,11 @@ int bfc__arena_classify_locked(struct bfc__arena *a, struct bfc__region *r, uint
 int bfc__arena_check_locked(struct bfc__arena *a, char *buf, size_t len)
 {
     uint64_t in_use = 0, requested = 0, reserved = 0, regions = 0, pending = 0, pending_bytes = 0;
-    uint64_t free_chunks = 0, free_bytes = 0, chunks = 0, live = 0;
+    uint64_t free_chunks = 0, free_bytes = 0, chunks = 0, live = 0, span = 0;
     struct bfc__region *r;
     bfc__list_for_each(r, &a->regions, alink) {
         regions++;
+        span += r->size;
         reserved += r->vmm ? a->x->mapped_bytes : r->size;
         struct bfc__chunk *c = bfc__region_handle(r, r->base);
         uintptr_t expect = r->base;
@@ -886,10 +890,16 @@ int bfc__arena_check_locked(struct bfc__arena *a, char *buf, size_t len)
     }
     /* Large regions' free chunks are never binned; none exist (a large
      * region goes back the moment its block is freed). */
-    size_t binned = bfc__bins_total_count(&a->bins), binned_bytes = bfc__bins_total_bytes(&a->bins);
+    size_t binned, binned_bytes;
+    bfc__bins_tally(&a->bins, BFC__NUM_BINS, &binned, &binned_bytes);
     if (binned != free_chunks || binned_bytes != free_bytes) {
         snprintf(buf, len, "invariant 3: bins hold %zu chunks/%zu bytes, regions %lu/%lu", binned, binned_bytes,
                  (unsigned long)free_chunks, (unsigned long)free_bytes);
+        return -1;
+    }
+    if (span != a->span) {
+        snprintf(buf, len, "invariant 4: shard %lu counts %zu bytes of regions, its regions hold %lu",
+                 (unsigned long)a->stream_id, a->span, (unsigned long)span);
         return -1;
     }
     if (in_use != a->st.bytes_in_use || requested != a->st.bytes_requested || reserved != a->st.bytes_reserved ||

@@ -108,6 +108,7 @@ struct bfc__arena {
     struct bfc__slab chunk_slab;
     struct cds_list_head regions; /* bfc__region.alink, newest first */
     size_t curr_region_bytes;    /* TensorFlow's doubling schedule, per arena */
+    size_t span;                 /* the sizes of its regions: the bytes of all its chunks */
     int64_t next_id, id_end;     /* the shard's block of allocation ids: next, end (BFC__ID_BLOCK) */
     struct bfc__astats st;
     struct cds_list_head pending; /* bfc__fence.plink, oldest first */
@@ -157,6 +158,15 @@ static inline bool bfc__arena_rq_empty(struct bfc__arena *a)
 static inline bool bfc__arena_rq_waiting(struct bfc__arena *a)
 {
     return CMM_LOAD_SHARED(a->rq_tail.p) != &a->rq_head.node || a->rq_stash_head.node.next != NULL;
+}
+
+/* The bytes in a's bins, without walking them: its regions are tiled by
+ * chunks, each free (binned), in use or freeing (bytes_in_use) or pending
+ * (pending_bytes) -- bfc__arena_check_locked checks all three sums.  Under
+ * a's lock. */
+static inline size_t bfc__arena_free_bytes(const struct bfc__arena *a)
+{
+    return a->span - a->st.bytes_in_use - a->st.pending_bytes;
 }
 
 struct bfc__arena *bfc__arena_new(const struct bfc__arena_env *env, bfc_stream_t s, uint64_t sid);

@@ -4,7 +4,8 @@
  *
  * What it does.  Bin i holds the free chunks whose size lies in
  * [256*2^i, 256*2^(i+1)) (bin 20 open-ended), as TensorFlow's bins do; the
- * bins' counts and bytes are what stats and dumps show.  Each bin is cut into
+ * bins' counts and bytes, which stats and dumps show, are counted by a walk
+ * (bfc__bins_tally), the fast path keeping one counter.  Each bin is cut into
  * 16 slots of equal width (bfc__bin_slot, bins.h), and inside a slot the
  * chunks form a binary search tree ordered by the key (size ascending, ptr
  * ascending), so an in-order walk of the slots in turn visits a bin's chunks
@@ -48,9 +49,8 @@
  *  - heap: a child's link.prio <= its parent's, and link.prio == prio(ptr)
  *    (set by whoever sets a record's ptr: bfc__bins_prio, bins.h);
  *  - a chunk in slot k's tree has link.slot == k and bfc__bin_slot(size) == k;
- *  - count[i] / bytes[i] are the number / total size of bin i's chunks (its
- *    16 slots'); bit k of the slot map is set iff slot k has chunks, and
- *    the map's bits past the last slot are clear.
+ *  - n is the number of chunks in all slots; bit k of the slot map is set
+ *    iff slot k has chunks, and the map's bits past the last slot are clear.
  *  A chunk not in any bin has link.slot == BFC__NO_SLOT.  bfc__bins_init
  *  touches no chunk: whoever creates a chunk record zeroes it and sets
  *  link.slot = BFC__NO_SLOT before its first insert; bfc__bins_remove resets
@@ -110,10 +110,7 @@ void bfc__bins_init(struct bfc__bins *b)
 {
     for (uint32_t w = 0; w < BFC__SLOT_WORDS; w++)
         b->slot_map[w] = 0;
-    for (uint32_t i = 0; i < BFC__NUM_BINS; i++) {
-        b->count[i] = 0;
-        b->bytes[i] = 0;
-    }
+    b->n = 0;
     for (uint32_t k = 0; k < BFC__NUM_SLOTS; k++)
         b->root[k] = NULL;
 }
@@ -166,12 +163,30 @@ int bfc__bins_walk(const struct bfc__bins *b, uint32_t i,
     return 0;
 }
 
-/* Search by c's key, bounded by the bin's count so a corrupt tree cannot loop. */
+static int tally_fn(struct bfc__chunk *c, void *arg)
+{
+    size_t *t = arg;
+    t[0]++;
+    t[1] += c->size;
+    return 0;
+}
+
+void bfc__bins_tally(const struct bfc__bins *b, uint32_t i, size_t *count, size_t *bytes)
+{
+    size_t t[2] = {0, 0};
+    uint32_t lo = i < BFC__NUM_BINS ? i : 0, hi = i < BFC__NUM_BINS ? i + 1 : BFC__NUM_BINS;
+    for (uint32_t j = lo; j < hi; j++)
+        (void)bfc__bins_walk(b, j, tally_fn, t);
+    *count = t[0];
+    *bytes = t[1];
+}
+
+/* Search by c's key, bounded by the chunk count so a corrupt tree cannot loop. */
 bool bfc__bins_find(const struct bfc__bins *b, uint32_t k, const struct bfc__chunk *c)
 {
     const struct bfc__chunk *n = b->root[k];
     size_t steps = 0;
-    while (n && steps++ <= b->count[k >> BFC__BIN_SUB_BITS]) {
+    while (n && steps++ <= b->n) {
         if (n == c)
             return true;
         if (n->size == c->size && n->ptr == c->ptr)
@@ -200,16 +215,16 @@ bool bfc__bins_contains(const struct bfc__bins *b, uint32_t i, const struct bfc_
  * One slot k of bin i: an in-order traversal through parent links.  Every
  * node is "entered" exactly once, from its parent (or as the root), and its
  * parent link is checked on entry, so the climb back up only follows checked
- * links; entering more nodes than count[i] (the whole bin's) stops the walk,
- * so a corrupt tree with a cycle still terminates.  Adds the slot's chunks
- * and bytes to *visited_out and *bytes_out.
+ * links; entering more nodes than the count n leaves after the slots before
+ * (*visited_out of them) stops the walk, so a corrupt tree with a cycle
+ * still terminates.  Adds the slot's chunks to *visited_out.
  */
-static int bins_verify_slot(const struct bfc__bins *b, uint32_t k, size_t *visited_out,
-                            size_t *bytes_out, char *buf, size_t len)
+static int bins_verify_slot(const struct bfc__bins *b, uint32_t k, size_t *visited_out, char *buf, size_t len)
 {
     uint32_t i = k >> BFC__BIN_SUB_BITS;
     struct bfc__chunk *root = b->root[k];
-    size_t entered = 0, visited = 0, bytes = 0;
+    size_t entered = 0, visited = 0;
+    size_t room = b->n > *visited_out ? b->n - *visited_out : 0;
     const struct bfc__chunk *prev = NULL;
     bool bit = (b->slot_map[k >> 6] >> (k & 63)) & 1;
 
@@ -225,13 +240,14 @@ static int bins_verify_slot(const struct bfc__bins *b, uint32_t k, size_t *visit
 
     struct bfc__chunk *n = root;
     entered = 1;
+    if (entered > room)
+        BINS_FAIL("slot %" PRIu32 ": more nodes than the count %zu", k, b->n);
     for (;;) {
         /* Enter the left spine below n. */
         while (L(n)) {
             struct bfc__chunk *l = L(n);
-            if (++entered > b->count[i])
-                BINS_FAIL("slot %" PRIu32 ": more nodes than bin %" PRIu32 "'s count %zu (or a cycle)", k,
-                          i, b->count[i]);
+            if (++entered > room)
+                BINS_FAIL("slot %" PRIu32 ": more nodes than the count %zu (or a cycle)", k, b->n);
             if (P(l) != n)
                 BINS_FAIL("bin %" PRIu32 ": chunk 0x%" PRIxPTR " has a wrong parent link", i,
                           l->ptr);
@@ -261,13 +277,11 @@ static int bins_verify_slot(const struct bfc__bins *b, uint32_t k, size_t *visit
                           ") not after (%zu, 0x%" PRIxPTR ")",
                           i, n->size, n->ptr, prev->size, prev->ptr);
             prev = n;
-            bytes += n->size;
 
             if (R(n)) {
                 struct bfc__chunk *r = R(n);
-                if (++entered > b->count[i])
-                    BINS_FAIL("slot %" PRIu32 ": more nodes than bin %" PRIu32 "'s count %zu (or a cycle)", k,
-                              i, b->count[i]);
+                if (++entered > room)
+                    BINS_FAIL("slot %" PRIu32 ": more nodes than the count %zu (or a cycle)", k, b->n);
                 if (P(r) != n)
                     BINS_FAIL("bin %" PRIu32 ": chunk 0x%" PRIxPTR " has a wrong parent link",
                               i, r->ptr);
@@ -290,26 +304,6 @@ static int bins_verify_slot(const struct bfc__bins *b, uint32_t k, size_t *visit
     }
 done:
     *visited_out += visited;
-    *bytes_out += bytes;
-    return 0;
-}
-
-/* Bin i: its slots, its count and bytes against theirs. */
-static int bins_verify_bin(const struct bfc__bins *b, uint32_t i, char *buf, size_t len)
-{
-    size_t visited = 0, bytes = 0;
-
-    for (uint32_t k = i << BFC__BIN_SUB_BITS; k < (i + 1) << BFC__BIN_SUB_BITS; k++) {
-        /* Each slot's walk is bounded by count[i]; so is their sum. */
-        if (bins_verify_slot(b, k, &visited, &bytes, buf, len))
-            return -1;
-        if (visited > b->count[i])
-            BINS_FAIL("bin %" PRIu32 ": more nodes than its count %zu", i, b->count[i]);
-    }
-    if (visited != b->count[i])
-        BINS_FAIL("bin %" PRIu32 ": %zu chunks but count says %zu", i, visited, b->count[i]);
-    if (bytes != b->bytes[i])
-        BINS_FAIL("bin %" PRIu32 ": %zu bytes but bytes says %zu", i, bytes, b->bytes[i]);
     return 0;
 }
 
@@ -320,9 +314,13 @@ int bfc__bins_verify(const struct bfc__bins *b, char *buf, size_t len)
         BINS_FAIL("slot map word %d 0x%016" PRIx64 " has bits past slot %d", BFC__SLOT_WORDS - 1,
                   b->slot_map[BFC__SLOT_WORDS - 1], BFC__NUM_SLOTS - 1);
 #endif
-    for (uint32_t i = 0; i < BFC__NUM_BINS; i++)
-        if (bins_verify_bin(b, i, buf, len))
+    /* Each slot's walk is bounded by what the count leaves; so is their sum. */
+    size_t visited = 0;
+    for (uint32_t k = 0; k < BFC__NUM_SLOTS; k++)
+        if (bins_verify_slot(b, k, &visited, buf, len))
             return -1;
+    if (visited != b->n)
+        BINS_FAIL("%zu chunks in the slots but the count says %zu", visited, b->n);
     if (buf && len)
         buf[0] = '\0';
     return 0;

@@ -45,11 +45,18 @@ struct bfc__chunk_key {
 #define BFC__SLOT_WORDS ((BFC__NUM_SLOTS + 63) / 64)
 _Static_assert(64 % BFC__BIN_SUBS == 0, "a bin's slots in one word of the slot map");
 
+/*
+ * One counter: the chunks in all slots, which bounds every walk (a corrupt
+ * tree with a cycle still ends) and gives the arena its free-chunk count.
+ * A bin's chunks and bytes (stats, dumps, snapshots) are counted by walking
+ * it (bfc__bins_tally): an insert and a remove cost one increment, where
+ * two per-bin counters cost four instructions each on the fast path.  The
+ * arena knows its free bytes without them (arena.h).
+ */
 struct bfc__bins {
     uint64_t slot_map[BFC__SLOT_WORDS];         /* bit k % 64 of word k / 64: slot k has chunks */
     struct bfc__chunk *root[BFC__NUM_SLOTS];    /* one tree per slot */
-    size_t count[BFC__NUM_BINS];
-    size_t bytes[BFC__NUM_BINS];
+    size_t n;                                   /* chunks in all slots */
 };
 
 /* Bin i's part of the slot map: bit j set iff slot 16i+j has chunks. */
@@ -112,24 +119,6 @@ static inline uint32_t bfc__bins_prio(uintptr_t ptr)
     return (uint32_t)(x >> 32);
 }
 
-/* Chunks and bytes in all bins: sums of the bins' counts, for the paths
- * that need them (growth, stats, checks), so that the fast path's inserts
- * and removes keep two counters, not four. */
-static inline size_t bfc__bins_total_count(const struct bfc__bins *b)
-{
-    size_t n = 0;
-    for (uint32_t i = 0; i < BFC__NUM_BINS; i++)
-        n += b->count[i];
-    return n;
-}
-static inline size_t bfc__bins_total_bytes(const struct bfc__bins *b)
-{
-    size_t n = 0;
-    for (uint32_t i = 0; i < BFC__NUM_BINS; i++)
-        n += b->bytes[i];
-    return n;
-}
-
 void bfc__bins_init(struct bfc__bins *b);
 /* c must not be in a bin (link.slot == BFC__NO_SLOT), its link.prio set
  * (bfc__bins_prio); its key (ptr, size) must not change while binned. */
@@ -145,8 +134,11 @@ int bfc__bins_walk(const struct bfc__bins *b, uint32_t i,
                    int (*fn)(struct bfc__chunk *c, void *arg), void *arg);
 /* Is c in bin i, in its slot's tree (O(log n) search by key)?  For bfc_ctx_check. */
 bool bfc__bins_contains(const struct bfc__bins *b, uint32_t i, const struct bfc__chunk *c);
-/* Verifies tree order, links, counts, bytes and the bitmap; 0 if sound,
- * else writes a description into buf and returns -1. */
+/* Chunks and bytes of bin i, or of every bin when i is BFC__NUM_BINS: a
+ * walk, O(chunks counted); the trees must be sound (bfc__bins_verify). */
+void bfc__bins_tally(const struct bfc__bins *b, uint32_t i, size_t *count, size_t *bytes);
+/* Verifies tree order, links, the count and the bitmap; 0 if sound, else
+ * writes a description into buf and returns -1. */
 int bfc__bins_verify(const struct bfc__bins *b, char *buf, size_t len);
 
 #endif /* BFC_BINS_H */

@@ -97,9 +97,7 @@ static inline __attribute__((always_inline)) void bfc__bins_insert_inline(struct
         bfc__bins_rotate_up(root, c);
 
     b->slot_map[k >> 6] |= UINT64_C(1) << (k & 63);
-    uint32_t i = k >> BFC__BIN_SUB_BITS;
-    b->count[i]++;
-    b->bytes[i] += c->size;
+    b->n++;
 }
 
 static inline __attribute__((always_inline)) void bfc__bins_remove_inline(struct bfc__bins *b, struct bfc__chunk *c)
@@ -114,7 +112,6 @@ static inline __attribute__((always_inline)) void bfc__bins_remove_inline(struct
     if (bfc__config_debug && !bfc__bins_find(b, k, c))
         bfc__bins_bug("remove of a chunk missing from its slot's tree", c);
 
-    uint32_t i = k >> BFC__BIN_SUB_BITS;
     struct bfc__chunk **root = &b->root[k];
 
     /* Rotate c down (its higher-priority child up) until it has <= 1 child. */
@@ -130,8 +127,7 @@ static inline __attribute__((always_inline)) void bfc__bins_remove_inline(struct
      * and the next insert sets all three. */
     c->link.slot = BFC__NO_SLOT;
 
-    b->count[i]--;
-    b->bytes[i] -= c->size;
+    b->n--;
     if (!*root)
         b->slot_map[k >> 6] &= ~(UINT64_C(1) << (k & 63));
 }

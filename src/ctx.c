@@ -663,7 +663,7 @@ static void *expand_escalate(struct bfc_ctx *ctx, struct bfc__arena *a, size_t n
         return p;
     if (st != BFC_ENOMEM)
         goto fail;
-    if (!cds_list_empty(&a->pending) && a->st.pending_bytes + bfc__bins_total_bytes(&a->bins) >= rounded) {
+    if (!cds_list_empty(&a->pending) && a->st.pending_bytes + bfc__arena_free_bytes(a) >= rounded) {
         bfc__arena_wait_pending_locked(a, wait);
         if ((p = expand_fit(a, n, rounded, &st)))
             return p;
@@ -741,7 +741,7 @@ static bool own_room(struct bfc_ctx *ctx, struct bfc__arena *a, size_t rounded)
 {
     size_t committed = atomic_load_explicit(&ctx->pool.committed, memory_order_relaxed);
     size_t room = committed < ctx->limit ? ctx->limit - committed : 0;
-    size_t free_bytes = bfc__bins_total_bytes(&a->bins);
+    size_t free_bytes = bfc__arena_free_bytes(a);
     return free_bytes && free_bytes + room >= rounded;
 }
 
@@ -819,7 +819,7 @@ void *bfc__ctx_alloc_slow(struct bfc_ctx *ctx, struct bfc__arena *a, size_t n, s
     if (st != BFC_ENOMEM)
         goto fail;
     /* 3. Our pending frees, when they could serve: wait for their fences. */
-    if (!cds_list_empty(&a->pending) && a->st.pending_bytes + bfc__bins_total_bytes(&a->bins) >= rounded) {
+    if (!cds_list_empty(&a->pending) && a->st.pending_bytes + bfc__arena_free_bytes(a) >= rounded) {
         bfc__arena_wait_pending_locked(a, wait);
         if (fit_first && (p = bfc__arena_fit_locked(a, n, rounded)))
             return p;

@@ -331,7 +331,7 @@ size_t bfc__shard_free_info(struct bfc_ctx *ctx, struct bfc__shard_free *out, si
                 out[n] = (struct bfc__shard_free){
                     .stream_id = a->stream_id,
                     .stream = a->stream,
-                    .free_bytes = bfc__bins_total_bytes(&a->bins),
+                    .free_bytes = bfc__arena_free_bytes(a),
                     .largest_free = bfc__bins_largest(&a->bins),
                     .pending_bytes = a->st.pending_bytes,
                     .in_use = a->st.bytes_in_use,

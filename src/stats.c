@@ -57,7 +57,7 @@ static void add_arena(bfc_stats_t *o, const struct bfc__arena *a)
     o->num_pending_frees += s->pending;
     o->bytes_pending += s->pending_bytes;
     o->num_ooms += s->ooms;
-    o->bytes_free += bfc__bins_total_bytes(&a->bins);
+    o->bytes_free += bfc__arena_free_bytes(a);
     size_t lf = bfc__bins_largest(&a->bins);
     if (lf > o->largest_free_chunk)
         o->largest_free_chunk = lf;
@@ -267,10 +267,12 @@ static void dump_arena(struct bfc__arena *a, FILE *f)
         }
     }
     fprintf(f, "  Bins:");
-    for (int i = 0; i < BFC__NUM_BINS; i++)
-        if (a->bins.count[i])
-            fprintf(f, " [%d: %zu chunks, %zu bytes, >= %zu]", i, a->bins.count[i], a->bins.bytes[i],
-                    BFC__MIN_ALLOC << i);
+    for (uint32_t i = 0; i < BFC__NUM_BINS; i++) {
+        size_t n, bytes;
+        bfc__bins_tally(&a->bins, i, &n, &bytes);
+        if (n)
+            fprintf(f, " [%u: %zu chunks, %zu bytes, >= %zu]", i, n, bytes, BFC__MIN_ALLOC << i);
+    }
     fputc('\n', f);
 }
 
@@ -363,9 +365,12 @@ static void json_arena(struct bfc__arena *a, FILE *f, struct bfc_ctx *ctx)
         fprintf(f, "]}");
     }
     fprintf(f, "],\"bins\":[");
-    for (int i = 0; i < BFC__NUM_BINS; i++)
-        fprintf(f, "%s{\"bin\":%d,\"min_size\":%zu,\"count\":%zu,\"bytes\":%zu}", i ? "," : "", i,
-                BFC__MIN_ALLOC << i, a->bins.count[i], a->bins.bytes[i]);
+    for (uint32_t i = 0; i < BFC__NUM_BINS; i++) {
+        size_t n, bytes;
+        bfc__bins_tally(&a->bins, i, &n, &bytes);
+        fprintf(f, "%s{\"bin\":%u,\"min_size\":%zu,\"count\":%zu,\"bytes\":%zu}", i ? "," : "", i,
+                BFC__MIN_ALLOC << i, n, bytes);
+    }
     fprintf(f, "]}");
 }
 

@@ -298,7 +298,7 @@ START_TEST(test_empty)
     ck_assert_ptr_null(bfc__bins_best_fit(&b, 256 * BFC__MiB));
     ck_assert_uint_eq(bfc__bins_largest(&b), 0);
     ck_assert_uint_eq(bins_nonempty(&b), 0);
-    ck_assert_uint_eq(bfc__bins_total_count(&b), 0);
+    ck_assert_uint_eq(b.n, 0);
 }
 END_TEST
 
@@ -319,10 +319,17 @@ START_TEST(test_exact_match)
     ck_assert_uint_eq(c2->link.slot, 3 * BFC__BIN_SUBS);
     ck_assert_uint_eq(c3->link.slot, 4 * BFC__BIN_SUBS);
     ck_assert_uint_eq(bins_nonempty(&b), (1u << 2) | (1u << 3) | (1u << 4));
-    ck_assert_uint_eq(bfc__bins_total_count(&b), 3);
-    ck_assert_uint_eq(bfc__bins_total_bytes(&b), 1024 + 2048 + 4096);
-    ck_assert_uint_eq(b.count[3], 1);
-    ck_assert_uint_eq(b.bytes[3], 2048);
+    ck_assert_uint_eq(b.n, 3);
+    size_t n, bytes;
+    bfc__bins_tally(&b, BFC__NUM_BINS, &n, &bytes);
+    ck_assert_uint_eq(n, 3);
+    ck_assert_uint_eq(bytes, 1024 + 2048 + 4096);
+    bfc__bins_tally(&b, 3, &n, &bytes);
+    ck_assert_uint_eq(n, 1);
+    ck_assert_uint_eq(bytes, 2048);
+    bfc__bins_tally(&b, 5, &n, &bytes);
+    ck_assert_uint_eq(n, 0);
+    ck_assert_uint_eq(bytes, 0);
     free(c1);
     free(c2);
     free(c3);
@@ -465,12 +472,17 @@ START_TEST(test_remove_skips)
     ck_assert_ptr_eq(bfc__bins_best_fit(&b, 1024), y);
     bfc__bins_remove(&b, y);
     ck_assert_ptr_eq(bfc__bins_best_fit(&b, 1024), z);
-    ck_assert_uint_eq(b.count[2], 1);
-    ck_assert_uint_eq(b.bytes[2], 1280);
+    size_t n, bytes;
+    bfc__bins_tally(&b, 2, &n, &bytes);
+    ck_assert_uint_eq(n, 1);
+    ck_assert_uint_eq(bytes, 1280);
     bfc__bins_remove(&b, z);
     ck_assert_ptr_null(bfc__bins_best_fit(&b, 256));
     ck_assert_uint_eq(bins_nonempty(&b), 0);
-    ck_assert_uint_eq(bfc__bins_total_bytes(&b), 0);
+    bfc__bins_tally(&b, BFC__NUM_BINS, &n, &bytes);
+    ck_assert_uint_eq(n, 0);
+    ck_assert_uint_eq(bytes, 0);
+    ck_assert_uint_eq(b.n, 0);
     verify_ok(&b);
     /* a removed chunk may be resized and inserted again */
     x->size = 512;
@@ -578,7 +590,7 @@ START_TEST(test_walk_order)
         ck_assert_ptr_null(b.root[k]);
     ck_assert_uint_eq(bfc__bins_slots_of(&b, 5), 0);
     ck_assert_uint_eq(bins_nonempty(&b), 1u);
-    ck_assert_uint_eq(bfc__bins_total_count(&b), 1);
+    ck_assert_uint_eq(b.n, 1);
     verify_ok(&b);
     for (size_t k = 0; k < N; k++)
         free(c[k]);
@@ -611,15 +623,15 @@ START_TEST(test_verify_detects_corruption)
     }
     verify_ok(&b);
 
-    b.count[BIN]++;
+    /* the count off by one either way */
+    b.n++;
     ck_assert_int_eq(bfc__bins_verify(&b, msg, sizeof msg), -1);
-    ck_assert_msg(strstr(msg, "bin 8") != NULL, "message: %s", msg);
-    b.count[BIN]--;
-
-    b.bytes[BIN] += 256;
+    ck_assert_msg(strstr(msg, "count says") != NULL, "message: %s", msg);
+    b.n -= 2;
     ck_assert_int_eq(bfc__bins_verify(&b, msg, sizeof msg), -1);
-    ck_assert_msg(strstr(msg, "bin 8") != NULL && strstr(msg, "bytes") != NULL, "message: %s", msg);
-    b.bytes[BIN] -= 256;
+    ck_assert_msg(strstr(msg, "more nodes than the count") != NULL, "message: %s", msg);
+    b.n++;
+    verify_ok(&b);
 
     /* a bit past the last slot */
     slot_bit_flip(&b, BFC__SLOT_WORDS * 64 - 1);
@@ -703,9 +715,9 @@ START_TEST(test_verify_detects_corruption)
     verify_ok(&b);
 
     /* buffer of length 0 is fine */
-    b.count[BIN]++;
+    b.n++;
     ck_assert_int_eq(bfc__bins_verify(&b, NULL, 0), -1);
-    b.count[BIN]--;
+    b.n--;
     for (size_t k = 0; k < N; k++)
         free(c[k]);
 }
@@ -770,8 +782,11 @@ START_TEST(test_random_vs_reference)
                           got ? (unsigned long)got->ptr : 0ul, expect ? expect->size : 0,
                           expect ? (unsigned long)expect->ptr : 0ul);
         }
-        ck_assert_uint_eq(bfc__bins_total_count(&b), ref_count);
-        ck_assert_uint_eq(bfc__bins_total_bytes(&b), ref_bytes);
+        size_t tn, tbytes;
+        bfc__bins_tally(&b, BFC__NUM_BINS, &tn, &tbytes);
+        ck_assert_uint_eq(b.n, ref_count);
+        ck_assert_uint_eq(tn, ref_count);
+        ck_assert_uint_eq(tbytes, ref_bytes);
         if (op % 1000 == 999) {
             char msg[256];
             ck_assert_msg(bfc__bins_verify(&b, msg, sizeof msg) == 0,
@@ -834,7 +849,7 @@ START_TEST(test_scale_100k)
     for (size_t k = 0; k < N; k++)
         bfc__bins_insert(&b, c[k]);
     verify_ok(&b);
-    ck_assert_uint_eq(bfc__bins_total_count(&b), N);
+    ck_assert_uint_eq(b.n, N);
     memcpy(sorted, c, N * sizeof *c);
     qsort(sorted, N, sizeof *sorted, key_cmp);
     check_queries(&b, sorted, N);
@@ -848,7 +863,7 @@ START_TEST(test_scale_100k)
         if (c[k]->link.slot != BFC__NO_SLOT)
             sorted[n++] = c[k];
     ck_assert_uint_eq(n, N - N / 2);
-    ck_assert_uint_eq(bfc__bins_total_count(&b), n);
+    ck_assert_uint_eq(b.n, n);
     qsort(sorted, n, sizeof *sorted, key_cmp);
     check_queries(&b, sorted, n);
 
