@@ -847,7 +847,14 @@ int bfc__arena_check_locked(struct bfc__arena *a, char *buf, size_t len)
                     return -1;
                 }
                 uint32_t b = bfc__bin_for_size(c->size);
-                if (!r->large && (c->link.slot != bfc__bin_slot(c->size) || !bfc__bins_contains(&a->bins, b, c))) {
+                if (r->large) {
+                    /* A large region leaves at its block's free (the fast
+                     * allocation relies on it: no binned chunk is large). */
+                    snprintf(buf, len, "invariant 3: large region %#lx holds a free chunk",
+                             (unsigned long)r->base);
+                    return -1;
+                }
+                if (c->link.slot != bfc__bin_slot(c->size) || !bfc__bins_contains(&a->bins, b, c)) {
                     snprintf(buf, len, "invariant 3: free chunk %#lx (size %zu) not in bin %u",
                              (unsigned long)c->ptr, c->size, b);
                     return -1;
@@ -888,8 +895,6 @@ int bfc__arena_check_locked(struct bfc__arena *a, char *buf, size_t len)
         snprintf(buf, len, "invariant 3: bins: %s", bb);
         return -1;
     }
-    /* Large regions' free chunks are never binned; none exist (a large
-     * region goes back the moment its block is freed). */
     size_t binned, binned_bytes;
     bfc__bins_tally(&a->bins, BFC__NUM_BINS, &binned, &binned_bytes);
     if (binned != free_chunks || binned_bytes != free_bytes) {

@@ -100,16 +100,13 @@ static inline __attribute__((always_inline)) void bfc__bins_insert_inline(struct
     b->n++;
 }
 
-static inline __attribute__((always_inline)) void bfc__bins_remove_inline(struct bfc__bins *b, struct bfc__chunk *c)
+/* Removes c, which is in a bin (best fit's answer: no test of its slot). */
+static inline __attribute__((always_inline)) void bfc__bins_remove_binned_inline(struct bfc__bins *b,
+                                                                                struct bfc__chunk *c)
 {
     uint32_t k = c->link.slot;
 
-    if (BFC__UNLIKELY(k >= BFC__NUM_SLOTS)) {
-        if (bfc__config_debug)
-            bfc__bins_bug("remove of a chunk not in a bin", c);
-        return;
-    }
-    if (bfc__config_debug && !bfc__bins_find(b, k, c))
+    if (bfc__config_debug && (k >= BFC__NUM_SLOTS || !bfc__bins_find(b, k, c)))
         bfc__bins_bug("remove of a chunk missing from its slot's tree", c);
 
     struct bfc__chunk **root = &b->root[k];
@@ -130,6 +127,16 @@ static inline __attribute__((always_inline)) void bfc__bins_remove_inline(struct
     b->n--;
     if (!*root)
         b->slot_map[k >> 6] &= ~(UINT64_C(1) << (k & 63));
+}
+
+static inline __attribute__((always_inline)) void bfc__bins_remove_inline(struct bfc__bins *b, struct bfc__chunk *c)
+{
+    if (BFC__UNLIKELY(c->link.slot >= BFC__NUM_SLOTS)) {
+        if (bfc__config_debug)
+            bfc__bins_bug("remove of a chunk not in a bin", c);
+        return;
+    }
+    bfc__bins_remove_binned_inline(b, c);
 }
 
 static inline __attribute__((always_inline)) struct bfc__chunk *bfc__bins_best_fit_inline(const struct bfc__bins *b,

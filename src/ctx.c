@@ -1065,13 +1065,15 @@ static inline __attribute__((always_inline)) void *alloc_fast(struct bfc_ctx *ct
     struct bfc__chunk *c = bfc__bins_best_fit_inline(&a->bins, rounded), *leftover = NULL;
     if (BFC__UNLIKELY(!c || (a->x != NULL && !bfc__expand_backed(a->x, c->ptr + c->size))))
         return alloc_locked_rest(ctx, stream, a, n, rounded);
-    if (!c->region->large && bfc__arena_should_split(a, c, rounded)) {
+    /* A binned chunk is never a large region's (those leave at their
+     * free), so TensorFlow's split rule applies as it stands. */
+    if (bfc__arena_should_split(a, c, rounded)) {
         leftover = bfc__slab_pop(&a->chunk_slab, sizeof(struct bfc__chunk));
         if (BFC__UNLIKELY(!leftover))
             return alloc_locked_rest(ctx, stream, a, n, rounded);
     }
     /* From here on as bfc__arena_take_inline. */
-    bfc__bins_remove_inline(&a->bins, c);
+    bfc__bins_remove_binned_inline(&a->bins, c);
     if (leftover) {
         bfc__arena_chunk_init(a, leftover);
         bfc__arena_split_with(a, c, leftover, rounded);
