@@ -120,6 +120,14 @@
  *     retirement, garbage collection) gives its whole reservation to the
  *     pool with its departure fence; the pool releases it once the fence
  *     completed, and counts its mapped bytes against the limit until then.
+ *     A new shard of the same stream takes it back instead of reserving
+ *     afresh (bfc__pool_vmm_adopt), fence or not, its granules mapped and
+ *     ready: the stream's earlier work may still use them, and its later
+ *     work runs after that, as a classic span guarded by the stream is the
+ *     stream's to take.  Without it a stream whose shard was released while
+ *     its work was queued could not allocate what its own departed memory
+ *     held back from the limit until that work finished (found by make
+ *     fuzz: limit 8 MiB, 6 MiB departed, 2.5 MB refused).
  *
  * large_alloc is ignored: a big block is one chunk like any other, and its
  * granules go back when it is freed.
@@ -223,6 +231,30 @@ static int reserve(const struct bfc__arena_env *env, size_t need, size_t *size, 
     return st;
 }
 
+static void rearm(struct bfc__arena *a, bool mapped);
+
+/* A departed reservation of our own stream, adopted (bfc__pool_vmm_adopt),
+ * becomes ours with its granules still mapped: all of them ready, since
+ * whatever our stream queued on them before the departure runs before what
+ * it queues now.  Its record serves as ours. */
+static void adopt(struct bfc__arena *a, struct bfc__expand *x, struct bfc__vmm_gone *g0)
+{
+    x->mapped = g0->bits;
+    x->gone = g0;
+    memcpy(x->ready, x->mapped, g0->words * sizeof(uint64_t));
+    x->mapped_bytes = g0->mapped;
+    for (size_t i = 0; i < x->ngran; i++)
+        if (bit(x->mapped, i))
+            x->map_top = i + 1;
+    size_t r = 0;
+    while (r < x->ngran && bit(x->ready, r))
+        r++;
+    x->ready_end = x->base + (r << x->shift);
+    a->st.bytes_reserved += x->mapped_bytes;
+    if (a->st.bytes_reserved > a->st.peak_reserved)
+        a->st.peak_reserved = a->st.bytes_reserved;
+}
+
 int bfc__expand_create_locked(struct bfc__arena *a, size_t need)
 {
     const struct bfc__arena_env *env = a->env;
@@ -231,35 +263,73 @@ int bfc__expand_create_locked(struct bfc__arena *a, size_t need)
     if (!x)
         return BFC_ENOMEM;
     x->shift = (unsigned)__builtin_ctzll(g);
-    int st = reserve(env, need, &x->size, &x->base);
-    if (st != BFC_OK) {
+    /* The departure fence record first: once a reservation is adopted,
+     * nothing may fail but what can give it back (below). */
+    x->fence = bfc__pool_fence_get(env->pool);
+    if (!x->fence) {
         bfc__meta_free(x, sizeof(*x));
+        return BFC_ENOMEM;
+    }
+    size_t full = bfc__round_up(env->limit, g);
+    struct bfc__vmm_gone *g0 =
+        bfc__pool_vmm_adopt(env->pool, a->stream_id, need < full ? bfc__round_up(need ? need : 1, g) : full);
+    int st = BFC_OK;
+    if (g0) {
+        x->base = g0->base;
+        x->size = g0->size;
+    } else {
+        st = reserve(env, need, &x->size, &x->base);
+    }
+    if (st != BFC_OK) {
+        expand_free(a, x);
         return st;
     }
     x->ngran = x->size >> x->shift;
     size_t words = (x->ngran + 63) / 64;
-    x->mapped = bfc__meta_zalloc(words * sizeof(uint64_t));
     x->ready = bfc__meta_zalloc(words * sizeof(uint64_t));
-    x->gone = bfc__meta_zalloc(sizeof(*x->gone));
-    x->fence = x->mapped && x->ready && x->gone ? bfc__pool_fence_get(env->pool) : NULL;
+    if (g0 && !x->ready) {
+        /* Back to the pool as it came, fenced on our stream again (a later
+         * record covers the work the first one did). */
+        bfc__fence_arm(env->be, x->fence, a->stream);
+        bfc__pool_vmm_depart(env->pool, g0, g0->base, g0->size, g0->mapped, x->fence, a->stream_id, g0->bits,
+                             g0->words);
+        x->fence = NULL;
+        expand_free(a, x);
+        return BFC_ENOMEM;
+    }
+    if (g0) {
+        adopt(a, x, g0);
+    } else {
+        x->mapped = bfc__meta_zalloc(words * sizeof(uint64_t));
+        x->gone = bfc__meta_zalloc(sizeof(*x->gone));
+    }
+    if (!x->mapped || !x->ready || !x->gone) {
+        bfc__pool_vmm_unreserve(env->pool, x->base, x->size);
+        expand_free(a, x);
+        return BFC_ENOMEM;
+    }
     x->threshold = env->release_threshold;
     x->lend_every = LEND_MIN;
     x->decay_at = env->slack_decay_ms ? a->st.num_allocs + env->decay_check_allocs : UINT64_MAX;
     x->decay_since_ms = now_ms(env);
     x->decay_idle_min = SIZE_MAX;
-    if (!x->fence) {
-        bfc__pool_vmm_unreserve(env->pool, x->base, x->size);
-        expand_free(a, x);
-        return BFC_ENOMEM;
-    }
-    x->ready_end = x->base;
+    if (!g0)
+        x->ready_end = x->base;
     a->x = x; /* before the region (arena.c): its accounting reads it */
+    if (g0)
+        rearm(a, true); /* as after a map: what it does not use goes at its frees */
     return BFC_OK;
 }
 
 void bfc__expand_destroy_locked(struct bfc__arena *a)
 {
     struct bfc__expand *x = a->x;
+    if (x->mapped_bytes) {
+        /* An adopted reservation: mapped, maybe still in use by our
+         * stream's earlier work; it departs as it came. */
+        bfc__expand_depart_locked(a, true);
+        return;
+    }
     a->x = NULL;
     bfc__pool_vmm_unreserve(a->env->pool, x->base, x->size);
     expand_free(a, x);
@@ -281,7 +351,12 @@ void bfc__expand_depart_locked(struct bfc__arena *a, bool fence)
     a->st.bytes_reserved -= x->mapped_bytes;
     struct bfc__vmm_gone *rec = x->gone;
     x->gone = NULL;
-    bfc__pool_vmm_depart(a->env->pool, rec, x->base, x->size, x->mapped_bytes, f);
+    /* The mapped bits go with the record: a new shard of this stream may
+     * adopt the reservation (bfc__pool_vmm_adopt). */
+    uint64_t *bits = x->mapped;
+    x->mapped = NULL;
+    bfc__pool_vmm_depart(a->env->pool, rec, x->base, x->size, x->mapped_bytes, f, a->stream_id, bits,
+                         (x->ngran + 63) / 64);
     a->x = NULL;
     expand_free(a, x);
 }

@@ -201,6 +201,7 @@ static void vmm_gone_poll_locked(struct bfc__pool *p, bool all)
         atomic_store_explicit(&p->committed, committed - g->mapped, memory_order_relaxed);
         if (g->mapped)
             p->vmm_unmaps++;
+        bfc__meta_free(g->bits, g->words * sizeof(uint64_t));
         bfc__meta_free(g, sizeof(*g));
     }
 }
@@ -575,6 +576,7 @@ void bfc__pool_stats(struct bfc__pool *p, struct bfc__pool_stats *out)
     out->fence_waits = p->fence_waits;
     out->vmm_maps = p->vmm_maps;
     out->vmm_unmaps = p->vmm_unmaps;
+    out->vmm_adoptions = p->vmm_adoptions;
     bfc__unlock(&p->lock);
 }
 
@@ -741,9 +743,9 @@ int bfc__pool_vmm_unmap(struct bfc__pool *p, uintptr_t addr, size_t size)
 }
 
 void bfc__pool_vmm_depart(struct bfc__pool *p, struct bfc__vmm_gone *rec, uintptr_t base, size_t size,
-                          size_t mapped, struct bfc__fence *fence)
+                          size_t mapped, struct bfc__fence *fence, uint64_t sid, uint64_t *bits, size_t words)
 {
-    *rec = (struct bfc__vmm_gone){ base, size, mapped, fence, NULL };
+    *rec = (struct bfc__vmm_gone){ base, size, mapped, fence, sid, bits, words, NULL };
     bfc__lock(&p->lock);
     rec->next = p->vmm_gone;
     p->vmm_gone = rec;
@@ -752,4 +754,23 @@ void bfc__pool_vmm_depart(struct bfc__pool *p, struct bfc__vmm_gone *rec, uintpt
         p->fenced_departures++;
     vmm_gone_poll_locked(p, false);
     bfc__unlock(&p->lock);
+}
+
+struct bfc__vmm_gone *bfc__pool_vmm_adopt(struct bfc__pool *p, uint64_t sid, size_t min)
+{
+    bfc__lock(&p->lock);
+    struct bfc__vmm_gone **pp = &p->vmm_gone, *g = NULL;
+    for (; *pp; pp = &(*pp)->next)
+        if ((*pp)->sid == sid && (*pp)->mapped && (*pp)->size >= min) {
+            g = *pp;
+            *pp = g->next;
+            g->next = NULL;
+            if (g->fence)
+                fcache_put_locked(p, g->fence);
+            g->fence = NULL;
+            p->vmm_adoptions++;
+            break;
+        }
+    bfc__unlock(&p->lock);
+    return g;
 }

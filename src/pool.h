@@ -50,12 +50,16 @@ struct bfc__pool_ticket {
 };
 
 /* A reservation an expandable arena gave back with granules still mapped:
- * released (va_release) once its departure fence completes.  The record is
- * reserved with the arena, so the departure never allocates. */
+ * released (va_release) once its departure fence completes, unless a new
+ * shard of the same stream adopts it first (bfc__pool_vmm_adopt).  The
+ * record is reserved with the arena, so the departure never allocates. */
 struct bfc__vmm_gone {
     uintptr_t base;
     size_t size, mapped;
     struct bfc__fence *fence;    /* NULL: release at once */
+    uint64_t sid;                /* the stream whose shard it left */
+    uint64_t *bits;              /* its mapped granules, one bit each (freed with it) */
+    size_t words;                /* of bits */
     struct bfc__vmm_gone *next;
 };
 
@@ -81,6 +85,7 @@ struct bfc__pool {
     size_t vmm_mapped;
     struct bfc__vmm_gone *vmm_gone;
     uint64_t vmm_maps, vmm_unmaps;
+    uint64_t vmm_adoptions;      /* departed reservations taken back by their stream */
     /* Mapped-but-free bytes that the expandable arenas published at their
      * last policy check (expand.c): a hint, read and written relaxed. */
     _Atomic size_t vmm_idle;
@@ -159,9 +164,18 @@ size_t bfc__pool_release_free(struct bfc__pool *p);
  *              the backend refuses (its status is returned);
  * vmm_unmap    unmaps and uncharges (the caller has waited for the fences);
  * vmm_depart   a whole reservation leaves its arena with `mapped` bytes
- *              still mapped: released at once without fence, else once the
- *              fence completes (polled with the pool's other fences, waited
- *              for by bfc__pool_wait); consumes `rec` and the fence.
+ *              still mapped (`bits`, `words`: which granules): released at
+ *              once without fence, else once the fence completes (polled
+ *              with the pool's other fences, waited for by bfc__pool_wait);
+ *              consumes `rec`, `bits` and the fence;
+ * vmm_adopt    a departed reservation of stream `sid` with memory mapped,
+ *              at least `min` bytes, taken back for a new shard of the same
+ *              stream, fenced or not: its memory may still be in use by
+ *              sid's work queued before the departure, and work sid queues
+ *              later runs after it (stream order), as a classic span
+ *              guarded by sid is sid's to take.  Its mapped bytes stay
+ *              charged, now the new shard's; the caller owns the record and
+ *              its bits (the fence goes back to the pool).  NULL if none.
  * fence_get / fence_put  departure fence records owned by the pool (never
  *              destroyed before bfc__pool_fini, so a waiter may hold their
  *              event without a lock).
@@ -171,7 +185,8 @@ void bfc__pool_vmm_unreserve(struct bfc__pool *p, uintptr_t base, size_t size);
 int bfc__pool_vmm_map(struct bfc__pool *p, uintptr_t addr, size_t size);
 int bfc__pool_vmm_unmap(struct bfc__pool *p, uintptr_t addr, size_t size);
 void bfc__pool_vmm_depart(struct bfc__pool *p, struct bfc__vmm_gone *rec, uintptr_t base, size_t size,
-                          size_t mapped, struct bfc__fence *fence);
+                          size_t mapped, struct bfc__fence *fence, uint64_t sid, uint64_t *bits, size_t words);
+struct bfc__vmm_gone *bfc__pool_vmm_adopt(struct bfc__pool *p, uint64_t sid, size_t min);
 struct bfc__fence *bfc__pool_fence_get(struct bfc__pool *p);
 void bfc__pool_fence_put(struct bfc__pool *p, struct bfc__fence *f);
 
@@ -181,7 +196,7 @@ struct bfc__pool_stats {
     size_t fenced_bytes;         /* of which behind an incomplete departure fence */
     size_t spans, segments;
     uint64_t departures, fenced_departures, fence_waits;
-    uint64_t vmm_maps, vmm_unmaps;
+    uint64_t vmm_maps, vmm_unmaps, vmm_adoptions;
 };
 void bfc__pool_stats(struct bfc__pool *p, struct bfc__pool_stats *out);
 void bfc__pool_clear_peak(struct bfc__pool *p);

@@ -471,6 +471,17 @@ START_TEST(test_meta_failures)
 END_TEST
 
 /* A released stream's reservation goes back once its work is done. */
+/* Once s's work is done, t gets the 6 MiB s's shard held. */
+static void drain_then_t_takes(bfc_ctx_t *ctx, bfc_stream_t s, bfc_stream_t t)
+{
+    bfc_sim_stream_drain(ctx, s);
+    char *b = bfc_ctx_alloc(ctx, t, 6 * MiB);
+    ck_assert_ptr_nonnull(b);
+    memset(b, 9, 6 * MiB);
+    check_ok(ctx);
+    ck_assert_int_eq(bfc_ctx_free(ctx, b, t), BFC_OK);
+}
+
 START_TEST(test_release)
 {
     bfc_ctx_t *ctx = ctx_spec("memory_limit=8M,vmm=on,release_threshold=1G", G);
@@ -481,12 +492,48 @@ START_TEST(test_release)
     ck_assert_int_eq(bfc_ctx_stream_release(ctx, s), BFC_OK);
     /* Still counted (its fence is pending): t cannot take 6 MiB. */
     ck_assert_ptr_null(bfc_ctx_alloc(ctx, t, 6 * MiB));
-    bfc_sim_stream_drain(ctx, s);
-    char *b = bfc_ctx_alloc(ctx, t, 6 * MiB);
+    drain_then_t_takes(ctx, s, t);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
+static void calls(bfc_ctx_t *ctx, uint64_t *maps, uint64_t *unmaps);
+
+/* A shard released while its stream still has work queued leaves its
+ * reservation fenced on that stream: another stream must wait for it (as
+ * above), but the same stream's next shard takes it back at once, mapped,
+ * since what the stream queues now runs after what it queued before. */
+START_TEST(test_release_same_stream)
+{
+    bfc_ctx_t *ctx = ctx_spec("memory_limit=8M,vmm=on,release_threshold=1G", G);
+    bfc_stream_t s = bfc_sim_stream_create(ctx), t = bfc_sim_stream_create(ctx);
+    char *a = bfc_ctx_alloc(ctx, s, 6 * MiB);
+    ck_assert_ptr_nonnull(a);
+    ck_assert_int_eq(bfc_ctx_free(ctx, a, s), BFC_OK);
+    bfc_sim_stream_hold(ctx, s);
+    ck_assert_int_eq(bfc_ctx_stream_release(ctx, s), BFC_OK);
+    uint64_t maps0, unmaps0, maps1, unmaps1;
+    calls(ctx, &maps0, &unmaps0);
+    /* More than the limit leaves unmapped: only the departed memory can
+     * serve it, and only s may take that before its fence completes. */
+    ck_assert_ptr_null(bfc_ctx_alloc(ctx, t, 6 * MiB));
+    char *b = bfc_ctx_alloc(ctx, s, 6 * MiB);
     ck_assert_ptr_nonnull(b);
-    memset(b, 9, 6 * MiB);
+    ck_assert_ptr_eq(b, a); /* the same reservation, from its start */
+    calls(ctx, &maps1, &unmaps1);
+    ck_assert_uint_eq(maps1, maps0);     /* nothing mapped afresh */
+    ck_assert_uint_eq(unmaps1, unmaps0); /* nor unmapped under s's work */
+    ck_assert_uint_eq(reserved(ctx), 6 * MiB);
+    memset(b, 7, 6 * MiB);
     check_ok(ctx);
-    ck_assert_int_eq(bfc_ctx_free(ctx, b, t), BFC_OK);
+    /* Still no room for t while b is live; after the free and the drain,
+     * t may have it. */
+    ck_assert_ptr_null(bfc_ctx_alloc(ctx, t, 6 * MiB));
+    ck_assert_int_eq(bfc_ctx_free(ctx, b, s), BFC_OK);
+    drain_then_t_takes(ctx, s, t);
+    ck_assert_int_eq(bfc_ctx_trim(ctx), BFC_OK);
+    ck_assert_uint_eq(reserved(ctx), 0);
+    check_ok(ctx);
     bfc_ctx_destroy(ctx);
 }
 END_TEST
@@ -1234,6 +1281,7 @@ static Suite *vmm_suite(void)
     tcase_add_test(tc, test_map_failures);
     tcase_add_test(tc, test_meta_failures);
     tcase_add_test(tc, test_release);
+    tcase_add_test(tc, test_release_same_stream);
     tcase_add_test(tc, test_churn);
     tcase_add_test(tc, test_amortised);
     tcase_add_test(tc, test_under_threshold);
