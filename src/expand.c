@@ -232,6 +232,7 @@ static int reserve(const struct bfc__arena_env *env, size_t need, size_t *size, 
 }
 
 static void rearm(struct bfc__arena *a, bool mapped);
+static size_t first_unready(const struct bfc__expand *x, size_t g);
 
 /* A departed reservation of our own stream, adopted (bfc__pool_vmm_adopt),
  * becomes ours with its granules still mapped: all of them ready, since
@@ -246,10 +247,7 @@ static void adopt(struct bfc__arena *a, struct bfc__expand *x, struct bfc__vmm_g
     for (size_t i = 0; i < x->ngran; i++)
         if (bit(x->mapped, i))
             x->map_top = i + 1;
-    size_t r = 0;
-    while (r < x->ngran && bit(x->ready, r))
-        r++;
-    x->ready_end = x->base + (r << x->shift);
+    x->ready_end = x->base + (first_unready(x, 0) << x->shift);
     a->st.bytes_reserved += x->mapped_bytes;
     if (a->st.bytes_reserved > a->st.peak_reserved)
         a->st.peak_reserved = a->st.bytes_reserved;
