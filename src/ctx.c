@@ -628,6 +628,28 @@ static void *expand_fit(struct bfc__arena *a, size_t n, size_t rounded, int *st)
     return p;
 }
 
+/*
+ * A shard with nothing live trades its reservation for a departed one of
+ * its own stream that holds more mapped memory, as a new shard of the
+ * stream would adopt it (expand.c, "Departure").  The case: a shard was
+ * released while a block of it was pending on another stream's fence, its
+ * stream meanwhile made this shard, and the old reservation departed only
+ * later, fenced on the stream's queued work.  Without the trade the
+ * stream's allocations are refused (or wait for its own work, on a GPU)
+ * while its own memory holds the limit (found by make fuzz: limit 4 MiB,
+ * all of it departed, 13 KB refused).  Ours departs fenced as any other;
+ * nothing is mapped or unmapped.
+ */
+static bool expand_trade(struct bfc__arena *a, size_t rounded)
+{
+    struct bfc__expand *x = a->x;
+    if (!x || x->region->live != 0 ||
+        bfc__pool_vmm_gone_mapped(a->env->pool, a->stream_id, rounded) <= x->mapped_bytes)
+        return false;
+    bfc__arena_region_depart(a, x->region, true);
+    return true;
+}
+
 static void *expand_retry(struct bfc__arena *a, size_t n, size_t rounded, int *st)
 {
     /* acquire: pairs with the seq_cst store in bfc__remote_mark_retired. */
@@ -635,24 +657,30 @@ static void *expand_retry(struct bfc__arena *a, size_t n, size_t rounded, int *s
         *st = BFC__RETRY;
         return NULL;
     }
-    if (!a->x) {
-        int s = bfc__arena_expand_locked(a, rounded);
-        if (s != BFC_OK) {
-            *st = s;
-            return NULL;
+    for (bool traded = false;; traded = true) {
+        if (!a->x) {
+            int s = bfc__arena_expand_locked(a, rounded);
+            if (s != BFC_OK) {
+                *st = s;
+                return NULL;
+            }
+            a->x->deferred = true; /* the slow path maps where it must */
         }
-        a->x->deferred = true; /* the slow path maps where it must */
+        bfc__arena_drain_locked(a, true);
+        void *p = expand_fit(a, n, rounded, st);
+        if (p || *st != BFC_ENOMEM || traded || !expand_trade(a, rounded))
+            return p;
     }
-    bfc__arena_drain_locked(a, true);
-    return expand_fit(a, n, rounded, st);
 }
 
 /*
  * The escalation of an expandable arena, cheapest first: our queue and
- * pending fences; the best fit, mapping what it lacks; waiting for our own
- * pending frees; unmapping our own free granules (so that the limit lets us
- * map where the best fit lands); other shards' free granules, their fences
- * waited for without a lock; departed reservations' fences; retry_ms.
+ * pending fences; the best fit, mapping what it lacks (or a departed
+ * reservation of our stream, traded for ours: expand_trade); waiting for
+ * our own pending frees; unmapping our own free granules (so that the limit
+ * lets us map where the best fit lands); other shards' free granules, their
+ * fences waited for without a lock; departed reservations' fences;
+ * retry_ms.
  */
 static void *expand_escalate(struct bfc_ctx *ctx, struct bfc__arena *a, size_t n, size_t rounded, int *status)
 {

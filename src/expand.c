@@ -127,7 +127,11 @@
  *     stream's to take.  Without it a stream whose shard was released while
  *     its work was queued could not allocate what its own departed memory
  *     held back from the limit until that work finished (found by make
- *     fuzz: limit 8 MiB, 6 MiB departed, 2.5 MB refused).
+ *     fuzz: limit 8 MiB, 6 MiB departed, 2.5 MB refused).  A shard that
+ *     already holds a reservation when its stream's old one departs (the
+ *     released shard still owned a block pending on another stream) trades
+ *     its own for it once it has nothing live and cannot fit (ctx.c,
+ *     expand_trade); the pool hands out the one with the most mapped.
  *
  * large_alloc is ignored: a big block is one chunk like any other, and its
  * granules go back when it is freed.

@@ -760,17 +760,31 @@ struct bfc__vmm_gone *bfc__pool_vmm_adopt(struct bfc__pool *p, uint64_t sid, siz
 {
     bfc__lock(&p->lock);
     struct bfc__vmm_gone **pp = &p->vmm_gone, *g = NULL;
+    struct bfc__vmm_gone **best = NULL;
     for (; *pp; pp = &(*pp)->next)
-        if ((*pp)->sid == sid && (*pp)->mapped && (*pp)->size >= min) {
-            g = *pp;
-            *pp = g->next;
-            g->next = NULL;
-            if (g->fence)
-                fcache_put_locked(p, g->fence);
-            g->fence = NULL;
-            p->vmm_adoptions++;
-            break;
-        }
+        if ((*pp)->sid == sid && (*pp)->mapped && (*pp)->size >= min && (!best || (*pp)->mapped > (*best)->mapped))
+            best = pp;
+    if (best) {
+        g = *best;
+        *best = g->next;
+        g->next = NULL;
+        if (g->fence)
+            fcache_put_locked(p, g->fence);
+        g->fence = NULL;
+        p->vmm_adoptions++;
+    }
     bfc__unlock(&p->lock);
     return g;
+}
+
+size_t bfc__pool_vmm_gone_mapped(struct bfc__pool *p, uint64_t sid, size_t min)
+{
+    size_t most = 0;
+    bfc__lock(&p->lock);
+    vmm_gone_poll_locked(p, false);
+    for (struct bfc__vmm_gone *g = p->vmm_gone; g; g = g->next)
+        if (g->sid == sid && g->size >= min && g->mapped > most)
+            most = g->mapped;
+    bfc__unlock(&p->lock);
+    return most;
 }

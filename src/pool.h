@@ -175,7 +175,11 @@ size_t bfc__pool_release_free(struct bfc__pool *p);
  *              later runs after it (stream order), as a classic span
  *              guarded by sid is sid's to take.  Its mapped bytes stay
  *              charged, now the new shard's; the caller owns the record and
- *              its bits (the fence goes back to the pool).  NULL if none.
+ *              its bits (the fence goes back to the pool).  The one with
+ *              the most mapped when there are several.  NULL if none.
+ * vmm_gone_mapped  the most bytes mapped in a departed reservation of
+ *              `sid` of at least `min` bytes that vmm_adopt could take
+ *              (0: none), after releasing those whose fences completed.
  * fence_get / fence_put  departure fence records owned by the pool (never
  *              destroyed before bfc__pool_fini, so a waiter may hold their
  *              event without a lock).
@@ -187,6 +191,7 @@ int bfc__pool_vmm_unmap(struct bfc__pool *p, uintptr_t addr, size_t size);
 void bfc__pool_vmm_depart(struct bfc__pool *p, struct bfc__vmm_gone *rec, uintptr_t base, size_t size,
                           size_t mapped, struct bfc__fence *fence, uint64_t sid, uint64_t *bits, size_t words);
 struct bfc__vmm_gone *bfc__pool_vmm_adopt(struct bfc__pool *p, uint64_t sid, size_t min);
+size_t bfc__pool_vmm_gone_mapped(struct bfc__pool *p, uint64_t sid, size_t min);
 struct bfc__fence *bfc__pool_fence_get(struct bfc__pool *p);
 void bfc__pool_fence_put(struct bfc__pool *p, struct bfc__fence *f);
 

@@ -499,6 +499,33 @@ END_TEST
 
 static void calls(bfc_ctx_t *ctx, uint64_t *maps, uint64_t *unmaps);
 
+/* An allocation on s that maps and unmaps nothing: an adopted reservation. */
+static char *alloc_no_calls(bfc_ctx_t *ctx, bfc_stream_t s, size_t n)
+{
+    uint64_t maps0, unmaps0, maps1, unmaps1;
+    calls(ctx, &maps0, &unmaps0);
+    char *b = bfc_ctx_alloc(ctx, s, n);
+    ck_assert_ptr_nonnull(b);
+    calls(ctx, &maps1, &unmaps1);
+    ck_assert_uint_eq(maps1, maps0);     /* nothing mapped afresh */
+    ck_assert_uint_eq(unmaps1, unmaps0); /* nor unmapped under s's work */
+    memset(b, 7, n);
+    check_ok(ctx);
+    return b;
+}
+
+/* b, s's, is freed; t has the memory once s's work is drained; trim gives
+ * everything back. */
+static void free_then_t_takes(bfc_ctx_t *ctx, bfc_stream_t s, bfc_stream_t t, char *b)
+{
+    ck_assert_int_eq(bfc_ctx_free(ctx, b, s), BFC_OK);
+    drain_then_t_takes(ctx, s, t);
+    ck_assert_int_eq(bfc_ctx_trim(ctx), BFC_OK);
+    ck_assert_uint_eq(reserved(ctx), 0);
+    check_ok(ctx);
+    bfc_ctx_destroy(ctx);
+}
+
 /* A shard released while its stream still has work queued leaves its
  * reservation fenced on that stream: another stream must wait for it (as
  * above), but the same stream's next shard takes it back at once, mapped,
@@ -512,29 +539,47 @@ START_TEST(test_release_same_stream)
     ck_assert_int_eq(bfc_ctx_free(ctx, a, s), BFC_OK);
     bfc_sim_stream_hold(ctx, s);
     ck_assert_int_eq(bfc_ctx_stream_release(ctx, s), BFC_OK);
-    uint64_t maps0, unmaps0, maps1, unmaps1;
-    calls(ctx, &maps0, &unmaps0);
     /* More than the limit leaves unmapped: only the departed memory can
      * serve it, and only s may take that before its fence completes. */
     ck_assert_ptr_null(bfc_ctx_alloc(ctx, t, 6 * MiB));
-    char *b = bfc_ctx_alloc(ctx, s, 6 * MiB);
-    ck_assert_ptr_nonnull(b);
+    char *b = alloc_no_calls(ctx, s, 6 * MiB);
     ck_assert_ptr_eq(b, a); /* the same reservation, from its start */
-    calls(ctx, &maps1, &unmaps1);
-    ck_assert_uint_eq(maps1, maps0);     /* nothing mapped afresh */
-    ck_assert_uint_eq(unmaps1, unmaps0); /* nor unmapped under s's work */
     ck_assert_uint_eq(reserved(ctx), 6 * MiB);
-    memset(b, 7, 6 * MiB);
-    check_ok(ctx);
     /* Still no room for t while b is live; after the free and the drain,
      * t may have it. */
     ck_assert_ptr_null(bfc_ctx_alloc(ctx, t, 6 * MiB));
-    ck_assert_int_eq(bfc_ctx_free(ctx, b, s), BFC_OK);
-    drain_then_t_takes(ctx, s, t);
-    ck_assert_int_eq(bfc_ctx_trim(ctx), BFC_OK);
-    ck_assert_uint_eq(reserved(ctx), 0);
-    check_ok(ctx);
-    bfc_ctx_destroy(ctx);
+    free_then_t_takes(ctx, s, t, b);
+}
+END_TEST
+
+/* As above, but the stream made its next shard before the old one could
+ * depart: the released shard still owned a block pending on another
+ * stream's fence.  When that fence completes, the old reservation departs,
+ * fenced on s's queued work, with 6 MiB mapped; the new shard, with nothing
+ * live and 2 MiB mapped, trades its reservation for it (its own departs,
+ * fenced on s too) rather than refusing s until s's own work ends. */
+START_TEST(test_release_same_stream_late)
+{
+    bfc_ctx_t *ctx = ctx_spec("memory_limit=8M,vmm=on,release_threshold=1G", G);
+    bfc_stream_t s = bfc_sim_stream_create(ctx), t = bfc_sim_stream_create(ctx), u = bfc_sim_stream_create(ctx);
+    char *a = bfc_ctx_alloc(ctx, s, 6 * MiB);
+    ck_assert_ptr_nonnull(a);
+    bfc_sim_stream_hold(ctx, s);
+    bfc_sim_stream_hold(ctx, u);
+    ck_assert_int_eq(bfc_ctx_record_stream(ctx, a, u), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_free(ctx, a, s), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_stream_release(ctx, s), BFC_OK);
+    /* u may still use a: s's new shard maps what the limit has left. */
+    ck_assert_ptr_null(bfc_ctx_alloc(ctx, s, 4 * MiB));
+    char *c = bfc_ctx_alloc(ctx, s, 2 * MiB);
+    ck_assert_ptr_nonnull(c);
+    ck_assert_int_eq(bfc_ctx_free(ctx, c, s), BFC_OK);
+    bfc_sim_stream_drain(ctx, u);
+    char *b = alloc_no_calls(ctx, s, 4 * MiB);
+    ck_assert_ptr_eq(b, a); /* the departed reservation, from its start */
+    /* t still waits for s's work: all 8 MiB are s's until then. */
+    ck_assert_ptr_null(bfc_ctx_alloc(ctx, t, G));
+    free_then_t_takes(ctx, s, t, b);
 }
 END_TEST
 
@@ -1282,6 +1327,7 @@ static Suite *vmm_suite(void)
     tcase_add_test(tc, test_meta_failures);
     tcase_add_test(tc, test_release);
     tcase_add_test(tc, test_release_same_stream);
+    tcase_add_test(tc, test_release_same_stream_late);
     tcase_add_test(tc, test_churn);
     tcase_add_test(tc, test_amortised);
     tcase_add_test(tc, test_under_threshold);
