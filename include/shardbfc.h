@@ -406,7 +406,9 @@ BFC_API int bfc_ctx_record_stream(bfc_ctx_t *ctx, void *p, bfc_stream_t stream);
  * queued on `stream` so far has completed), its live blocks stay valid and
  * are freed normally later (the arena is reclaimed after its last block,
  * after an RCU grace period).  Call it before destroying the stream.  A later
- * allocation on the same stream creates a new shard.
+ * allocation on the same stream creates a new shard, which may take back at
+ * once what the old one left fenced on the stream (its later work runs
+ * after the earlier), without waiting for that work.
  * BFC_OK, or BFC_EINVAL if the stream has no shard.
  * Context: thread-safe; takes the shard's lock and the device-wide pool lock
  * (a rare path); does not wait for a grace period.
