@@ -612,7 +612,13 @@ static int extend(struct bfc__arena *a, size_t rounded)
     struct bfc__region *r;
     /* Each refusal shrinks by 0.9x; when rounding would undo the shrink we
      * step down by one granule, so the loop ends within a bounded number of
-     * backend calls (at most (size - rounded)/256 + 1, in practice ~log). */
+     * backend calls (at most (size - rounded)/256 + 1, in practice ~log).
+     * TensorFlow's device takes any size below what it has free, so its
+     * steps find one; the pool's free memory is in pieces, and the step
+     * after a refusal never passes the largest the pool could give (else a
+     * 3.35 MiB span is skipped by the steps 3.51 and 3.16 MiB for a
+     * 3.23 MiB request: out of memory while the pool holds a fitting
+     * piece). */
     for (;;) {
         int st = region_new(a, size, false, &r);
         if (st == BFC_OK)
@@ -622,6 +628,9 @@ static int extend(struct bfc__arena *a, size_t rounded)
         size_t next = bfc__round256(size / 10 * 9);
         if (next >= size)
             next = size - BFC__MIN_ALLOC;
+        size_t most = bfc__pool_largest(env->pool, a->stream_id);
+        if (next > most && most >= rounded)
+            next = most;
         if (next < rounded)
             return BFC_ENOMEM;
         size = next;
@@ -641,6 +650,12 @@ static void *alloc_large(struct bfc__arena *a, size_t n, size_t rounded, int *st
         size = rounded; /* the 2 MiB rounding must not turn a fitting request into an OOM */
     struct bfc__region *r;
     int st = region_new(a, size, true, &r);
+    if (st == BFC_ENOMEM && size > rounded) {
+        /* The pool's free memory may hold the request in a piece smaller
+         * than its 2 MiB rounding. */
+        size = rounded;
+        st = region_new(a, size, true, &r);
+    }
     if (st != BFC_OK) {
         *status = st;
         return NULL;

@@ -244,6 +244,21 @@ static bool usable(const struct bfc__span *s, uint64_t sid)
     return !s->fence || s->sid == sid;
 }
 
+/* The bytes of the run of adjacent spans of one segment, all of which
+ * stream sid may take, that starts at `first` (usable); *after is the span
+ * after the run. */
+static size_t run_at(struct bfc__span *first, uint64_t sid, struct bfc__span **after)
+{
+    struct bfc__span *t = first->next;
+    size_t len = first->size;
+    while (t && usable(t, sid) && t->seg == first->seg && t->prev->base + t->prev->size == t->base) {
+        len += t->size;
+        t = t->next;
+    }
+    *after = t;
+    return len;
+}
+
 /* Best fit over runs of adjacent spans of one segment that stream sid may
  * take: the smallest run of at least `size` bytes, lowest address among
  * equals.  Returns the run's first span or NULL. */
@@ -251,23 +266,17 @@ static struct bfc__span *find_run(struct bfc__pool *p, uint64_t sid, size_t size
 {
     struct bfc__span *best = NULL;
     size_t best_len = 0;
-    struct bfc__span *s = p->spans;
-    while (s) {
+    for (struct bfc__span *s = p->spans; s;) {
         if (!usable(s, sid)) {
             s = s->next;
             continue;
         }
-        struct bfc__span *first = s, *t = s->next;
-        size_t len = s->size;
-        while (t && usable(t, sid) && t->seg == first->seg && t->prev->base + t->prev->size == t->base) {
-            len += t->size;
-            t = t->next;
-        }
+        struct bfc__span *first = s;
+        size_t len = run_at(first, sid, &s);
         if (len >= size && (!best || len < best_len)) {
             best = first;
             best_len = len;
         }
-        s = t;
     }
     return best;
 }
@@ -547,6 +556,37 @@ bool bfc__pool_fits_with(struct bfc__pool *p, uint64_t sid, const struct bfc__ra
     }
     bfc__unlock(&p->lock);
     return fits;
+}
+
+size_t bfc__pool_largest(struct bfc__pool *p, uint64_t sid)
+{
+    bfc__lock(&p->lock);
+    poll_locked(p);
+    size_t most = 0, headroom = 0;
+    for (struct bfc__span *s = p->spans; s;) {
+        if (!usable(s, sid)) {
+            s = s->next;
+            continue;
+        }
+        size_t len = run_at(s, sid, &s);
+        if (len > most)
+            most = len;
+    }
+    if (p->growth) {
+        /* What release_free_locked would give back: wholly free segments
+         * whose one span is unfenced. */
+        size_t held = p->held;
+        for (struct bfc__span *s = p->spans; s; s = s->next)
+            if (!s->fence && s->size == s->seg->size)
+                held -= s->size;
+        headroom = held < p->limit ? p->limit - held : 0;
+    }
+    if (headroom > most)
+        most = headroom;
+    size_t committed = atomic_load_explicit(&p->committed, memory_order_relaxed);
+    size_t left = committed < p->limit ? p->limit - committed : 0;
+    bfc__unlock(&p->lock);
+    return (most < left ? most : left) & ~(size_t)(BFC__MIN_ALLOC - 1);
 }
 
 size_t bfc__pool_release_free(struct bfc__pool *p)

@@ -149,6 +149,13 @@ struct bfc__range {
  */
 bool bfc__pool_fits_with(struct bfc__pool *p, uint64_t sid, const struct bfc__range *extra, size_t n, size_t size);
 
+/* The largest `size` bfc__pool_get could give stream sid now (fences
+ * polled): a run of spans sid may take, or, with growth, what the limit
+ * leaves for a new segment once wholly free segments went back; never more
+ * than the limit leaves uncommitted.  The backend may still refuse a new
+ * segment.  A multiple of 256. */
+size_t bfc__pool_largest(struct bfc__pool *p, uint64_t sid);
+
 /* Gives wholly free, unfenced segments back to the backend (growth mode
  * only); returns the bytes released. */
 size_t bfc__pool_release_free(struct bfc__pool *p);

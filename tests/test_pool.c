@@ -566,6 +566,50 @@ START_TEST(test_fits_with)
 }
 END_TEST
 
+/* The largest region bfc__pool_get would give a stream: runs of spans it
+ * may take, and with growth the limit's headroom once wholly free segments
+ * went back; each figure is then served. */
+START_TEST(test_largest)
+{
+    struct fix f;
+    fix_init(&f, 8 * MiB, false);
+    struct rgn r[8];
+    for (int i = 0; i < 8; i++)
+        r[i] = xget(&f, 1 * MiB, f.sid1);
+    ck_assert_uint_eq(bfc__pool_largest(&f.pool, f.sid2), 0);
+    bfc__sim_stream_hold(f.be, f.s1);
+    xput(&f, r[2], false, f.s1, f.sid1);
+    xput(&f, r[3], false, f.s1, f.sid1);
+    xput(&f, r[5], true, f.s1, f.sid1); /* fenced: s1's alone */
+    ck_assert_uint_eq(bfc__pool_largest(&f.pool, f.sid1), 2 * MiB);
+    ck_assert_uint_eq(bfc__pool_largest(&f.pool, f.sid2), 2 * MiB);
+    xput(&f, r[4], false, f.s1, f.sid1);
+    xput(&f, r[6], false, f.s1, f.sid1);
+    ck_assert_uint_eq(bfc__pool_largest(&f.pool, f.sid1), 5 * MiB); /* r2..r6 */
+    ck_assert_uint_eq(bfc__pool_largest(&f.pool, f.sid2), 3 * MiB); /* r2..r4 */
+    xget_fails(&f, 3 * MiB + 256, f.sid2);
+    struct rgn a = xget(&f, 3 * MiB, f.sid2);
+    ck_assert_uint_eq(a.base, r[2].base);
+    ck_assert_uint_eq(bfc__pool_largest(&f.pool, f.sid2), 1 * MiB); /* r6 */
+    bfc__sim_stream_drain(f.be, f.s1);
+    ck_assert_uint_eq(bfc__pool_largest(&f.pool, f.sid2), 2 * MiB); /* r5..r6 */
+    fix_fini(&f);
+
+    fix_init(&f, 16 * MiB, true);
+    ck_assert_uint_eq(bfc__pool_largest(&f.pool, f.sid1), 16 * MiB);
+    struct rgn x = xget(&f, 4 * MiB, f.sid1), y = xget(&f, 4 * MiB, f.sid1);
+    ck_assert_uint_eq(bfc__pool_largest(&f.pool, f.sid2), 8 * MiB);
+    xput(&f, x, false, f.s1, f.sid1); /* a wholly free segment: it can go back */
+    ck_assert_uint_eq(bfc__pool_largest(&f.pool, f.sid2), 12 * MiB);
+    xget_fails(&f, 12 * MiB + 256, f.sid2);
+    struct rgn z = xget(&f, 12 * MiB, f.sid2);
+    ck_assert_uint_eq(bfc__pool_largest(&f.pool, f.sid2), 0);
+    xput(&f, y, false, f.s1, f.sid1);
+    xput(&f, z, false, f.s2, f.sid2);
+    fix_fini(&f);
+}
+END_TEST
+
 /* ---------------------------------------------------- metadata faults */
 
 /* A give-back with its ticket needs no allocation: with every metadata
@@ -798,6 +842,7 @@ static Suite *pool_suite(void)
     tcase_add_test(tc, test_best_fit_runs);
     tcase_add_test(tc, test_wait);
     tcase_add_test(tc, test_fits_with);
+    tcase_add_test(tc, test_largest);
     tcase_add_test(tc, test_ticket_put_never_allocates);
     tcase_add_test(tc, test_ticket_unused_back);
     tcase_add_test(tc, test_get_meta_fault);

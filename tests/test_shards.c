@@ -733,6 +733,61 @@ START_TEST(test_limit_across_shards)
 }
 END_TEST
 
+/* A request that fits a piece of the pool's free memory succeeds, though
+ * the 0.9x back-off of the region size steps over that piece: the pool's
+ * pieces are 3.35 MiB and 2 MiB, the steps from 5.35 MiB go 4.82, 4.34,
+ * 3.90, 3.51 and then 3.16 MiB, below the 3.23 MiB asked.  (A large block
+ * likewise takes a piece smaller than its 2 MiB rounding.) */
+START_TEST(test_extend_fits_pool_piece)
+{
+    const size_t S = 3514624, R = 3386624;
+    bfc_ctx_t *ctx = ctx_spec("memory_limit=16M,vmm=off,large_alloc=0,initial_region=8M,"
+                              "fragmentation_fraction=0.01");
+    bfc_stream_t s1 = new_stream(ctx), s2 = new_stream(ctx);
+    void *a = bfc_ctx_alloc(ctx, s1, 8 * MiB - S); /* region 1: a, then S free */
+    void *b = bfc_ctx_alloc(ctx, s1, 6 * MiB);     /* region 2: b, then 2 MiB free */
+    ck_assert_ptr_nonnull(a);
+    ck_assert_ptr_nonnull(b);
+    ck_assert_uint_eq(st(ctx).bytes_reserved, 16 * MiB);
+    ck_assert_int_eq(bfc_ctx_stream_release(ctx, s1), BFC_OK); /* the tails go to the pool */
+    void *r = bfc_ctx_alloc(ctx, s2, R);
+    ck_assert_msg(r != NULL, "%s", bfc_err_name(bfc_last_error()));
+    ck_assert_ptr_eq(r, (char *)a + 8 * MiB - S);
+    xcheck(ctx);
+    xfree(ctx, r, s2);
+    ck_assert_int_eq(bfc_ctx_trim(ctx), BFC_OK);
+    xfree(ctx, a, s2);
+    xfree(ctx, b, s2);
+    xcheck(ctx);
+    bfc_ctx_destroy(ctx);
+
+    /* Large blocks: a 2.5 MiB piece serves a 2.25 MiB block, whose 2 MiB
+     * rounding (4 MiB) the limit leaves but no piece holds. */
+    ctx = ctx_spec("memory_limit=8M,vmm=off,large_alloc=2M,initial_region=6656K");
+    s1 = new_stream(ctx);
+    s2 = new_stream(ctx);
+    a = bfc_ctx_alloc(ctx, s1, 1920 * KiB); /* one region of 6.5 MiB */
+    b = bfc_ctx_alloc(ctx, s1, 1920 * KiB);
+    void *c = bfc_ctx_alloc(ctx, s1, 256 * KiB);
+    ck_assert_ptr_nonnull(a);
+    ck_assert_ptr_nonnull(b);
+    ck_assert_ptr_nonnull(c);
+    ck_assert_uint_eq(st(ctx).bytes_reserved, 6656 * KiB);
+    ck_assert_int_eq(bfc_ctx_stream_release(ctx, s1), BFC_OK); /* its 2.5 MiB tail goes */
+    r = bfc_ctx_alloc(ctx, s2, 2304 * KiB);
+    ck_assert_msg(r != NULL, "%s", bfc_err_name(bfc_last_error()));
+    ck_assert_ptr_eq(r, (char *)a + 4 * MiB);
+    ck_assert_uint_eq(bfc_ctx_allocated_size(ctx, r), 2304 * KiB);
+    xcheck(ctx);
+    xfree(ctx, r, s2);
+    xfree(ctx, a, s2);
+    xfree(ctx, b, s2);
+    xfree(ctx, c, s2);
+    xcheck(ctx);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
 /* A shard whose regions are trimmed and re-taken over and over: each
  * re-extension follows the growth schedule, which must stop doubling at the
  * limit (it once overflowed to 0 after 64 cycles and extend() spun forever). */
@@ -1295,6 +1350,7 @@ static Suite *shards_suite(void)
     tcase_add_test(lim, test_memory_moves_remote_frees_in_queue);
     tcase_add_test(lim, test_memory_moves_after_fence);
     tcase_add_test(lim, test_limit_across_shards);
+    tcase_add_test(lim, test_extend_fits_pool_piece);
     tcase_add_test(lim, test_trim_regrow_cycles);
     tcase_add_test(lim, test_trim_does_not_inflate_regions);
     suite_add_tcase(s, lim);
