@@ -717,6 +717,11 @@ typedef struct bfc_oom_info {
     uint64_t bytes_unreserved;    /* limit - reserved: room to take from the backend */
     uint64_t bytes_in_use;        /* live chunk bytes, all shards */
     uint64_t bytes_pending;       /* freed blocks still waiting for fences, all shards */
+    /* The shards' free memory.  An expandable shard (vmm) counts only what
+     * is mapped: its free bytes are its mapped bytes under no live or
+     * pending block, granules shared with one included (a bound), and its
+     * largest free chunk is at most that (a bound of the largest mapped
+     * free piece): the rest of its free chunks is address space. */
     uint64_t stream_free;         /* free chunk bytes of the requesting stream's shard */
     uint64_t stream_largest_free; /* its largest free chunk */
     uint64_t other_free;          /* free chunk bytes of every other shard */

@@ -327,12 +327,21 @@ size_t bfc__shard_free_info(struct bfc_ctx *ctx, struct bfc__shard_free *out, si
          * hold free chunks next to live blocks, which is worth showing. */
         if (!a->dead) {
             bfc__arena_drain_locked(a, true);
+            size_t free_bytes = bfc__arena_free_bytes(a), largest = bfc__bins_largest(&a->bins);
+            if (a->x) {
+                /* An expandable shard's free chunks are mostly address
+                 * space: only its mapped granules are memory. */
+                size_t busy = a->st.bytes_in_use + a->st.pending_bytes;
+                free_bytes = a->x->mapped_bytes > busy ? a->x->mapped_bytes - busy : 0;
+                if (largest > free_bytes)
+                    largest = free_bytes;
+            }
             if (n < max)
                 out[n] = (struct bfc__shard_free){
                     .stream_id = a->stream_id,
                     .stream = a->stream,
-                    .free_bytes = bfc__arena_free_bytes(a),
-                    .largest_free = bfc__bins_largest(&a->bins),
+                    .free_bytes = free_bytes,
+                    .largest_free = largest,
                     .pending_bytes = a->st.pending_bytes,
                     .in_use = a->st.bytes_in_use,
                     .reserved = a->st.bytes_reserved,

@@ -77,12 +77,16 @@ size_t bfc__shard_reclaim_others(struct bfc_ctx *ctx, struct bfc__arena *self, b
  * bfc__arena_tails_locked), up to max; returns how many. */
 size_t bfc__shard_collect_tails(struct bfc_ctx *ctx, struct bfc__arena *self, struct bfc__range *out, size_t max);
 
-/* What one shard could give, as the OOM report shows it. */
+/* What one shard could give, as the OOM report shows it.  An expandable
+ * shard counts only mapped memory: free_bytes is its mapped bytes under no
+ * block in use or pending (granules shared with such a block included, so a
+ * bound), largest_free the smaller of that and its largest free chunk (a
+ * bound of its largest mapped free piece). */
 struct bfc__shard_free {
     uint64_t stream_id;
     bfc_stream_t stream;
-    size_t free_bytes;      /* in its bins */
-    size_t largest_free;    /* its largest free chunk */
+    size_t free_bytes;      /* in its bins (expandable: mapped, above) */
+    size_t largest_free;    /* its largest free chunk (expandable: above) */
     size_t pending_bytes;   /* freed blocks still waiting for their fences */
     size_t in_use;          /* live chunk bytes */
     size_t reserved;        /* its regions */

@@ -583,6 +583,45 @@ START_TEST(test_release_same_stream_late)
 }
 END_TEST
 
+/* The OOM report of an expandable context counts mapped memory only: a
+ * shard's free chunks are mostly address space.  Stream t freed all it had
+ * while idle, s took it and freed it while held: t's 15 MiB fails because
+ * s's work still holds the memory (HELD), not because t's own free chunk
+ * of the whole reservation (address space) could serve it (TRANSIENT). */
+START_TEST(test_oom_report_counts_mapped)
+{
+    bfc_ctx_t *ctx = ctx_spec("memory_limit=16M,vmm=on", G);
+    bfc_stream_t s = bfc_sim_stream_create(ctx), t = bfc_sim_stream_create(ctx);
+    char *p[16];
+    for (int i = 0; i < 16; i++)
+        ck_assert_ptr_nonnull(p[i] = bfc_ctx_alloc(ctx, t, MiB));
+    for (int i = 0; i < 16; i++)
+        ck_assert_int_eq(bfc_ctx_free(ctx, p[i], t), BFC_OK);
+    char *r = bfc_ctx_alloc(ctx, s, 15 * MiB);
+    ck_assert_ptr_nonnull(r);
+    bfc_sim_stream_hold(ctx, s);
+    ck_assert_int_eq(bfc_ctx_free(ctx, r, s), BFC_OK);
+    ck_assert_ptr_null(bfc_ctx_alloc(ctx, t, 15 * MiB));
+    bfc_oom_info_t i;
+    ck_assert_int_eq(bfc_ctx_oom_info(ctx, &i), BFC_OK);
+    ck_assert_msg(i.cause == BFC_OOM_HELD, "cause %d: %s", (int)i.cause, i.diagnosis);
+    bfc_stats_t ts;
+    ck_assert_int_eq(bfc_ctx_stream_stats(ctx, t, &ts), BFC_OK);
+    ck_assert_uint_le(i.stream_free, ts.bytes_reserved); /* mapped, not the reservation */
+    ck_assert_uint_le(i.stream_largest_free, i.stream_free);
+    ck_assert_uint_lt(i.stream_largest_free, 15 * MiB);
+    ck_assert_uint_ge(i.other_largest_free, 15 * MiB);
+    ck_assert_ptr_eq(i.other_largest_stream, s);
+    ck_assert_ptr_nonnull(strstr(i.diagnosis, "held by other streams"));
+    bfc_sim_stream_drain(ctx, s);
+    r = bfc_ctx_alloc(ctx, t, 15 * MiB);
+    ck_assert_ptr_nonnull(r);
+    ck_assert_int_eq(bfc_ctx_free(ctx, r, t), BFC_OK);
+    check_ok(ctx);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
 /* ------------------------------------------------------ release policy */
 
 static void calls(bfc_ctx_t *ctx, uint64_t *maps, uint64_t *unmaps)
@@ -1328,6 +1367,7 @@ static Suite *vmm_suite(void)
     tcase_add_test(tc, test_release);
     tcase_add_test(tc, test_release_same_stream);
     tcase_add_test(tc, test_release_same_stream_late);
+    tcase_add_test(tc, test_oom_report_counts_mapped);
     tcase_add_test(tc, test_churn);
     tcase_add_test(tc, test_amortised);
     tcase_add_test(tc, test_under_threshold);
