@@ -244,7 +244,10 @@ BFC_API int bfc_config_parse_err(bfc_config_t *cfg, const char *spec, char *err,
 
 /*
  * Checks a configuration for consistency (non-zero initial_region, fraction in
- * [0, 1], ...).  BFC_OK or BFC_EINVAL.
+ * [0, 1], vmm=on only with allow_growth=true, ...).  BFC_OK or BFC_EINVAL.
+ * What it cannot know without a device (whether the device has virtual
+ * memory, its granule, whether a trace= path can be created) only
+ * bfc_ctx_create checks.
  * Context: thread-safe, never blocks.
  */
 BFC_API int bfc_config_validate(const bfc_config_t *cfg);
@@ -462,9 +465,16 @@ BFC_API int bfc_ctx_config(bfc_ctx_t *ctx, bfc_config_t *out);
  *   libshardbfc: SHARDBFC_CONF is invalid: memory_limt=1G: unknown key
  *   'memory_limt' (keys: ...); the allocator will not start (every call
  *   fails with BFC_EINVAL)
- * A trace= path that cannot be created stops the service the same way
- * (the context cannot be created: BFC_EINVAL).  Contexts made with
- * bfc_ctx_create do not read SHARDBFC_CONF and are not affected.
+ * Settings valid alone but not together (vmm=on with allow_growth=false)
+ * stop it the same way.  So does a spec on which the first device context
+ * cannot be made (bfc_ctx_create says BFC_EINVAL: a trace= path that cannot
+ * be created, vmm=on where the device has no virtual memory or the limit
+ * holds no granule), from the call that found it on, with its own line on
+ * stderr (a host section already started keeps working, so that its
+ * blocks stay valid).  Where another
+ * device's context already runs, only the device that cannot be served
+ * is refused.  Contexts made with bfc_ctx_create do not read SHARDBFC_CONF
+ * and are not affected.
  *
  * bfc_stream_alloc / bfc_stream_free / bfc_record_stream / bfc_stream_release
  * behave exactly as their bfc_ctx_* counterparts on that context.

@@ -7,7 +7,8 @@
  * the configured device).  A pointer finds its context by itself through the
  * process-wide region map, so frees need no device argument.
  *
- * An invalid SHARDBFC_CONF stops the service before it starts: every call
+ * An invalid SHARDBFC_CONF (or one on which the first context cannot be
+ * made: refuse_device) stops the service before it starts: every call
  * returns BFC_EINVAL (NULL with bfc_last_error() == BFC_EINVAL for the
  * pointer-returning ones; freeing NULL stays the no-op it always is), and config.c has said once on stderr which item
  * is wrong and why.  Falling back to the defaults instead would turn a typo
@@ -55,8 +56,12 @@ static int service_status(void)
     int e = pthread_once(&env_once, env_init);
     if (e != 0)
         bfc__fatal("pthread_once", e);
-    return env_status;
+    return bfc__config_refused() ? BFC_EINVAL : env_status;
 }
+
+/* Devices whose context SHARDBFC_CONF cannot make while another device's
+ * context runs (ctx_of_device): refused alone, without a retry per call. */
+static atomic_bool dev_refused[MAX_DEVICES];
 
 static int device_of(bfc_stream_t s, int *dev)
 {
@@ -78,6 +83,32 @@ static int device_of(bfc_stream_t s, int *dev)
     return BFC_OK;
 }
 
+/*
+ * A configuration that parses but on which a context cannot be made
+ * (bfc_ctx_create says BFC_EINVAL: a trace= path that cannot be created,
+ * vmm=on where the device has no virtual memory or the limit holds no
+ * granule) stops the service as a bad spec does, with its one line on
+ * stderr, rather than retry the creation at every call.  Where another
+ * device's context already runs, only this device is refused (its users'
+ * pointers stay valid).  Other failures (no device, no memory) are retried
+ * at the next call.  Under bfc__ctx_create_lock.
+ */
+static void refuse_device(int dev)
+{
+    char why[256];
+    snprintf(why, sizeof why,
+             "the context for device %d cannot be created (a trace= path that cannot be created, or vmm=on "
+             "where the device has no virtual memory or the limit holds no granule)",
+             dev);
+    for (int i = 0; i < MAX_DEVICES; i++)
+        if (atomic_load_explicit(&devices[i], memory_order_relaxed)) {
+            atomic_store_explicit(&dev_refused[dev], true, memory_order_relaxed);
+            fprintf(stderr, "libshardbfc: SHARDBFC_CONF: %s; calls for that device fail with BFC_EINVAL\n", why);
+            return;
+        }
+    bfc__config_refuse(why);
+}
+
 static bfc_ctx_t *ctx_of_device(int dev, int *status)
 {
     /* acquire: pairs with the release store below (a fully built context). */
@@ -87,7 +118,9 @@ static bfc_ctx_t *ctx_of_device(int dev, int *status)
     bfc__process_init(); /* the fork handlers exist before bfc__ctx_create_lock is used */
     bfc__lock(&bfc__ctx_create_lock);
     ctx = atomic_load_explicit(&devices[dev], memory_order_relaxed);
-    if (!ctx) {
+    if (!ctx && (bfc__config_refused() || atomic_load_explicit(&dev_refused[dev], memory_order_relaxed))) {
+        *status = BFC_EINVAL;
+    } else if (!ctx) {
         bfc_config_t cfg = env_cfg;
         cfg.device = dev;
         int st = bfc_ctx_create(&cfg, &ctx);
@@ -97,6 +130,8 @@ static bfc_ctx_t *ctx_of_device(int dev, int *status)
         } else {
             atomic_store_explicit(&devices[dev], ctx, memory_order_release);
         }
+        if (st == BFC_EINVAL)
+            refuse_device(dev);
     }
     bfc__unlock(&bfc__ctx_create_lock);
     return ctx;

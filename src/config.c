@@ -556,6 +556,16 @@ int bfc_config_parse_err(bfc_config_t *cfg, const char *spec, char *err, size_t 
     return parse(cfg, spec, &e);
 }
 
+/* Settings each valid alone that bfc_config_validate refuses together,
+ * said in words; NULL when there are none. */
+static const char *config_conflict(const bfc_config_t *cfg)
+{
+    if (cfg->vmm == BFC_VMM_ON && !cfg->allow_growth)
+        return "vmm=on needs allow_growth=true (expandable arenas grow; allow_growth=false reserves the "
+               "whole limit up front)";
+    return NULL;
+}
+
 int bfc_config_validate(const bfc_config_t *cfg)
 {
     if (cfg == NULL)
@@ -582,6 +592,8 @@ int bfc_config_validate(const bfc_config_t *cfg)
     if (!memchr(cfg->oom_dump, '\0', sizeof cfg->oom_dump) || !memchr(cfg->trace, '\0', sizeof cfg->trace))
         return BFC_EINVAL;
     if (cfg->vmm != BFC_VMM_AUTO && cfg->vmm != BFC_VMM_ON && cfg->vmm != BFC_VMM_OFF)
+        return BFC_EINVAL;
+    if (config_conflict(cfg))
         return BFC_EINVAL;
     if (cfg->reserved_flags != 0)
         return BFC_EINVAL;
@@ -612,11 +624,35 @@ static void env_load(void)
     char err[512];
     bfc_config_init(&env_cfg);
     env_status = bfc_config_parse_err(&env_cfg, getenv("SHARDBFC_CONF"), err, sizeof err);
+    const char *conflict = env_status == BFC_OK ? config_conflict(&env_cfg) : NULL;
+    if (conflict) {
+        snprintf(err, sizeof err, "%s", conflict);
+        bfc_config_init(&env_cfg); /* the defaults, as for a bad spec */
+        env_status = BFC_EINVAL;
+    }
     if (env_status != BFC_OK)
         fprintf(stderr,
                 "libshardbfc: SHARDBFC_CONF is invalid: %s; the allocator will not start "
                 "(every call fails with BFC_EINVAL)\n",
                 err);
+}
+
+static atomic_bool env_refused;
+
+void bfc__config_refuse(const char *why)
+{
+    if (!atomic_exchange_explicit(&env_refused, true, memory_order_relaxed))
+        fprintf(stderr,
+                "libshardbfc: SHARDBFC_CONF cannot be used: %s; the allocator will not start "
+                "(every call fails with BFC_EINVAL)\n",
+                why);
+}
+
+bool bfc__config_refused(void)
+{
+    /* relaxed: a flag that only ever goes up; a caller that misses it
+     * by a moment runs as if it had come just before. */
+    return atomic_load_explicit(&env_refused, memory_order_relaxed);
 }
 
 int bfc__config_from_env(bfc_config_t *out)
@@ -631,5 +667,5 @@ int bfc__config_from_env(bfc_config_t *out)
         return BFC_ESTATE;
     }
     memcpy(out, &env_cfg, sizeof *out);
-    return env_status;
+    return bfc__config_refused() ? BFC_EINVAL : env_status;
 }

@@ -165,4 +165,14 @@ static inline void bfc__set_last_error(int status)
  */
 int bfc__config_from_env(bfc_config_t *out);
 
+/*
+ * SHARDBFC_CONF parsed but the service cannot run on it (api.c: the first
+ * device context could not be created, BFC_EINVAL): from now on
+ * bfc__config_from_env returns BFC_EINVAL, as for a bad spec, and stderr
+ * says once why (`why`).  bfc__config_refused() says whether it happened.
+ * Context: thread-safe.
+ */
+void bfc__config_refuse(const char *why);
+bool bfc__config_refused(void);
+
 #endif /* BFC_INTERNAL_H */

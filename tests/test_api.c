@@ -417,6 +417,24 @@ START_TEST(test_bad_conf_misspelt_key)
 }
 END_TEST
 
+START_TEST(test_bad_conf_conflict)
+{
+    /* Each setting is valid; together they are not. */
+    conf("backend=sim,vmm=on,allow_growth=false");
+    expect_refused();
+}
+END_TEST
+
+START_TEST(test_conf_trace_uncreatable)
+{
+    /* The spec parses, but no context can be made on it: the first call
+     * finds that out and the service stops there, as for a bad spec,
+     * rather than try again at every call. */
+    conf("backend=sim,trace=/nonexistent-shardbfc-dir/t.csv");
+    expect_refused();
+}
+END_TEST
+
 START_TEST(test_no_conf_defaults)
 {
     conf(NULL);
@@ -525,6 +543,8 @@ static Suite *api_suite(void)
     tcase_add_test(cf, test_bad_conf_refuses);
     tcase_add_test(cf, test_bad_conf_misspelt_key);
     tcase_add_test(cf, test_bad_conf_negative);
+    tcase_add_test(cf, test_bad_conf_conflict);
+    tcase_add_test(cf, test_conf_trace_uncreatable);
     tcase_add_test(cf, test_no_conf_defaults);
     tcase_add_test(cf, test_conf_cuda_without_device);
     tcase_add_test(cf, test_conf_growth_off);

@@ -628,6 +628,10 @@ START_TEST(test_validate)
     VALID(c.host_numa = BFC_HOST_NUMA_GPU, BFC_OK);
     VALID(c.host_numa = BFC_HOST_NUMA_THREAD, BFC_OK);
     VALID(c.host_numa = 7, BFC_OK);
+    VALID((c.vmm = BFC_VMM_ON, c.allow_growth = false), BFC_EINVAL);
+    VALID((c.vmm = BFC_VMM_ON, c.allow_growth = true), BFC_OK);
+    VALID((c.vmm = BFC_VMM_AUTO, c.allow_growth = false), BFC_OK);
+    VALID((c.vmm = BFC_VMM_OFF, c.allow_growth = false), BFC_OK);
 #undef VALID
 }
 END_TEST
