@@ -511,7 +511,8 @@ BFC_API void bfc_shutdown(void);
  * NUMA node (see host_numa).  Same rounding, alignment and NULL rules as
  * bfc_ctx_alloc.  bfc_host_free frees from any thread (another thread's block
  * returns to its owner's arena).  bfc_host_numa_node reports where the pages
- * actually are.  bfc_host_record_stream: the block is not reused until the
+ * of a live block actually are (a freed block: BFC_EDOUBLEFREE; a pointer
+ * that is not a block's start: BFC_ENOTOWNED).  bfc_host_record_stream: the block is not reused until the
  * stream's work queued before the free has completed.
  * Context: thread-safe; the calling thread's own arena lock on the common path.
  */

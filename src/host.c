@@ -265,6 +265,11 @@ int bfc_host_numa_node(const void *p)
     int st = host_owner(p, &ctx, &owner);
     if (st != BFC_OK)
         return st;
+    /* A live block only, as bfc_host_record_stream: a freed or interior
+     * pointer gets the status that names it, not a node. */
+    int64_t id = bfc_ctx_allocation_id(ctx, p);
+    if (id < 0)
+        return (int)id;
     hwloc_nodeset_t ns = hwloc_bitmap_alloc();
     if (!ns)
         return BFC_ENOMEM;

@@ -61,6 +61,7 @@ START_TEST(test_alloc_on_node0)
     else
         ck_assert_int_ge(bfc_host_numa_node(p), 0);
     ck_assert_ptr_nonnull(bfc_host_ctx(bfc_host_numa_node(p)));
+    ck_assert_int_eq(bfc_host_numa_node(p + 256), BFC_ENOTOWNED); /* not a block's start */
     bfc_stats_t s = host_stats();
     ck_assert_uint_eq(s.num_allocs, 1);
     ck_assert_uint_eq(s.bytes_requested, 100000);
@@ -70,6 +71,9 @@ START_TEST(test_alloc_on_node0)
     s = host_stats();
     ck_assert_uint_eq(s.bytes_in_use, 0);
     ck_assert_uint_eq(s.num_frees, 1);
+    /* A freed block has no node to report: the status says why. */
+    ck_assert_int_eq(bfc_host_numa_node(p), BFC_EDOUBLEFREE);
+    ck_assert_int_eq(bfc_host_record_stream(p, NULL), BFC_EDOUBLEFREE);
     check_host_ctx();
     ck_assert_ptr_null(bfc_host_alloc(0));
     ck_assert_int_eq(bfc_last_error(), BFC_OK);
