@@ -368,7 +368,8 @@ BFC_API void bfc_ctx_destroy(bfc_ctx_t *ctx);
  * up to a multiple of 256 and the pointer is 256-byte aligned.  Returns NULL
  * with bfc_last_error() == BFC_OK for n == 0, NULL with BFC_ENOMEM when the
  * request cannot be served (also when rounding would overflow or n exceeds the
- * limit: state untouched).
+ * limit: no memory moves, and the failure is counted in num_ooms and
+ * reported, cause BFC_OOM_TOO_LARGE, like any other).
  * Context: thread-safe.  Common path: lock-free shard lookup plus the stream's
  * own arena lock (uncontended when one thread drives the stream).  May block
  * on the slow path (growing, reclaiming memory from other shards, retry_ms).
