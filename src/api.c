@@ -116,6 +116,9 @@ static bfc_ctx_t *ctx_of_device(int dev, int *status)
     if (BFC__LIKELY(ctx != NULL))
         return ctx;
     bfc__process_init(); /* the fork handlers exist before bfc__ctx_create_lock is used */
+    /* Registered before the lock: a creation that fails tears down what it
+     * made, which may enter RCU (rcu.h, bfc__rcu_register). */
+    bfc__rcu_register();
     bfc__lock(&bfc__ctx_create_lock);
     ctx = atomic_load_explicit(&devices[dev], memory_order_relaxed);
     if (!ctx && (bfc__config_refused() || atomic_load_explicit(&dev_refused[dev], memory_order_relaxed))) {
