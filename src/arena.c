@@ -614,11 +614,11 @@ static int extend(struct bfc__arena *a, size_t rounded)
      * step down by one granule, so the loop ends within a bounded number of
      * backend calls (at most (size - rounded)/256 + 1, in practice ~log).
      * TensorFlow's device takes any size below what it has free, so its
-     * steps find one; the pool's free memory is in pieces, and the step
-     * after a refusal never passes the largest the pool could give (else a
-     * 3.35 MiB span is skipped by the steps 3.51 and 3.16 MiB for a
-     * 3.23 MiB request: out of memory while the pool holds a fitting
-     * piece). */
+     * steps find one; the pool's free memory is in pieces, so the step
+     * after a refusal never passes the largest region the pool could give
+     * (else a 3.35 MiB span is skipped by the steps 3.51 and 3.16 MiB for
+     * a 3.23 MiB request: out of memory while the pool holds a fitting
+     * piece), and the loop stops when that is below the request. */
     for (;;) {
         int st = region_new(a, size, false, &r);
         if (st == BFC_OK)
@@ -629,7 +629,9 @@ static int extend(struct bfc__arena *a, size_t rounded)
         if (next >= size)
             next = size - BFC__MIN_ALLOC;
         size_t most = bfc__pool_largest(env->pool, a->stream_id);
-        if (next > most && most >= rounded)
+        if (most < rounded)
+            return BFC_ENOMEM; /* no step could be served */
+        if (next > most)
             next = most;
         if (next < rounded)
             return BFC_ENOMEM;
