@@ -372,9 +372,7 @@ static size_t busy_bytes(const struct bfc__arena *a)
     return a->st.bytes_in_use + a->st.pending_bytes;
 }
 
-/* Mapped bytes under no block in use or pending (granules shared with a
- * block included: an upper bound of what a release can unmap). */
-static size_t idle_bytes(const struct bfc__arena *a)
+size_t bfc__expand_idle_bytes(const struct bfc__arena *a)
 {
     size_t busy = busy_bytes(a);
     return a->x->mapped_bytes > busy ? a->x->mapped_bytes - busy : 0;
@@ -467,7 +465,7 @@ static void rearm(struct bfc__arena *a, bool mapped)
     x->low_water = x->mapped_bytes > trigger ? x->mapped_bytes - trigger : 0;
     /* Published: what another shard's growth would get here (above the
      * granules shared with live blocks, beyond what this shard keeps). */
-    size_t now = idle_bytes(a), floor = x->idle_floor + keep, lend = lend_floor(x);
+    size_t now = bfc__expand_idle_bytes(a), floor = x->idle_floor + keep, lend = lend_floor(x);
     if (floor < keep)
         floor = SIZE_MAX;
     if (!lend_open(a))
@@ -537,7 +535,7 @@ static size_t release(struct bfc__arena *a, uint32_t wait_ms, size_t g0, size_t 
 static void release_for_growth(struct bfc__arena *a, size_t g0, size_t g1, size_t need)
 {
     struct bfc__expand *x = a->x;
-    size_t idle = idle_bytes(a);
+    size_t idle = bfc__expand_idle_bytes(a);
     if (idle <= x->threshold)
         return;
     size_t budget = idle - x->threshold;
@@ -741,7 +739,7 @@ size_t bfc__expand_release_locked(struct bfc__arena *a, uint32_t wait_ms)
     if (!a->x)
         return 0;
     size_t freed = release(a, wait_ms, 0, 0, SIZE_MAX);
-    a->x->idle_floor = idle_bytes(a);
+    a->x->idle_floor = bfc__expand_idle_bytes(a);
     rearm(a, false);
     return freed;
 }
@@ -752,7 +750,7 @@ size_t bfc__expand_release_locked(struct bfc__arena *a, uint32_t wait_ms)
  * The decay ("When", (c)), checked at the first free after every
  * env->decay_check_allocs allocations (BFC__DECAY_CHECK_ALLOCS: one more
  * test on the free path, and a clock read per check).  Each check notes
- * the free bytes (idle_bytes) and unmaps granules whose departure fence
+ * the free bytes (bfc__expand_idle_bytes) and unmaps granules whose departure fence
  * has completed;
  * once slack_decay_ms have passed since the period began, the least free
  * figure its checks saw, beyond the threshold, is memory the shard held
@@ -770,7 +768,7 @@ static void decay_check(struct bfc__arena *a)
     struct bfc__expand *x = a->x;
     x->decay_at = a->st.num_allocs + a->env->decay_check_allocs;
     (void)unmap_if_fenced(a);
-    size_t idle = idle_bytes(a);
+    size_t idle = bfc__expand_idle_bytes(a);
     if (idle < x->decay_idle_min)
         x->decay_idle_min = idle;
     uint64_t now = now_ms(a->env);
@@ -780,7 +778,7 @@ static void decay_check(struct bfc__arena *a)
     if (unused >= GRAN(x))
         (void)release(a, 0, 0, 0, unused);
     x->decay_since_ms = now;
-    x->decay_idle_min = idle_bytes(a);
+    x->decay_idle_min = bfc__expand_idle_bytes(a);
 }
 
 void bfc__expand_after_free_locked(struct bfc__arena *a)
@@ -789,7 +787,7 @@ void bfc__expand_after_free_locked(struct bfc__arena *a)
     if (a->st.num_allocs >= x->decay_at)
         decay_check(a);
     size_t keep = keep_bytes(x);
-    if (idle_bytes(a) > keep) {
+    if (bfc__expand_idle_bytes(a) > keep) {
         /* Nothing of the last release at a free was mapped again, and no
          * churn for CALM_ALLOCS allocations: the shard keeps less (one
          * burst of frees is not evidence: its releases follow each other
@@ -800,7 +798,7 @@ void bfc__expand_after_free_locked(struct bfc__arena *a)
         }
         x->unmapped_at_free = release(a, 0, 0, 0, SIZE_MAX);
         x->remapped = false;
-        x->idle_floor = idle_bytes(a);
+        x->idle_floor = bfc__expand_idle_bytes(a);
     }
     rearm(a, false);
 }
@@ -810,7 +808,7 @@ size_t bfc__expand_release_spare_locked(struct bfc__arena *a, size_t *loan)
     struct bfc__expand *x = a->x;
     if (!x)
         return 0;
-    size_t keep = keep_bytes(x), idle = idle_bytes(a), freed = 0, given = 0;
+    size_t keep = keep_bytes(x), idle = bfc__expand_idle_bytes(a), freed = 0, given = 0;
     size_t spare = idle > keep ? idle - keep : 0, lend = 0;
     if (*loan && lend_open(a)) {
         size_t lendable = idle > lend_floor(x) ? idle - lend_floor(x) : 0;

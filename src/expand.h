@@ -101,6 +101,9 @@ int bfc__expand_make_ready_locked(struct bfc__arena *a, uintptr_t p, size_t size
  * unmaps what may go: waits up to wait_ms for the fence (0: only when it
  * has already completed).  Returns the bytes unmapped. */
 size_t bfc__expand_release_locked(struct bfc__arena *a, uint32_t wait_ms);
+/* Mapped bytes under no block in use or pending (granules shared with a
+ * block included: an upper bound of what a release can unmap). */
+size_t bfc__expand_idle_bytes(const struct bfc__arena *a);
 /* Another shard grows within the limit: releases, without waiting, the
  * free granules beyond what this shard keeps (threshold and churn slack),
  * on the churn book of a release at a free -- and, when a loan of the

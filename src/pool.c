@@ -345,6 +345,14 @@ static int seg_new_locked(struct bfc__pool *p, size_t size, struct bfc__span **o
     return BFC_OK;
 }
 
+/* Is s the one span of a wholly free, unfenced segment (which
+ * release_free_locked gives back)?  Adjacent unfenced spans of a segment
+ * always merge, so such a segment has exactly one. */
+static bool releasable(const struct bfc__span *s)
+{
+    return !s->fence && s->size == s->seg->size;
+}
+
 /* Gives every wholly free, unfenced segment back to the backend. */
 static size_t release_free_locked(struct bfc__pool *p)
 {
@@ -359,9 +367,7 @@ static size_t release_free_locked(struct bfc__pool *p)
         if (seg->free_bytes == seg->size)
             for (s = p->spans; s && s->seg != seg; s = s->next)
                 ;
-        /* Wholly free and unfenced means one span covering it (adjacent
-         * unfenced spans of a segment always merge). */
-        if (!s || s->fence || s->size != seg->size) {
+        if (!s || !releasable(s)) {
             pp = &seg->next;
             continue;
         }
@@ -573,11 +579,10 @@ size_t bfc__pool_largest(struct bfc__pool *p, uint64_t sid)
             most = len;
     }
     if (p->growth) {
-        /* What release_free_locked would give back: wholly free segments
-         * whose one span is unfenced. */
+        /* What release_free_locked would give back first. */
         size_t held = p->held;
         for (struct bfc__span *s = p->spans; s; s = s->next)
-            if (!s->fence && s->size == s->seg->size)
+            if (releasable(s))
                 held -= s->size;
         headroom = held < p->limit ? p->limit - held : 0;
     }
@@ -796,13 +801,19 @@ void bfc__pool_vmm_depart(struct bfc__pool *p, struct bfc__vmm_gone *rec, uintpt
     bfc__unlock(&p->lock);
 }
 
+/* May a new shard of stream sid needing min bytes take g back? */
+static bool adoptable(const struct bfc__vmm_gone *g, uint64_t sid, size_t min)
+{
+    return g->sid == sid && g->mapped && g->size >= min;
+}
+
 struct bfc__vmm_gone *bfc__pool_vmm_adopt(struct bfc__pool *p, uint64_t sid, size_t min)
 {
     bfc__lock(&p->lock);
     struct bfc__vmm_gone **pp = &p->vmm_gone, *g = NULL;
     struct bfc__vmm_gone **best = NULL;
     for (; *pp; pp = &(*pp)->next)
-        if ((*pp)->sid == sid && (*pp)->mapped && (*pp)->size >= min && (!best || (*pp)->mapped > (*best)->mapped))
+        if (adoptable(*pp, sid, min) && (!best || (*pp)->mapped > (*best)->mapped))
             best = pp;
     if (best) {
         g = *best;
@@ -823,7 +834,7 @@ size_t bfc__pool_vmm_gone_mapped(struct bfc__pool *p, uint64_t sid, size_t min)
     bfc__lock(&p->lock);
     vmm_gone_poll_locked(p, false);
     for (struct bfc__vmm_gone *g = p->vmm_gone; g; g = g->next)
-        if (g->sid == sid && g->size >= min && g->mapped > most)
+        if (adoptable(g, sid, min) && g->mapped > most)
             most = g->mapped;
     bfc__unlock(&p->lock);
     return most;

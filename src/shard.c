@@ -331,8 +331,7 @@ size_t bfc__shard_free_info(struct bfc_ctx *ctx, struct bfc__shard_free *out, si
             if (a->x) {
                 /* An expandable shard's free chunks are mostly address
                  * space: only its mapped granules are memory. */
-                size_t busy = a->st.bytes_in_use + a->st.pending_bytes;
-                free_bytes = a->x->mapped_bytes > busy ? a->x->mapped_bytes - busy : 0;
+                free_bytes = bfc__expand_idle_bytes(a);
                 if (largest > free_bytes)
                     largest = free_bytes;
             }
