@@ -41,8 +41,9 @@
  *                    the pool
  *   legacy_owner     as reclaim, with the legacy default stream as A
  *   trim             free on A, bfc_ctx_trim, another stream allocates
- *   vmm              as reclaim with vmm=on: skipped while the build has
- *                    no virtual-memory arenas (the key is refused)
+ *   vmm_*            the same departures in expandable arenas (vmm=on):
+ *                    pages are unmapped from A's range after its fence
+ *                    and mapped into the taker's
  *
  * Besides: cudaStreamPerThread used from two threads gets two shards; the
  * legacy default stream (NULL and cudaStreamLegacy) allocates and frees;
@@ -58,6 +59,7 @@
 
 #include <check.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <limits.h>
 #include <pthread.h>
 #include <spawn.h>
@@ -223,36 +225,58 @@ struct path {
     bool owner_legacy;        /* A is the legacy default stream */
     bool expect_overlap;      /* the second set must reuse first-set memory */
     const char *skip_if_refused; /* conf may be refused: skip, saying this */
+    bool expect_unmap;        /* expandable: the taker's pages come from A's unmap */
 };
 
 /* Tight: one 32 MiB region holds the whole limit, so a second stream can
- * only be served from the memory the first one gave up. */
-#define TIGHT "memory_limit=32M,initial_region=32M,retry_ms=20000"
+ * only be served from the memory the first one gave up.  The classic rows
+ * say vmm=off: under the default (auto) a device with virtual memory
+ * management gets expandable arenas, whose paths are the vmm_ rows. */
+#define TIGHT "memory_limit=32M,initial_region=32M,retry_ms=20000,vmm=off"
+/* The same limit in an expandable arena: pages are unmapped from one
+ * shard's range and mapped into another's, so no address overlap is
+ * asserted; an early unmap shows as a fault of A's late fill, a wrong remap
+ * as corrupted data. */
+#define VTIGHT "memory_limit=32M,retry_ms=20000,vmm=on,release_threshold=0"
+#define NOVMM "this build has no virtual-memory arenas (vmm=on refused)"
 
 static const struct path paths[] = {
-    {"same_stream", "memory_limit=64M", {MiB, 256 * KiB, 4 * MiB, 64 * KiB},
-     DEP_FREE_OWNER, TAKE_OWNER, false, true, NULL},
-    {"reclaim", TIGHT, {24 * MiB, 4 * MiB, MiB}, DEP_FREE_OWNER, TAKE_OTHER, false, true, NULL},
+    {"same_stream", "memory_limit=64M,vmm=off", {MiB, 256 * KiB, 4 * MiB, 64 * KiB},
+     DEP_FREE_OWNER, TAKE_OWNER, false, true, NULL, false},
+    {"reclaim", TIGHT, {24 * MiB, 4 * MiB, MiB}, DEP_FREE_OWNER, TAKE_OTHER, false, true, NULL,
+     false},
     {"cross_other", TIGHT, {24 * MiB, 4 * MiB, MiB}, DEP_FREE_OTHER, TAKE_OTHER, false, true,
-     NULL},
+     NULL, false},
     {"cross_owner", TIGHT, {24 * MiB, 4 * MiB, MiB}, DEP_FREE_OTHER, TAKE_OWNER, false, true,
-     NULL},
+     NULL, false},
     {"record_stream", TIGHT, {24 * MiB, 4 * MiB, MiB}, DEP_RECORD, TAKE_OWNER, false, true,
-     NULL},
-    {"large", "memory_limit=160M,large_alloc=32M,retry_ms=20000", {64 * MiB, 64 * MiB},
-     DEP_FREE_OWNER, TAKE_OTHER, false, true, NULL},
-    {"release", TIGHT, {24 * MiB, 4 * MiB, MiB}, DEP_RELEASE, TAKE_OTHER, false, true, NULL},
-    {"no_growth", "allow_growth=false,memory_limit=32M,retry_ms=20000",
-     {24 * MiB, 4 * MiB, MiB}, DEP_FREE_OWNER, TAKE_OTHER, false, true, NULL},
+     NULL, false},
+    {"large", "memory_limit=160M,large_alloc=32M,retry_ms=20000,vmm=off", {64 * MiB, 64 * MiB},
+     DEP_FREE_OWNER, TAKE_OTHER, false, true, NULL, false},
+    {"release", TIGHT, {24 * MiB, 4 * MiB, MiB}, DEP_RELEASE, TAKE_OTHER, false, true, NULL, false},
+    {"no_growth", "allow_growth=false,memory_limit=32M,retry_ms=20000,vmm=off",
+     {24 * MiB, 4 * MiB, MiB}, DEP_FREE_OWNER, TAKE_OTHER, false, true, NULL, false},
     {"legacy_owner", TIGHT, {24 * MiB, 4 * MiB, MiB}, DEP_FREE_OWNER, TAKE_OTHER, true, true,
-     NULL},
-    {"trim", "memory_limit=64M", {24 * MiB, 4 * MiB, MiB}, DEP_TRIM, TAKE_OTHER, false, false,
-     NULL},
-    /* Pages of a virtual-memory arena are remapped at other addresses, so
-     * no address overlap is asserted; an early unmap shows as a fault of
-     * A's late fill, a wrong remap as corrupted data. */
-    {"vmm", TIGHT ",vmm=on,release_threshold=0", {24 * MiB, 4 * MiB, MiB}, DEP_FREE_OWNER,
-     TAKE_OTHER, false, false, "this build has no virtual-memory arenas (vmm=on refused)"},
+     NULL, false},
+    {"trim", "memory_limit=64M,vmm=off", {24 * MiB, 4 * MiB, MiB}, DEP_TRIM, TAKE_OTHER, false,
+     false, NULL, false},
+    /* Expandable arenas: each departure again, pages changing hands. */
+    {"vmm_same_stream", "memory_limit=64M,vmm=on", {MiB, 256 * KiB, 4 * MiB, 64 * KiB},
+     DEP_FREE_OWNER, TAKE_OWNER, false, false, NOVMM, false},
+    {"vmm_reclaim", VTIGHT, {24 * MiB, 4 * MiB, MiB}, DEP_FREE_OWNER, TAKE_OTHER, false, false,
+     NOVMM, true},
+    {"vmm_cross_other", VTIGHT, {24 * MiB, 4 * MiB, MiB}, DEP_FREE_OTHER, TAKE_OTHER, false,
+     false, NOVMM, true},
+    {"vmm_cross_owner", VTIGHT, {24 * MiB, 4 * MiB, MiB}, DEP_FREE_OTHER, TAKE_OWNER, false,
+     false, NOVMM, false},
+    {"vmm_record_stream", VTIGHT, {24 * MiB, 4 * MiB, MiB}, DEP_RECORD, TAKE_OWNER, false,
+     false, NOVMM, false},
+    {"vmm_release", VTIGHT, {24 * MiB, 4 * MiB, MiB}, DEP_RELEASE, TAKE_OTHER, false, false,
+     NOVMM, true},
+    {"vmm_legacy_owner", VTIGHT, {24 * MiB, 4 * MiB, MiB}, DEP_FREE_OWNER, TAKE_OTHER, true,
+     false, NOVMM, true},
+    {"vmm_trim", "memory_limit=64M,vmm=on", {24 * MiB, 4 * MiB, MiB}, DEP_TRIM, TAKE_OTHER,
+     false, false, NOVMM, false},
 };
 
 static void run_path(const struct path *pt)
@@ -362,6 +386,15 @@ static void run_path(const struct path *pt)
     ck_assert_int_eq(bfc_ctx_stats(ctx, &st), BFC_OK);
     ck_assert_uint_eq(st.bytes_in_use, 0);
     ck_assert_uint_le(st.peak_bytes_reserved, st.bytes_limit);
+    if (pt->skip_if_refused) /* an expandable row: the arena mapped its pages */
+        ck_assert_msg(st.num_vmm_maps > 0, "%s: no map call: not an expandable arena", pt->name);
+    if (pt->expect_unmap)
+        ck_assert_msg(st.num_vmm_unmaps > 0,
+                      "%s: nothing was unmapped: the taker's pages did not come from A",
+                      pt->name);
+    if (pt->skip_if_refused)
+        printf("test_gpu_streams: %s: %" PRIu64 " map and %" PRIu64 " unmap calls\n", pt->name,
+               st.num_vmm_maps, st.num_vmm_unmaps);
     ck_assert_int_eq(bfc_ctx_check(ctx), BFC_OK);
     bfc_ctx_destroy(ctx);
     if (!pt->owner_legacy)
