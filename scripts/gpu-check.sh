@@ -3,7 +3,8 @@
 #
 #   scripts/gpu-check.sh pack [--dir DIR] [--build DIR]
 #   scripts/gpu-check.sh run  [--dir DIR] [--out DIR] [--work DIR] [--jobs N]
-#                             [--skip STEP,...] [--sim] [--quick --build DIR]
+#                             [--skip STEP,...] [--budget SECONDS] [--sim]
+#                             [--quick --build DIR]
 #
 # The GPU machine has CUDA, compute-sanitizer and a python3 with PyTorch,
 # but no Debian packages and no network: what the build needs must travel
@@ -22,28 +23,38 @@
 # lacks what they provide --, rewrite their pkg-config files, whose prefix
 # says /usr, to point into it, and put it on PKG_CONFIG_LIBDIR (the prefix
 # alone: a missing package fails here, not later), CPATH, LIBRARY_PATH and
-# LD_LIBRARY_PATH.  Then build the tarball with --with-cuda and run:
+# LD_LIBRARY_PATH.  Then build the tarball with --with-cuda and run, most
+# telling first (a device lease is short):
 #
 #   build      configure --with-cuda, make, make install (into the work dir)
-#   suite      the whole `make check` with SHARDBFC_CONF=backend=cuda
 #   gpu-tests  tests/test_gpu_streams and test_backend_cuda on the device
-#   memcheck   compute-sanitizer --tool memcheck over both
-#   racecheck  compute-sanitizer --tool racecheck over both
+#   scaling    perf/shardbfc-perf on the SIM backend, 1..16 threads (the
+#              machine's cores), one context and one per thread: churn,
+#              cross and inference against the ALU loop (perf-sim.json)
+#   suite      the whole `make check` with SHARDBFC_CONF=backend=cuda
+#   memcheck   compute-sanitizer --tool memcheck over both GPU test programs
 #   torch      scripts/torch_check.py: a transformers model with PyTorch's
 #              allocator and with the installed libshardbfc_torch.so,
 #              identical results required, peaks reported
 #   torch-shim perf/libshardbfc_perf_torch.so against the machine's libtorch
-#   perf       perf/shardbfc-perf on the CUDA backend, 1..16 threads, against
-#              cudaMalloc, cudaMallocAsync and PyTorch's allocator
+#   perf       perf/shardbfc-perf on the CUDA backend, 1, 4 and 16 threads,
+#              against cudaMalloc, cudaMallocAsync and PyTorch's allocator
+#   racecheck  compute-sanitizer --tool racecheck over both (last: the test
+#              kernels share no memory, so it guards against little)
 #
 # Results go to --out (default $OUT when set, else ./gpu-check-out), at most
 # eight files, as the device tool brings back: summary.txt, suite.log,
-# gpu.log, torch.log, torch_check.json, perf.log, perf-gpu.json,
-# perf-gpu.svg.  The summary (also printed) has one line per step: PASS,
+# gpu.log, torch.log, torch_check.json, perf.log, perf-sim.json,
+# perf-gpu.json.  The summary (also printed) has one line per step: PASS,
 # FAIL or SKIP with the reason and the time taken; it is rewritten after
 # every step, so a run cut short still says how far it got.  Exit status:
 # 0 when no step failed, 1 otherwise, 2 on a bad command line.  On the GPU
 # a step that finds no device FAILS: the point of the run is the device.
+#
+# --budget SECONDS: the whole run's time, for a lease that ends.  Each
+# step's commands are stopped (timeout) when it is spent, and a step that
+# would start after it says SKIP, "out of time"; the summary still has a
+# line for every step.
 #
 # run --sim: the same path on a machine without a GPU -- the libshardbfc
 # suite with SHARDBFC_CONF=backend=sim, every step that needs a device
@@ -72,12 +83,19 @@ die() {
 
 # Packages whose .debs travel.  Required: unpacked always.
 required_debs=(liburcu-dev liburcu8 libjemalloc-dev libjemalloc2 libhwloc-dev libhwloc15
-               check libsubunit-dev libsubunit0)
+               check libsubunit-dev libsubunit0 libjson-c-dev libjson-c5)
 # Optional: unpacked only where the machine lacks what they provide (see
 # need_optional).  The -dev packages' other dependencies (libnuma-dev and
 # libltdl-dev for hwloc, mawk for check's checkmk) are not needed to build.
 optional_debs=(libudev1 pkgconf-bin libpkgconf3 make)
 pack_limit=$((64 * 1024 * 1024))
+
+# What configure requires, read from configure.ac's BFC_REQUIRE_PKG lines
+# so that the pack cannot fall behind the build: "module deb" per line.
+configure_requires() {
+    sed -n 's/^BFC_REQUIRE_PKG(\[[A-Z_]*\], *\[\([^] ]*\)[^]]*\], *\[\([^]]*\)\]).*/\1 \2/p' \
+        "$top/configure.ac"
+}
 
 # ------------------------------------------------------------------ pack
 
@@ -92,6 +110,13 @@ do_pack() {
         esac
     done
     command -v apt-get >/dev/null || die "pack runs on the Debian machine (apt-get not found)"
+    local mod deb
+    while read -r mod deb; do
+        case " ${required_debs[*]} " in
+            *" $deb "*) ;;
+            *) die "configure.ac requires $mod (Debian's $deb), which required_debs lacks" ;;
+        esac
+    done < <(configure_requires)
     mkdir -p "$dir/debs" || exit 1
     dir=$(cd "$dir" && pwd)
 
@@ -144,7 +169,7 @@ do_pack() {
 
 # ------------------------------------------------------------------- run
 
-sim=0 quick=0 jobs="" skip_list="" dir="" out="" work="" build=""
+sim=0 quick=0 jobs="" skip_list="" dir="" out="" work="" build="" budget=0 t_start=0
 prefix="" cuda_dir=""
 names=() results=() notes=() times=()
 
@@ -221,8 +246,10 @@ unpack() {
     else
         export PKG_CONFIG=pkg-config
     fi
-    local m
-    for m in liburcu-bp liburcu-cds jemalloc hwloc check; do
+    local m mods
+    mods=$(configure_requires | cut -d' ' -f1)
+    [ -n "$mods" ] || { echo "no BFC_REQUIRE_PKG line read from $top/configure.ac"; return 1; }
+    for m in $mods; do
         if ! "$PKG_CONFIG" --exists "$m"; then
             echo "pkg-config finds no $m in the prefix"
             return 1
@@ -243,6 +270,27 @@ unpack() {
 # ------------------------------------------------------------ bookkeeping
 
 skipped() { case ",$skip_list," in *",$1,"*) return 0 ;; esac; return 1; }
+
+# Seconds left of --budget (a large number without one).
+left() {
+    if [ "$budget" -eq 0 ]; then
+        echo 999999
+    else
+        echo $((budget - ($(date +%s) - t_start)))
+    fi
+}
+
+# limit CMD...: CMD, stopped when --budget is spent (status 124 then).
+limit() {
+    if [ "$budget" -eq 0 ]; then
+        "$@"
+        return
+    fi
+    local s
+    s=$(left)
+    [ "$s" -gt 0 ] || return 124
+    timeout -k 5 "$s" "$@"
+}
 
 write_summary() {
     local i f="$out/summary.txt" nfail=0
@@ -267,6 +315,11 @@ step() {
     note=""
     if skipped "$name"; then
         names+=("$name") results+=(SKIP) times+=(0) notes+=("--skip")
+        write_summary
+        return 0
+    fi
+    if [ "$(left)" -lt 5 ]; then
+        names+=("$name") results+=(SKIP) times+=(0) notes+=("out of time (--budget $budget s)")
         write_summary
         return 0
     fi
@@ -334,10 +387,15 @@ st_build() {
     src=$(ls -d "$work"/src/shardbfc-*/ | head -n 1)
     {
         echo "### configure --with-cuda=${cuda_dir:-guess} --prefix=$work/install"
+        # --disable-werror: another distribution's compiler may warn where
+        # Debian's does not, and this run is for the device; the warnings
+        # stay in suite.log and the summary counts them.
         (cd "$work/build" && "$src/configure" --with-cuda="${cuda_dir:-guess}" \
-            --prefix="$work/install" PKG_CONFIG="$PKG_CONFIG") &&
+            --disable-werror --prefix="$work/install" PKG_CONFIG="$PKG_CONFIG") &&
             echo "### make -j$jobs" && make -C "$work/build" -j"$jobs" &&
-            echo "### make install" && make -C "$work/build" install
+            echo "### make install" && make -C "$work/build" install &&
+            echo "### make check TESTS= (the test programs: the GPU tests run before the suite)" &&
+            make -C "$work/build" -j"$jobs" check TESTS=
     } >"$out/suite.log" 2>&1
     local rc=$?
     if [ $rc -ne 0 ]; then
@@ -347,7 +405,7 @@ st_build() {
     fi
     build="$work/build"
     note="$(basename "$tarball"), $(grep -E '^  (CUDA backend|GPU test kernels):' "$out/suite.log" |
-        sed 's/^ *//; s/  */ /g' | paste -sd ';' -)"
+        sed 's/^ *//; s/  */ /g' | paste -sd ';' -); $(grep -c 'warning:' "$out/suite.log") warnings"
     return 0
 }
 
@@ -356,7 +414,7 @@ st_suite() {
     [ $sim -eq 1 ] && conf=backend=sim
     (
         echo "### SHARDBFC_CONF=$conf make -j$jobs check"
-        SHARDBFC_CONF=$conf make -C "$build" -j"$jobs" check
+        SHARDBFC_CONF=$conf limit make -C "$build" -j"$jobs" check
         rc=$?
         echo "### test-suite.log"
         cat "$build/test-suite.log" 2>/dev/null
@@ -390,7 +448,7 @@ st_gpu_tests() {
         if [ $quick -eq 1 ]; then
             (cd "$build" && CK_VERBOSITY=normal CK_RUN_CASE=control "./$t") >>"$out/gpu.log" 2>&1
         else
-            (cd "$build" && CK_VERBOSITY=normal "./$t") >>"$out/gpu.log" 2>&1
+            (cd "$build" && CK_VERBOSITY=normal limit "./$t") >>"$out/gpu.log" 2>&1
         fi
         rc=$?
         if [ $rc -eq 77 ]; then
@@ -439,7 +497,7 @@ sanitizer() { # tool
         # the backend tests provoke API errors on purpose (--report-api-errors
         # no); the spin is longer because instrumented kernels are slower.
         (cd "$build" && BFC_GPU_NO_TRAP=1 BFC_GPU_SPIN_MS=1000 CK_TIMEOUT_MULTIPLIER=10 \
-            "$cs" --tool "$tool" --error-exitcode 99 --report-api-errors no "./$t") \
+            limit "$cs" --tool "$tool" --error-exitcode 99 --report-api-errors no "./$t") \
             >>"$out/gpu.log" 2>&1
         rc=$?
         [ $rc -eq 0 ] || worst=$rc
@@ -470,7 +528,7 @@ st_torch() {
     local args=(--plugin "$(plugin_path)" --out "$out")
     [ $quick -eq 1 ] && args+=(--dry)
     echo "### $py scripts/torch_check.py ${args[*]}" >>"$out/torch.log"
-    PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 "$py" "$top/scripts/torch_check.py" "${args[@]}" \
+    PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 limit "$py" "$top/scripts/torch_check.py" "${args[@]}" \
         >>"$out/torch.log" 2>&1
     rc=$?
     cap_log "$out/torch.log"
@@ -498,7 +556,7 @@ st_torch_shim() {
     abi=$("$py" -c 'import torch; print(int(torch.compiled_with_cxx11_abi()))' 2>/dev/null || echo 1)
     {
         echo "### make perf-torch TORCH_DIR=$torch_dir TORCH_CXX11_ABI=$abi"
-        make -C "$build" perf-torch TORCH_DIR="$torch_dir" TORCH_CXX11_ABI="$abi"
+        limit make -C "$build" perf-torch TORCH_DIR="$torch_dir" TORCH_CXX11_ABI="$abi"
     } >>"$out/perf.log" 2>&1 || { note="shim build failed (perf.log)"; return 1; }
     note="against $torch_dir"
 }
@@ -513,12 +571,12 @@ st_perf() {
         args=(--quick --seconds 0.05 --workload churn --threads 1
               --allocators shardbfc,cuda,cuda-async,torch)
     else
-        args=(--backend cuda --workload churn,cross,inference --threads 1,2,4,8,16
-              --allocators shardbfc,single-lock,cuda,cuda-async,torch)
+        args=(--backend cuda --workload churn,cross,inference --threads 1,4,16 --seconds 0.5
+              --allocators shardbfc,cuda,cuda-async,torch)
     fi
     echo "### perf/shardbfc-perf ${args[*]}" >>"$out/perf.log"
     (cd "$build" && SHARDBFC_PERF_TORCH="$build/perf/libshardbfc_perf_torch.so" \
-        ./perf/shardbfc-perf "${args[@]}" --json "$out/perf-gpu.json" --svg "$out/perf-gpu.svg") \
+        limit ./perf/shardbfc-perf "${args[@]}" --json "$out/perf-gpu.json") \
         >>"$out/perf.log" 2>&1
     rc=$?
     cap_log "$out/perf.log"
@@ -542,6 +600,34 @@ st_perf() {
     note="$(grep -E '^  cuda churn' "$out/perf.log" | sed 's/  */ /g; s/^ //' | paste -sd ';' -)"
 }
 
+# The allocator's own scaling where there are cores to show it: the SIM
+# backend (no device calls), 1..16 threads, one context for all threads
+# and one per thread, against the ALU loop timed beside each count.
+st_scaling() {
+    local rc args
+    [ -x "$build/perf/shardbfc-perf" ] || { note="perf/shardbfc-perf not built"; return 1; }
+    # shellcheck disable=SC2054  # the commas are inside option values
+    if [ $quick -eq 1 ]; then
+        args=(--quick --seconds 0.05 --workload churn --threads 1,2)
+    elif [ $sim -eq 1 ]; then
+        args=(--seconds 0.2 --workload churn,cross,inference --threads 1,2)
+    else
+        args=(--seconds 0.5 --runs 3 --workload churn,cross,inference --threads 1,2,4,8,16)
+    fi
+    args+=(--backend sim --allocators shardbfc --contexts both)
+    echo "### perf/shardbfc-perf ${args[*]}" >>"$out/perf.log"
+    (cd "$build" && limit ./perf/shardbfc-perf "${args[@]}" --json "$out/perf-sim.json") \
+        >>"$out/perf.log" 2>&1
+    rc=$?
+    cap_log "$out/perf.log"
+    [ $rc -eq 0 ] || { note="shardbfc-perf exit $rc (perf.log)"; return 1; }
+    # The speed-up at the largest count, for the summary line.
+    note="$(grep -E '^  (churn|cross|inference) [0-9]+ threads: shardbfc(-ctx)? speed-up' \
+        "$out/perf.log" | sed -E 's/^ +//; s/ \(x 1 thread; ALU ([0-9.]+)x\) +([0-9.]+) .*/ \2x (ALU \1x)/' |
+        paste -sd ';' -)"
+    [ -n "$note" ] || note="$(nproc) cores: $(grep -cE '"workload"' "$out/perf-sim.json") rows (perf.log)"
+}
+
 do_run() {
     while [ $# -gt 0 ]; do
         case "$1" in
@@ -551,6 +637,7 @@ do_run() {
             --build) [ $# -ge 2 ] || die "--build needs a value"; build=$2; shift 2 ;;
             --jobs) [ $# -ge 2 ] || die "--jobs needs a value"; jobs=$2; shift 2 ;;
             --skip) [ $# -ge 2 ] || die "--skip needs a value"; skip_list=$2; shift 2 ;;
+            --budget) [ $# -ge 2 ] || die "--budget needs a value"; budget=$2; shift 2 ;;
             --sim) sim=1; shift ;;
             --quick) quick=1; shift ;;
             -h | --help) usage 0 ;;
@@ -561,10 +648,15 @@ do_run() {
         "") jobs=$(nproc 2>/dev/null || echo 2) ;;
         *[!0-9]* | 0) die "--jobs expects a positive number" ;;
     esac
+    case "$budget" in
+        *[!0-9]* | "") die "--budget expects whole seconds (0: none)" ;;
+    esac
+    t_start=$(date +%s)
     local s
     for s in ${skip_list//,/ }; do
         case "$s" in
-            unpack | build | suite | gpu-tests | memcheck | racecheck | torch | torch-shim | perf) ;;
+            unpack | build | gpu-tests | scaling | suite | memcheck | racecheck | torch | \
+                torch-shim | perf) ;;
             *) die "--skip: unknown step $s" ;;
         esac
     done
@@ -586,7 +678,7 @@ do_run() {
     [ -d "$dir" ] && dir=$(cd "$dir" && pwd)
     prefix="$work/prefix"
     rm -f "$out/summary.txt" "$out/suite.log" "$out/gpu.log" "$out/torch.log" \
-        "$out/torch_check.json" "$out/perf.log" "$out/perf-gpu.json" "$out/perf-gpu.svg"
+        "$out/torch_check.json" "$out/perf.log" "$out/perf-sim.json" "$out/perf-gpu.json"
 
     if [ -n "${CUDA_HOME:-}" ]; then
         cuda_dir=$CUDA_HOME
@@ -601,6 +693,7 @@ do_run() {
 
     mode_desc="run$([ $sim -eq 1 ] && echo ' --sim')$([ $quick -eq 1 ] && echo ' --quick')"
     mode_desc="$mode_desc; pack $dir; out $out; work $work; jobs $jobs"
+    [ "$budget" -eq 0 ] || mode_desc="$mode_desc; budget $budget s"
     started=$(date -u +%Y-%m-%dT%H:%M:%SZ)
     machine="$(nproc 2>/dev/null) cores, $(uname -m); CUDA ${cuda_dir:-none}"
     if command -v nvidia-smi >/dev/null; then
@@ -623,14 +716,15 @@ do_run() {
             cat "$out/summary.txt"
             return 1
         fi
-        step suite st_suite
     fi
     step gpu-tests st_gpu_tests
+    step scaling st_scaling
+    [ $quick -eq 1 ] || step suite st_suite
     step memcheck st_memcheck
-    step racecheck st_racecheck
     step torch st_torch
     step torch-shim st_torch_shim
     step perf st_perf
+    step racecheck st_racecheck
     write_summary final
     echo
     cat "$out/summary.txt"

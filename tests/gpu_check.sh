@@ -31,7 +31,7 @@ fi
 
 # Bad command lines: status 2, and nothing run.
 for args in "" "bogus" "run --bogus" "run --quick" "run --sim --quick" \
-            "run --jobs x" "run --skip nothing" "pack --bogus"; do
+            "run --jobs x" "run --skip nothing" "run --budget 1m" "pack --bogus"; do
     # shellcheck disable=SC2086  # each case is a word list
     bash "$script" $args >"$tmp/bad.out" 2>&1
     rc=$?
@@ -57,7 +57,7 @@ if [ ! -f "$sum" ]; then
     fail=1
 else
     steps=$(grep -cE '^  [a-z-]+ +(PASS|FAIL|SKIP) ' "$sum")
-    [ "$steps" -eq 7 ] || { echo "gpu_check: $steps steps in the summary, expected 7"; fail=1; }
+    [ "$steps" -eq 8 ] || { echo "gpu_check: $steps steps in the summary, expected 8"; fail=1; }
     if grep -qE '^  [a-z-]+ +FAIL ' "$sum"; then
         echo "gpu_check: a step failed"
         fail=1
