@@ -88,3 +88,30 @@ extern "C" cudaError_t bfc_test_trap(cudaStream_t s)
     trap_kernel<<<1, 1, 0, s>>>();
     return cudaGetLastError();
 }
+
+/* CUDA loads a kernel at its first launch by default (CUDA_MODULE_LOADING=
+ * LAZY), and loading may wait for the device to go idle: the control case's
+ * first fill would then queue behind the spin it must overtake.  One launch
+ * of each kernel, and a synchronisation, loads them all up front. */
+extern "C" cudaError_t bfc_test_load(void)
+{
+    uint32_t *w = NULL;
+    unsigned long long *bad = NULL;
+    cudaError_t e = cudaMalloc((void **)&w, 64 * sizeof(*w));
+
+    if (e == cudaSuccess)
+        e = cudaMalloc((void **)&bad, sizeof(*bad));
+    if (e == cudaSuccess) {
+        spin_kernel<<<1, 1>>>(0, NULL);
+        fill_kernel<<<1, 64>>>(w, 64, 0);
+        count_kernel<<<1, 64>>>(w, 64, 0, bad);
+        e = cudaGetLastError();
+    }
+    if (e == cudaSuccess)
+        e = cudaDeviceSynchronize();
+    if (bad)
+        cudaFree(bad);
+    if (w)
+        cudaFree(w);
+    return e;
+}

@@ -37,6 +37,10 @@ cudaError_t bfc_test_count_bad(const void *p, size_t bytes, uint32_t tag,
  * from then on), for the device-error test. */
 cudaError_t bfc_test_trap(cudaStream_t s);
 
+/* Loads every kernel but the trap (one launch each, then a device
+ * synchronisation): lazy loading must not serialise the first launches. */
+cudaError_t bfc_test_load(void);
+
 /* The pattern: distinct per tag and per word.  Host and device code. */
 #ifdef __CUDACC__
 #define BFC_TEST_HD __host__ __device__
