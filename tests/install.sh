@@ -130,7 +130,13 @@ if [ -f "$libdir/libshardbfc.a" ]; then
     $cc ${BFC_TEST_CFLAGS:-} $cflags "$tmp/prog.c" "$libdir/libshardbfc.a" ${BFC_TEST_LDFLAGS:-} $static_deps \
         -o "$tmp/prog-static" 2>"$tmp/cc.log" ||
         { cat "$tmp/cc.log" >&2; fail "cannot link libshardbfc.a with pkg-config --static --libs shardbfc"; }
-    env -u LD_LIBRARY_PATH "$tmp/prog-static" >"$tmp/static.out" 2>&1 ||
+    # It must not need libshardbfc.so (the caller's LD_LIBRARY_PATH, which
+    # may name where the dependencies live, never names this prefix).
+    if command -v readelf >/dev/null 2>&1 &&
+        readelf -d "$tmp/prog-static" | grep -q 'NEEDED.*libshardbfc'; then
+        fail "the statically linked program needs libshardbfc.so"
+    fi
+    "$tmp/prog-static" >"$tmp/static.out" 2>&1 ||
         { cat "$tmp/static.out" >&2; fail "the statically linked program failed"; }
     echo "static link against libshardbfc.a: ok"
 else
