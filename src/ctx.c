@@ -868,20 +868,28 @@ void *bfc__ctx_alloc_slow(struct bfc_ctx *ctx, struct bfc__arena *a, size_t n, s
                 return p;
         }
         /* 5. Other shards' fully free regions, each fenced on its own
-         * stream; with garbage collection the pool's cached segments go back
-         * to the backend too.  Memory that other streams' fences still
-         * guard: wait for their work.  Our lock is dropped meanwhile (no
-         * path holds two arena locks). */
+         * stream.  Memory that other streams' fences still guard: wait for
+         * their work.  Our lock is dropped meanwhile (no path holds two
+         * arena locks).  Then, with garbage collection, the pool's cached
+         * segments go back to the backend (TensorFlow's retry after a
+         * failed cudaMalloc) -- after a first try, so that a region the
+         * pool can hand over as it is is taken, not freed and allocated
+         * again: on a GPU that costs a cudaFree, which waits for the whole
+         * device. */
         bfc__unlock(&a->lock);
         bfc__shard_reclaim_others(ctx, a, false);
-        if (ctx->cfg.garbage_collection)
-            bfc__pool_release_free(&ctx->pool);
         bfc__pool_wait(&ctx->pool, a->stream_id, false, wait);
         bfc__lock(&a->lock);
         if ((p = retry_here(ctx, a, n, rounded, large, fit_first, &st)))
             return p;
         if (st != BFC_ENOMEM)
             goto fail;
+        if (ctx->cfg.garbage_collection && bfc__pool_release_free(&ctx->pool) > 0) {
+            if ((p = retry_here(ctx, a, n, rounded, large, fit_first, &st)))
+                return p;
+            if (st != BFC_ENOMEM)
+                goto fail;
+        }
         /* 6. Free tails of regions still in use, ours and other shards':
          * only when giving them back makes the request fit, because a
          * shard that gives up a tail keeps its regions cut there (with

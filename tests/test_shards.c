@@ -633,6 +633,53 @@ START_TEST(test_memory_moves_remote_frees_in_queue)
 }
 END_TEST
 
+/* Another shard's fully free region, its fences complete, is handed to the
+ * stream that needs it as it is: with garbage collection on (the default)
+ * it must not go back to the backend and a new one be allocated (on a GPU:
+ * a cudaFree, which waits for the whole device, and a cudaMalloc).  Both
+ * departures: the owner's own frees, and frees from another stream that
+ * wait in the owner's queue.  (Seen first on a GPU under compute-sanitizer,
+ * whose cudaMalloc does not return the address just freed.) */
+START_TEST(test_memory_moves_region_handed_over)
+{
+    for (int cross = 0; cross < 2; cross++) {
+        const size_t limit = 32 * MiB, n[] = {16 * MiB, 4 * MiB, MiB};
+        bfc_config_t c = cfg_grow(limit);
+        c.initial_region = limit;
+        c.garbage_collection = true;
+        bfc_ctx_t *ctx = ctx_new(&c);
+        bfc_stream_t a = new_stream(ctx), b = new_stream(ctx), t = new_stream(ctx);
+        void *first[3], *second[3];
+        for (int i = 0; i < 3; i++)
+            first[i] = xalloc(ctx, a, n[i]);
+        bfc_sim_stream_hold(ctx, a);
+        bfc_sim_stream_hold(ctx, b);
+        for (int i = 0; i < 3; i++)
+            xfree(ctx, first[i], cross ? b : a);
+        bfc_sim_stream_drain(ctx, a);
+        bfc_sim_stream_drain(ctx, b);
+        uint64_t allocs = bfc_sim_backend_allocs(ctx);
+        for (int i = 0; i < 3; i++) {
+            second[i] = xalloc(ctx, t, n[i]);
+            memset(second[i], 0x3C, n[i]);
+        }
+        ck_assert_msg(bfc_sim_backend_allocs(ctx) == allocs,
+                      "%s: the free region went back to the backend and %lu new ones were "
+                      "allocated instead of handing it over", cross ? "cross" : "own",
+                      (unsigned long)(bfc_sim_backend_allocs(ctx) - allocs));
+        for (int i = 0; i < 3; i++)
+            ck_assert_ptr_eq(second[i], first[i]); /* best fit, same order: same places */
+        ck_assert_uint_le(st(ctx).bytes_reserved, limit);
+        xcheck(ctx);
+        for (int i = 0; i < 3; i++)
+            xfree(ctx, second[i], t);
+        ck_assert_uint_eq(st(ctx).bytes_in_use, 0);
+        xcheck(ctx);
+        bfc_ctx_destroy(ctx);
+    }
+}
+END_TEST
+
 /* Pending (fenced) memory of another shard is not taken; once its fence
  * completes it is. */
 START_TEST(test_memory_moves_after_fence)
@@ -1349,6 +1396,7 @@ static Suite *shards_suite(void)
     tcase_add_test(lim, test_memory_moves_between_streams_reserved);
     tcase_add_test(lim, test_memory_moves_remote_frees_in_queue);
     tcase_add_test(lim, test_memory_moves_after_fence);
+    tcase_add_test(lim, test_memory_moves_region_handed_over);
     tcase_add_test(lim, test_limit_across_shards);
     tcase_add_test(lim, test_extend_fits_pool_piece);
     tcase_add_test(lim, test_trim_regrow_cycles);
