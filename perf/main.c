@@ -170,6 +170,11 @@ static bool parse_baselines(const char *s, struct opts *o)
     memset(o->base_on, 0, sizeof(o->base_on));
     if (strcmp(s, "none") == 0)
         return true;
+    if (strcmp(s, "both") == 0) { /* as --help says: alu and mem */
+        for (unsigned k = 0; k < PERF_BASE_N; k++)
+            o->base_on[k] = true;
+        return true;
+    }
     for (tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
         unsigned k;
         for (k = 0; k < PERF_BASE_N; k++)
@@ -260,7 +265,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
             o->runs = one[0];
         } else if (strcmp(a, "--baseline") == 0) {
             if (!parse_baselines(v, o)) {
-                fprintf(stderr, PROG ": --baseline %s: expected alu, mem, alu,mem or none\n",
+                fprintf(stderr, PROG ": --baseline %s: expected alu, mem, alu,mem (both) or none\n",
                         v);
                 return -1;
             }

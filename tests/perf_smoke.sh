@@ -34,6 +34,15 @@ if ! "$bin" --quick "$@" --json "$tmp/perf.json" --svg "$tmp/perf.svg" >"$tmp/ou
 fi
 tail -n 12 "$tmp/out.txt"
 
+# --baseline's spellings, as --help gives them: both = alu,mem; a bad one is
+# refused (status 2) before anything runs.
+"$bin" --quick --seconds 0.02 --workload churn --threads 1 --allocators shardbfc \
+    --baseline both >"$tmp/both.txt" 2>&1 &&
+    grep -q '^  alu loop' "$tmp/both.txt" && grep -q '^  mem loop' "$tmp/both.txt" ||
+    { echo "perf_smoke: --baseline both did not time both loops:" >&2; cat "$tmp/both.txt" >&2; exit 1; }
+"$bin" --baseline alu,bogus >/dev/null 2>&1
+[ $? -eq 2 ] || { echo "perf_smoke: --baseline alu,bogus was not refused with status 2" >&2; exit 1; }
+
 grep -q '^<svg ' "$tmp/perf.svg" && grep -q '</svg>' "$tmp/perf.svg" ||
     { echo "perf_smoke: the SVG is incomplete" >&2; exit 1; }
 
