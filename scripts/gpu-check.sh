@@ -572,7 +572,7 @@ st_perf() {
               --allocators shardbfc,cuda,cuda-async,torch)
     else
         args=(--backend cuda --workload churn,cross,inference --threads 1,4,16 --seconds 0.5
-              --allocators shardbfc,cuda,cuda-async,torch)
+              --allocators shardbfc,cuda,cuda-async,torch --contexts both)
     fi
     echo "### perf/shardbfc-perf ${args[*]}" >>"$out/perf.log"
     (cd "$build" && SHARDBFC_PERF_TORCH="$build/perf/libshardbfc_perf_torch.so" \
@@ -614,7 +614,10 @@ st_scaling() {
     else
         args=(--seconds 0.5 --runs 3 --workload churn,cross,inference --threads 1,2,4,8,16)
     fi
-    args+=(--backend sim --allocators shardbfc --contexts both)
+    # Both baselines: the register-only ALU loop, and the loop touching
+    # 1 MiB per thread, which shares what the cores share (caches, and
+    # the physical core, where the machine's vCPUs are SMT siblings).
+    args+=(--backend sim --allocators shardbfc --contexts both --baseline alu,mem)
     echo "### perf/shardbfc-perf ${args[*]}" >>"$out/perf.log"
     (cd "$build" && limit ./perf/shardbfc-perf "${args[@]}" --json "$out/perf-sim.json") \
         >>"$out/perf.log" 2>&1
