@@ -274,7 +274,10 @@ BFC_API int bfc_config_validate(const bfc_config_t *cfg);
  *     the shard's cross-stream frees; grows a new region within the limit;
  *     waits for the shard's own pending frees; gives the shard's fully free
  *     regions back to the pool so that they coalesce (allow_growth=false, or
- *     garbage_collection); takes other shards' fully free regions; gives free
+ *     garbage_collection); takes other shards' fully free regions (handed
+ *     over as they are once their events complete; only then, with
+ *     garbage_collection, does the pool give its cached regions back to the
+ *     backend and try again); gives free
  *     region tails back -- its own and other shards' -- when that makes the
  *     request fit; and waits for the events that still fence memory other
  *     streams gave back.  On CUDA those waits are unbounded (queued device
