@@ -19,8 +19,10 @@
  *
  * Where the limit is tight the second set cannot be served from fresh
  * memory: the allocator must move the first set's memory between streams,
- * which these cases also assert (address ranges overlap), and wait for its
- * fences (retry_ms) rather than fail.  The paths, one case each, in
+ * which these cases also assert (address ranges overlap; under
+ * compute-sanitizer, whose cudaMalloc never returns an address just freed,
+ * that also proves a region was handed over, not freed to the device and
+ * allocated again), and wait for its fences (retry_ms) rather than fail.  The paths, one case each, in
  * `paths[]` -- a new path (virtual-memory arenas unmapping pages, say) is
  * one more row:
  *
