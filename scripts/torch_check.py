@@ -19,8 +19,9 @@ changed afterwards.  One child keeps the default caching allocator, the
 other installs libshardbfc_torch.so through
 torch.cuda.memory.CUDAPluggableAllocator.  Each saves its losses, final
 parameters and gradients; this process then requires them to be bitwise
-identical, prints both allocators' peak reserved (and peak allocated)
-memory, and writes a JSON summary to DIR/torch_check.json.
+identical, prints both allocators' peak reserved memory (and peak allocated
+and requested, each named for what it counts), and writes a JSON summary
+to DIR/torch_check.json.
 
 --warn-only: should some operation of a future PyTorch or transformers lack
 a deterministic CUDA implementation (the run then stops with PyTorch's
@@ -168,8 +169,11 @@ def child(a):
         peaks = {"peak_reserved": torch.cuda.max_memory_reserved(dev),
                  "peak_allocated": torch.cuda.max_memory_allocated(dev)}
     else:
+        # peak_bytes_in_use and peak_bytes_requested of a context are the
+        # sums of its shards' (streams') peaks: upper bounds, not exact.
         peaks = {"peak_reserved": lib.shardbfc_torch_stat(0, b"peak_bytes_reserved"),
-                 "peak_allocated": lib.shardbfc_torch_stat(0, b"peak_bytes_in_use"),
+                 "peak_allocated_bound": lib.shardbfc_torch_stat(0, b"peak_bytes_in_use"),
+                 "peak_requested_bound": lib.shardbfc_torch_stat(0, b"peak_bytes_requested"),
                  "alloc_failures": lib.shardbfc_torch_stat(0, b"alloc_failures"),
                  "free_errors": lib.shardbfc_torch_stat(0, b"free_errors")}
     peaks["torch"] = torch.__version__
@@ -273,8 +277,16 @@ def main(argv):
         info["default"]["torch"], info["default"]["transformers"], info["default"]["gpu"]))
     print("  peak reserved:  PyTorch %8.1f MiB   libshardbfc %8.1f MiB   (target: "
           "libshardbfc <= PyTorch: %s)" % (pd / mib, pp / mib, "MET" if pp <= pd else "NOT MET"))
-    print("  peak allocated: PyTorch %8.1f MiB   libshardbfc %8.1f MiB" % (
-        info["default"]["peak_allocated"] / mib, info["plugin"]["peak_allocated"] / mib))
+    # Not the same measure on both sides: PyTorch's "allocated" is its
+    # blocks' bytes (requests rounded up to 512 B), exact; libshardbfc's are
+    # chunk bytes (rounded to 256 B, plus what the split rule leaves in a
+    # chunk) and requested bytes, each summed over the streams' own peaks.
+    print("  peak allocated: PyTorch %8.1f MiB (its blocks, exact)   libshardbfc %8.1f MiB "
+          "(chunks, bound: the streams' peaks summed)" % (
+              info["default"]["peak_allocated"] / mib,
+              info["plugin"]["peak_allocated_bound"] / mib))
+    print("  peak requested: libshardbfc %8.1f MiB (bound: the streams' peaks summed)" % (
+        info["plugin"]["peak_requested_bound"] / mib))
     print("  plug-in failures: %d allocations, %d frees" % (
         info["plugin"]["alloc_failures"], info["plugin"]["free_errors"]))
     if diffs:
