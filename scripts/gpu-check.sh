@@ -26,11 +26,13 @@
 # LD_LIBRARY_PATH.  Then build the tarball with --with-cuda and run, most
 # telling first (a device lease is short):
 #
-#   build      configure --with-cuda, make, make install (into the work dir)
+#   build      configure --with-cuda --disable-werror, make, make install
+#              (into the work dir), and the test programs
 #   gpu-tests  tests/test_gpu_streams and test_backend_cuda on the device
 #   scaling    perf/shardbfc-perf on the SIM backend, 1..16 threads (the
 #              machine's cores), one context and one per thread: churn,
-#              cross and inference against the ALU loop (perf-sim.json)
+#              cross and inference beside the ALU and memory loops
+#              (perf-sim.json)
 #   suite      the whole `make check` with SHARDBFC_CONF=backend=cuda
 #   memcheck   compute-sanitizer --tool memcheck over both GPU test programs
 #   torch      scripts/torch_check.py: a transformers model with PyTorch's
