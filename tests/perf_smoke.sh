@@ -8,7 +8,8 @@
 # latencies on the timed workloads and ns per pair on the counted arena
 # one, the ALU loop timed beside every thread count and the scaling
 # efficiency on every 2-thread row, libshardbfc's counters agreeing with
-# the calls the harness made.
+# the calls the harness made.  Also perf/vmm_calls, briefly on SIM: both
+# layouts at 1 and 2 threads, and a bad command line refused.
 # Timings are not checked (the machine may be busy running other tests);
 # missed targets never fail it.  Exit 77 (skip) only when neither parser is
 # installed.
@@ -42,6 +43,18 @@ tail -n 12 "$tmp/out.txt"
     { echo "perf_smoke: --baseline both did not time both loops:" >&2; cat "$tmp/both.txt" >&2; exit 1; }
 "$bin" --baseline alu,bogus >/dev/null 2>&1
 [ $? -eq 2 ] || { echo "perf_smoke: --baseline alu,bogus was not refused with status 2" >&2; exit 1; }
+
+# perf/vmm_calls: a row per layout and thread count, nothing failed.
+vmm=./perf/vmm_calls
+[ -x "$vmm" ] || { echo "perf_smoke: $vmm not built" >&2; exit 1; }
+"$vmm" --threads 1,2 --pairs 20 >"$tmp/vmm.txt" 2>&1 ||
+    { echo "perf_smoke: vmm_calls failed:" >&2; cat "$tmp/vmm.txt" >&2; exit 1; }
+rows=$(grep -cE '^  (shared|per-thread) +[12] +[0-9]+ +[0-9.]+ +[0-9.]+x$' "$tmp/vmm.txt")
+[ "$rows" -eq 4 ] ||
+    { echo "perf_smoke: vmm_calls printed $rows rows, expected 4:" >&2; cat "$tmp/vmm.txt" >&2; exit 1; }
+"$vmm" --threads 0 >/dev/null 2>&1
+[ $? -eq 2 ] || { echo "perf_smoke: vmm_calls --threads 0 was not refused with status 2" >&2; exit 1; }
+echo "perf_smoke: vmm_calls: 4 rows"
 
 grep -q '^<svg ' "$tmp/perf.svg" && grep -q '</svg>' "$tmp/perf.svg" ||
     { echo "perf_smoke: the SVG is incomplete" >&2; exit 1; }
