@@ -39,8 +39,10 @@
 #              allocator and with the installed libshardbfc_torch.so,
 #              identical results required, peaks reported
 #   torch-shim perf/libshardbfc_perf_torch.so against the machine's libtorch
-#   perf       perf/shardbfc-perf on the CUDA backend, 1, 4 and 16 threads,
-#              against cudaMalloc, cudaMallocAsync and PyTorch's allocator
+#   perf       perf/vmm_calls (the map and unmap calls' cost from 1..16
+#              threads), then perf/shardbfc-perf on the CUDA backend, 1, 4
+#              and 16 threads, against cudaMalloc, cudaMallocAsync and
+#              PyTorch's allocator
 #   racecheck  compute-sanitizer --tool racecheck over both (last: the test
 #              kernels share no memory, so it guards against little)
 #
@@ -564,8 +566,22 @@ st_torch_shim() {
 }
 
 st_perf() {
-    local rc args
+    local rc args vargs
     [ -x "$build/perf/shardbfc-perf" ] || { note="perf/shardbfc-perf not built"; return 1; }
+    # First what a map and an unmap call cost from 1..16 threads, one
+    # backend shared and one per thread (seconds): where the calls wait.
+    if [ $sim -eq 1 ]; then
+        vargs=(--threads 1,2 --pairs 20)
+    else
+        vargs=(--backend cuda --threads 1,2,4,8,16 --pairs 300)
+    fi
+    if [ -x "$build/perf/vmm_calls" ]; then
+        echo "### perf/vmm_calls ${vargs[*]}" >>"$out/perf.log"
+        (cd "$build" && limit ./perf/vmm_calls "${vargs[@]}") >>"$out/perf.log" 2>&1
+        rc=$?
+        # 77: no virtual memory on this backend (said in the log); else it must pass.
+        [ $rc -eq 0 ] || [ $rc -eq 77 ] || { note="vmm_calls exit $rc (perf.log)"; return 1; }
+    fi
     # shellcheck disable=SC2054  # the commas are inside option values
     if [ $sim -eq 1 ]; then
         # What can run here: the harness, with the CUDA allocators listed as
