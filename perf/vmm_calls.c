@@ -102,13 +102,19 @@ static double measure(const bfc_config_t *cfg, unsigned n, bool shared, unsigned
 
     if (pthread_barrier_init(&start, NULL, n) != 0)
         return 0;
-    for (unsigned i = 0; i < (shared ? 1 : n) && ok; i++, opened++)
-        ok = bfc__backend_open(cfg, &be[i]) == BFC_OK;
+    for (unsigned i = 0; i < (shared ? 1 : n); i++, opened++) {
+        int st = bfc__backend_open(cfg, &be[i]);
+        if (st != BFC_OK) {
+            fprintf(stderr, PROG ": opening backend %u of %u: %s\n", i + 1, shared ? 1 : n,
+                    bfc_err_name(st));
+            exit(1);
+        }
+    }
     for (unsigned i = 0; i < n && ok; i++, started++) {
         w[i] = (struct worker){be[shared ? 0 : i], &start, pairs, granules, 0, BFC_OK};
         ok = pthread_create(&th[i], NULL, worker_main, &w[i]) == 0;
     }
-    if (!ok && started < n) {
+    if (!ok) {
         /* The barrier waits for n threads: it cannot be left half-filled. */
         fprintf(stderr, PROG ": could not start %u threads\n", n);
         exit(1);

@@ -629,12 +629,10 @@ static int extend(struct bfc__arena *a, size_t rounded)
         if (next >= size)
             next = size - BFC__MIN_ALLOC;
         size_t most = bfc__pool_largest(env->pool, a->stream_id);
-        if (most < rounded)
-            return BFC_ENOMEM; /* no step could be served */
         if (next > most)
             next = most;
         if (next < rounded)
-            return BFC_ENOMEM;
+            return BFC_ENOMEM; /* no step could be served */
         size = next;
     }
     if (!grew)
