@@ -75,6 +75,22 @@ BFC_API void bfc_sim_fail_event_every(bfc_ctx_t *ctx, unsigned n);
 BFC_API void bfc_sim_set_alloc_ceiling(bfc_ctx_t *ctx, size_t bytes);
 
 /*
+ * A driver's cost for virtual-memory calls, modelled (the perf harness's
+ * --sim-vmm-cost; 0, the default, turns it off).  On a GPU each granule
+ * mapped or unmapped costs the calling thread tens of microseconds in the
+ * driver (cuMemCreate, cuMemMap and cuMemSetAccess, or cuMemUnmap), and the
+ * driver runs such calls one at a time across the whole process.  With a
+ * cost set, every map and unmap of ctx's SIM backend waits for a lock shared
+ * by every SIM context of the process and then keeps its CPU busy for
+ * ns_per_granule times the granules it covers, so that the allocator's
+ * policy meets the same scarcity of device calls here as on a device.
+ * Memory and its accounting are unchanged.
+ * Context: thread-safe, lock-free; calls already in progress pay the cost
+ * they started with.
+ */
+BFC_API void bfc_sim_set_vmm_cost(bfc_ctx_t *ctx, unsigned ns_per_granule);
+
+/*
  * Fault injection for the library's own host metadata (chunk and region
  * records, pool spans, fences, queue nodes): from now on every Nth metadata
  * allocation of the process fails (0 turns it off).  Process-wide, like the

@@ -192,6 +192,8 @@ static const char *bfc_init_common(struct perf_allocator *a, const struct perf_e
             st->ctxs[k] = NULL;
             return bfc_strerror(rc);
         }
+        if (!env->backend_cuda)
+            bfc_sim_set_vmm_cost(st->ctxs[k], env->sim_vmm_cost);
     }
     st->ctx = st->ctxs[0];
     {

@@ -79,6 +79,7 @@ struct opts {
     bool lock_pair;
     bool backend_cuda;
     const char *conf;
+    unsigned sim_vmm_cost; /* --sim-vmm-cost: ns per granule, 0 = off */
     const char *json, *svg, *trace;
     uint64_t seed;
     unsigned infer_steps;
@@ -93,7 +94,7 @@ static void usage(FILE *f)
             "jemalloc,malloc,cuda,cuda-async,torch]\n"
             "       [--contexts shared|per-thread|both] [--seconds S] [--runs N]\n"
             "       [--baseline alu,mem|none] [--lock-scope call|pair] [--backend sim|cuda]\n"
-            "       [--conf SPEC] [--json FILE] [--svg FILE] [--trace FILE] [--seed N]\n"
+            "       [--conf SPEC] [--sim-vmm-cost NS] [--json FILE] [--svg FILE] [--trace FILE] [--seed N]\n"
             "  --quick       short suite (threads 1,2; 0.2 s windows): under 30 s\n"
             "  --workload    default churn,cross,inference,host,arena (+ replay with"
             " --trace);\n"
@@ -116,6 +117,8 @@ static void usage(FILE *f)
             "  --backend     libshardbfc's backend: sim (default) or cuda\n"
             "  --conf SPEC   libshardbfc's configuration on top of the harness's"
             " (SHARDBFC_CONF syntax, e.g. vmm=off)\n"
+            "  --sim-vmm-cost NS  SIM: model a driver's virtual-memory calls, NS per granule mapped or\n"
+            "                unmapped, one call at a time process-wide (a GPU: tens of us; default 0)\n"
             "  --json FILE   every figure and the machine description as JSON\n"
             "  --svg FILE    chart: churn throughput vs threads, churn latency percentiles\n"
             "  --trace FILE  RMM CSV trace (Thread,Time,Action,Pointer,Size,Stream) for replay\n"
@@ -295,6 +298,16 @@ static int parse_args(int argc, char **argv, struct opts *o)
                 return -1;
             }
             o->conf = v;
+        } else if (strcmp(a, "--sim-vmm-cost") == 0) {
+            char *end;
+            unsigned long ns;
+            errno = 0;
+            ns = strtoul(v, &end, 10);
+            if (errno != 0 || *end != '\0' || end == v || v[0] == '-' || ns > 10000000ul) {
+                fprintf(stderr, PROG ": --sim-vmm-cost %s: expected nanoseconds, 0 to 10000000\n", v);
+                return -1;
+            }
+            o->sim_vmm_cost = (unsigned)ns;
         } else if (strcmp(a, "--json") == 0) {
             o->json = v;
         } else if (strcmp(a, "--svg") == 0) {
@@ -482,6 +495,9 @@ static void print_params(const struct opts *o, const struct perf_prog *replay, c
            o->runs == 1 ? "" : "s", o->runs > 1 ? " (interleaved, median kept)" : "",
            ctx_names[o->contexts], o->conf ? "; libshardbfc configuration: " : "",
            o->conf ? o->conf : "");
+    if (o->sim_vmm_cost && !o->backend_cuda)
+        printf("  SIM driver model: %u ns per granule mapped or unmapped, one call at a time"
+               " across the process, its thread on a CPU\n", o->sim_vmm_cost);
     for (unsigned k = 0; k < PERF_BASE_N; k++)
         if (o->base_on[k])
             snprintf(bl + strlen(bl), sizeof(bl) - strlen(bl), "%s\"%s\"", bl[0] ? ", " : "",
@@ -540,7 +556,7 @@ static void print_params(const struct opts *o, const struct perf_prog *replay, c
     snprintf(pj, pjlen,
              "\"quick\": %s, \"seed\": %" PRIu64 ", \"seconds\": %.3f, \"runs\": %u, "
              "\"contexts\": \"%s\", \"baseline\": [%s], \"baseline_seconds\": %.3f, "
-             "\"lock_scope\": \"%s\", "
+             "\"lock_scope\": \"%s\", \"sim_vmm_cost_ns\": %u, "
              "\"churn\": {\"live\": %u, \"size_min\": %u, \"size_max\": %u, \"pairs\": %u}, "
              "\"cross\": {\"ring\": %u, \"size_min\": %u, \"size_max\": %u, \"sizes\": %u}, "
              "\"inference\": {\"model\": \"Llama-2-7B\", \"hidden\": %u, \"heads\": %u, "
@@ -552,7 +568,7 @@ static void print_params(const struct opts *o, const struct perf_prog *replay, c
              "\"arena\": {\"live\": %u, \"size_min\": %u, \"size_max\": %u, \"pairs\": %u, "
              "\"fragment_blocks\": %u, \"fragment_min\": %u, \"fragment_max\": %u}",
              o->quick ? "true" : "false", o->seed, o->seconds, o->runs, ctx_names[o->contexts],
-             bl, bs, o->lock_pair ? "pair" : "call", CHURN_LIVE, CHURN_MIN,
+             bl, bs, o->lock_pair ? "pair" : "call", o->backend_cuda ? 0u : o->sim_vmm_cost, CHURN_LIVE, CHURN_MIN,
              CHURN_MAX, CHURN_PAIRS, PERF_RING_CAP, CROSS_MIN, CROSS_MAX, CROSS_SIZES,
              m->hidden, m->heads, m->kv_heads, m->layers, m->intermediate, m->vocab,
              m->dtype_bytes, m->kv_block_tokens, m->max_batch, m->prompt_min, m->prompt_max,
@@ -910,6 +926,7 @@ int main(int argc, char **argv)
     perf_machine_read(&mach);
     perf_env_probe(&env, o.backend_cuda);
     env.conf = o.conf;
+    env.sim_vmm_cost = o.sim_vmm_cost;
     setvbuf(stdout, NULL, _IOLBF, 0);
 
     printf("shardbfc-perf: libshardbfc against the alternatives, same workloads, same run\n");

@@ -141,6 +141,7 @@ enum perf_mem { PERF_MEM_DEVICE, PERF_MEM_HOST };
 struct perf_env {
     bool backend_cuda;   /* --backend cuda: libshardbfc on the CUDA backend */
     const char *conf;    /* --conf: libshardbfc configuration applied last, or NULL */
+    unsigned sim_vmm_cost; /* --sim-vmm-cost: SIM's modelled driver ns per granule (0: off) */
     bool gpu;            /* a CUDA device is usable */
     char gpu_name[256];  /* or "" */
     char no_gpu_reason[160];

@@ -173,6 +173,9 @@ uint64_t bfc__sim_failures(bfc__backend_t *be);
 /* Bytes the SIM backend currently holds (allocated, not freed, plus mapped
  * granules). */
 size_t bfc__sim_bytes_held(bfc__backend_t *be);
+/* The modelled driver cost of a map or unmap call, per granule
+ * (bfc_sim_set_vmm_cost). */
+void bfc__sim_set_vmm_cost(bfc__backend_t *be, uint32_t ns_per_granule);
 /* Sets the SIM granule (a power of two, at least the page size; the default
  * is 2 MiB) so that tests can map small pages.  BFC_EINVAL for a bad value
  * or while the backend holds a reservation. */

@@ -126,6 +126,9 @@ struct sim_backend {
     alignas(BFC__CACHELINE) bfc__vmm_book_t book;
     size_t va_reserved;
     size_t va_ceiling;
+    /* The modelled driver's cost of one granule mapped or unmapped, in
+     * nanoseconds (bfc_sim_set_vmm_cost; 0: none). */
+    _Atomic uint32_t vmm_cost_ns;
 };
 
 /* The process-wide stream table (see above).  g_n_streams is written under
@@ -140,6 +143,36 @@ static void streams_init(void)
     void *tab = mmap(NULL, (size_t)SIM_MAX_STREAMS * sizeof(struct sim_stream), PROT_READ | PROT_WRITE,
                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     g_streams = tab == MAP_FAILED ? NULL : tab; /* zero-filled: every stream idle, generation 0 */
+}
+
+/*
+ * The modelled driver (bfc_sim_set_vmm_cost): on a GPU the driver serialises
+ * its virtual-memory calls process-wide (an H100 sustained the same rate of
+ * our map and unmap calls from one context and from a context per thread,
+ * about 15,000 a second in all), and each costs the calling thread its CPU
+ * for tens of microseconds per granule.  With a cost set, va_map and va_unmap
+ * take this lock and spin for cost x granules before they do their work:
+ * one thread at a time is "in the driver", on a CPU, as on the device.  Taken
+ * under a backend's book lock (which the CUDA backend also holds across its
+ * driver calls), never while waiting for anything else; only map and unmap
+ * calls of a SIM backend with a cost set take it.  Not held across fork():
+ * every map and unmap runs under an arena or pool lock, which the fork
+ * handlers hold (ctx.c, "Fork"), except perf/vmm_calls' direct calls.
+ */
+static bfc__mutex_t g_driver_lock = BFC__MUTEX_INIT(BFC__RANK_SIM_DRIVER, "the SIM driver model");
+
+static void driver_cost(bfc__backend_t *be, struct sim_backend *b, size_t size)
+{
+    /* relaxed: a knob; a call racing the store pays the old cost or the new. */
+    uint64_t ns = atomic_load_explicit(&b->vmm_cost_ns, memory_order_relaxed);
+    if (ns == 0 || be->vmm_granule == 0)
+        return;
+    ns *= (size + be->vmm_granule - 1) / be->vmm_granule;
+    bfc__lock(&g_driver_lock);
+    uint64_t end = bfc__clock_ns(CLOCK_MONOTONIC) + ns;
+    while (bfc__clock_ns(CLOCK_MONOTONIC) < end)
+        ; /* a CPU busy in the driver, as a real call keeps it */
+    bfc__unlock(&g_driver_lock);
 }
 
 static const struct bfc__backend_ops sim_ops;
@@ -405,6 +438,7 @@ static int sim_va_map(bfc__backend_t *be, uintptr_t addr, size_t size)
     st = bfc__vmm_book_check(&b->book, addr, size, false, &r);
     if (st != BFC_OK)
         goto out;
+    driver_cost(be, b, size);
     if (sim_take(b, size)) {
         st = BFC_ENOMEM;
         goto out;
@@ -438,6 +472,7 @@ static int sim_va_unmap(bfc__backend_t *be, uintptr_t addr, size_t size)
     st = bfc__vmm_book_check(&b->book, addr, size, true, &r);
     if (st != BFC_OK)
         goto out;
+    driver_cost(be, b, size);
     /*
      * Drop the pages first: if the mprotect below failed, the granules
      * would still be mapped (fresh zero pages), as the book says.  The
@@ -768,6 +803,12 @@ size_t bfc__sim_bytes_held(bfc__backend_t *be)
 {
     return is_sim(be) ? atomic_load_explicit(&sim_of(be)->held, memory_order_relaxed)
                       : 0;
+}
+
+void bfc__sim_set_vmm_cost(bfc__backend_t *be, uint32_t ns_per_granule)
+{
+    if (is_sim(be))
+        atomic_store_explicit(&sim_of(be)->vmm_cost_ns, ns_per_granule, memory_order_relaxed);
 }
 
 int bfc__sim_set_vmm_granule(bfc__backend_t *be, size_t granule)

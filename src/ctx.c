@@ -1594,6 +1594,13 @@ void bfc_sim_set_alloc_ceiling(bfc_ctx_t *ctx, size_t bytes)
         bfc__sim_set_alloc_ceiling(be, bytes);
 }
 
+void bfc_sim_set_vmm_cost(bfc_ctx_t *ctx, unsigned ns_per_granule)
+{
+    bfc__backend_t *be = sim_be(ctx);
+    if (be)
+        bfc__sim_set_vmm_cost(be, ns_per_granule);
+}
+
 uint64_t bfc_sim_backend_allocs(bfc_ctx_t *ctx)
 {
     bfc__backend_t *be = sim_be(ctx);

@@ -81,6 +81,7 @@ enum bfc__lock_rank {
     BFC__RANK_URCU_GATE,      /* the liburcu gate (rcu.h) */
     BFC__RANK_SIM_STREAMS,    /* the SIM backend's stream table */
     BFC__RANK_BACKEND_BOOK,   /* a VMM backend's book of reservations */
+    BFC__RANK_SIM_DRIVER,     /* the SIM backend's model of a driver's lock */
 };
 
 typedef struct bfc__mutex {

@@ -9,7 +9,8 @@
 # one, the ALU loop timed beside every thread count and the scaling
 # efficiency on every 2-thread row, libshardbfc's counters agreeing with
 # the calls the harness made.  Also perf/vmm_calls, briefly on SIM: both
-# layouts at 1 and 2 threads, and a bad command line refused.
+# layouts at 1 and 2 threads, and a bad command line refused; and the SIM
+# driver model (--sim-vmm-cost) applied and its bad values refused.
 # Timings are not checked (the machine may be busy running other tests);
 # missed targets never fail it.  Exit 77 (skip) only when neither parser is
 # installed.
@@ -43,6 +44,18 @@ tail -n 12 "$tmp/out.txt"
     { echo "perf_smoke: --baseline both did not time both loops:" >&2; cat "$tmp/both.txt" >&2; exit 1; }
 "$bin" --baseline alu,bogus >/dev/null 2>&1
 [ $? -eq 2 ] || { echo "perf_smoke: --baseline alu,bogus was not refused with status 2" >&2; exit 1; }
+
+# --sim-vmm-cost: the SIM driver model, announced in the parameters and in
+# the JSON; a value that is not a count of nanoseconds is refused.
+"$bin" --quick --seconds 0.05 --workload inference --threads 2 --allocators shardbfc \
+    --baseline none --sim-vmm-cost 20000 --json "$tmp/cost.json" >"$tmp/cost.txt" 2>&1 &&
+    grep -q '^  SIM driver model: 20000 ns per granule' "$tmp/cost.txt" &&
+    grep -q '"sim_vmm_cost_ns": 20000' "$tmp/cost.json" ||
+    { echo "perf_smoke: --sim-vmm-cost 20000 was not applied:" >&2; cat "$tmp/cost.txt" >&2; exit 1; }
+for bad in -1 1us 10000001; do
+    "$bin" --sim-vmm-cost "$bad" >/dev/null 2>&1
+    [ $? -eq 2 ] || { echo "perf_smoke: --sim-vmm-cost $bad was not refused with status 2" >&2; exit 1; }
+done
 
 # perf/vmm_calls: a row per layout and thread count, nothing failed.
 vmm=./perf/vmm_calls

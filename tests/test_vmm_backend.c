@@ -6,7 +6,8 @@
  * from how they were mapped, `held` and the ceiling, fault injection, bad
  * arguments, metadata failures, many reservations, a 64 GiB reservation
  * that costs nothing, a random model check of the book, threads, the
- * bfc_sim_mapped control and the host backend (no virtual memory).
+ * bfc_sim_mapped control, the driver cost model (bfc_sim_set_vmm_cost) and
+ * the host backend (no virtual memory).
  *
  * Unmapped memory is never touched here (it faults); bfc__sim_mapped and
  * bfc_sim_mapped are how the tests see it.
@@ -689,6 +690,111 @@ START_TEST(test_ctx_mapped)
 }
 END_TEST
 
+/* ---------------------------------------------- the driver cost model */
+
+#define COST_NS (4u * 1000u * 1000u) /* 4 ms a granule: far above any noise */
+
+static uint64_t mono_ns(void)
+{
+    struct timespec ts;
+    ck_assert_int_eq(clock_gettime(CLOCK_MONOTONIC, &ts), 0);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static bfc_ctx_t *sim_ctx(void)
+{
+    bfc_config_t cfg;
+    bfc_ctx_t *ctx = NULL;
+    bfc_config_init(&cfg);
+    cfg.backend = BFC_BACKEND_SIM;
+    ck_assert_int_eq(bfc_ctx_create(&cfg, &ctx), BFC_OK);
+    ck_assert_int_eq(bfc__sim_set_vmm_granule(ctx->be, G), BFC_OK);
+    return ctx;
+}
+
+struct costed {
+    bfc__backend_t *be;
+    uintptr_t base;
+    pthread_barrier_t *go;
+    uint64_t start, end;
+};
+
+static void *costed_map(void *arg)
+{
+    struct costed *c = arg;
+    int st = pthread_barrier_wait(c->go);
+    ck_assert(st == 0 || st == PTHREAD_BARRIER_SERIAL_THREAD);
+    c->start = mono_ns();
+    ck_assert_int_eq(c->be->ops->va_map(c->be, c->base, G), BFC_OK);
+    c->end = mono_ns();
+    return NULL;
+}
+
+/*
+ * bfc_sim_set_vmm_cost: a map or unmap costs at least the set time per
+ * granule; two contexts' calls run one at a time (the driver's lock is the
+ * process's), so two threads mapping at once take twice as long in all;
+ * memory and its accounting are unchanged; NULL is a no-op.  Only lower
+ * bounds are asserted: they cannot fail on a slow machine.
+ */
+START_TEST(test_driver_cost)
+{
+    bfc_ctx_t *a = sim_ctx(), *b = sim_ctx();
+    uintptr_t ra = 0, rb = 0;
+    uint64_t t;
+
+    bfc_sim_set_vmm_cost(NULL, COST_NS); /* no context: no-op */
+    bfc_sim_set_vmm_cost(a, COST_NS);
+    bfc_sim_set_vmm_cost(b, COST_NS);
+    ck_assert_int_eq(a->be->ops->va_reserve(a->be, 8 * G, &ra), BFC_OK);
+    ck_assert_int_eq(b->be->ops->va_reserve(b->be, 8 * G, &rb), BFC_OK);
+
+    /* Per granule, for map and unmap alike. */
+    t = mono_ns();
+    ck_assert_int_eq(a->be->ops->va_map(a->be, ra + 2 * G, 3 * G), BFC_OK);
+    ck_assert_uint_ge(mono_ns() - t, 3ull * COST_NS);
+    t = mono_ns();
+    ck_assert_int_eq(a->be->ops->va_unmap(a->be, ra + 3 * G, 2 * G), BFC_OK);
+    ck_assert_uint_ge(mono_ns() - t, 2ull * COST_NS);
+    ck_assert_int_eq(mapped(a->be, ra + 2 * G, G), 1);
+    ck_assert_int_eq(mapped(a->be, ra + 3 * G, 2 * G), 0);
+
+    /* Serialised across contexts: the two calls' costs do not overlap. */
+    {
+        pthread_barrier_t go;
+        pthread_t th[2];
+        struct costed c[2] = {{a->be, ra, &go, 0, 0}, {b->be, rb, &go, 0, 0}};
+        ck_assert_int_eq(pthread_barrier_init(&go, NULL, 2), 0);
+        for (int i = 0; i < 2; i++)
+            ck_assert_int_eq(pthread_create(&th[i], NULL, costed_map, &c[i]), 0);
+        for (int i = 0; i < 2; i++)
+            ck_assert_int_eq(pthread_join(th[i], NULL), 0);
+        ck_assert_int_eq(pthread_barrier_destroy(&go), 0);
+        uint64_t s0 = c[0].start < c[1].start ? c[0].start : c[1].start;
+        uint64_t e1 = c[0].end > c[1].end ? c[0].end : c[1].end;
+        ck_assert_uint_ge(e1 - s0, 2ull * COST_NS);
+    }
+
+    /* Memory and accounting unchanged by the model. */
+    ck_assert_uint_eq(bfc_sim_backend_bytes_held(a), 2 * G);
+    ck_assert_uint_eq(bfc_sim_backend_bytes_held(b), G);
+    fill(ra, G, 0x5A);
+    fill(ra + 2 * G, G, 0xA5);
+    ck_assert(all_are(ra, G, 0x5A) && all_are(ra + 2 * G, G, 0xA5));
+
+    /* A refused call changes nothing; 0 turns the model off (its speed is
+     * not asserted: an upper bound on time would be a timing assertion). */
+    ck_assert_int_eq(a->be->ops->va_map(a->be, ra, G), BFC_EINVAL); /* mapped already */
+    bfc_sim_set_vmm_cost(a, 0);
+    ck_assert_int_eq(a->be->ops->va_map(a->be, ra + 4 * G, G), BFC_OK);
+    ck_assert_int_eq(a->be->ops->va_release(a->be, ra, 8 * G), BFC_OK);
+    ck_assert_int_eq(b->be->ops->va_release(b->be, rb, 8 * G), BFC_OK);
+    ck_assert_uint_eq(bfc_sim_backend_bytes_held(a), 0);
+    bfc_ctx_destroy(a);
+    bfc_ctx_destroy(b);
+}
+END_TEST
+
 /* Host arenas have no virtual memory: granule 0, and every call refused. */
 START_TEST(test_host_backend)
 {
@@ -733,6 +839,7 @@ int main(void)
     tcase_set_timeout(sim, 60);
     suite_add_tcase(s, sim);
     tcase_add_test(more, test_ctx_mapped);
+    tcase_add_test(more, test_driver_cost);
     tcase_add_test(more, test_host_backend);
     suite_add_tcase(s, more);
     sr = srunner_create(s);
