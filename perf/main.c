@@ -80,6 +80,7 @@ struct opts {
     bool backend_cuda;
     const char *conf;
     unsigned sim_vmm_cost; /* --sim-vmm-cost: ns per granule, 0 = off */
+    double warmup;         /* --warmup: seconds, or -1: 20% of the window (at least 50 ms) */
     const char *json, *svg, *trace;
     uint64_t seed;
     unsigned infer_steps;
@@ -94,7 +95,7 @@ static void usage(FILE *f)
             "jemalloc,malloc,cuda,cuda-async,torch]\n"
             "       [--contexts shared|per-thread|both] [--seconds S] [--runs N]\n"
             "       [--baseline alu,mem|none] [--lock-scope call|pair] [--backend sim|cuda]\n"
-            "       [--conf SPEC] [--sim-vmm-cost NS] [--json FILE] [--svg FILE] [--trace FILE] [--seed N]\n"
+            "       [--warmup S] [--conf SPEC] [--sim-vmm-cost NS] [--json FILE] [--svg FILE] [--trace FILE] [--seed N]\n"
             "  --quick       short suite (threads 1,2; 0.2 s windows): under 30 s\n"
             "  --workload    default churn,cross,inference,host,arena (+ replay with"
             " --trace);\n"
@@ -106,6 +107,8 @@ static void usage(FILE *f)
             " shardbfc),\n"
             "                one per thread (per-thread: shardbfc-ctx instead), or both\n"
             "  --seconds S   timed window of one measurement (default 1, quick 0.2)\n"
+            "  --warmup S    the same loop, untimed, before each window (default a fifth of it,\n"
+            "                at least 0.05; on a device, growth to the peak can take longer)\n"
             "  --runs N      repetitions of every figure, interleaved; the median is kept"
             " (default 1, at most %d)\n"
             "  --baseline    the machine's own scaling, timed beside each thread count: alu"
@@ -205,6 +208,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
     memset(o, 0, sizeof(*o));
     o->seed = 42;
     o->runs = 1;
+    o->warmup = -1;
     o->base_on[PERF_BASE_ALU] = true;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -258,6 +262,14 @@ static int parse_args(int argc, char **argv, struct opts *o)
                 return -1;
             }
             have_sec = true;
+        } else if (strcmp(a, "--warmup") == 0) {
+            char *end;
+            errno = 0;
+            o->warmup = strtod(v, &end);
+            if (errno != 0 || *end != '\0' || end == v || !(o->warmup >= 0) || o->warmup > 3600) {
+                fprintf(stderr, PROG ": --warmup %s: expected a number in [0, 3600]\n", v);
+                return -1;
+            }
         } else if (strcmp(a, "--runs") == 0) {
             unsigned n = 0, one[1];
             if (!perf_parse_uint_list(v, one, 1, &n, PERF_MAX_RUNS)) {
@@ -488,7 +500,7 @@ static void print_params(const struct opts *o, const struct perf_prog *replay, c
     double bs = base_seconds_of(o->seconds);
     char bl[32] = "";
     printf("parameters: seed %" PRIu64 ", timed window %.2f s after a %.2f s warm-up, threads",
-           o->seed, o->seconds, warmup_of(o->seconds));
+           o->seed, o->seconds, o->warmup >= 0 ? o->warmup : warmup_of(o->seconds));
     for (unsigned i = 0; i < o->nthreads; i++)
         printf("%s%u", i ? "," : " ", o->threads[i]);
     printf("; %u run%s per figure%s; libshardbfc contexts: %s%s%s\n", o->runs,
@@ -556,7 +568,7 @@ static void print_params(const struct opts *o, const struct perf_prog *replay, c
     snprintf(pj, pjlen,
              "\"quick\": %s, \"seed\": %" PRIu64 ", \"seconds\": %.3f, \"runs\": %u, "
              "\"contexts\": \"%s\", \"baseline\": [%s], \"baseline_seconds\": %.3f, "
-             "\"lock_scope\": \"%s\", \"sim_vmm_cost_ns\": %u, "
+             "\"lock_scope\": \"%s\", \"sim_vmm_cost_ns\": %u, \"warmup_seconds\": %.3f, "
              "\"churn\": {\"live\": %u, \"size_min\": %u, \"size_max\": %u, \"pairs\": %u}, "
              "\"cross\": {\"ring\": %u, \"size_min\": %u, \"size_max\": %u, \"sizes\": %u}, "
              "\"inference\": {\"model\": \"Llama-2-7B\", \"hidden\": %u, \"heads\": %u, "
@@ -568,7 +580,8 @@ static void print_params(const struct opts *o, const struct perf_prog *replay, c
              "\"arena\": {\"live\": %u, \"size_min\": %u, \"size_max\": %u, \"pairs\": %u, "
              "\"fragment_blocks\": %u, \"fragment_min\": %u, \"fragment_max\": %u}",
              o->quick ? "true" : "false", o->seed, o->seconds, o->runs, ctx_names[o->contexts],
-             bl, bs, o->lock_pair ? "pair" : "call", o->backend_cuda ? 0u : o->sim_vmm_cost, CHURN_LIVE, CHURN_MIN,
+             bl, bs, o->lock_pair ? "pair" : "call", o->backend_cuda ? 0u : o->sim_vmm_cost,
+             o->warmup >= 0 ? o->warmup : warmup_of(o->seconds), CHURN_LIVE, CHURN_MIN,
              CHURN_MAX, CHURN_PAIRS, PERF_RING_CAP, CROSS_MIN, CROSS_MAX, CROSS_SIZES,
              m->hidden, m->heads, m->kv_heads, m->layers, m->intermediate, m->vocab,
              m->dtype_bytes, m->kv_block_tokens, m->max_batch, m->prompt_min, m->prompt_max,
@@ -736,6 +749,21 @@ static int verify_counts(const struct perf_allocator *a, int w, const bfc_stats_
     return ok ? 1 : 0;
 }
 
+/* The allocator's counters at the timed window's ends, read while the
+ * threads run (bfc_ctx_stats locks one shard at a time): the window's own
+ * map and unmap calls, without the growth of the prologue and warm-up. */
+struct window_snap {
+    struct perf_allocator *a;
+    bfc_stats_t at[2];
+    bool ok[2];
+};
+
+static void window_snap_fn(void *arg, bool end)
+{
+    struct window_snap *ws = arg;
+    ws->ok[end] = ws->a->ops->snapshot(ws->a, &ws->at[end]);
+}
+
 /* One measurement of allocator ops on workload w with n threads into r;
  * NULL, or why it cannot run here (r is then untouched).  *failed is set
  * when an allocation or a verification failed. */
@@ -746,6 +774,7 @@ static const char *measure(const struct opts *o, const struct perf_env *env, int
 {
     struct perf_allocator a;
     struct perf_run_cfg cfg;
+    struct window_snap ws = {.a = &a};
     bfc_stats_t s0, s1;
     bool snap;
     const char *why;
@@ -773,8 +802,12 @@ static const char *measure(const struct opts *o, const struct perf_env *env, int
     snprintf(r->allocator, sizeof(r->allocator), "%s", ops->name);
     memset(&cfg, 0, sizeof(cfg));
     cfg.seconds = o->seconds;
-    cfg.warmup_seconds = warmup_of(o->seconds);
+    cfg.warmup_seconds = o->warmup >= 0 ? o->warmup : warmup_of(o->seconds);
     cfg.threads = n;
+    if (ops->snapshot != NULL) {
+        cfg.window_mark = window_snap_fn;
+        cfg.mark_arg = &ws;
+    }
     cfg.pin = w == W_HOST;
     cfg.count_only = w == W_ARENA || w == W_FRAG;
     cfg.lock_pair = cfg.count_only && o->lock_pair;
@@ -795,6 +828,13 @@ static const char *measure(const struct opts *o, const struct perf_env *env, int
         r->have_vmm = true;
         r->maps_per_1k = 1000.0 * (double)s1.num_vmm_maps / (double)s1.num_allocs;
         r->unmaps_per_1k = 1000.0 * (double)s1.num_vmm_unmaps / (double)s1.num_allocs;
+    }
+    if (ws.ok[0] && ws.ok[1] && ws.at[1].num_allocs > ws.at[0].num_allocs) {
+        double allocs = (double)(ws.at[1].num_allocs - ws.at[0].num_allocs);
+        r->have_win_vmm = true;
+        r->win_maps_per_1k = 1000.0 * (double)(ws.at[1].num_vmm_maps - ws.at[0].num_vmm_maps) / allocs;
+        r->win_unmaps_per_1k =
+            1000.0 * (double)(ws.at[1].num_vmm_unmaps - ws.at[0].num_vmm_unmaps) / allocs;
     }
     if (ops->in_use(&a, &used) && used != 0) {
         perf_progress_done();
@@ -944,7 +984,9 @@ int main(int argc, char **argv)
            " window; latency per call from per-thread log-linear histograms (1 clock read"
            " per call, ~20 ns included; none in the arena workloads); overhead = peak"
            " bytes reserved / peak bytes requested (null where the allocator cannot say);"
-           " cpu = CPU time of the timed threads / (window x usable CPUs); speed-up, ALU,"
+           " cpu = CPU time of the timed threads / (window x usable CPUs); maps/1k, unmaps/1k"
+           " = libshardbfc's device map and unmap calls per 1,000 allocations, whole run;"
+           " window m/u = the same in the timed window alone; speed-up, ALU,"
            " eff: see below each table\n");
 
     if (o.wl[W_CROSS]) {

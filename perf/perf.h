@@ -226,6 +226,8 @@ struct perf_result {
     bool have_vmm;           /* maps_per_1k / unmaps_per_1k known (libshardbfc) */
     double maps_per_1k;      /* device map calls of expandable arenas per 1,000 allocations, whole run */
     double unmaps_per_1k;
+    bool have_win_vmm;       /* win_*: the same in the timed window alone (read while running) */
+    double win_maps_per_1k, win_unmaps_per_1k;
     double frees_per_sec_per_consumer; /* cross: frees / time inside free; else 0 */
     unsigned consumers;
     /* cross: the producers' side and the pipeline */
@@ -308,6 +310,11 @@ struct perf_run_cfg {
                                (the arena workloads: a pair's cost alone) */
     bool lock_pair;         /* a free followed by an allocation into the same
                                slot goes through ops->pair when it has one */
+    /* Called by the main thread, while the threads run, once every thread
+     * has opened its window (end false) and just before the window closes
+     * (end true); NULL: not called. */
+    void (*window_mark)(void *arg, bool end);
+    void *mark_arg;
 };
 
 /* Runs prog[t] on thread t (t < cfg->threads) against a; fills r (ops,

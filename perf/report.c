@@ -186,14 +186,14 @@ void perf_report_table(const struct perf_report *rp, const char *workload, FILE 
     else
         fprintf(f, "  %3s %-12s %10s %7s %8s", "thr", "allocator", "ops/s", "vs bfc",
                 "ns/pair");
-    fprintf(f, " %11s %11s %6s %5s %8s %6s %5s %7s %9s\n", "peak resv", "peak req", "ovhd", "cpu",
-            "speed-up", "ALU", "eff", "maps/1k", "unmaps/1k");
+    fprintf(f, " %11s %11s %6s %5s %8s %6s %5s %7s %9s %11s\n", "peak resv", "peak req", "ovhd", "cpu",
+            "speed-up", "ALU", "eff", "maps/1k", "unmaps/1k", "window m/u");
     for (unsigned k = 0; k < nt; k++) {
         const struct perf_result *base = base_row(rp, workload, threads[k]);
         for (unsigned i = 0; i < rp->nres; i++) {
             const struct perf_result *r = &rp->res[i];
             char rate[32], ratio[16], resv[24], req[24], ovhd[16], sp[16], alu[16], eff[16];
-            char maps[16], unmaps[16];
+            char maps[16], unmaps[16], win[40];
             if (strcmp(r->workload, workload) != 0 || r->threads != threads[k])
                 continue;
             fmt_rate(rate, sizeof(rate), r->ops_per_sec);
@@ -216,6 +216,10 @@ void perf_report_table(const struct perf_report *rp, const char *workload, FILE 
                 snprintf(maps, sizeof(maps), "-");
                 snprintf(unmaps, sizeof(unmaps), "-");
             }
+            if (r->have_win_vmm)
+                snprintf(win, sizeof(win), "%.2f/%.2f", r->win_maps_per_1k, r->win_unmaps_per_1k);
+            else
+                snprintf(win, sizeof(win), "-");
             fmt_x(sp, sizeof(sp), r->speedup, true);
             fmt_x(alu, sizeof(alu), r->alu_speedup, true);
             fmt_x(eff, sizeof(eff), r->efficiency, false);
@@ -227,8 +231,8 @@ void perf_report_table(const struct perf_report *rp, const char *workload, FILE 
                 fprintf(f, " %8s %8s %9s %9s", "-", "-", "-", "-");
             else
                 fprintf(f, " %8.1f", ns_per_pair(r));
-            fprintf(f, " %11s %11s %6s %4.0f%% %8s %6s %5s %7s %9s\n", resv, req, ovhd,
-                    100 * r->cpu_share, sp, alu, eff, maps, unmaps);
+            fprintf(f, " %11s %11s %6s %4.0f%% %8s %6s %5s %7s %9s %11s\n", resv, req, ovhd,
+                    100 * r->cpu_share, sp, alu, eff, maps, unmaps, win);
         }
     }
     /* The load-independent side: work per CPU-second, and sleeping. */
@@ -339,6 +343,10 @@ static void json_result(FILE *f, const struct perf_result *r)
     json_num(f, r->maps_per_1k, r->have_vmm);
     fprintf(f, ", \"unmaps_per_1k\": ");
     json_num(f, r->unmaps_per_1k, r->have_vmm);
+    fprintf(f, ", \"window_maps_per_1k\": ");
+    json_num(f, r->win_maps_per_1k, r->have_win_vmm);
+    fprintf(f, ", \"window_unmaps_per_1k\": ");
+    json_num(f, r->win_unmaps_per_1k, r->have_win_vmm);
     fprintf(f, ", \"alloc_p99_ns\": ");
     json_u64(f, r->alloc_p99_ns, r->have_lat);
     fprintf(f, ", \"free_p99_ns\": ");

@@ -117,7 +117,11 @@ static void drive(struct shared *sh, const struct perf_run_cfg *cfg,
     atomic_store_explicit(&sh->timing, true, memory_order_relaxed);
     while (atomic_load_explicit(&sh->acked, memory_order_relaxed) < sh->nthreads)
         perf_sleep(0.0005);
+    if (cfg->window_mark != NULL)
+        cfg->window_mark(cfg->mark_arg, false);
     perf_sleep(cfg->seconds);
+    if (cfg->window_mark != NULL)
+        cfg->window_mark(cfg->mark_arg, true);
     atomic_store_explicit(&sh->stop, true, memory_order_relaxed);
 }
 

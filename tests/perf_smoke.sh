@@ -10,7 +10,8 @@
 # efficiency on every 2-thread row, libshardbfc's counters agreeing with
 # the calls the harness made.  Also perf/vmm_calls, briefly on SIM: both
 # layouts at 1 and 2 threads, and a bad command line refused; and the SIM
-# driver model (--sim-vmm-cost) applied and its bad values refused.
+# driver model (--sim-vmm-cost) and --warmup applied, their bad values
+# refused; libshardbfc's map calls of the whole run and of the window alone.
 # Timings are not checked (the machine may be busy running other tests);
 # missed targets never fail it.  Exit 77 (skip) only when neither parser is
 # installed.
@@ -45,16 +46,20 @@ tail -n 12 "$tmp/out.txt"
 "$bin" --baseline alu,bogus >/dev/null 2>&1
 [ $? -eq 2 ] || { echo "perf_smoke: --baseline alu,bogus was not refused with status 2" >&2; exit 1; }
 
-# --sim-vmm-cost: the SIM driver model, announced in the parameters and in
-# the JSON; a value that is not a count of nanoseconds is refused.
-"$bin" --quick --seconds 0.05 --workload inference --threads 2 --allocators shardbfc \
+# --sim-vmm-cost (the SIM driver model) and --warmup, announced in the
+# parameters and in the JSON; values that are not nanoseconds or seconds are
+# refused.
+"$bin" --quick --seconds 0.05 --warmup 0.1 --workload inference --threads 2 --allocators shardbfc \
     --baseline none --sim-vmm-cost 20000 --json "$tmp/cost.json" >"$tmp/cost.txt" 2>&1 &&
     grep -q '^  SIM driver model: 20000 ns per granule' "$tmp/cost.txt" &&
-    grep -q '"sim_vmm_cost_ns": 20000' "$tmp/cost.json" ||
-    { echo "perf_smoke: --sim-vmm-cost 20000 was not applied:" >&2; cat "$tmp/cost.txt" >&2; exit 1; }
-for bad in -1 1us 10000001; do
-    "$bin" --sim-vmm-cost "$bad" >/dev/null 2>&1
-    [ $? -eq 2 ] || { echo "perf_smoke: --sim-vmm-cost $bad was not refused with status 2" >&2; exit 1; }
+    grep -q 'timed window 0.05 s after a 0.10 s warm-up' "$tmp/cost.txt" &&
+    grep -q '"sim_vmm_cost_ns": 20000, "warmup_seconds": 0.100' "$tmp/cost.json" ||
+    { echo "perf_smoke: --sim-vmm-cost 20000 --warmup 0.1 were not applied:" >&2; cat "$tmp/cost.txt" >&2; exit 1; }
+for bad in "--sim-vmm-cost -1" "--sim-vmm-cost 1us" "--sim-vmm-cost 10000001" "--warmup -1" \
+           "--warmup 1s" "--warmup 3601"; do
+    # shellcheck disable=SC2086 # an option and its value
+    "$bin" $bad >/dev/null 2>&1
+    [ $? -eq 2 ] || { echo "perf_smoke: $bad was not refused with status 2" >&2; exit 1; }
 done
 
 # perf/vmm_calls: a row per layout and thread count, nothing failed.
@@ -105,6 +110,12 @@ if command -v jq >/dev/null 2>&1; then
               and (.efficiency - .speedup / .alu_speedup | fabs) < 1e-3 * .efficiency + 1e-9)
       and ([.results[] | select(.allocator == "shardbfc")] | length) == 10
       and all(.results[] | select(.allocator == "shardbfc"); .overhead >= 1)
+      and all(.results[] | select(.allocator == "shardbfc");
+              (.maps_per_1k | type == "number" and . >= 0)
+              and (.window_maps_per_1k | type == "number" and . >= 0)
+              and (.window_unmaps_per_1k | type == "number" and . >= 0))
+      and all(.results[] | select(.allocator == "jemalloc" or .allocator == "malloc");
+              .window_maps_per_1k == null and .window_unmaps_per_1k == null)
       and all(.results[] | select(.allocator == "shardbfc" or .allocator == "single-lock");
               .verified == true)
       and (.baselines | type == "array")
