@@ -11,7 +11,8 @@
 # the calls the harness made.  Also perf/vmm_calls, briefly on SIM: both
 # layouts at 1 and 2 threads, and a bad command line refused; and the SIM
 # driver model (--sim-vmm-cost) and --warmup applied, their bad values
-# refused; libshardbfc's map calls of the whole run and of the window alone.
+# refused; libshardbfc's map calls of the whole run and of the window alone;
+# perf/interleave briefly.
 # Timings are not checked (the machine may be busy running other tests);
 # missed targets never fail it.  Exit 77 (skip) only when neither parser is
 # installed.
@@ -61,6 +62,18 @@ for bad in "--sim-vmm-cost -1" "--sim-vmm-cost 1us" "--sim-vmm-cost 10000001" "-
     "$bin" $bad >/dev/null 2>&1
     [ $? -eq 2 ] || { echo "perf_smoke: $bad was not refused with status 2" >&2; exit 1; }
 done
+
+# perf/interleave: a row per pass and a summary, its own check passed
+# (exit 0), and a bad command line refused.
+il=./perf/interleave
+[ -x "$il" ] || { echo "perf_smoke: $il not built" >&2; exit 1; }
+"$il" --streams 3 --passes 2 --steps 24 --quantum 500 >"$tmp/il.txt" 2>&1 &&
+    [ "$(grep -cE '^ +[12] +[0-9]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ GiB +[0-9.]+ GiB +[0-9.]+$' "$tmp/il.txt")" -eq 2 ] &&
+    grep -q '^summary: overhead [0-9.]*; map calls' "$tmp/il.txt" ||
+    { echo "perf_smoke: interleave failed:" >&2; cat "$tmp/il.txt" >&2; exit 1; }
+"$il" --streams 0 >/dev/null 2>&1
+[ $? -eq 2 ] || { echo "perf_smoke: interleave --streams 0 was not refused with status 2" >&2; exit 1; }
+echo "perf_smoke: interleave: $(grep '^summary' "$tmp/il.txt")"
 
 # perf/vmm_calls: a row per layout and thread count, nothing failed.
 vmm=./perf/vmm_calls
