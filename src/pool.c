@@ -632,12 +632,19 @@ void bfc__pool_clear_peak(struct bfc__pool *p)
     bfc__unlock(&p->lock);
 }
 
-bool bfc__pool_would_peak(struct bfc__pool *p, size_t bytes)
+size_t bfc__pool_peak_excess(struct bfc__pool *p, size_t bytes, uint64_t *maps_since_rise)
 {
     bfc__lock(&p->lock);
-    bool peak = p->held + bytes > p->peak_held;
+    size_t over = p->held + bytes > p->peak_held ? p->held + bytes - p->peak_held : 0;
+    if (maps_since_rise)
+        *maps_since_rise = p->vmm_maps - p->peak_rise_maps;
     bfc__unlock(&p->lock);
-    return peak;
+    return over;
+}
+
+bool bfc__pool_would_peak(struct bfc__pool *p, size_t bytes)
+{
+    return bfc__pool_peak_excess(p, bytes, NULL) != 0;
 }
 
 size_t bfc__pool_spans(struct bfc__pool *p, struct bfc__span_info *out, size_t max)
@@ -740,8 +747,10 @@ static void vmm_charge_locked(struct bfc__pool *p, size_t size, bool add)
     if (add) {
         p->vmm_mapped += size;
         p->held += size;
-        if (p->held > p->peak_held)
+        if (p->held > p->peak_held) {
             p->peak_held = p->held;
+            p->peak_rise_maps = p->vmm_maps; /* this map's number, counted from 0 */
+        }
     } else {
         p->vmm_mapped -= size;
         p->held -= size;

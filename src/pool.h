@@ -85,6 +85,8 @@ struct bfc__pool {
     size_t vmm_mapped;
     struct bfc__vmm_gone *vmm_gone;
     uint64_t vmm_maps, vmm_unmaps;
+    uint64_t peak_rise_maps;     /* vmm_maps when a map last raised peak_held:
+                                    how long the peak has stayed put */
     uint64_t vmm_adoptions;      /* departed reservations taken back by their stream */
     /* Mapped-but-free bytes that the expandable arenas published at their
      * last policy check (expand.c): a hint, read and written relaxed. */
@@ -212,8 +214,13 @@ struct bfc__pool_stats {
 };
 void bfc__pool_stats(struct bfc__pool *p, struct bfc__pool_stats *out);
 void bfc__pool_clear_peak(struct bfc__pool *p);
-/* Would `bytes` more held from the backend raise the most it has held
- * (peak_held, which the context reports as its peak reserved)? */
+/* By how much would `bytes` more held from the backend raise the most it
+ * has held (peak_held, which the context reports as its peak reserved)?
+ * 0: not at all.  *maps_since_rise (unless NULL): the map calls made
+ * since a map last raised that peak -- how long it has stayed put.  A
+ * snapshot: other shards map and unmap meanwhile. */
+size_t bfc__pool_peak_excess(struct bfc__pool *p, size_t bytes, uint64_t *maps_since_rise);
+/* Would they raise it at all? */
 bool bfc__pool_would_peak(struct bfc__pool *p, size_t bytes);
 
 /* Invariants (see pool.c); 0 or -1 with a message naming the broken one. */

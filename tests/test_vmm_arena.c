@@ -774,6 +774,112 @@ START_TEST(test_growth_release)
 }
 END_TEST
 
+#define SETTLE_STREAMS 64 /* map calls that leave the peak where it is */
+
+/* Growth below the peak reserved releases the shard's free granules while
+ * the peak is still rising -- fragmentation then must not raise it -- and
+ * keeps them mapped once it has settled (SETTLE_STREAMS map calls without
+ * raising it): holding them then costs no memory the context has not held,
+ * and unmapping them would buy a map call each time they are used again.
+ * Past the peak, as many go as the peak would rise, and no more. */
+START_TEST(test_growth_release_below_peak)
+{
+    bfc_ctx_t *ctx = ctx_spec("memory_limit=64M,vmm=on", G);
+    char *keep = bfc_ctx_alloc(ctx, NULL, 256), *p[8], *sep = NULL;
+    ck_assert_ptr_nonnull(keep);
+    /* The peak: 101 granules, given back at the free. */
+    char *h = bfc_ctx_alloc(ctx, NULL, 100 * G);
+    ck_assert_ptr_nonnull(h);
+    ck_assert_int_eq(bfc_ctx_free(ctx, h, NULL), BFC_OK);
+    ck_assert_uint_le(reserved(ctx), G);
+    bfc_stats_t st;
+    ck_assert_int_eq(bfc_ctx_stats(ctx, &st), BFC_OK);
+    uint64_t peak = st.peak_bytes_reserved;
+    ck_assert_uint_ge(peak, 101 * G);
+    for (int c = 0; c < 12; c++) { /* build the slack, as test_growth_release */
+        char *s2 = cycle(ctx, NULL, p);
+        if (sep)
+            ck_assert_int_eq(bfc_ctx_free(ctx, sep, NULL), BFC_OK);
+        sep = s2;
+    }
+    ck_assert(mapped(ctx, p[3], G));
+    uint64_t before = reserved(ctx), m0, u0, m1, u1, m2, u2;
+    calls(ctx, &m0, &u0);
+    ck_assert_uint_lt(m0, SETTLE_STREAMS); /* the peak rose at the first */
+
+    /* Rising: below the peak, the free granules go all the same. */
+    char *big = bfc_ctx_alloc(ctx, NULL, 10 * G);
+    ck_assert_ptr_nonnull(big);
+    calls(ctx, &m1, &u1);
+    ck_assert_uint_gt(m1, m0);
+    ck_assert_uint_gt(u1, u0);
+    ck_assert(!mapped(ctx, p[3], 1));
+    ck_assert_uint_lt(reserved(ctx), before + 10 * G);
+    ck_assert_int_eq(bfc_ctx_free(ctx, big, NULL), BFC_OK);
+    check_ok(ctx);
+
+    /* Settled: as many map calls as SETTLE_STREAMS streams' first blocks
+     * make, none past the peak. */
+    bfc_stream_t ss[SETTLE_STREAMS];
+    char *first[SETTLE_STREAMS];
+    for (int i = 0; i < SETTLE_STREAMS; i++) {
+        ss[i] = bfc_sim_stream_create(ctx);
+        ck_assert_ptr_nonnull(ss[i]);
+        ck_assert_ptr_nonnull(first[i] = bfc_ctx_alloc(ctx, ss[i], 256));
+    }
+    ck_assert_int_eq(bfc_ctx_stats(ctx, &st), BFC_OK);
+    ck_assert_uint_eq(st.peak_bytes_reserved, peak);
+    for (int c = 0; c < 12; c++) { /* the slack again */
+        char *s2 = cycle(ctx, NULL, p);
+        ck_assert_int_eq(bfc_ctx_free(ctx, sep, NULL), BFC_OK);
+        sep = s2;
+    }
+    ck_assert(mapped(ctx, p[3], G));
+    before = reserved(ctx);
+    calls(ctx, &m0, &u0);
+    big = bfc_ctx_alloc(ctx, NULL, 20 * G); /* past what the first one left mapped */
+    ck_assert_ptr_nonnull(big);
+    calls(ctx, &m1, &u1);
+    ck_assert_uint_gt(m1, m0);
+    ck_assert_uint_eq(u1, u0);
+    ck_assert(mapped(ctx, p[3], G));
+    ck_assert_uint_gt(reserved(ctx), before);
+    ck_assert_uint_lt(reserved(ctx), peak);
+    check_ok(ctx);
+
+    /* Past the peak by 4 granules at most: the free granules the slack
+     * keeps (8, where p[] was) pay for it, and the peak does not move. */
+    uint64_t now = reserved(ctx);
+    size_t over = (size_t)(peak - now) + 4 * G;
+    char *big2 = bfc_ctx_alloc(ctx, NULL, over - G);
+    ck_assert_ptr_nonnull(big2);
+    calls(ctx, &m2, &u2);
+    ck_assert_uint_gt(m2, m1);
+    ck_assert_uint_gt(u2, u1);
+    ck_assert_int_eq(bfc_ctx_stats(ctx, &st), BFC_OK);
+    ck_assert_uint_eq(st.peak_bytes_reserved, peak);
+    ck_assert_uint_le(reserved(ctx), peak);
+    /* ... and no more than that went: at least 4 of the 8 stay mapped. */
+    size_t still = 0;
+    for (int i = 0; i < 8; i++)
+        still += mapped(ctx, p[i], G);
+    ck_assert_uint_ge(still, 4);
+    ck_assert_uint_lt(still, 8);
+    check_ok(ctx);
+    ck_assert_int_eq(bfc_ctx_free(ctx, big2, NULL), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_free(ctx, big, NULL), BFC_OK);
+    for (int i = 0; i < SETTLE_STREAMS; i++) {
+        ck_assert_int_eq(bfc_ctx_free(ctx, first[i], ss[i]), BFC_OK);
+        ck_assert_int_eq(bfc_ctx_stream_release(ctx, ss[i]), BFC_OK);
+        bfc_sim_stream_destroy(ctx, ss[i]);
+    }
+    ck_assert_int_eq(bfc_ctx_free(ctx, sep, NULL), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_free(ctx, keep, NULL), BFC_OK);
+    check_ok(ctx);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
 /* Two streams of one context: s has cycled 8 granule-sized blocks 12 times
  * (its slack covers them, so they stay mapped and free) and holds two small
  * blocks; t holds one small block (a reservation: its fast path defers
@@ -1372,6 +1478,7 @@ static Suite *vmm_suite(void)
     tcase_add_test(tc, test_amortised);
     tcase_add_test(tc, test_under_threshold);
     tcase_add_test(tc, test_growth_release);
+    tcase_add_test(tc, test_growth_release_below_peak);
     tcase_add_test(tc, test_growth_elsewhere);
     tcase_add_test(tc, test_growth_below_peak);
     tcase_add_test(tc, test_loan_first_block);
