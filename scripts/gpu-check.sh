@@ -635,6 +635,19 @@ st_perf() {
     # And what 16 threads' map calls achieve against one thread's, both layouts.
     note="$note; vmm_calls 16 threads: $(grep -E '^  (shared|per-thread) +16 ' "$out/perf.log" |
         awk '{print $1, $NF}' | paste -sd ',' -)"
+    # The steady state at 16 threads (the run after the 3 s warm-up): calls
+    # per second and the window's map/unmap calls per 1,000 allocations.
+    note="$note; steady 16 threads: $(steady_rows "$out/perf.log")"
+}
+
+# The 16-thread rows of the last shardbfc-perf run in a log (the one with
+# --warmup): "workload allocator ops/s window-maps/unmaps", comma-separated.
+steady_rows() {
+    awk '/^### perf\/shardbfc-perf .*--warmup/ { on = 1; next }
+         /^### / { on = 0 }
+         on && /^== [a-z-]+ ==$/ { wl = $2 }
+         on && NF > 10 && $1 == 16 && $2 ~ /^shardbfc/ { print wl, $2, $3, $NF }' "$1" |
+        paste -sd ',' -
 }
 
 # The allocator's own scaling where there are cores to show it: the SIM

@@ -5,6 +5,8 @@
 #   - torch_check.py compiles (python3 -m py_compile; PyTorch is not
 #     needed for that, nor installed here);
 #   - gpu-check.sh refuses bad command lines with status 2;
+#   - its perf step's summary of the steady-state run (steady_rows) reads
+#     the harness's real table, and only that run's;
 #   - `gpu-check.sh run --sim --quick --build .` over this build tree: the
 #     pack folder's .debs unpacked into a scratch prefix with their
 #     pkg-config files rewritten (when `scripts/gpu-check.sh pack` has made
@@ -42,6 +44,29 @@ for args in "" "bogus" "run --bogus" "run --quick" "run --sim --quick" \
     fi
 done
 echo "gpu_check: bad command lines refused"
+
+# The perf step's summary of the steady-state run (steady_rows) reads the
+# harness's real table: here a brief run of it on SIM, after a decoy run
+# without --warmup whose rows must not be taken.
+if [ -x ./perf/shardbfc-perf ]; then
+    {
+        echo "### perf/shardbfc-perf --backend cuda --threads 16"
+        echo "== churn =="
+        echo "   16 shardbfc         99.99M   1.00x       51      504      1008       376   17.72 GiB   16.65 GiB  1.065  100%        -      -     -    0.56      0.50   9.99/9.99"
+        echo "### perf/shardbfc-perf --backend cuda --threads 16 --warmup 3"
+        ./perf/shardbfc-perf --workload inference,churn --threads 16 --seconds 0.05 --warmup 0.05 \
+            --allocators shardbfc --contexts both --baseline none 2>&1
+    } >"$tmp/perf.log"
+    rows=$(bash -c 'eval "$(sed -n "/^steady_rows() {/,/^}/p" "$1")"; steady_rows "$2"' _ \
+        "$script" "$tmp/perf.log")
+    echo "gpu_check: steady rows: $rows"
+    n=$(echo "$rows" | tr ',' '\n' |
+        grep -cE '^(inference|churn) shardbfc(-ctx)? [0-9.]+[kM]? [0-9.]+/[0-9.]+$')
+    if [ "$n" -ne 4 ] || echo "$rows" | grep -q '99.99M'; then
+        echo "gpu_check: steady_rows gave $n of 4 rows (or the decoy): $rows"
+        fail=1
+    fi
+fi
 
 bash "$script" run --sim --quick --build . --out "$tmp/out" --work "$tmp/work" \
     >"$tmp/run.out" 2>&1
