@@ -316,7 +316,12 @@ BFC_API int bfc_config_validate(const bfc_config_t *cfg);
  *     allocations, twice as many at each such take-back up to 16,384, so
  *     shards whose use swings do not hand granules back and forth at
  *     every swing); until this shard grows while it holds free granules
- *     beyond release_threshold (as many go as it maps); until its frees
+ *     beyond release_threshold and the growth would raise the context's
+ *     peak reserved (as many go as it would raise it), or the peak is
+ *     still rising (a map raised it within the context's last 64; as many
+ *     go as it maps: fragmentation while the peak rises must not raise
+ *     it, and once it has settled, free granules under it cost no memory
+ *     the context has not held); until its frees
  *     leave more than release_threshold bytes mapped but free plus a
  *     slack that doubles whenever such a release is mapped again soon
  *     after and halves at the next such release when it was not (checked
