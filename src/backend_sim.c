@@ -807,6 +807,7 @@ size_t bfc__sim_bytes_held(bfc__backend_t *be)
 
 void bfc__sim_set_vmm_cost(bfc__backend_t *be, uint32_t ns_per_granule)
 {
+    /* relaxed: a knob, read by driver_cost; it publishes nothing else. */
     if (is_sim(be))
         atomic_store_explicit(&sim_of(be)->vmm_cost_ns, ns_per_granule, memory_order_relaxed);
 }
