@@ -26,6 +26,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "testutil.h"
+
 #define G (64 * BFC__KiB) /* the small granule most tests use */
 
 static bfc__backend_t *open_sim(size_t granule)
@@ -443,14 +445,6 @@ START_TEST(test_many_reservations)
 }
 END_TEST
 
-/* True under valgrind, whose preload library is then in LD_PRELOAD. */
-static bool under_valgrind(void)
-{
-    const char *pre = getenv("LD_PRELOAD");
-
-    return pre && strstr(pre, "vgpreload") != NULL;
-}
-
 START_TEST(test_huge_reservation)
 {
     bfc__backend_t *be = open_sim(0); /* 2 MiB granules */
@@ -694,20 +688,10 @@ END_TEST
 
 #define COST_NS (4u * 1000u * 1000u) /* 4 ms a granule: far above any noise */
 
-static uint64_t mono_ns(void)
-{
-    struct timespec ts;
-    ck_assert_int_eq(clock_gettime(CLOCK_MONOTONIC, &ts), 0);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 static bfc_ctx_t *sim_ctx(void)
 {
-    bfc_config_t cfg;
-    bfc_ctx_t *ctx = NULL;
-    bfc_config_init(&cfg);
-    cfg.backend = BFC_BACKEND_SIM;
-    ck_assert_int_eq(bfc_ctx_create(&cfg, &ctx), BFC_OK);
+    bfc_config_t cfg = sim_cfg(0);
+    bfc_ctx_t *ctx = ctx_new(&cfg);
     ck_assert_int_eq(bfc__sim_set_vmm_granule(ctx->be, G), BFC_OK);
     return ctx;
 }
@@ -724,9 +708,9 @@ static void *costed_map(void *arg)
     struct costed *c = arg;
     int st = pthread_barrier_wait(c->go);
     ck_assert(st == 0 || st == PTHREAD_BARRIER_SERIAL_THREAD);
-    c->start = mono_ns();
+    c->start = now_ns();
     ck_assert_int_eq(c->be->ops->va_map(c->be, c->base, G), BFC_OK);
-    c->end = mono_ns();
+    c->end = now_ns();
     return NULL;
 }
 
@@ -750,12 +734,12 @@ START_TEST(test_driver_cost)
     ck_assert_int_eq(b->be->ops->va_reserve(b->be, 8 * G, &rb), BFC_OK);
 
     /* Per granule, for map and unmap alike. */
-    t = mono_ns();
+    t = now_ns();
     ck_assert_int_eq(a->be->ops->va_map(a->be, ra + 2 * G, 3 * G), BFC_OK);
-    ck_assert_uint_ge(mono_ns() - t, 3ull * COST_NS);
-    t = mono_ns();
+    ck_assert_uint_ge(now_ns() - t, 3ull * COST_NS);
+    t = now_ns();
     ck_assert_int_eq(a->be->ops->va_unmap(a->be, ra + 3 * G, 2 * G), BFC_OK);
-    ck_assert_uint_ge(mono_ns() - t, 2ull * COST_NS);
+    ck_assert_uint_ge(now_ns() - t, 2ull * COST_NS);
     ck_assert_int_eq(mapped(a->be, ra + 2 * G, G), 1);
     ck_assert_int_eq(mapped(a->be, ra + 3 * G, 2 * G), 0);
 
