@@ -84,9 +84,11 @@ BFC_API void bfc_sim_set_alloc_ceiling(bfc_ctx_t *ctx, size_t bytes);
  * by every SIM context of the process and then keeps its CPU busy for
  * ns_per_granule times the granules it covers, so that the allocator's
  * policy meets the same scarcity of device calls here as on a device.
- * Memory and its accounting are unchanged.
- * Context: thread-safe, lock-free; calls already in progress pay the cost
- * they started with.
+ * Memory and its accounting are unchanged: no memory is freed, and when
+ * freed memory may be reused, by which stream, is as without the model.
+ * Context: thread-safe, lock-free, never blocks (the map and unmap calls
+ * it slows may); calls already in progress pay the cost they started
+ * with.
  */
 BFC_API void bfc_sim_set_vmm_cost(bfc_ctx_t *ctx, unsigned ns_per_granule);
 

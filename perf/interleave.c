@@ -10,9 +10,9 @@
  *
  * Stream t replays perf_gen_inference(Llama-2-7B, seed 42 + 3000 + t, S
  * steps) -- the program the harness's thread t runs -- P times over.  The
- * streams take turns at random (xorshift64, seed X): a turn is 1..Q events
- * of one stream.  With one thread the peak requested is exact (the sum of
- * the live requested bytes, after every event).
+ * streams take turns at random (perfutil's generator, seed X): a turn is
+ * 1..Q events of one stream.  With one thread the peak requested is exact
+ * (the sum of the live requested bytes, after every event).
  *
  * Output: one line per pass -- cumulative allocations, map and unmap calls
  * of the pass per 1,000 of its allocations, peak reserved and overhead so
@@ -24,23 +24,15 @@
 #include <shardbfc_sim.h>
 
 #include "perf.h"
+#include "perfutil.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define MAX_STREAMS 64
-
-static uint64_t rng;
-
-static uint64_t next(void)
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return rng;
-}
 
 static int usage(void)
 {
@@ -51,41 +43,40 @@ static int usage(void)
     return 2;
 }
 
-static bool num(const char *v, unsigned long lo, unsigned long hi, unsigned long *out)
+/* One count in 1..max (perf_parse_uint_list's rules). */
+static bool num(const char *v, unsigned max, unsigned *out)
 {
-    char *end;
-    if (v == NULL || *v == '-' || *v == '\0')
-        return false;
-    unsigned long n = strtoul(v, &end, 10);
-    if (*end != '\0' || n < lo || n > hi)
-        return false;
-    *out = n;
-    return true;
+    unsigned n = 0;
+    return v != NULL && perf_parse_uint_list(v, out, 1, &n, max);
 }
 
 int main(int argc, char **argv)
 {
-    unsigned long n = 16, passes = 6, quantum = 20000, steps = 256, seed = 7;
+    unsigned n = 16, passes = 6, quantum = 20000, steps = 256;
+    uint64_t rng = 7;
     const char *conf = NULL;
     for (int i = 1; i < argc; i += 2) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         bool ok = false;
-        if (strcmp(a, "--streams") == 0)
-            ok = num(v, 1, MAX_STREAMS, &n);
-        else if (strcmp(a, "--passes") == 0)
-            ok = num(v, 1, 1000, &passes);
-        else if (strcmp(a, "--quantum") == 0)
-            ok = num(v, 1, 1ul << 30, &quantum);
-        else if (strcmp(a, "--steps") == 0)
-            ok = num(v, 1, 1u << 20, &steps);
-        else if (strcmp(a, "--seed") == 0)
-            ok = num(v, 1, ~0ul, &seed);
-        else if (strcmp(a, "--conf") == 0)
+        if (strcmp(a, "--streams") == 0) {
+            ok = num(v, MAX_STREAMS, &n);
+        } else if (strcmp(a, "--passes") == 0) {
+            ok = num(v, 1000, &passes);
+        } else if (strcmp(a, "--quantum") == 0) {
+            ok = num(v, 1u << 30, &quantum);
+        } else if (strcmp(a, "--steps") == 0) {
+            ok = num(v, 1u << 20, &steps);
+        } else if (strcmp(a, "--seed") == 0 && v != NULL) {
+            char *end;
+            errno = 0;
+            rng = strtoull(v, &end, 10);
+            ok = errno == 0 && end != v && *end == '\0' && v[0] != '-';
+        } else if (strcmp(a, "--conf") == 0) {
             ok = (conf = v) != NULL;
+        }
         if (!ok)
             return usage();
     }
-    rng = seed;
 
     bfc_config_t cfg;
     bfc_ctx_t *ctx = NULL;
@@ -108,19 +99,19 @@ int main(int argc, char **argv)
     uint64_t *lsize[MAX_STREAMS];
     size_t pos[MAX_STREAMS], done[MAX_STREAMS], total = 0;
     for (unsigned t = 0; t < n; t++) {
-        perf_gen_inference(&perf_llama2_7b, 42u + 3000u + t, (unsigned)steps, &prog[t], NULL, NULL);
+        perf_gen_inference(&perf_llama2_7b, 42u + 3000u + t, steps, &prog[t], NULL, NULL);
         s[t] = bfc_sim_stream_create(ctx);
-        live[t] = calloc(prog[t].nslots, sizeof(void *));
-        lsize[t] = calloc(prog[t].nslots, sizeof(uint64_t));
-        if (s[t] == NULL || live[t] == NULL || lsize[t] == NULL) {
-            fprintf(stderr, "interleave: out of memory\n");
+        if (s[t] == NULL) {
+            fprintf(stderr, "interleave: bfc_sim_stream_create failed\n");
             return 1;
         }
+        live[t] = perf_xcalloc(prog[t].nslots, sizeof(void *));
+        lsize[t] = perf_xcalloc(prog[t].nslots, sizeof(uint64_t));
         pos[t] = done[t] = 0;
         total += prog[t].nev;
     }
-    printf("interleave: %lu streams of perf's inference workload (%lu steps), one SIM context,"
-           " one thread; turns of 1..%lu events; %lu passes of %zu events%s%s\n",
+    printf("interleave: %u streams of perf's inference workload (%u steps), one SIM context,"
+           " one thread; turns of 1..%u events; %u passes of %zu events%s%s\n",
            n, steps, quantum, passes, total, conf ? "; configuration: " : "", conf ? conf : "");
     printf("%5s %12s %8s %10s %12s %12s %8s\n", "pass", "allocations", "maps/1k", "unmaps/1k",
            "peak req", "peak resv", "ovhd");
@@ -129,15 +120,15 @@ int main(int argc, char **argv)
     uint64_t pass_allocs = 0, pass_maps = 0, pass_unmaps = 0;
     double last_maps = 0, last_unmaps = 0;
     bfc_stats_t st;
-    for (unsigned long p = 1; p <= passes; p++) {
+    for (unsigned p = 1; p <= passes; p++) {
         unsigned finished = 0;
         while (finished < n) {
-            unsigned t = (unsigned)(next() % n);
+            unsigned t = (unsigned)perf_rng_range(&rng, 0, n - 1);
             size_t end = p * prog[t].nev;
             if (done[t] >= end)
                 continue;
-            unsigned long q = 1 + next() % quantum;
-            for (unsigned long k = 0; k < q && done[t] < end; k++) {
+            uint64_t q = perf_rng_range(&rng, 1, quantum);
+            for (uint64_t k = 0; k < q && done[t] < end; k++) {
                 const struct perf_ev *e = &prog[t].ev[pos[t]];
                 if (e->op == PERF_OP_ALLOC) {
                     void *x = bfc_ctx_alloc(ctx, s[t], e->size);
@@ -170,7 +161,7 @@ int main(int argc, char **argv)
         uint64_t allocs = st.num_allocs - pass_allocs;
         last_maps = allocs ? 1000.0 * (double)(st.num_vmm_maps - pass_maps) / (double)allocs : 0;
         last_unmaps = allocs ? 1000.0 * (double)(st.num_vmm_unmaps - pass_unmaps) / (double)allocs : 0;
-        printf("%5lu %12" PRIu64 " %8.2f %10.2f %9.3f GiB %8.3f GiB %8.3f\n", p, st.num_allocs,
+        printf("%5u %12" PRIu64 " %8.2f %10.2f %9.3f GiB %8.3f GiB %8.3f\n", p, st.num_allocs,
                last_maps, last_unmaps, (double)peak / (1u << 30),
                (double)st.peak_bytes_reserved / (1u << 30), (double)st.peak_bytes_reserved / (double)peak);
         pass_allocs = st.num_allocs;

@@ -85,10 +85,10 @@
  *     1.031).  Once it has settled, holding them costs no memory the
  *     context has not held -- the loans' rule, (a) -- and unmapping them
  *     only buys a map call when they are used again: sixteen streams of
- *     perf's inference workload in one context made 1.19 map and 1.27
+ *     perf's inference workload in one context made 1.60 map and 1.72
  *     unmap calls per 1,000 allocations in steady state when every growth
- *     released (perf/interleave, last of six passes), 0.78 and 0.76 with
- *     this rule, at the same overhead (1.056, 1.057), and a driver that
+ *     released (perf/interleave, last of six passes), 1.00 and 0.96 with
+ *     this rule, at the same overhead (1.050, 1.052), and a driver that
  *     runs such calls one at a time queues on them (--sim-vmm-cost, perf/
  *     README.md).  The cost is at most one unmap call per run, beside a
  *     map call that is made anyway.
