@@ -6,13 +6,13 @@
  *                 arena-frag,replay] [--threads 1,2,4,8]
  *                 [--allocators shardbfc,shardbfc-ctx,single-lock,jemalloc,
  *                 malloc,cuda,cuda-async,torch] [--contexts shared|per-thread|both]
- *                 [--seconds S] [--runs N] [--baseline alu,mem|none]
+ *                 [--seconds S] [--runs N] [--baseline alu,mem,ports|none]
  *                 [--lock-scope call|pair] [--backend sim|cuda]
  *                 [--json FILE] [--svg FILE] [--trace FILE] [--seed N]
  *
  * For every workload and thread count: time the machine's own capacity at
  * that thread count (the baselines: a pure ALU loop, optionally a loop over
- * 1 MiB per thread), then for every allocator (in that order, so that the
+ * 1 MiB per thread and one on eight chains per thread), then for every allocator (in that order, so that the
  * figures of one thread count run next to each other in time) prepare it
  * (fresh libshardbfc contexts each time), run the measurement
  * (workloads.c), read its peak reservation, check its own counters against
@@ -94,7 +94,7 @@ static void usage(FILE *f)
             "       [--threads 1,2,4,8] [--allocators shardbfc,shardbfc-ctx,single-lock,"
             "jemalloc,malloc,cuda,cuda-async,torch]\n"
             "       [--contexts shared|per-thread|both] [--seconds S] [--runs N]\n"
-            "       [--baseline alu,mem|none] [--lock-scope call|pair] [--backend sim|cuda]\n"
+            "       [--baseline alu,mem,ports|none] [--lock-scope call|pair] [--backend sim|cuda]\n"
             "       [--warmup S] [--conf SPEC] [--sim-vmm-cost NS] [--json FILE] [--svg FILE] [--trace FILE] [--seed N]\n"
             "  --quick       short suite (threads 1,2; 0.2 s windows): under 30 s\n"
             "  --workload    default churn,cross,inference,host,arena (+ replay with"
@@ -113,7 +113,8 @@ static void usage(FILE *f)
             " (default 1, at most %d)\n"
             "  --baseline    the machine's own scaling, timed beside each thread count: alu"
             " (default),\n"
-            "                mem (1 MiB per thread), both, or none\n"
+            "                mem (1 MiB per thread), ports (eight chains per thread: shows\n"
+            "                CPUs that share a core), a list of them, both (alu,mem) or none\n"
             "  --lock-scope  single-lock on the arena workloads: the mutex around each call"
             " (default)\n"
             "                or once around each free+allocation pair\n"
@@ -177,8 +178,7 @@ static bool parse_baselines(const char *s, struct opts *o)
     if (strcmp(s, "none") == 0)
         return true;
     if (strcmp(s, "both") == 0) { /* as --help says: alu and mem */
-        for (unsigned k = 0; k < PERF_BASE_N; k++)
-            o->base_on[k] = true;
+        o->base_on[PERF_BASE_ALU] = o->base_on[PERF_BASE_MEM] = true;
         return true;
     }
     for (tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
@@ -514,17 +514,23 @@ static void print_params(const struct opts *o, const struct perf_prog *replay, c
         if (o->base_on[k])
             snprintf(bl + strlen(bl), sizeof(bl) - strlen(bl), "%s\"%s\"", bl[0] ? ", " : "",
                      perf_base_names[k]);
-    if (bl[0])
+    if (bl[0]) {
+        static const char *const what[PERF_BASE_N] = {
+            "alu = a register-only chain of integer multiply, add, shift, xor per thread",
+            "mem = a word of every 64-byte line of 1 MiB per thread, read and written",
+            "ports = alu's step on eight independent chains per thread (as fast as a core"
+            " issues them: CPUs sharing a core gain less here than in alu)",
+        };
+        const char *sep = "";
         printf("  baselines: timed at every thread count of every workload, just before its"
-               " allocators, %.2f s window: %s%s\n", bs,
-               o->base_on[PERF_BASE_ALU] ? "alu = a register-only chain of integer multiply,"
-                                           " add, shift, xor per thread" : "",
-               o->base_on[PERF_BASE_MEM] ? (o->base_on[PERF_BASE_ALU]
-                                                ? "; mem = a word of every 64-byte line of"
-                                                  " 1 MiB per thread, read and written"
-                                                : "mem = a word of every 64-byte line of 1 MiB"
-                                                  " per thread, read and written")
-                                         : "");
+               " allocators, %.2f s window: ", bs);
+        for (unsigned k = 0; k < PERF_BASE_N; k++)
+            if (o->base_on[k]) {
+                printf("%s%s", sep, what[k]);
+                sep = "; ";
+            }
+        putchar('\n');
+    }
     if (o->wl[W_CHURN])
         printf("  churn:     per thread %u live blocks, log-uniform %u B .. %u MiB, %u pairs"
                " (free a random slot, allocate into it) cycled; seed %" PRIu64 "+1000+thread;"
@@ -692,8 +698,13 @@ static void report_targets(const struct perf_report *rp, const struct opts *o)
                 (strcmp(r->workload, "churn") != 0 && strcmp(r->workload, "cross") != 0 &&
                  strcmp(r->workload, "inference") != 0))
                 continue;
-            snprintf(name, sizeof(name), "%s 16 threads: %s speed-up (x 1 thread; ALU %.2fx)",
-                     r->workload, r->allocator, r->alu_speedup);
+            if (isfinite(r->ports_speedup))
+                snprintf(name, sizeof(name),
+                         "%s 16 threads: %s speed-up (x 1 thread; ALU %.2fx, ports %.2fx)",
+                         r->workload, r->allocator, r->alu_speedup, r->ports_speedup);
+            else
+                snprintf(name, sizeof(name), "%s 16 threads: %s speed-up (x 1 thread; ALU %.2fx)",
+                         r->workload, r->allocator, r->alu_speedup);
             add_target(name, r->speedup, r->speedup > 0, 12.0, false);
         }
     /* On the CUDA backend, against the device allocators a server would use

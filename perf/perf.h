@@ -251,6 +251,7 @@ struct perf_result {
     double alu_speedup;      /* the ALU loop's, timed beside this thread count */
     double efficiency;       /* speedup / alu_speedup */
     double mem_speedup;      /* the 1 MiB loop's (--baseline mem) */
+    double ports_speedup;    /* the eight-chain loop's (--baseline ports) */
     double per_cpu_efficiency; /* ops_per_cpu_sec / that at 1 thread */
 };
 
@@ -263,10 +264,19 @@ struct perf_result {
  *        register per thread: no memory traffic at all;
  *   mem  each thread reads and writes one word of every 64-byte line of its
  *        own 1 MiB buffer, pass after pass (caches shared between cores
- *        show here, not in alu).
- * An op is one iteration (alu) or one line (mem).
+ *        show here, not in alu);
+ *   ports  alu's step on eight independent chains per thread: the core's
+ *        multiplier and issue width set the pace, not the chain's latency.
+ *        Two hardware threads of one core (SMT siblings, which a virtual
+ *        machine may present as two cores) each run alu at nearly full
+ *        speed, since one chain leaves most of the core idle, but share
+ *        ports' units: where ports gains about half of what alu gains, the
+ *        CPUs are pairs of siblings, and an allocator's branchy, load-bound
+ *        code will gain like ports, not like alu.
+ * An op is one iteration (alu: one step; ports: a step of each chain) or
+ * one line (mem).
  */
-enum perf_base_kind { PERF_BASE_ALU = 0, PERF_BASE_MEM = 1, PERF_BASE_N };
+enum perf_base_kind { PERF_BASE_ALU = 0, PERF_BASE_MEM = 1, PERF_BASE_PORTS = 2, PERF_BASE_N };
 extern const char *const perf_base_names[PERF_BASE_N];
 
 #define PERF_ALU_BATCH 4096u              /* iterations between looks at the flags */
@@ -289,6 +299,12 @@ struct perf_base {
 /* The ALU loop's body, `iters` times from x.  Pure: the same x and count
  * give the same value, and f(f(x, a), b) == f(x, a + b). */
 uint64_t perf_alu_kernel(uint64_t x, uint64_t iters);
+
+/* The ports loop's body: alu's step `iters` times on each of the
+ * PERF_PORTS_LANES chains of x, in place.  Lane i ends where
+ * perf_alu_kernel(x[i], iters) does. */
+#define PERF_PORTS_LANES 8
+void perf_ports_kernel(uint64_t x[PERF_PORTS_LANES], uint64_t iters);
 
 /* One pass of the memory loop: adds 1 to the first word of each 64-byte
  * line of buf (bytes long, a multiple of 64); returns the sum it read. */

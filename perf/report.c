@@ -49,7 +49,7 @@ struct perf_base *perf_report_find_base(const struct perf_report *rp, const char
 
 /* ------------------------------------------------------------- scaling */
 
-const char *const perf_base_names[PERF_BASE_N] = {"alu", "mem"};
+const char *const perf_base_names[PERF_BASE_N] = {"alu", "mem", "ports"};
 
 double perf_speedup(double rate_n, double rate_1)
 {
@@ -90,6 +90,7 @@ void perf_report_scaling(struct perf_report *rp)
                                     : NAN;
         r->alu_speedup = base_speedup(rp, r->workload, PERF_BASE_ALU, r->threads);
         r->mem_speedup = base_speedup(rp, r->workload, PERF_BASE_MEM, r->threads);
+        r->ports_speedup = base_speedup(rp, r->workload, PERF_BASE_PORTS, r->threads);
         r->efficiency = perf_efficiency(r->speedup, r->alu_speedup);
     }
 }
@@ -260,7 +261,7 @@ void perf_report_table(const struct perf_report *rp, const char *workload, FILE 
                 continue;
             if (!any)
                 fprintf(f, "  %s loop (%s/s, all threads):", perf_base_names[kind],
-                        kind == PERF_BASE_ALU ? "iterations" : "lines");
+                        kind == PERF_BASE_MEM ? "lines" : "iterations");
             any = true;
             fmt_rate(rate, sizeof(rate), b->ops_per_sec);
             fprintf(f, " %u thr %s", b->threads, rate);
@@ -368,6 +369,8 @@ static void json_result(FILE *f, const struct perf_result *r)
     json_num(f, r->alu_speedup, true);
     fprintf(f, ", \"mem_speedup\": ");
     json_num(f, r->mem_speedup, true);
+    fprintf(f, ", \"ports_speedup\": ");
+    json_num(f, r->ports_speedup, true);
     fprintf(f, ", \"efficiency\": ");
     json_num(f, r->efficiency, true);
     fprintf(f, ", \"per_cpu_efficiency\": ");

@@ -809,6 +809,23 @@ uint64_t perf_alu_kernel(uint64_t x, uint64_t iters)
     return x;
 }
 
+void perf_ports_kernel(uint64_t x[PERF_PORTS_LANES], uint64_t iters)
+{
+    /* Eight chains in eight registers, each alu's step: their multiplies
+     * and shifts are independent, so the loop runs as fast as the core
+     * issues them.  The empty asm holds every lane in its register (the
+     * compiler cannot merge or vectorise what it cannot see through). */
+    uint64_t a = x[0], b = x[1], c = x[2], d = x[3], e = x[4], f = x[5], g = x[6], h = x[7];
+    for (uint64_t i = 0; i < iters; i++) {
+#define PERF_STEP(v) v = v * 0x5851f42d4c957f2dull + 0x14057b7ef767814full, v ^= v >> 29
+        PERF_STEP(a); PERF_STEP(b); PERF_STEP(c); PERF_STEP(d);
+        PERF_STEP(e); PERF_STEP(f); PERF_STEP(g); PERF_STEP(h);
+#undef PERF_STEP
+        __asm__ volatile("" : "+r"(a), "+r"(b), "+r"(c), "+r"(d), "+r"(e), "+r"(f), "+r"(g), "+r"(h));
+    }
+    x[0] = a, x[1] = b, x[2] = c, x[3] = d, x[4] = e, x[5] = f, x[6] = g, x[7] = h;
+}
+
 uint64_t perf_mem_kernel(uint64_t *buf, size_t bytes)
 {
     uint64_t sum = 0;
@@ -835,9 +852,11 @@ static void *base_main(void *arg)
     struct bworker *w = arg;
     struct shared *sh = w->sh;
     struct window wd = {0};
-    const uint64_t per =
-        w->kind == PERF_BASE_ALU ? PERF_ALU_BATCH : PERF_MEM_BYTES / 64;
-    uint64_t x = (uint64_t)(uintptr_t)w | 1u, ops = 0;
+    const uint64_t per = w->kind == PERF_BASE_MEM ? PERF_MEM_BYTES / 64 : PERF_ALU_BATCH;
+    uint64_t x = (uint64_t)(uintptr_t)w | 1u, ops = 0, lanes[PERF_PORTS_LANES];
+
+    for (unsigned i = 0; i < PERF_PORTS_LANES; i++)
+        lanes[i] = x + 2 * i;
 
     if (w->buf != NULL)
         memset(w->buf, 0, PERF_MEM_BYTES); /* its pages are faulted in before timing */
@@ -847,12 +866,16 @@ static void *base_main(void *arg)
             ops = 0;
         if (w->kind == PERF_BASE_ALU)
             x = perf_alu_kernel(x, PERF_ALU_BATCH);
+        else if (w->kind == PERF_BASE_PORTS)
+            perf_ports_kernel(lanes, PERF_ALU_BATCH);
         else
             x += perf_mem_kernel(w->buf, PERF_MEM_BYTES);
         ops += per;
     }
     window_close(&wd, sh, &w->window_ns, &w->cpu_ns, &w->vcsw);
     w->ops = ops;
+    for (unsigned i = 0; i < PERF_PORTS_LANES; i++)
+        x ^= lanes[i];
     w->sink = x; /* the result is used: the loop cannot be dropped */
     return NULL;
 }

@@ -664,10 +664,13 @@ st_scaling() {
     else
         args=(--seconds 0.5 --runs 3 --workload churn,cross,inference --threads 1,2,4,8,16)
     fi
-    # Both baselines: the register-only ALU loop, and the loop touching
-    # 1 MiB per thread, which shares what the cores share (caches, and
-    # the physical core, where the machine's vCPUs are SMT siblings).
-    args+=(--backend sim --allocators shardbfc --contexts both --baseline alu,mem)
+    # Three baselines: the register-only ALU loop; the loop touching 1 MiB
+    # per thread, which shares what the cores share (caches); and ports,
+    # eight chains per thread, which shares the physical core where the
+    # machine's vCPUs are SMT siblings (a VM may not say so: lscpu first).
+    args+=(--backend sim --allocators shardbfc --contexts both --baseline alu,mem,ports)
+    { echo "### lscpu"; lscpu 2>&1 || grep -E '^(model name|siblings|cpu cores)' /proc/cpuinfo | sort | uniq -c; } \
+        >>"$out/perf.log"
     echo "### perf/shardbfc-perf ${args[*]}" >>"$out/perf.log"
     (cd "$build" && limit ./perf/shardbfc-perf "${args[@]}" --json "$out/perf-sim.json") \
         >>"$out/perf.log" 2>&1
@@ -676,7 +679,7 @@ st_scaling() {
     [ $rc -eq 0 ] || { note="shardbfc-perf exit $rc (perf.log)"; return 1; }
     # The speed-up at the largest count, for the summary line.
     note="$(grep -E '^  (churn|cross|inference) [0-9]+ threads: shardbfc(-ctx)? speed-up' \
-        "$out/perf.log" | sed -E 's/^ +//; s/ \(x 1 thread; ALU ([0-9.]+)x\) +([0-9.]+) .*/ \2x (ALU \1x)/' |
+        "$out/perf.log" | sed -E 's/^ +//; s/ \(x 1 thread; ALU ([0-9.]+)x(, ports [0-9.]+x)?\) +([0-9.]+) .*/ \3x (ALU \1x\2)/' |
         paste -sd ';' -)"
     [ -n "$note" ] || note="$(nproc) cores: $(grep -cE '"workload"' "$out/perf-sim.json") rows (perf.log)"
 }
@@ -748,7 +751,9 @@ do_run() {
     mode_desc="$mode_desc; pack $dir; out $out; work $work; jobs $jobs"
     [ "$budget" -eq 0 ] || mode_desc="$mode_desc; budget $budget s"
     started=$(date -u +%Y-%m-%dT%H:%M:%SZ)
-    machine="$(nproc 2>/dev/null) cores, $(uname -m); CUDA ${cuda_dir:-none}"
+    tpc=$(lscpu 2>/dev/null | sed -nE 's/^Thread\(s\) per core: +//p' | head -n 1)
+    machine="$(nproc 2>/dev/null) cores${tpc:+ ($tpc thread(s) per core as the OS reports it)}, $(uname -m)"
+    machine="$machine; CUDA ${cuda_dir:-none}"
     if command -v nvidia-smi >/dev/null; then
         machine="$machine; $(nvidia-smi --query-gpu=name,driver_version,memory.total \
             --format=csv,noheader 2>/dev/null | head -n 1)"

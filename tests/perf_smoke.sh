@@ -42,8 +42,17 @@ tail -n 12 "$tmp/out.txt"
 # refused (status 2) before anything runs.
 "$bin" --quick --seconds 0.02 --workload churn --threads 1 --allocators shardbfc \
     --baseline both >"$tmp/both.txt" 2>&1 &&
-    grep -q '^  alu loop' "$tmp/both.txt" && grep -q '^  mem loop' "$tmp/both.txt" ||
-    { echo "perf_smoke: --baseline both did not time both loops:" >&2; cat "$tmp/both.txt" >&2; exit 1; }
+    grep -q '^  alu loop' "$tmp/both.txt" && grep -q '^  mem loop' "$tmp/both.txt" &&
+    ! grep -q '^  ports loop' "$tmp/both.txt" ||
+    { echo "perf_smoke: --baseline both did not time alu and mem alone:" >&2; cat "$tmp/both.txt" >&2; exit 1; }
+# ports, the third loop, named alone: its line, and in the JSON its speed-up
+# beside each 2-thread row.
+"$bin" --quick --seconds 0.02 --workload churn --threads 1,2 --allocators shardbfc \
+    --baseline ports --json "$tmp/ports.json" >"$tmp/ports.txt" 2>&1 &&
+    grep -q '^  ports loop' "$tmp/ports.txt" && ! grep -q '^  alu loop' "$tmp/ports.txt" &&
+    grep -q '"threads": 2, .*"ports_speedup": [0-9]' "$tmp/ports.json" &&
+    grep -q '"kind": "ports"' "$tmp/ports.json" && ! grep -q '"kind": "alu"' "$tmp/ports.json" ||
+    { echo "perf_smoke: --baseline ports:" >&2; cat "$tmp/ports.txt" >&2; exit 1; }
 "$bin" --baseline alu,bogus >/dev/null 2>&1
 [ $? -eq 2 ] || { echo "perf_smoke: --baseline alu,bogus was not refused with status 2" >&2; exit 1; }
 

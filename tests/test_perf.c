@@ -874,6 +874,16 @@ START_TEST(baselines_run)
     ck_assert_uint_eq(perf_alu_kernel(perf_alu_kernel(12345, 100), 50),
                       perf_alu_kernel(12345, 150));
     ck_assert_uint_ne(perf_alu_kernel(12345, 1), 12345);
+    /* The ports loop runs that chain on each lane, independently. */
+    {
+        uint64_t lanes[PERF_PORTS_LANES];
+        for (unsigned i = 0; i < PERF_PORTS_LANES; i++)
+            lanes[i] = 1000 + 7 * i;
+        perf_ports_kernel(lanes, 30);
+        perf_ports_kernel(lanes, 70);
+        for (unsigned i = 0; i < PERF_PORTS_LANES; i++)
+            ck_assert_uint_eq(lanes[i], perf_alu_kernel(1000 + 7 * i, 100));
+    }
     for (unsigned kind = 0; kind < PERF_BASE_N; kind++) {
         run_cfg(&cfg, 2, false);
         memset(&b, 0, sizeof(b));
@@ -881,8 +891,8 @@ START_TEST(baselines_run)
         ck_assert_uint_eq(b.kind, kind);
         ck_assert_uint_eq(b.threads, 2);
         ck_assert_uint_gt(b.ops, 0);
-        ck_assert_uint_eq(b.ops % (kind == PERF_BASE_ALU ? PERF_ALU_BATCH
-                                                         : PERF_MEM_BYTES / 64), 0);
+        ck_assert_uint_eq(b.ops % (kind == PERF_BASE_MEM ? PERF_MEM_BYTES / 64
+                                                         : PERF_ALU_BATCH), 0);
         ck_assert(b.ops_per_sec > 0 && b.seconds > 0);
     }
     run_cfg(&cfg, 0, false);
