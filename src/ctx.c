@@ -830,9 +830,10 @@ void *bfc__ctx_alloc_slow(struct bfc_ctx *ctx, struct bfc__arena *a, size_t n, s
 {
     if (ctx->vmm) /* expandable arenas have their own escalation */
         return expand_alloc_slow(ctx, a, n, rounded, status);
-    bool large = ctx->cfg.large_alloc && rounded >= ctx->cfg.large_alloc;
-    /* allow_growth=false: TensorFlow serves large requests from its region. */
-    bool fit_first = !large || !ctx->cfg.allow_growth;
+    /* allow_growth=false: TensorFlow serves large requests from its region
+     * -- the first one too, which must not make a region of its own. */
+    bool large = ctx->cfg.allow_growth && ctx->cfg.large_alloc && rounded >= ctx->cfg.large_alloc;
+    bool fit_first = !large;
     uint32_t wait = fence_wait_ms(ctx);
     int st = BFC_ENOMEM;
     void *p;

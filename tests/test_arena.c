@@ -1270,6 +1270,39 @@ START_TEST(test_no_growth_reserves_at_create)
 }
 END_TEST
 
+/* The same when the stream's first request is large: it is cut from the
+ * front of the one region, as TensorFlow's would be, and the blocks after
+ * it follow it there.  A region of its own would leave the stream two
+ * regions, and make its free hand the block's memory to the pool. */
+START_TEST(test_no_growth_large_first)
+{
+    bfc_config_t c;
+    bfc_config_init(&c);
+    c.backend = BFC_BACKEND_SIM;
+    c.memory_limit = 256 * MiB;
+    c.allow_growth = false;
+    bfc_ctx_t *ctx = ctx_new(&c);
+    bfc_stream_t s = pick_stream(ctx, _i);
+    void *p = xalloc_full(ctx, s, 64 * MiB);
+    void *q = xalloc_full(ctx, s, 1000);
+    void *r = xalloc_full(ctx, s, 40 * MiB);
+    expect_at(ctx, q, cp(p) + 64 * MiB, 1024);
+    expect_at(ctx, r, cp(q) + 1024, 40 * MiB);
+    ck_assert_uint_eq(st(ctx).num_regions, 1);
+    /* Freed, it stays the shard's: a second free is a double free. */
+    xfree(ctx, p, s);
+    ck_assert_int_eq(bfc_ctx_free(ctx, p, s), BFC_EDOUBLEFREE);
+    ck_assert_uint_eq(st(ctx).num_regions, 1);
+    void *again = xalloc_full(ctx, s, 64 * MiB);
+    ck_assert_ptr_eq(again, p);
+    xfree(ctx, again, s);
+    xfree(ctx, q, s);
+    xfree(ctx, r, s);
+    xcheck(ctx);
+    ctx_done(ctx, s);
+}
+END_TEST
+
 /* The TensorFlow configuration: one region of the whole limit. */
 START_TEST(test_tf_one_region)
 {
@@ -1943,7 +1976,8 @@ static Suite *arena_suite(void)
           test_snapshot_json, NULL}},
         {"growth",
          {test_growth_schedule, test_growth_fills_limit, test_growth_capped_by_limit, test_growth_backoff,
-          test_growth_backoff_terminates, test_no_growth_reserves_at_create, test_tf_one_region, NULL}},
+          test_growth_backoff_terminates, test_no_growth_reserves_at_create, test_no_growth_large_first,
+          test_tf_one_region, NULL}},
         {"large", {test_large_alloc_own_region, test_large_alloc_off, NULL}},
         {"gc", {test_gc_off_fails, test_gc_on_retries, test_gc_large_after_free, test_trim, NULL}},
         {"bad_free",
