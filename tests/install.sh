@@ -43,7 +43,8 @@ export PKG_CONFIG_PATH="$libdir/pkgconfig"
 pc_libdir=$(pkg-config --variable=libdir shardbfc) || fail "pkg-config does not find shardbfc.pc"
 [ "$pc_libdir" = "$libdir" ] || fail "shardbfc.pc says libdir=$pc_libdir, installed in $libdir"
 for f in "$prefix/include/shardbfc.h" "$prefix/include/shardbfc_sim.h" "$libdir/libshardbfc.so" \
-         "$prefix/share/doc/shardbfc/trace.md" "$prefix/share/doc/shardbfc/snapshot.md"; do
+         "$prefix/share/doc/shardbfc/trace.md" "$prefix/share/doc/shardbfc/snapshot.md" \
+         "$prefix/share/doc/shardbfc/PERFORMANCE.md"; do
     [ -f "$f" ] || fail "$f not installed"
 done
 

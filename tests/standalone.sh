@@ -19,7 +19,7 @@ srcdir=${top_srcdir:-..}
 status=0
 
 # ------------------------------------------------------------ 1. paths
-docs="README.md doc/ARCHITECTURE.md doc/trace.md doc/snapshot.md perf/README.md"
+docs="README.md doc/ARCHITECTURE.md doc/trace.md doc/snapshot.md doc/PERFORMANCE.md perf/README.md"
 # A path starts the text or follows a character that cannot be part of one
 # (so share/doc/shardbfc is not taken for doc/shardbfc).
 paths=$(cd "$srcdir" && grep -ohE '(^|[^A-Za-z0-9_./-])(\.ci|include|src|tests|perf|tools|doc|scripts|m4)/[A-Za-z0-9_.{},/-]*[A-Za-z0-9_}]' \
