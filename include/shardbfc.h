@@ -392,7 +392,11 @@ BFC_API void *bfc_ctx_alloc(bfc_ctx_t *ctx, bfc_stream_t stream, size_t n);
  * all those events have completed.  free(NULL) is BFC_OK.  A pointer this
  * context did not return (foreign, interior, from another context) gives
  * BFC_ENOTOWNED; a second free gives BFC_EDOUBLEFREE; in both cases nothing
- * changes.  If the event cannot be recorded, the block is fenced by a full
+ * changes.  A second free is recognised also after the block's memory left
+ * its shard (a large block's region at its free, trim, garbage collection,
+ * a released stream): the library remembers the last 1,024 such ranges,
+ * where any 256-byte boundary (a large block's: its start) reads as a double
+ * free, until the memory is given out again.  If the event cannot be recorded, the block is fenced by a full
  * synchronisation of `stream` instead (BFC_OK); if that fails too, BFC_EBACKEND
  * and the block stays allocated (free it again later).
  * Context: thread-safe; lock-free lookup; a same-stream free takes the owner

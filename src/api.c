@@ -171,7 +171,9 @@ void *bfc_stream_alloc(bfc_stream_t stream, size_t n)
     return bfc_ctx_alloc(ctx, stream, n);
 }
 
-/* The context and owner stream of a pointer, or BFC_ENOTOWNED. */
+/* The context and owner stream of a pointer; BFC_EDOUBLEFREE for a block
+ * whose memory left its shard after its free (regionmap.h, departed
+ * memory), else BFC_ENOTOWNED. */
 static int owner_of(const void *p, bfc_ctx_t **ctx, bfc_stream_t *s)
 {
     bfc__rcu_lock();
@@ -183,6 +185,10 @@ static int owner_of(const void *p, bfc_ctx_t **ctx, bfc_stream_t *s)
         st = BFC_OK;
     }
     bfc__rcu_unlock();
+    if (!r) {
+        const void *tag;
+        st = bfc__regionmap_gone((uintptr_t)p, &tag);
+    }
     return st;
 }
 

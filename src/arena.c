@@ -234,7 +234,7 @@ void bfc__arena_region_depart(struct bfc__arena *a, struct bfc__region *r, bool 
         a->curr_region_bytes = initial_region_bytes(a->env);
     /* Out of the map first: no lookup may find r once another shard can
      * be handed the memory. */
-    bfc__regionmap_remove(r);
+    bfc__regionmap_remove(r, used);
     if (r->vmm) /* expandable arena: its reservation goes (expand.c) */
         bfc__expand_depart_locked(a, fence);
     else
@@ -278,7 +278,7 @@ static size_t region_shed_tail(struct bfc__arena *a, struct bfc__region *r)
     a->st.bytes_reserved -= size;
     if (bfc__tracing(a->env->obs))
         bfc__trace_event(a->env->obs, BFC__TR_RELEASE, base, size, a->stream);
-    bfc__regionmap_shrink(r);
+    bfc__regionmap_shrink(r, used);
     bfc__pool_put(a->env->pool, base, size, r->seg, used, a->stream, a->stream_id, &t);
     return size;
 }
@@ -793,8 +793,16 @@ int bfc__arena_classify_locked(struct bfc__arena *a, struct bfc__region *r, uint
                                struct bfc__chunk **out)
 {
     *out = NULL;
-    if (a->dead || r->gone || (p & (BFC__MIN_ALLOC - 1)))
+    if (p & (BFC__MIN_ALLOC - 1))
         return BFC_ENOTOWNED;
+    if (a->dead || r->gone) {
+        /* The region left the map after the caller's lookup found it: its
+         * blocks were all freed, and it is classified as a lookup now
+         * would (regionmap.h, departed memory). */
+        const void *tag = NULL;
+        return bfc__regionmap_gone(p, &tag) == BFC_EDOUBLEFREE && tag == r->tag ? BFC_EDOUBLEFREE
+                                                                                : BFC_ENOTOWNED;
+    }
     struct bfc__chunk *c = bfc__region_handle(r, p);
     if (bfc__chunk_at(c, r, p)) {
         uint32_t s = atomic_load_explicit(&c->state, memory_order_acquire);

@@ -486,6 +486,7 @@ void bfc_ctx_destroy(bfc_ctx_t *ctx)
     obs_fini(ctx); /* the trace gets every event up to here */
     bfc__shard_dir_fini(ctx);
     bfc__pool_fini(&ctx->pool);
+    bfc__regionmap_forget(ctx); /* its departed ranges: no pointer of it is ours now */
     ctx->be->ops->close(ctx->be);
     bfc__meta_free(ctx, sizeof(*ctx));
 }
@@ -1140,12 +1141,25 @@ void *bfc_ctx_alloc(bfc_ctx_t *ctx, bfc_stream_t stream, size_t n)
 
 /* -------------------------------------------------------------- free */
 
+/* A pointer that no region holds: a block of ours whose memory left the
+ * shard with its region, after its free, reads as a double free
+ * (regionmap.h, departed memory); anything else is foreign. */
+static __attribute__((noinline, cold)) int unmapped_status(struct bfc_ctx *ctx, uintptr_t p)
+{
+    const void *tag = NULL;
+    return bfc__regionmap_gone(p, &tag) == BFC_EDOUBLEFREE && tag == ctx ? BFC_EDOUBLEFREE : BFC_ENOTOWNED;
+}
+
 /* Resolves p to its region and chunk (lock-free).  Under rcu_read_lock. */
 static inline __attribute__((always_inline)) int resolve(struct bfc_ctx *ctx, uintptr_t p,
                                                          struct bfc__region **rp, struct bfc__chunk **cp)
 {
     struct bfc__region *r = bfc__regionmap_lookup(p);
-    if (!r || r->tag != ctx)
+    *rp = NULL;
+    *cp = NULL;
+    if (!r)
+        return unmapped_status(ctx, p);
+    if (r->tag != ctx)
         return BFC_ENOTOWNED;
     *rp = r;
     *cp = (p & (BFC__MIN_ALLOC - 1)) ? NULL : bfc__region_handle(r, p);

@@ -68,6 +68,58 @@ static size_t upper_bound(const struct bfc__rmap *m, uintptr_t p)
     return lo;
 }
 
+/* Departed ranges (regionmap.h), a ring under wlock: gone_next is the
+ * slot the next departure overwrites. */
+static struct gone_range {
+    uintptr_t base, end;  /* empty when unused or forgotten */
+    const void *tag;
+    bool one_block;       /* a large block's region: its base only */
+} gone[BFC__GONE_MAX];
+static size_t gone_next;
+
+static void note_gone(uintptr_t base, uintptr_t end, const void *tag, bool one_block)
+{
+    if (end <= base)
+        return;
+    gone[gone_next] = (struct gone_range){ base, end, tag, one_block };
+    gone_next = (gone_next + 1) % BFC__GONE_MAX;
+}
+
+/* Memory given out again: what departed there before is no one's now. */
+static void forget_range(uintptr_t base, uintptr_t end)
+{
+    for (size_t k = 0; k < BFC__GONE_MAX; k++)
+        if (gone[k].base < end && base < gone[k].end)
+            gone[k] = (struct gone_range){ 0 };
+}
+
+int bfc__regionmap_gone(uintptr_t p, const void **tag)
+{
+    int st = BFC_ENOTOWNED;
+    bfc__lock(&wlock);
+    for (size_t k = 1; k <= BFC__GONE_MAX; k++) {
+        const struct gone_range *g = &gone[(gone_next + BFC__GONE_MAX - k) % BFC__GONE_MAX];
+        if (p < g->base || p >= g->end)
+            continue;
+        if (g->one_block ? p == g->base : (p & (BFC__MIN_ALLOC - 1)) == 0) {
+            *tag = g->tag;
+            st = BFC_EDOUBLEFREE;
+        }
+        break;
+    }
+    bfc__unlock(&wlock);
+    return st;
+}
+
+void bfc__regionmap_forget(const void *tag)
+{
+    bfc__lock(&wlock);
+    for (size_t k = 0; k < BFC__GONE_MAX; k++)
+        if (gone[k].tag == tag)
+            gone[k] = (struct gone_range){ 0 };
+    bfc__unlock(&wlock);
+}
+
 static bool tombstone(const struct bfc__rmap_entry *e)
 {
     /* relaxed: see bfc__regionmap_lookup. */
@@ -146,13 +198,14 @@ int bfc__regionmap_insert(struct bfc__region *r)
     }
     struct bfc__rmap_entry add = { r->base, r->base + r->size, r };
     copy_entries(next, old, NULL, &add);
+    forget_range(add.base, add.end);
     publish(next);
     bfc__unlock(&wlock);
     retire(old);
     return BFC_OK;
 }
 
-void bfc__regionmap_remove(struct bfc__region *r)
+void bfc__regionmap_remove(struct bfc__region *r, bool used)
 {
     bfc__lock(&wlock);
     struct bfc__rmap *old = atomic_load_explicit(&bfc__rmap_cur, memory_order_relaxed);
@@ -164,6 +217,8 @@ void bfc__regionmap_remove(struct bfc__region *r)
         return;
     }
     i--;
+    if (used)
+        note_gone(r->base, r->base + r->size, r->tag, r->large);
     struct bfc__rmap *next = rmap_new(old->n - 1);
     if (next) {
         copy_entries(next, old, r, NULL);
@@ -188,15 +243,18 @@ void bfc__regionmap_remove(struct bfc__region *r)
  * and a thread that frees a block of the later region obtained the pointer
  * after that insertion was published.
  */
-void bfc__regionmap_shrink(struct bfc__region *r)
+void bfc__regionmap_shrink(struct bfc__region *r, bool used)
 {
     bfc__lock(&wlock);
     struct bfc__rmap *m = atomic_load_explicit(&bfc__rmap_cur, memory_order_relaxed);
     size_t i = m ? upper_bound(m, r->base) : 0;
     while (i > 0 && (m->e[i - 1].r != r || tombstone(&m->e[i - 1])))
         i--;
-    if (i > 0)
+    if (i > 0) {
+        if (used)
+            note_gone(r->base + r->size, m->e[i - 1].end, r->tag, false);
         __atomic_store_n(&m->e[i - 1].end, r->base + r->size, __ATOMIC_RELEASE);
+    }
     bfc__unlock(&wlock);
 }
 

@@ -73,9 +73,32 @@ static inline struct bfc__region *bfc__regionmap_lookup(uintptr_t p)
     return BFC__LIKELY(r != NULL) ? r : bfc__regionmap_lookup_slow(p);
 }
 int bfc__regionmap_insert(struct bfc__region *r);
-void bfc__regionmap_remove(struct bfc__region *r);
-/* r->size shrank (its tail departed): lookups stop resolving the tail. */
-void bfc__regionmap_shrink(struct bfc__region *r);
+/* r leaves the map; with `used` (blocks were cut from it), its range is
+ * remembered as departed (below). */
+void bfc__regionmap_remove(struct bfc__region *r, bool used);
+/* r->size shrank (its tail departed): lookups stop resolving the tail,
+ * remembered as departed with `used`. */
+void bfc__regionmap_shrink(struct bfc__region *r, bool used);
+
+/*
+ * Departed memory: the last BFC__GONE_MAX ranges that left the map after
+ * blocks were cut from them and freed (a region given back, a tail shed),
+ * with their context, so that a second free of one of those blocks reads
+ * as a double free rather than as a pointer the library never gave out.
+ * bfc__regionmap_gone classifies a pointer that no region holds: newest
+ * departure first, the first range that holds p decides -- at the base of
+ * a large block's region (which held that one block), or at any 256-byte
+ * boundary of another, BFC_EDOUBLEFREE with *tag set to its context; else,
+ * and for pointers in no remembered range, BFC_ENOTOWNED.  A region
+ * inserted over a departed range (the memory given out again) erases it.  (Inside a
+ * departed range other than a large block's, every 256-byte boundary
+ * counts: the blocks' starts are not kept.)  bfc__regionmap_forget drops a
+ * context's ranges (its destruction).  Both take the writer lock: error
+ * paths and teardown only.
+ */
+#define BFC__GONE_MAX 1024
+int bfc__regionmap_gone(uintptr_t p, const void **tag);
+void bfc__regionmap_forget(const void *tag);
 /* Number of regions in the map whose tag is `tag` (bfc_ctx_check). */
 size_t bfc__regionmap_count(const void *tag);
 /* The writer lock, held across fork (ctx.c). */

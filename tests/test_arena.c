@@ -1675,6 +1675,69 @@ START_TEST(test_double_free)
 }
 END_TEST
 
+/*
+ * A second free of a block whose memory has left its shard since the first
+ * -- a large block's region, given back at its free; a region trimmed to the
+ * device; an expandable shard's reservation when its stream is released --
+ * is still a double free, not a foreign pointer: the region map remembers
+ * the ranges that departed.  A large block's region held that one block: a
+ * pointer inside it is not one.  Another context's departed block is
+ * foreign to this one.
+ */
+START_TEST(test_double_free_departed)
+{
+    bfc_config_t c = cfg_grow(256 * MiB);
+    bfc_ctx_t *ctx = ctx_new(&c);
+    bfc_ctx_t *other = ctx_new(&c);
+    bfc_stream_t s = pick_stream(ctx, _i);
+
+    void *big = xalloc_full(ctx, s, 64 * MiB);
+    uint32_t regions = st(ctx).num_regions;
+    xfree(ctx, big, s);
+    ck_assert_uint_eq(st(ctx).num_regions, regions - 1); /* its region left */
+    expect_bad_free(ctx, big, s, BFC_EDOUBLEFREE);
+    expect_bad_free(ctx, cp(big) + 256, s, BFC_ENOTOWNED);
+    ck_assert_uint_eq(bfc_ctx_requested_size(ctx, big), 0);
+    ck_assert_int_eq(bfc_last_error(), BFC_EDOUBLEFREE);
+    expect_bad_free(other, big, NULL, BFC_ENOTOWNED);
+
+    void *small = xalloc_full(ctx, s, 1000), *next = xalloc_full(ctx, s, 1000);
+    xfree(ctx, small, s);
+    xfree(ctx, next, s);
+    ck_assert_int_eq(bfc_ctx_trim(ctx), BFC_OK);
+    ck_assert_uint_eq(st(ctx).num_regions, 0);
+    expect_bad_free(ctx, small, s, BFC_EDOUBLEFREE);
+    expect_bad_free(ctx, next, s, BFC_EDOUBLEFREE);
+    expect_bad_free(ctx, cp(small) + 8, s, BFC_ENOTOWNED);
+
+    /* The other context's block, departed with its shard's reservation. */
+    bfc_config_t v;
+    bfc_config_init(&v);
+    v.backend = BFC_BACKEND_SIM;
+    v.memory_limit = 64 * MiB;
+    v.vmm = BFC_VMM_ON;
+    bfc_ctx_t *x = ctx_new(&v);
+    bfc_stream_t t = new_stream(x);
+    void *q = xalloc_full(x, t, 4096);
+    xfree(x, q, t);
+    ck_assert_int_eq(bfc_ctx_stream_release(x, t), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_free(x, q, t), BFC_EDOUBLEFREE);
+    expect_bad_free(ctx, q, s, BFC_ENOTOWNED);
+    xcheck(x);
+    bfc_ctx_destroy(x);
+    /* A destroyed context's ranges are forgotten with it. */
+    expect_bad_free(ctx, q, s, BFC_ENOTOWNED);
+
+    /* Memory given out again is the new block's. */
+    void *again = xalloc_full(ctx, s, 64 * MiB);
+    ck_assert_uint_eq(bfc_ctx_requested_size(ctx, again), 64 * MiB);
+    xfree(ctx, again, s);
+    xcheck(ctx);
+    bfc_ctx_destroy(other);
+    ctx_done(ctx, s);
+}
+END_TEST
+
 /* The common double free: the block merged into a free chunk before it. */
 START_TEST(test_double_free_after_merge)
 {
@@ -1982,6 +2045,7 @@ static Suite *arena_suite(void)
         {"gc", {test_gc_off_fails, test_gc_on_retries, test_gc_large_after_free, test_trim, NULL}},
         {"bad_free",
          {test_free_null, test_free_foreign, test_free_interior, test_double_free, test_double_free_after_merge,
+          test_double_free_departed,
           test_free_never_returned_in_region, NULL}},
         {"introspection",
          {test_introspection, test_allocation_ids_unique, test_stats_exact, test_contents_preserved, NULL}},

@@ -3,8 +3,9 @@
  * holds an address, for region records made here (the map never touches
  * their memory, so the addresses are made up too).  Insert, lookup at the
  * edges, remove, count per context, shrink in place, tombstones left by a
- * removal that cannot allocate its copy, and lookups by reader threads
- * under RCU while a writer inserts, shrinks and removes.
+ * removal that cannot allocate its copy, lookups by reader threads
+ * under RCU while a writer inserts, shrinks and removes, and the ranges
+ * remembered as departed (double frees of blocks whose memory left).
  *
  * The map is process-wide: every test removes what it inserted, so the
  * tests also run one after another in one process (CK_FORK=no).
@@ -102,7 +103,7 @@ START_TEST(test_insert_lookup_remove)
 
     /* Every other one goes; its neighbours stay whole. */
     for (int i = 0; i < N; i += 2)
-        bfc__regionmap_remove(&r[i]);
+        bfc__regionmap_remove(&r[i], false);
     for (int i = 0; i < N; i++) {
         if (i % 2)
             expect_region(&r[i]);
@@ -111,7 +112,7 @@ START_TEST(test_insert_lookup_remove)
     }
     ck_assert_uint_eq(bfc__regionmap_count(CTX_A) + bfc__regionmap_count(CTX_B), N / 2);
     /* Removing one that is not there changes nothing. */
-    bfc__regionmap_remove(&r[0]);
+    bfc__regionmap_remove(&r[0], false);
     ck_assert_uint_eq(bfc__regionmap_count(CTX_A) + bfc__regionmap_count(CTX_B), N / 2);
 
     /* A new record at a departed region's addresses takes them over. */
@@ -119,9 +120,9 @@ START_TEST(test_insert_lookup_remove)
     rgn_init(&again, r[2].base, r[2].size, CTX_A);
     xinsert(&again);
     expect_region(&again);
-    bfc__regionmap_remove(&again);
+    bfc__regionmap_remove(&again, false);
     for (int i = 1; i < N; i += 2)
-        bfc__regionmap_remove(&r[i]);
+        bfc__regionmap_remove(&r[i], false);
     ck_assert_uint_eq(bfc__regionmap_count(CTX_A) + bfc__regionmap_count(CTX_B), 0);
     ck_assert_ptr_null(lookup(r[1].base));
 }
@@ -136,7 +137,7 @@ START_TEST(test_shrink)
     xinsert(&b);
     /* a's tail departs: the tail no longer resolves, the rest does. */
     a.size = 3 * MiB;
-    bfc__regionmap_shrink(&a);
+    bfc__regionmap_shrink(&a, false);
     expect_region(&a);
     expect_absent(BASE + 3 * MiB, 5 * MiB);
     expect_region(&b);
@@ -150,11 +151,11 @@ START_TEST(test_shrink)
     /* Shrinking a region that is not in the map changes nothing. */
     struct bfc__region stranger;
     rgn_init(&stranger, BASE + 4 * MiB, 1 * MiB, CTX_A);
-    bfc__regionmap_shrink(&stranger);
+    bfc__regionmap_shrink(&stranger, false);
     expect_region(&t);
-    bfc__regionmap_remove(&t);
-    bfc__regionmap_remove(&a);
-    bfc__regionmap_remove(&b);
+    bfc__regionmap_remove(&t, false);
+    bfc__regionmap_remove(&a, false);
+    bfc__regionmap_remove(&b, false);
     ck_assert_uint_eq(bfc__regionmap_count(CTX_A), 0);
 }
 END_TEST
@@ -179,9 +180,9 @@ START_TEST(test_tombstones)
     struct bfc__region z;
     rgn_init(&z, BASE + 12 * MiB, 1 * MiB, CTX_A);
     ck_assert_int_eq(bfc__regionmap_insert(&z), BFC_ENOMEM);
-    bfc__regionmap_remove(&x);
-    bfc__regionmap_remove(&y);
-    bfc__regionmap_remove(&y); /* a tombstone is not found again */
+    bfc__regionmap_remove(&x, false);
+    bfc__regionmap_remove(&y, false);
+    bfc__regionmap_remove(&y, false); /* a tombstone is not found again */
     bfc_sim_fail_meta_every(0);
     ck_assert_ptr_null(lookup(z.base));
     expect_absent(x.base, x.size);
@@ -200,10 +201,10 @@ START_TEST(test_tombstones)
     expect_region(&x2);
     expect_region(&y2);
     ck_assert_uint_eq(bfc__regionmap_count(CTX_A), 4);
-    bfc__regionmap_remove(&x2);
-    bfc__regionmap_remove(&y2);
-    bfc__regionmap_remove(&w);
-    bfc__regionmap_remove(&v);
+    bfc__regionmap_remove(&x2, false);
+    bfc__regionmap_remove(&y2, false);
+    bfc__regionmap_remove(&w, false);
+    bfc__regionmap_remove(&v, false);
     ck_assert_uint_eq(bfc__regionmap_count(CTX_A), 0);
 }
 END_TEST
@@ -218,13 +219,13 @@ START_TEST(test_tombstone_last)
     xinsert(&a);
     xinsert(&b);
     bfc_sim_fail_meta_every(1);
-    bfc__regionmap_remove(&b); /* the last entry becomes a tombstone */
+    bfc__regionmap_remove(&b, false); /* the last entry becomes a tombstone */
     bfc_sim_fail_meta_every(0);
     /* Past the end: step back over the tombstone to a, which ends before. */
     expect_absent(b.base, b.size);
     ck_assert_ptr_null(lookup(BASE + 64 * MiB));
     expect_region(&a);
-    bfc__regionmap_remove(&a);
+    bfc__regionmap_remove(&a, false);
     ck_assert_ptr_null(lookup(a.base));
     ck_assert_uint_eq(bfc__regionmap_count(CTX_A), 0);
 }
@@ -304,11 +305,11 @@ START_TEST(test_readers_under_rcu)
             REQUIRE(bfc__regionmap_insert(&g_churn[i]) == BFC_OK, "insert failed");
         } else if (g_churn[i].size == 1 * MiB && (x & 1)) {
             g_churn[i].size = 512 * KiB;
-            bfc__regionmap_shrink(&g_churn[i]);
+            bfc__regionmap_shrink(&g_churn[i], false);
             writes++;
             continue;
         } else {
-            bfc__regionmap_remove(&g_churn[i]);
+            bfc__regionmap_remove(&g_churn[i], false);
         }
         in[i] = !in[i];
         writes++;
@@ -322,13 +323,13 @@ START_TEST(test_readers_under_rcu)
     for (int i = 0; i < NCHURN; i++) {
         if (in[i]) {
             ck_assert_ptr_eq(lookup(g_churn[i].base), &g_churn[i]);
-            bfc__regionmap_remove(&g_churn[i]);
+            bfc__regionmap_remove(&g_churn[i], false);
         }
         ck_assert_ptr_null(lookup(g_churn[i].base));
     }
     ck_assert_uint_eq(bfc__regionmap_count(CTX_B), 0);
     for (int i = 0; i < NSTABLE; i++)
-        bfc__regionmap_remove(&g_stable[i]);
+        bfc__regionmap_remove(&g_stable[i], false);
     ck_assert_uint_eq(bfc__regionmap_count(CTX_A), 0);
     /* The replaced arrays are freed after their grace periods. */
     rcu_barrier();
@@ -353,13 +354,13 @@ START_TEST(test_thread_hint)
 
     /* Shrunk in place: the hint's entry no longer covers the tail. */
     a.size = 1 * MiB;
-    bfc__regionmap_shrink(&a);
+    bfc__regionmap_shrink(&a, false);
     ck_assert_ptr_eq(lookup(a.base + 4096), &a);
     ck_assert_ptr_null(lookup(a.base + 1 * MiB + 4096));
 
     /* Replaced by a region at the same addresses (a new array). */
     ck_assert_ptr_eq(lookup(a.base), &a);
-    bfc__regionmap_remove(&a);
+    bfc__regionmap_remove(&a, false);
     ck_assert_ptr_null(lookup(a.base + 4096));
     rgn_init(&a2, BASE, 2 * MiB, CTX_B);
     xinsert(&a2);
@@ -368,12 +369,96 @@ START_TEST(test_thread_hint)
     /* Emptied in place (removal without metadata for a copy). */
     ck_assert_ptr_eq(lookup(a2.base + 4096), &a2); /* the hint is a2 */
     bfc_sim_fail_meta_every(1);
-    bfc__regionmap_remove(&a2);
+    bfc__regionmap_remove(&a2, false);
     bfc_sim_fail_meta_every(0);
     ck_assert_ptr_null(lookup(a2.base + 4096));
     ck_assert_ptr_eq(lookup(b.base), &b);
-    bfc__regionmap_remove(&b);
+    bfc__regionmap_remove(&b, false);
     ck_assert_ptr_null(lookup(b.base));
+    rcu_barrier();
+}
+END_TEST
+
+/*
+ * Departed ranges: a region removed after use, or a tail shed after use,
+ * is remembered with its context -- a large block's region by its base
+ * alone, another at every 256-byte boundary -- newest first; a region
+ * inserted over one erases it; forget drops a context's; the ring keeps the
+ * last BFC__GONE_MAX.
+ */
+static int gone_of(uintptr_t p, const void **tag)
+{
+    *tag = NULL;
+    return bfc__regionmap_gone(p, tag);
+}
+
+START_TEST(test_departed)
+{
+    const void *tag;
+    struct bfc__region a, big, t, unused, again;
+    rgn_init(&a, BASE, 2 * MiB, CTX_A);
+    rgn_init(&big, BASE + 8 * MiB, 64 * MiB, CTX_B);
+    big.large = true;
+    rgn_init(&unused, BASE + 4 * MiB, 2 * MiB, CTX_A);
+    xinsert(&a);
+    xinsert(&big);
+    xinsert(&unused);
+    ck_assert_int_eq(gone_of(a.base, &tag), BFC_ENOTOWNED); /* live: not departed */
+
+    bfc__regionmap_remove(&a, true);
+    bfc__regionmap_remove(&big, true);
+    bfc__regionmap_remove(&unused, false);
+    ck_assert_int_eq(gone_of(a.base, &tag), BFC_EDOUBLEFREE);
+    ck_assert_ptr_eq(tag, CTX_A);
+    ck_assert_int_eq(gone_of(a.base + 256 * 37, &tag), BFC_EDOUBLEFREE);
+    ck_assert_int_eq(gone_of(a.base + 2 * MiB - 256, &tag), BFC_EDOUBLEFREE);
+    ck_assert_int_eq(gone_of(a.base + 8, &tag), BFC_ENOTOWNED);
+    ck_assert_int_eq(gone_of(a.base + 2 * MiB, &tag), BFC_ENOTOWNED);
+    ck_assert_int_eq(gone_of(big.base, &tag), BFC_EDOUBLEFREE);
+    ck_assert_ptr_eq(tag, CTX_B);
+    ck_assert_int_eq(gone_of(big.base + 256, &tag), BFC_ENOTOWNED); /* one block */
+    ck_assert_int_eq(gone_of(unused.base, &tag), BFC_ENOTOWNED);    /* never used */
+
+    /* A shed tail: the departed part only. */
+    rgn_init(&t, BASE + 128 * MiB, 4 * MiB, CTX_A);
+    xinsert(&t);
+    t.size = 1 * MiB;
+    bfc__regionmap_shrink(&t, true);
+    ck_assert_int_eq(gone_of(t.base, &tag), BFC_ENOTOWNED); /* still the region's */
+    ck_assert_ptr_eq(lookup(t.base), &t);
+    ck_assert_int_eq(gone_of(t.base + 1 * MiB, &tag), BFC_EDOUBLEFREE);
+    ck_assert_int_eq(gone_of(t.base + 4 * MiB - 256, &tag), BFC_EDOUBLEFREE);
+    bfc__regionmap_remove(&t, false);
+
+    /* Given out again: erased; departed again, the newer record decides. */
+    rgn_init(&again, BASE, 1 * MiB, CTX_B);
+    xinsert(&again);
+    ck_assert_int_eq(gone_of(a.base + 1 * MiB, &tag), BFC_ENOTOWNED); /* a's record is gone whole */
+    again.large = true;
+    bfc__regionmap_remove(&again, true);
+    ck_assert_int_eq(gone_of(a.base, &tag), BFC_EDOUBLEFREE);
+    ck_assert_ptr_eq(tag, CTX_B);
+    ck_assert_int_eq(gone_of(a.base + 256, &tag), BFC_ENOTOWNED);
+
+    /* Forgotten with its context. */
+    bfc__regionmap_forget(CTX_B);
+    ck_assert_int_eq(gone_of(big.base, &tag), BFC_ENOTOWNED);
+    ck_assert_int_eq(gone_of(a.base, &tag), BFC_ENOTOWNED);
+    ck_assert_int_eq(gone_of(t.base + 1 * MiB, &tag), BFC_EDOUBLEFREE); /* CTX_A's stays */
+
+    /* The ring: BFC__GONE_MAX departures later, the oldest is forgotten. */
+    for (size_t k = 0; k < BFC__GONE_MAX; k++) {
+        struct bfc__region r;
+        rgn_init(&r, BASE + 256 * MiB + k * 2 * MiB, 2 * MiB, CTX_B);
+        xinsert(&r);
+        bfc__regionmap_remove(&r, true);
+    }
+    ck_assert_int_eq(gone_of(t.base + 1 * MiB, &tag), BFC_ENOTOWNED);
+    ck_assert_int_eq(gone_of(BASE + 256 * MiB, &tag), BFC_EDOUBLEFREE); /* the oldest of the last 1,024 */
+    ck_assert_int_eq(gone_of(BASE + 256 * MiB + (BFC__GONE_MAX - 1) * 2 * MiB, &tag), BFC_EDOUBLEFREE);
+    bfc__regionmap_forget(CTX_A);
+    bfc__regionmap_forget(CTX_B);
+    ck_assert_int_eq(gone_of(BASE + 256 * MiB, &tag), BFC_ENOTOWNED);
     rcu_barrier();
 }
 END_TEST
@@ -390,6 +475,7 @@ static Suite *regionmap_suite(void)
     tcase_add_test(tc, test_tombstone_last);
     tcase_add_test(tc, test_readers_under_rcu);
     tcase_add_test(tc, test_thread_hint);
+    tcase_add_test(tc, test_departed);
     suite_add_tcase(s, tc);
     return s;
 }
