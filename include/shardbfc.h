@@ -152,7 +152,9 @@ typedef struct bfc_config {
     size_t initial_region;        /* first region size when growing (default 2 MiB) */
     double fragmentation_fraction;/* split threshold as a fraction of the limit; 0 = 128 MiB rule */
     bool garbage_collection;      /* under pressure, a shard also gives its own fully free regions
-                                     back and the pool returns cached memory to the backend */
+                                     back and the pool returns cached memory to the backend (without
+                                     it only bfc_ctx_trim frees device memory: no cudaFree on the
+                                     allocation path) */
     size_t large_alloc;           /* requests whose 256-rounded size is >= this get a region of their own,
                                      sized to the request rounded to 2 MiB (default 32 MiB; 0 = off) */
     unsigned retry_ms;            /* on OOM, wait up to this long for memory other threads free

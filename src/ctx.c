@@ -395,7 +395,7 @@ static int ctx_create(bfc_config_t cfg, bfc__backend_t *be, bool host, bfc_ctx_t
     ctx->vmm = !host && cfg.vmm != BFC_VMM_OFF && vmm_able;
     if (ctx->vmm)
         ctx->env.bins_max = SIZE_MAX; /* large_alloc is ignored: every block is a chunk */
-    st = bfc__pool_init(&ctx->pool, be, ctx->limit, cfg.allow_growth);
+    st = bfc__pool_init(&ctx->pool, be, ctx->limit, cfg.allow_growth, cfg.garbage_collection);
     if (st != BFC_OK)
         goto fail_be;
     /* What the arenas see (max_frag and bins_max are set above). */

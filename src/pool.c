@@ -385,7 +385,7 @@ static size_t release_free_locked(struct bfc__pool *p)
 
 /* --------------------------------------------------------------- API */
 
-int bfc__pool_init(struct bfc__pool *p, bfc__backend_t *be, size_t limit, bool growth)
+int bfc__pool_init(struct bfc__pool *p, bfc__backend_t *be, size_t limit, bool growth, bool recycle)
 {
     memset(p, 0, sizeof(*p));
     int e = bfc__mutex_init(&p->lock, BFC__RANK_POOL, "a region pool");
@@ -394,6 +394,7 @@ int bfc__pool_init(struct bfc__pool *p, bfc__backend_t *be, size_t limit, bool g
     p->be = be;
     p->limit = limit;
     p->growth = growth;
+    p->recycle = recycle;
     if (!growth) {
         struct bfc__span *s;
         int st = seg_new_locked(p, limit, &s);
@@ -445,7 +446,7 @@ int bfc__pool_get(struct bfc__pool *p, size_t size, uint64_t sid, uintptr_t *bas
     poll_locked(p);
     struct bfc__span *best = find_run(p, sid, size);
     if (!best && p->growth) {
-        if (p->held + size > p->limit)
+        if (p->held + size > p->limit && p->recycle)
             release_free_locked(p);
         if (p->held + size <= p->limit) {
             st = seg_new_locked(p, size, &best);
@@ -579,9 +580,9 @@ size_t bfc__pool_largest(struct bfc__pool *p, uint64_t sid)
             most = len;
     }
     if (p->growth) {
-        /* What release_free_locked would give back first. */
+        /* With recycle, what release_free_locked would give back first. */
         size_t held = p->held;
-        for (struct bfc__span *s = p->spans; s; s = s->next)
+        for (struct bfc__span *s = p->spans; s && p->recycle; s = s->next)
             if (releasable(s))
                 held -= s->size;
         headroom = held < p->limit ? p->limit - held : 0;

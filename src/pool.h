@@ -68,6 +68,11 @@ struct bfc__pool {
     bfc__backend_t *be;
     size_t limit;
     bool growth;
+    /* Growth: wholly free segments go back to the backend to make room for
+     * a new one (garbage_collection; without it only trim frees them, and
+     * a request the cached segments cannot hold fails, as TensorFlow's
+     * allocator keeps its regions). */
+    bool recycle;
     struct bfc__segment *segs;
     struct bfc__span *spans;     /* address order */
     size_t held;                 /* bytes held from the backend */
@@ -95,9 +100,10 @@ struct bfc__pool {
     _Atomic size_t vmm_lendable;
 };
 
-/* With growth == false the whole limit is reserved from the backend here.
- * BFC_OK, BFC_ENOMEM (backend or metadata), BFC_EBACKEND. */
-int bfc__pool_init(struct bfc__pool *p, bfc__backend_t *be, size_t limit, bool growth);
+/* With growth == false the whole limit is reserved from the backend here;
+ * `recycle`: see the field.  BFC_OK, BFC_ENOMEM (backend or metadata),
+ * BFC_EBACKEND. */
+int bfc__pool_init(struct bfc__pool *p, bfc__backend_t *be, size_t limit, bool growth, bool recycle);
 /* Everything back to the backend (context teardown: no users left). */
 void bfc__pool_fini(struct bfc__pool *p);
 

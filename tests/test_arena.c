@@ -1470,6 +1470,39 @@ START_TEST(test_gc_on_retries)
 }
 END_TEST
 
+/* Without garbage collection the pool keeps the segments it holds, as
+ * TensorFlow's allocator keeps its regions: another stream's request that
+ * none of them can hold fails, with no backend call, rather than free them
+ * to the device (a cudaFree waits for the whole device); trim gives them
+ * back, and then it fits. */
+START_TEST(test_gc_off_keeps_cached)
+{
+    bfc_config_t c = cfg_grow(64 * MiB);
+    c.garbage_collection = false;
+    bfc_ctx_t *ctx = ctx_new(&c);
+    bfc_stream_t a = new_stream(ctx), b = new_stream(ctx);
+    void *v[64];
+    size_t n = 0;
+    while (n < 64 && (v[n] = bfc_ctx_alloc(ctx, a, 1 * MiB)) != NULL)
+        n++;
+    ck_assert_uint_ge(n, 32);
+    for (size_t i = 0; i < n; i++)
+        xfree(ctx, v[i], a);
+    uint64_t allocs = bfc_sim_backend_allocs(ctx);
+    size_t held = bfc_sim_backend_bytes_held(ctx);
+    ck_assert_ptr_null(bfc_ctx_alloc(ctx, b, 60 * MiB));
+    ck_assert_int_eq(bfc_last_error(), BFC_ENOMEM);
+    ck_assert_uint_eq(bfc_sim_backend_allocs(ctx), allocs);
+    ck_assert_uint_eq(bfc_sim_backend_bytes_held(ctx), held);
+    ck_assert_uint_eq(st(ctx).num_ooms, 1);
+    ck_assert_int_eq(bfc_ctx_trim(ctx), BFC_OK);
+    void *p = xalloc_full(ctx, b, 60 * MiB);
+    xfree(ctx, p, b);
+    xcheck(ctx);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
 /* garbage_collection also rescues TensorFlow's fragmentation case once all is free. */
 START_TEST(test_gc_large_after_free)
 {
@@ -2042,7 +2075,9 @@ static Suite *arena_suite(void)
           test_growth_backoff_terminates, test_no_growth_reserves_at_create, test_no_growth_large_first,
           test_tf_one_region, NULL}},
         {"large", {test_large_alloc_own_region, test_large_alloc_off, NULL}},
-        {"gc", {test_gc_off_fails, test_gc_on_retries, test_gc_large_after_free, test_trim, NULL}},
+        {"gc",
+         {test_gc_off_fails, test_gc_on_retries, test_gc_off_keeps_cached, test_gc_large_after_free, test_trim,
+          NULL}},
         {"bad_free",
          {test_free_null, test_free_foreign, test_free_interior, test_double_free, test_double_free_after_merge,
           test_double_free_departed,

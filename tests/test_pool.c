@@ -58,7 +58,7 @@ static void fix_init(struct fix *f, size_t limit, bool growth)
 {
     memset(f, 0, sizeof *f);
     f->be = sim_open();
-    ck_assert_int_eq(bfc__pool_init(&f->pool, f->be, limit, growth), BFC_OK);
+    ck_assert_int_eq(bfc__pool_init(&f->pool, f->be, limit, growth, true), BFC_OK);
     f->s1 = bfc__sim_stream_create(f->be);
     f->s2 = bfc__sim_stream_create(f->be);
     ck_assert_ptr_nonnull(f->s1);
@@ -236,6 +236,35 @@ START_TEST(test_growth_limit)
     ck_assert_uint_eq(pstats(&f).segments, 1);
     ck_assert_uint_eq(f.pool.backend_frees, 2);
     xput(&f, c, false, f.s2, f.sid2);
+    fix_fini(&f);
+}
+END_TEST
+
+/* Without recycle (garbage_collection off) a wholly free segment stays
+ * cached: a request it cannot hold fails, rather than free it to the
+ * backend, and bfc__pool_largest does not count on it; only an explicit
+ * release (trim) gives it back. */
+START_TEST(test_growth_no_recycle)
+{
+    struct fix f;
+    fix_init(&f, 8 * MiB, true);
+    f.pool.recycle = false;
+    struct rgn a = xget(&f, 4 * MiB, f.sid1);
+    struct rgn b = xget(&f, 2 * MiB, f.sid1);
+    xput(&f, a, false, f.s1, f.sid1);
+    ck_assert_uint_eq(bfc__pool_largest(&f.pool, f.sid1), 4 * MiB);
+    xget_fails(&f, 6 * MiB, f.sid1);
+    ck_assert_uint_eq(f.pool.backend_frees, 0);
+    ck_assert_uint_eq(pstats(&f).held, 6 * MiB);
+    /* What is cached still serves what it can hold. */
+    struct rgn c = xget(&f, 4 * MiB, f.sid2);
+    ck_assert_uint_eq(c.base, a.base);
+    xput(&f, c, false, f.s2, f.sid2);
+    ck_assert_uint_eq(bfc__pool_release_free(&f.pool), 4 * MiB);
+    struct rgn d = xget(&f, 6 * MiB, f.sid1);
+    ck_assert_uint_eq(f.pool.backend_frees, 1);
+    xput(&f, d, false, f.s1, f.sid1);
+    xput(&f, b, false, f.s1, f.sid1);
     fix_fini(&f);
 }
 END_TEST
@@ -723,9 +752,9 @@ START_TEST(test_backend_refuses)
     bfc__backend_t *be = sim_open();
     bfc__sim_set_alloc_ceiling(be, 8 * MiB);
     struct bfc__pool p;
-    ck_assert_int_eq(bfc__pool_init(&p, be, 16 * MiB, false), BFC_ENOMEM);
+    ck_assert_int_eq(bfc__pool_init(&p, be, 16 * MiB, false, true), BFC_ENOMEM);
     ck_assert_uint_eq(bfc__sim_bytes_held(be), 0);
-    ck_assert_int_eq(bfc__pool_init(&p, be, 8 * MiB, false), BFC_OK);
+    ck_assert_int_eq(bfc__pool_init(&p, be, 8 * MiB, false, true), BFC_OK);
     bfc__pool_fini(&p);
     be->ops->close(be);
 }
@@ -834,6 +863,7 @@ static Suite *pool_suite(void)
     tcase_set_timeout(tc, 30);
     tcase_add_test(tc, test_growth_segments);
     tcase_add_test(tc, test_growth_limit);
+    tcase_add_test(tc, test_growth_no_recycle);
     tcase_add_test(tc, test_release_free);
     tcase_add_test(tc, test_reservation);
     tcase_add_test(tc, test_fence_own_stream_only);
