@@ -586,7 +586,7 @@ BFC_API int bfc_host_record_stream(void *p, bfc_stream_t stream);
     X(num_shards, SUM, "live shards (context) / 1")                                           \
     X(num_remote_frees, SUM, "frees issued on a stream other than the owner's")                \
     X(num_pending_frees, SUM, "freed blocks still waiting for their fence")                    \
-    X(num_ooms, SUM, "allocations that failed for lack of memory")                            \
+    X(num_ooms, SUM, "allocations that failed for lack of memory (once each, OOM retry included)") \
     X(bytes_free, SUM, "free chunk bytes in the shards' bins")                                 \
     X(largest_free_chunk, MAX, "largest free chunk of any shard")                              \
     X(bytes_pending, SUM, "bytes of blocks waiting for their fences")                         \

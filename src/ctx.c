@@ -558,6 +558,12 @@ static uint32_t fence_wait_ms(struct bfc_ctx *ctx)
     return ctx->be->kind == BFC_BACKEND_SIM ? 0 : UINT32_MAX;
 }
 
+/* Set while alloc_observed retries an allocation for the OOM callback:
+ * num_ooms counts allocations that failed, not attempts, so the retry's
+ * failure is not counted again (the first attempt's was), and a retry that
+ * succeeds takes the first one's back (uncount_oom). */
+static __thread bool oom_retrying;
+
 /* ------------------------------------------- expandable arenas' escalation
  *
  * The primitives are expand.c's (mark, fence and unmap free granules) and
@@ -726,7 +732,7 @@ static void *expand_escalate(struct bfc_ctx *ctx, struct bfc__arena *a, size_t n
     }
 fail:
     *status = st;
-    if (st != BFC__RETRY)
+    if (st != BFC__RETRY && !oom_retrying)
         a->st.ooms++;
     return NULL;
 }
@@ -923,7 +929,7 @@ void *bfc__ctx_alloc_slow(struct bfc_ctx *ctx, struct bfc__arena *a, size_t n, s
     }
 fail:
     *status = st;
-    if (st != BFC__RETRY)
+    if (st != BFC__RETRY && !oom_retrying)
         a->st.ooms++;
     return NULL;
 }
@@ -935,7 +941,8 @@ static inline __attribute__((always_inline)) void *alloc_once(struct bfc_ctx *ct
     size_t rounded = bfc__round256(n);
     if (BFC__UNLIKELY(rounded == 0 || rounded > ctx->limit)) {
         /* relaxed: a statistic. */
-        atomic_fetch_add_explicit(&ctx->ooms, 1, memory_order_relaxed);
+        if (!oom_retrying)
+            atomic_fetch_add_explicit(&ctx->ooms, 1, memory_order_relaxed);
         *status = BFC_ENOMEM;
         return NULL;
     }
@@ -970,6 +977,23 @@ static inline __attribute__((always_inline)) void *alloc_once(struct bfc_ctx *ct
     return p;
 }
 
+/* The retry for the OOM callback served p: the allocation did not fail
+ * after all, and the count its first attempt added to p's shard -- the
+ * stream's, which served the retry too -- goes. */
+static void uncount_oom(struct bfc_ctx *ctx, void *p)
+{
+    bfc__rcu_lock();
+    struct bfc__region *r = bfc__regionmap_lookup((uintptr_t)p);
+    if (r && r->tag == ctx) {
+        struct bfc__arena *a = r->owner;
+        bfc__lock(&a->lock);
+        if (a->st.ooms)
+            a->st.ooms--;
+        bfc__unlock(&a->lock);
+    }
+    bfc__rcu_unlock();
+}
+
 /* A failed allocation, or any allocation while a trace runs: the OOM
  * report (callback, one retry, oom_dump) and the trace event.  No allocator
  * lock is held here. */
@@ -977,8 +1001,13 @@ static __attribute__((noinline, cold)) void *alloc_observed(struct bfc_ctx *ctx,
                                                             void *p, int st)
 {
     if (!p && st == BFC_ENOMEM) {
-        if (bfc__oom_callback(ctx, n, stream, bfc_ctx_stats))
+        if (bfc__oom_callback(ctx, n, stream, bfc_ctx_stats)) {
+            oom_retrying = true;
             p = alloc_once(ctx, stream, n, &st);
+            oom_retrying = false;
+            if (p)
+                uncount_oom(ctx, p);
+        }
         if (!p && st == BFC_ENOMEM)
             oom_dump(ctx);
     }

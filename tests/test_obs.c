@@ -488,6 +488,15 @@ struct oom_rec {
     bfc_stream_t free_stream;
 };
 
+/* num_ooms: allocations that failed (a retry for the callback is part of
+ * its allocation, not another one). */
+static uint64_t ooms_of(bfc_ctx_t *ctx)
+{
+    bfc_stats_t x;
+    ck_assert_int_eq(bfc_ctx_stats(ctx, &x), BFC_OK);
+    return x.num_ooms;
+}
+
 static int oom_cb(bfc_ctx_t *ctx, size_t size, bfc_stream_t stream, const bfc_stats_t *summary, void *arg)
 {
     struct oom_rec *r = arg;
@@ -525,25 +534,31 @@ START_TEST(test_oom_callback_args_and_no_retry)
     ck_assert_uint_eq(r.summary.bytes_in_use, bfc_ctx_allocated_size(ctx, a));
     ck_assert_uint_eq(r.summary.bytes_requested, 5 * MiB);
     ck_assert_uint_eq(r.summary.bytes_limit, 8 * MiB);
-    ck_assert_uint_ge(r.summary.num_ooms, 1);
+    ck_assert_uint_eq(r.summary.num_ooms, 1);
+    ck_assert_uint_eq(ooms_of(ctx), 1);
 
     /* Asking for a retry without freeing anything: one retry, no second
-     * call. */
+     * call; one more failed allocation, not two. */
     r.ret = 1;
     ck_assert_ptr_null(bfc_ctx_alloc(ctx, s, 4 * MiB));
     ck_assert_int_eq(bfc_last_error(), BFC_ENOMEM);
     ck_assert_int_eq(r.calls, 2);
+    ck_assert_uint_eq(r.summary.num_ooms, 2);
+    ck_assert_uint_eq(ooms_of(ctx), 2);
 
-    /* Larger than the limit: reported too (size as asked). */
+    /* Larger than the limit: reported too (size as asked), retried, and
+     * counted once. */
     ck_assert_ptr_null(bfc_ctx_alloc(ctx, NULL, 64 * MiB));
     ck_assert_int_eq(r.calls, 3);
     ck_assert_uint_eq(r.size, 64 * MiB);
     ck_assert_ptr_null(r.stream);
+    ck_assert_uint_eq(ooms_of(ctx), 3);
 
     /* Removed: not called. */
     ck_assert_int_eq(bfc_ctx_set_oom_callback(ctx, NULL, NULL), BFC_OK);
     ck_assert_ptr_null(bfc_ctx_alloc(ctx, s, 4 * MiB));
     ck_assert_int_eq(r.calls, 3);
+    ck_assert_uint_eq(ooms_of(ctx), 4);
 
     xfree(ctx, a, s);
     bfc_sim_stream_destroy(ctx, s);
@@ -567,6 +582,10 @@ START_TEST(test_oom_callback_frees_and_retry_succeeds)
     ck_assert_int_eq(r.calls, 1);
     ck_assert_uint_eq(r.size, 4 * MiB);
     ck_assert_uint_eq(r.summary.bytes_requested, 6 * MiB); /* the state that failed */
+    /* The callback saw the failure counted; served by the retry, the
+     * allocation did not fail after all. */
+    ck_assert_uint_eq(r.summary.num_ooms, 1);
+    ck_assert_uint_eq(ooms_of(ctx), 0);
 
     /* The same from a failing stream t whose shard holds nothing: the
      * callback frees s's block; the retry takes memory from s's shard. */
@@ -577,6 +596,10 @@ START_TEST(test_oom_callback_frees_and_retry_succeeds)
     ck_assert_msg(c != NULL, "cross-shard retry failed: %s", bfc_strerror(bfc_last_error()));
     ck_assert_int_eq(r.calls, 1);
     ck_assert_ptr_eq(r.stream, t);
+    ck_assert_uint_eq(ooms_of(ctx), 0);
+    bfc_stats_t ts;
+    ck_assert_int_eq(bfc_ctx_stream_stats(ctx, t, &ts), BFC_OK);
+    ck_assert_uint_eq(ts.num_ooms, 0);
     xfree(ctx, c, t);
     ck_assert_int_eq(bfc_ctx_check(ctx), BFC_OK);
     bfc_sim_stream_destroy(ctx, s);
