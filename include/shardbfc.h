@@ -397,10 +397,11 @@ BFC_API void *bfc_ctx_alloc(bfc_ctx_t *ctx, bfc_stream_t stream, size_t n);
  * changes.  A second free is recognised also after the block's memory left
  * its shard (a large block's region at its free, trim, garbage collection,
  * a released stream): the library remembers the last 1,024 such ranges,
- * where any 256-byte boundary (a large block's: its start) reads as a double
- * free, until the memory is given out again.  If the event cannot be recorded, the block is fenced by a full
- * synchronisation of `stream` instead (BFC_OK); if that fails too, BFC_EBACKEND
- * and the block stays allocated (free it again later).
+ * where any 256-byte boundary (a large block's: its start) reads as a
+ * double free, until the memory is given out again.  If the event cannot be
+ * recorded, the block is fenced by a full synchronisation of `stream`
+ * instead (BFC_OK); if that fails too, BFC_EBACKEND and the block stays
+ * allocated (free it again later).
  * Context: thread-safe; lock-free lookup; a same-stream free takes the owner
  * arena's lock; a cross-stream free takes the freeing stream's own arena lock
  * (for a pooled event) and enqueues wait-free to the owner.  Does not block.

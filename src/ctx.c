@@ -1461,17 +1461,14 @@ static int with_live_chunk(struct bfc_ctx *ctx, const void *ptr,
 }
 
 struct record_arg {
-    struct bfc_ctx *ctx;
     bfc_stream_t stream;
+    uint64_t id; /* the stream's */
 };
 
 static int record_fn(struct bfc__arena *a, struct bfc__chunk *c, void *arg)
 {
     struct record_arg *ra = arg;
-    uint64_t id;
-    int st = ra->ctx->be->ops->stream_id(ra->ctx->be, ra->stream, &id);
-    if (st != BFC_OK)
-        return st;
+    uint64_t id = ra->id;
     if (id == a->stream_id)
         return BFC_OK;
     struct bfc__recorded *head = atomic_load_explicit((struct bfc__recorded *_Atomic *)&c->recorded,
@@ -1497,9 +1494,14 @@ static int record_fn(struct bfc__arena *a, struct bfc__chunk *c, void *arg)
 
 int bfc_ctx_record_stream(bfc_ctx_t *ctx, void *p, bfc_stream_t stream)
 {
-    if (!p)
+    if (!ctx || !p)
         return BFC_EINVAL;
-    struct record_arg ra = { ctx, stream };
+    /* The stream first, as on every call that names one: a dead or foreign
+     * handle is BFC_EINVAL whatever p is. */
+    struct record_arg ra = { stream, 0 };
+    int st = ctx->be->ops->stream_id(ctx->be, stream, &ra.id);
+    if (st != BFC_OK)
+        return st;
     return with_live_chunk(ctx, p, record_fn, &ra);
 }
 

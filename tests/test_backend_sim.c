@@ -590,6 +590,10 @@ START_TEST(test_public_unknown_handle)
     expect_refused(ctx, (bfc_stream_t)(void *)&local, p);
     /* NULL is still the default stream. */
     ck_assert_int_eq(bfc_ctx_free(ctx, p, NULL), BFC_OK);
+    /* The stream is judged first, whatever the pointer: a freed one too. */
+    ck_assert_int_eq(bfc_ctx_free(ctx, p, (bfc_stream_t)(uintptr_t)0x1234), BFC_EINVAL);
+    ck_assert_int_eq(bfc_ctx_record_stream(ctx, p, (bfc_stream_t)(uintptr_t)0x1234), BFC_EINVAL);
+    ck_assert_int_eq(bfc_ctx_record_stream(ctx, p, NULL), BFC_EDOUBLEFREE);
     bfc_ctx_destroy(ctx);
 }
 END_TEST
