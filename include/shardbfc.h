@@ -699,11 +699,15 @@ typedef int (*bfc_oom_fn)(bfc_ctx_t *ctx, size_t size, bfc_stream_t stream,
 
 /*
  * Why an allocation failed, as the OOM report diagnoses it (first match):
- *   BFC_OOM_TOO_LARGE   the request alone is larger than the limit;
+ *   BFC_OOM_TOO_LARGE   the request alone is larger than the limit (with
+ *                       expandable arenas: than the whole granules the
+ *                       limit holds, its granules counted whole);
  *   BFC_OOM_LIMIT       the limit is reached: live blocks plus the request
- *                       exceed it, so only freeing live blocks helps;
- *   BFC_OOM_BACKEND     the limit has room for it, but the device (or the
- *                       SIM ceiling) refused the memory;
+ *                       exceed it (with expandable arenas, its whole
+ *                       granules), so only freeing live blocks helps;
+ *   BFC_OOM_BACKEND     the limit has room for it (whole granules, with
+ *                       expandable arenas), but the device (or the SIM
+ *                       ceiling) refused the memory;
  *   BFC_OOM_TRANSIENT   by the time the report looked, memory this stream
  *                       could use was free (freed concurrently): a retry
  *                       may succeed;

@@ -202,6 +202,12 @@ static void diagnose(struct bfc_ctx *ctx, struct bfc__oom_report *r)
     }
 
     const uint64_t R = in->rounded;
+    /* Expandable arenas map whole granules: a request takes them whole, and
+     * a limit that is not a multiple of the granule holds only the whole
+     * ones (limit 3 MiB, granule 2 MiB: 2.5 MiB can never be mapped). */
+    const uint64_t gran = ctx->vmm ? ctx->be->vmm_granule : 0;
+    const uint64_t RG = gran ? (R + gran - 1) / gran * gran : R;
+    const uint64_t LG = gran ? in->bytes_limit / gran * gran : in->bytes_limit;
     char need[32], lim[32], a[32], b[32], c[32], d[32], e[32];
     fmt_bytes(need, sizeof need, R);
     fmt_bytes(lim, sizeof lim, in->bytes_limit);
@@ -211,14 +217,29 @@ static void diagnose(struct bfc_ctx *ctx, struct bfc__oom_report *r)
         in->cause = BFC_OOM_TOO_LARGE;
         fmt_bytes(a, sizeof a, in->size);
         snprintf(o, len, "request too large: %s (%zu bytes) is more than the whole %s limit", a, in->size, lim);
-    } else if (in->bytes_in_use + R > in->bytes_limit) {
+    } else if (RG > LG) {
+        in->cause = BFC_OOM_TOO_LARGE;
+        fmt_bytes(a, sizeof a, in->size);
+        fmt_bytes(b, sizeof b, gran);
+        fmt_bytes(c, sizeof c, LG);
+        snprintf(o, len,
+                 "request too large: %s (%zu bytes) needs more %s granules than the %s limit holds whole (%s)",
+                 a, in->size, b, lim, c);
+    } else if (in->bytes_in_use + R > LG) {
         in->cause = BFC_OOM_LIMIT;
         fmt_bytes(a, sizeof a, in->bytes_in_use);
-        snprintf(o, len,
-                 "limit reached: %s in use + %s requested > %s limit; only freeing live blocks (or a higher "
-                 "memory_limit) helps",
-                 a, need, lim);
-    } else if (in->bytes_unreserved >= R) {
+        fmt_bytes(b, sizeof b, LG);
+        if (LG == in->bytes_limit)
+            snprintf(o, len,
+                     "limit reached: %s in use + %s requested > %s limit; only freeing live blocks (or a "
+                     "higher memory_limit) helps",
+                     a, need, lim);
+        else
+            snprintf(o, len,
+                     "limit reached: %s in use + %s requested > %s, what the %s limit holds in whole "
+                     "granules; only freeing live blocks (or a higher memory_limit) helps",
+                     a, need, b, lim);
+    } else if ((LG > held ? LG - held : 0) >= RG) {
         in->cause = BFC_OOM_BACKEND;
         fmt_bytes(a, sizeof a, in->bytes_unreserved);
         snprintf(o, len,

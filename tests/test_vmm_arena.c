@@ -622,6 +622,34 @@ START_TEST(test_oom_report_counts_mapped)
 }
 END_TEST
 
+/* A limit that is not a multiple of the granule holds only its whole
+ * granules, and the report says so: a request that needs more of them than
+ * the limit holds is too large, one that would pass them with the blocks in
+ * use is the limit -- not the device refusing (the backend never saw it). */
+START_TEST(test_oom_report_whole_granules)
+{
+    bfc_ctx_t *ctx = ctx_spec("memory_limit=3M,vmm=on", 2 * MiB);
+    bfc_oom_info_t i;
+    ck_assert_ptr_null(bfc_ctx_alloc(ctx, NULL, 2560 * KiB));
+    ck_assert_int_eq(bfc_ctx_oom_info(ctx, &i), BFC_OK);
+    ck_assert_msg(i.cause == BFC_OOM_TOO_LARGE, "cause %d: %s", (int)i.cause, i.diagnosis);
+    ck_assert_ptr_nonnull(strstr(i.diagnosis, "granules"));
+    char *q = bfc_ctx_alloc(ctx, NULL, MiB);
+    ck_assert_ptr_nonnull(q);
+    ck_assert_ptr_null(bfc_ctx_alloc(ctx, NULL, 1536 * KiB));
+    ck_assert_int_eq(bfc_ctx_oom_info(ctx, &i), BFC_OK);
+    ck_assert_msg(i.cause == BFC_OOM_LIMIT, "cause %d: %s", (int)i.cause, i.diagnosis);
+    ck_assert_ptr_nonnull(strstr(i.diagnosis, "whole granules"));
+    /* What the whole granule left holds is served. */
+    char *r = bfc_ctx_alloc(ctx, NULL, MiB);
+    ck_assert_ptr_nonnull(r);
+    ck_assert_int_eq(bfc_ctx_free(ctx, r, NULL), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_free(ctx, q, NULL), BFC_OK);
+    check_ok(ctx);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
 /* ------------------------------------------------------ release policy */
 
 static void calls(bfc_ctx_t *ctx, uint64_t *maps, uint64_t *unmaps)
@@ -1474,6 +1502,7 @@ static Suite *vmm_suite(void)
     tcase_add_test(tc, test_release_same_stream);
     tcase_add_test(tc, test_release_same_stream_late);
     tcase_add_test(tc, test_oom_report_counts_mapped);
+    tcase_add_test(tc, test_oom_report_whole_granules);
     tcase_add_test(tc, test_churn);
     tcase_add_test(tc, test_amortised);
     tcase_add_test(tc, test_under_threshold);
