@@ -780,6 +780,16 @@ static bool own_room(struct bfc_ctx *ctx, struct bfc__arena *a, size_t rounded)
     return free_bytes && free_bytes + room >= rounded;
 }
 
+/* Step 4 of the slow path: gives our fully free regions back to the pool,
+ * where they coalesce with the free memory around them, when that could
+ * make room (allow_growth=false, or garbage_collection: see there).  True
+ * when any went. */
+static bool shed_own(struct bfc_ctx *ctx, struct bfc__arena *a, size_t rounded)
+{
+    return (!ctx->cfg.allow_growth || ctx->cfg.garbage_collection) && own_room(ctx, a, rounded) &&
+           bfc__arena_shed_locked(a, false);
+}
+
 /* After the lock was dropped: the shard may have been retired (*status =
  * BFC__RETRY); else our queue, the bins and a new region once more.  NULL
  * with *status BFC_ENOMEM when nothing worked. */
@@ -869,8 +879,7 @@ void *bfc__ctx_alloc_slow(struct bfc_ctx *ctx, struct bfc__arena *a, size_t n, s
          * returning memory to the backend, which is what
          * garbage_collection asks for (TensorFlow's semantics: without it a
          * shard keeps its regions and the request fails). */
-        if ((!ctx->cfg.allow_growth || ctx->cfg.garbage_collection) && own_room(ctx, a, rounded) &&
-            bfc__arena_shed_locked(a, false)) {
+        if (shed_own(ctx, a, rounded)) {
             st = BFC_ENOMEM;
             if ((p = bfc__arena_grow_locked(a, n, rounded, large, &st)))
                 return p;
@@ -892,6 +901,15 @@ void *bfc__ctx_alloc_slow(struct bfc_ctx *ctx, struct bfc__arena *a, size_t n, s
             return p;
         if (st != BFC_ENOMEM)
             goto fail;
+        /* Step 4 again: it judged our free regions by what the limit had
+         * room for then; with the other shards' regions back in the pool
+         * ours may now make the piece the request needs with them. */
+        if (shed_own(ctx, a, rounded)) {
+            if ((p = retry_here(ctx, a, n, rounded, large, fit_first, &st)))
+                return p;
+            if (st != BFC_ENOMEM)
+                goto fail;
+        }
         if (ctx->cfg.garbage_collection && bfc__pool_release_free(&ctx->pool) > 0) {
             if ((p = retry_here(ctx, a, n, rounded, large, fit_first, &st)))
                 return p;

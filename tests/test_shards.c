@@ -627,6 +627,39 @@ START_TEST(test_memory_moves_between_streams_growth)
 }
 END_TEST
 
+/* Nothing live, no stream held: the whole limit is free, split between a
+ * fully free region of the requesting stream's shard and one of another
+ * shard.  A request for all of it succeeds: the other shard's region goes
+ * back to the pool, and then the requester's own (which, judged before,
+ * could not make room alone), where the two join.  With allow_growth=false
+ * they coalesce in the one reservation; with growth and garbage
+ * collection, the pool frees both segments and makes one of the size
+ * wanted. */
+START_TEST(test_own_free_region_joins_others)
+{
+    for (int growth = 0; growth < 2; growth++) {
+        const size_t limit = growth ? 4 * MiB : 3 * MiB;
+        bfc_config_t c = cfg_grow(limit);
+        c.allow_growth = growth;
+        c.garbage_collection = growth;
+        c.initial_region = growth ? 1 * MiB : 2 * MiB;
+        bfc_ctx_t *ctx = ctx_new(&c);
+        bfc_stream_t a = new_stream(ctx), b = new_stream(ctx);
+        void *pa = xalloc(ctx, a, 1 * MiB), *pb = xalloc(ctx, b, 64 * KiB);
+        xfree(ctx, pb, b);
+        xfree(ctx, pa, a);
+        ck_assert_uint_eq(sst(ctx, b).num_regions, 1);
+        void *all = bfc_ctx_alloc(ctx, b, limit);
+        ck_assert_msg(all != NULL, "growth=%d: the whole free limit was refused (%s)", growth,
+                      bfc_err_name(bfc_last_error()));
+        memset(all, 0x6B, limit);
+        xfree(ctx, all, b);
+        xcheck(ctx);
+        bfc_ctx_destroy(ctx);
+    }
+}
+END_TEST
+
 START_TEST(test_memory_moves_between_streams_reserved)
 {
     other_streams_memory(false, false);
@@ -1400,6 +1433,7 @@ static Suite *shards_suite(void)
     TCase *lim = tcase_create("limit");
     tcase_add_test(lim, test_memory_moves_between_streams_growth);
     tcase_add_test(lim, test_memory_moves_between_streams_reserved);
+    tcase_add_test(lim, test_own_free_region_joins_others);
     tcase_add_test(lim, test_memory_moves_remote_frees_in_queue);
     tcase_add_test(lim, test_memory_moves_after_fence);
     tcase_add_test(lim, test_memory_moves_region_handed_over);
