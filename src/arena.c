@@ -292,6 +292,8 @@ size_t bfc__arena_tails_locked(struct bfc__arena *a, struct bfc__range *out, siz
             break;
         if (has_free_tail(r))
             out[n++] = (struct bfc__range){ r->tail->ptr, r->tail->size, r->seg };
+        else if (r->live == 0 && !r->large && !r->vmm)
+            out[n++] = (struct bfc__range){ r->base, r->size, r->seg };
     }
     return n;
 }

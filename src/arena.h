@@ -198,8 +198,11 @@ void bfc__arena_free(struct bfc__arena *a);
  *         regions still in use -- back to the pool, fenced on our stream;
  *         returns the bytes given back. */
 void *bfc__arena_fit_locked(struct bfc__arena *a, size_t n, size_t rounded);
-/* The free tails of our regions that are still in use (what shed with tails
- * would give back): up to max ranges into out, returns how many. */
+/* What shed with tails would give back: the free tails of our regions
+ * still in use, and our fully free classic regions whole (a region may
+ * become one between a shed of the fully free ones and this look, when its
+ * last blocks are freed meanwhile): up to max ranges into out, returns how
+ * many. */
 size_t bfc__arena_tails_locked(struct bfc__arena *a, struct bfc__range *out, size_t max);
 void *bfc__arena_grow_locked(struct bfc__arena *a, size_t n, size_t rounded, bool large, int *status);
 void bfc__arena_drain_locked(struct bfc__arena *a, bool full);

@@ -972,6 +972,69 @@ END_TEST
 
 /* Two threads free the same block: exactly one wins.  Variants: both on the
  * owner stream, both cross-stream (held and idle), one of each. */
+/* One stream frees its last blocks while another, new, allocates: at
+ * every instant half of the limit is free -- first as the freeing stream's
+ * free tail, then as its fully free region -- and the allocation must find
+ * it whichever it meets (allow_growth=false, TensorFlow's layout: the
+ * first stream's region is the whole limit).  The escalation looked for
+ * fully free regions first and free tails of regions in use later; a
+ * region whose last blocks were freed between the two looks was neither,
+ * and the allocation failed (1% of runs). */
+struct free_vs_alloc {
+    bfc_ctx_t *ctx;
+    pthread_barrier_t *bar;
+    bfc_stream_t s;
+    void *p[3];
+    bool freer;
+    int err; /* the allocation's bfc_last_error */
+};
+
+static void *free_vs_alloc_run(void *arg)
+{
+    struct free_vs_alloc *f = arg;
+    pthread_barrier_wait(f->bar);
+    if (f->freer)
+        for (int i = 0; i < 3; i++)
+            ck_assert_int_eq(bfc_ctx_free(f->ctx, f->p[i], f->s), BFC_OK);
+    else {
+        f->p[0] = bfc_ctx_alloc(f->ctx, f->s, 1 * KiB);
+        f->err = bfc_last_error();
+    }
+    return NULL;
+}
+
+START_TEST(test_race_free_vs_alloc_new_stream)
+{
+    bfc_config_t c = cfg_grow(6 * KiB);
+    c.allow_growth = false;
+    bfc_ctx_t *ctx = ctx_new(&c);
+    pthread_barrier_t bar;
+    ck_assert_int_eq(pthread_barrier_init(&bar, NULL, 2), 0);
+    for (int it = 0; it < 3000; it++) {
+        struct free_vs_alloc f[2] = { { ctx, &bar, new_stream(ctx), { NULL }, true, 0 },
+                                      { ctx, &bar, new_stream(ctx), { NULL }, false, 0 } };
+        for (int i = 0; i < 3; i++)
+            f[0].p[i] = xalloc(ctx, f[0].s, 1 * KiB);
+        pthread_t th[2];
+        for (int i = 0; i < 2; i++)
+            ck_assert_int_eq(pthread_create(&th[i], NULL, free_vs_alloc_run, &f[i]), 0);
+        for (int i = 0; i < 2; i++)
+            ck_assert_int_eq(pthread_join(th[i], NULL), 0);
+        ck_assert_msg(f[1].p[0] != NULL, "iteration %d: 1 KiB refused (%s) with 3 KiB of 6 KiB free", it,
+                      bfc_err_name(f[1].err));
+        xfree(ctx, f[1].p[0], f[1].s);
+        for (int i = 0; i < 2; i++) {
+            ck_assert_int_eq(bfc_ctx_stream_release(ctx, f[i].s), BFC_OK);
+            bfc_sim_stream_destroy(ctx, f[i].s);
+        }
+    }
+    ck_assert_uint_eq(st(ctx).bytes_in_use, 0);
+    xcheck(ctx);
+    pthread_barrier_destroy(&bar);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
 START_TEST(test_race_double_free)
 {
     bfc_ctx_t *ctx = ctx_default();
@@ -1448,6 +1511,7 @@ static Suite *shards_suite(void)
     tcase_add_test(race, test_race_shard_creation);
     tcase_add_test(race, test_race_double_free);
     tcase_add_test(race, test_race_double_free_spin);
+    tcase_add_test(race, test_race_free_vs_alloc_new_stream);
     tcase_add_test(race, test_fast_paths_wake_waiters);
 #ifndef BFC_TEST_TSAN
     tcase_add_test(race, test_fork_child_allocates);
