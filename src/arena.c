@@ -607,10 +607,19 @@ static int extend(struct bfc__arena *a, size_t rounded)
      * next stream.  So while other shards exist a new region takes at most
      * half of what remains (never less than the request).  One shard alone
      * behaves exactly like TensorFlow.  relaxed: an estimate is enough. */
-    if (atomic_load_explicit(env->shards_live, memory_order_relaxed) > 1 && size > available / 2) {
+    bool shared = atomic_load_explicit(env->shards_live, memory_order_relaxed) > 1;
+    if (shared && size > available / 2) {
         size_t half = (available / 2) & ~(BFC__MIN_ALLOC - 1);
         size = half > rounded ? half : rounded;
     }
+    /* With other shards, a region the split rule would hand to this one
+     * block whole (less than twice it, the leftover under max_frag) is cut
+     * to the block, at every step below too: near the limit the rest is
+     * what the next stream needs (64 streams of 1 MiB each in a 64 MiB
+     * limit, allow_growth=false: eleven were refused, their memory gone to
+     * regions of 1.63 MiB given whole). */
+    if (shared && size < 2 * rounded && size - rounded < env->max_frag)
+        size = rounded;
     struct bfc__region *r;
     /* Each refusal shrinks by 0.9x; when rounding would undo the shrink we
      * step down by one granule, so the loop ends within a bounded number of
@@ -635,6 +644,8 @@ static int extend(struct bfc__arena *a, size_t rounded)
             next = most;
         if (next < rounded)
             return BFC_ENOMEM; /* no step could be served */
+        if (shared && next < 2 * rounded && next - rounded < env->max_frag)
+            next = rounded;
         size = next;
     }
     if (!grew)

@@ -660,6 +660,30 @@ START_TEST(test_own_free_region_joins_others)
 }
 END_TEST
 
+/* With other shards, a new region that the split rule would hand whole to
+ * the block it is made for (less than twice the block) is made the
+ * block's size: the rest would be lost inside that block, where another
+ * stream could use it.  One shard alone keeps TensorFlow's schedule, the
+ * block taking the whole region. */
+START_TEST(test_region_cut_to_block_when_shared)
+{
+    for (int shared = 0; shared < 2; shared++) {
+        bfc_config_t c = cfg_grow(64 * MiB);
+        bfc_ctx_t *ctx = ctx_new(&c);
+        bfc_stream_t a = new_stream(ctx), b = new_stream(ctx);
+        void *small = xalloc(ctx, a, 1 * KiB);
+        bfc_stream_t s = shared ? b : a;
+        void *p = xalloc(ctx, s, 3 * MiB); /* the schedule's next region: 4 MiB */
+        ck_assert_uint_eq(bfc_ctx_allocated_size(ctx, p), shared ? 3 * MiB : 4 * MiB);
+        ck_assert_uint_eq(sst(ctx, s).bytes_reserved, shared ? 3 * MiB : 6 * MiB);
+        xfree(ctx, p, s);
+        xfree(ctx, small, a);
+        xcheck(ctx);
+        bfc_ctx_destroy(ctx);
+    }
+}
+END_TEST
+
 START_TEST(test_memory_moves_between_streams_reserved)
 {
     other_streams_memory(false, false);
@@ -1497,6 +1521,7 @@ static Suite *shards_suite(void)
     tcase_add_test(lim, test_memory_moves_between_streams_growth);
     tcase_add_test(lim, test_memory_moves_between_streams_reserved);
     tcase_add_test(lim, test_own_free_region_joins_others);
+    tcase_add_test(lim, test_region_cut_to_block_when_shared);
     tcase_add_test(lim, test_memory_moves_remote_frees_in_queue);
     tcase_add_test(lim, test_memory_moves_after_fence);
     tcase_add_test(lim, test_memory_moves_region_handed_over);
