@@ -353,6 +353,14 @@ BFC_API int bfc_config_validate(const bfc_config_t *cfg);
  *     requests included).  A second stream is served from the free tail of
  *     that region, which the first shard gives back to the pool when the
  *     second needs memory (the region then ends at its last live block).
+ *   - Classic regions with several shards (either allow_growth).  One
+ *     shard alone follows TensorFlow's Extend exactly.  While others exist,
+ *     a new region takes at most half of the limit's free memory (one busy
+ *     shard must not double its way to all of it while little is live), in
+ *     whole multiples of the request (a stream whose blocks are of one size
+ *     fills it to the end), and a region the split rule would hand to its
+ *     one block whole (less than twice the block) is made the block's size:
+ *     what is left stays in the pool for the other streams.
  */
 
 /*

@@ -756,11 +756,12 @@ END_TEST
 /*
  * A fragmented pool (allow_growth=false, the whole 8 MiB reserved): stream a
  * takes the one region of everything and a 3 MiB block; stream b's first
- * block makes a give its free tail back, and b's region is half of that
- * (2.5 MiB, [3, 5.5) MiB); a's block is freed.  Then 5 MiB on b: a's fully
- * free region goes back to the pool, which then holds [0, 3) and [5.5, 8)
- * MiB -- 5.5 MiB, no piece of 5 -- and b's own free tail (1.5 MiB) would
- * not join them into one.  The pool's spans say so.
+ * block (1.25 MiB) makes a give its free tail back, and b's region is half
+ * of that (2.5 MiB, [3, 5.5) MiB: two of its blocks); a's block is freed.
+ * Then 5 MiB on b: a's fully free region goes back to the pool, which then
+ * holds [0, 3) and [5.5, 8) MiB -- 5.5 MiB, no piece of 5 -- and b's own
+ * free tail (1.25 MiB) would not join them into one.  The pool's spans say
+ * so.
  */
 static bfc_ctx_t *fragmented_pool(bfc_stream_t *a, bfc_stream_t *b, void **pb)
 {
@@ -768,7 +769,7 @@ static bfc_ctx_t *fragmented_pool(bfc_stream_t *a, bfc_stream_t *b, void **pb)
     *a = bfc_sim_stream_create(ctx);
     *b = bfc_sim_stream_create(ctx);
     void *pa = xalloc(ctx, *a, 3 * MiB);
-    *pb = xalloc(ctx, *b, MiB);
+    *pb = xalloc(ctx, *b, 5 * MiB / 4);
     ck_assert_ptr_eq(*pb, (char *)pa + 3 * MiB);
     xfree(ctx, pa, *a);
     return ctx;
@@ -784,7 +785,7 @@ START_TEST(test_oom_report_pool_spans)
     bfc_oom_info_t i = oom_info(ctx, BFC_OOM_FRAGMENTED);
     ck_assert_ptr_eq(i.stream, b);
     ck_assert_uint_eq(i.num_shards, 2);
-    ck_assert_uint_eq(i.stream_largest_free, 3 * MiB / 2);
+    ck_assert_uint_eq(i.stream_largest_free, 5 * MiB / 4);
     ck_assert_uint_eq(i.other_largest_free, 0);
     ck_assert_uint_eq(i.pool_free, 11 * MiB / 2);
     ck_assert_uint_eq(i.pool_largest_span, 3 * MiB);
@@ -812,8 +813,8 @@ START_TEST(test_oom_report_pool_spans)
         if (bool_of(e, "requesting")) {
             requesting++;
             ck_assert_str_eq(bfc_json_str(e, "stream", ""), want);
-            ck_assert_uint_eq(bfc_json_u64(e, "largest_free", 0), 3 * MiB / 2);
-            ck_assert_uint_eq(bfc_json_u64(e, "in_use", 0), MiB);
+            ck_assert_uint_eq(bfc_json_u64(e, "largest_free", 0), 5 * MiB / 4);
+            ck_assert_uint_eq(bfc_json_u64(e, "in_use", 0), 5 * MiB / 4);
         } else {
             ck_assert_uint_eq(bfc_json_u64(e, "largest_free", 1), 0);
             ck_assert_uint_eq(bfc_json_u64(e, "in_use", 1), 0);

@@ -684,6 +684,38 @@ START_TEST(test_region_cut_to_block_when_shared)
 }
 END_TEST
 
+/* Sixty-four streams each take 1 MiB of a 64 MiB limit, nothing freed: all
+ * are served, each block exactly its size, with the whole limit reserved
+ * at create (allow_growth=false) and with the TensorFlow-equivalent growth
+ * configuration (one region of the limit).  New regions for later streams
+ * come from earlier streams' free tails; they are sized in multiples of
+ * the request and cut to the block where the split rule would give it a
+ * region whole, so no memory is lost between them. */
+START_TEST(test_many_streams_fill_limit)
+{
+    for (int growth = 0; growth < 2; growth++) {
+        bfc_config_t c = cfg_grow(64 * MiB);
+        c.allow_growth = growth;
+        c.initial_region = 64 * MiB;
+        bfc_ctx_t *ctx = ctx_new(&c);
+        bfc_stream_t s[64];
+        void *p[64];
+        for (int i = 0; i < 64; i++) {
+            s[i] = new_stream(ctx);
+            p[i] = bfc_ctx_alloc(ctx, s[i], 1 * MiB);
+            ck_assert_msg(p[i] != NULL, "growth=%d: stream %d's 1 MiB refused (%s)", growth, i,
+                          bfc_err_name(bfc_last_error()));
+            ck_assert_uint_eq(bfc_ctx_allocated_size(ctx, p[i]), 1 * MiB);
+        }
+        ck_assert_uint_eq(st(ctx).bytes_in_use, 64 * MiB);
+        xcheck(ctx);
+        for (int i = 0; i < 64; i++)
+            xfree(ctx, p[i], s[i]);
+        bfc_ctx_destroy(ctx);
+    }
+}
+END_TEST
+
 START_TEST(test_memory_moves_between_streams_reserved)
 {
     other_streams_memory(false, false);
@@ -1522,6 +1554,7 @@ static Suite *shards_suite(void)
     tcase_add_test(lim, test_memory_moves_between_streams_reserved);
     tcase_add_test(lim, test_own_free_region_joins_others);
     tcase_add_test(lim, test_region_cut_to_block_when_shared);
+    tcase_add_test(lim, test_many_streams_fill_limit);
     tcase_add_test(lim, test_memory_moves_remote_frees_in_queue);
     tcase_add_test(lim, test_memory_moves_after_fence);
     tcase_add_test(lim, test_memory_moves_region_handed_over);
