@@ -595,7 +595,7 @@ BFC_API int bfc_host_record_stream(void *p, bfc_stream_t stream);
     X(num_shards, SUM, "live shards (context) / 1")                                           \
     X(num_remote_frees, SUM, "frees issued on a stream other than the owner's")                \
     X(num_pending_frees, SUM, "freed blocks still waiting for their fence")                    \
-    X(num_ooms, SUM, "allocations that failed for lack of memory (once each, OOM retry included)") \
+    X(num_ooms, SUM, "allocations that failed for lack of memory (each once, callback retry included)") \
     X(bytes_free, SUM, "free chunk bytes in the shards' bins")                                 \
     X(largest_free_chunk, MAX, "largest free chunk of any shard")                              \
     X(bytes_pending, SUM, "bytes of blocks waiting for their fences")                         \
@@ -700,7 +700,9 @@ BFC_API int bfc_ctx_snapshot_json(bfc_ctx_t *ctx, FILE *f);
  * not destroy ctx.
  * A non-zero return asks for the allocation to be retried, once: the retry's
  * outcome is final (a second failure calls the callback no more).  Zero:
- * the allocation fails (NULL, BFC_ENOMEM) at once.
+ * the allocation fails (NULL, BFC_ENOMEM) at once.  num_ooms counts the
+ * allocation once, when it first fails (so *summary includes it), whatever
+ * the retry does.
  */
 typedef int (*bfc_oom_fn)(bfc_ctx_t *ctx, size_t size, bfc_stream_t stream,
                           const bfc_stats_t *summary, void *arg);

@@ -559,9 +559,9 @@ static uint32_t fence_wait_ms(struct bfc_ctx *ctx)
 }
 
 /* Set while alloc_observed retries an allocation for the OOM callback:
- * num_ooms counts allocations that failed, not attempts, so the retry's
- * failure is not counted again (the first attempt's was), and a retry that
- * succeeds takes the first one's back (uncount_oom). */
+ * num_ooms counts allocations, not attempts, so the retry's failure is not
+ * counted again (the first attempt's was, before the callback saw it; a
+ * retry that succeeds leaves that count, which never goes back). */
 static __thread bool oom_retrying;
 
 /* ------------------------------------------- expandable arenas' escalation
@@ -995,23 +995,6 @@ static inline __attribute__((always_inline)) void *alloc_once(struct bfc_ctx *ct
     return p;
 }
 
-/* The retry for the OOM callback served p: the allocation did not fail
- * after all, and the count its first attempt added to p's shard -- the
- * stream's, which served the retry too -- goes. */
-static void uncount_oom(struct bfc_ctx *ctx, void *p)
-{
-    bfc__rcu_lock();
-    struct bfc__region *r = bfc__regionmap_lookup((uintptr_t)p);
-    if (r && r->tag == ctx) {
-        struct bfc__arena *a = r->owner;
-        bfc__lock(&a->lock);
-        if (a->st.ooms)
-            a->st.ooms--;
-        bfc__unlock(&a->lock);
-    }
-    bfc__rcu_unlock();
-}
-
 /* A failed allocation, or any allocation while a trace runs: the OOM
  * report (callback, one retry, oom_dump) and the trace event.  No allocator
  * lock is held here. */
@@ -1023,8 +1006,6 @@ static __attribute__((noinline, cold)) void *alloc_observed(struct bfc_ctx *ctx,
             oom_retrying = true;
             p = alloc_once(ctx, stream, n, &st);
             oom_retrying = false;
-            if (p)
-                uncount_oom(ctx, p);
         }
         if (!p && st == BFC_ENOMEM)
             oom_dump(ctx);
