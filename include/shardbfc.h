@@ -404,9 +404,11 @@ BFC_API void *bfc_ctx_alloc(bfc_ctx_t *ctx, bfc_stream_t stream, size_t n);
  * BFC_ENOTOWNED; a second free gives BFC_EDOUBLEFREE; in both cases nothing
  * changes.  A second free is recognised also after the block's memory left
  * its shard (a large block's region at its free, trim, garbage collection,
- * a released stream): the library remembers the last 1,024 such ranges,
+ * a released stream): the library remembers the last 256 such ranges,
  * where any 256-byte boundary (a large block's: its start) reads as a
- * double free, until the memory is given out again.  If the event cannot be
+ * double free, until the library gives the memory out again (memory it
+ * gave back to the device and that another allocator has handed out since
+ * reads so too while its range is remembered).  If the event cannot be
  * recorded, the block is fenced by a full synchronisation of `stream`
  * instead (BFC_OK); if that fails too, BFC_EBACKEND and the block stays
  * allocated (free it again later).

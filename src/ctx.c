@@ -878,7 +878,9 @@ void *bfc__ctx_alloc_slow(struct bfc_ctx *ctx, struct bfc__arena *a, size_t n, s
          * backend allocations that cannot coalesce: there this only helps by
          * returning memory to the backend, which is what
          * garbage_collection asks for (TensorFlow's semantics: without it a
-         * shard keeps its regions and the request fails). */
+         * shard keeps its regions and the request fails -- bar step 6, which
+         * gives them back, whole, only where that makes the request fit in
+         * memory the pool holds, with no backend call). */
         if (shed_own(ctx, a, rounded)) {
             st = BFC_ENOMEM;
             if ((p = bfc__arena_grow_locked(a, n, rounded, large, &st)))

@@ -230,6 +230,14 @@ static int host_owner(const void *p, bfc_ctx_t **ctx, bfc_stream_t *owner)
         st = BFC_OK;
     }
     bfc__rcu_unlock();
+    if (!r) {
+        /* A block whose memory left its shard after its free (a thread's
+         * arena gone with the thread, trim): a double free, as on a device
+         * (regionmap.h, departed memory). */
+        const void *tag = NULL;
+        if (bfc__regionmap_gone((uintptr_t)p, &tag) == BFC_EDOUBLEFREE && ((const struct bfc_ctx *)tag)->is_host)
+            st = BFC_EDOUBLEFREE;
+    }
     return st;
 }
 

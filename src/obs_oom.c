@@ -206,7 +206,7 @@ static void diagnose(struct bfc_ctx *ctx, struct bfc__oom_report *r)
      * a limit that is not a multiple of the granule holds only the whole
      * ones (limit 3 MiB, granule 2 MiB: 2.5 MiB can never be mapped). */
     const uint64_t gran = ctx->vmm ? ctx->be->vmm_granule : 0;
-    const uint64_t RG = gran ? (R + gran - 1) / gran * gran : R;
+    const uint64_t RG = !gran ? R : R > UINT64_MAX - gran ? UINT64_MAX : (R + gran - 1) / gran * gran;
     const uint64_t LG = gran ? in->bytes_limit / gran * gran : in->bytes_limit;
     char need[32], lim[32], a[32], b[32], c[32], d[32], e[32];
     fmt_bytes(need, sizeof need, R);

@@ -8,8 +8,9 @@
  * one segment at create and regions are carved out of it.  Free ranges
  * (spans) are kept in address order and coalesced within their segment, so
  * memory one shard gave back can serve another shard's larger request.
- * Wholly free segments stay cached until trim, garbage collection or growth
- * under the limit needs the room (then they go back to the backend).
+ * Wholly free segments stay cached until trim, or, with garbage collection
+ * (`recycle`), until growth under the limit needs the room (then they go
+ * back to the backend).
  *
  * Memory changing hands.  A shard may reuse a block at once after a free on
  * its own stream (its later work runs after its earlier work), so memory

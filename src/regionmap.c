@@ -17,8 +17,12 @@
  * one, so a lookup that lands on tombstones steps back over them.  A region
  * whose tail departed shrinks its entry in place (bfc__regionmap_shrink).
  *
+ * Departed ranges (regionmap.h) are a second array, published the same
+ * way: a departure copies it under `wlock`, lookups binary-search it under
+ * rcu_read_lock.
+ *
  * Locking: `wlock` is taken under arena locks, never together with the pool
- * lock, and held only for the copy.  Its holder never waits for liburcu:
+ * lock, and held only for the copies.  Its holder never waits for liburcu:
  * the old array is handed to call_rcu after `wlock` is dropped (see the
  * fork rule in ctx.c), so a fork that holds liburcu's locks and then waits
  * for `wlock` always gets it.
@@ -68,55 +72,138 @@ static size_t upper_bound(const struct bfc__rmap *m, uintptr_t p)
     return lo;
 }
 
-/* Departed ranges (regionmap.h), a ring under wlock: gone_next is the
- * slot the next departure overwrites. */
-static struct gone_range {
-    uintptr_t base, end;  /* empty when unused or forgotten */
+/* Departed ranges (regionmap.h): a sorted array of disjoint ranges,
+ * published with RCU as the map is, copied by writers under wlock.  Ranges
+ * never overlap: a region inserted over one erases it first (the memory
+ * given out again), and a departure's range was a live region's.  `seq`
+ * orders departures: when the array is full, the oldest goes.  An entry
+ * is erased in place by emptying it (end = base), which needs no copy. */
+struct gone_range {
+    uintptr_t base, end;  /* end is read and written atomically (erasure) */
     const void *tag;
+    uint64_t seq;
     bool one_block;       /* a large block's region: its base only */
-} gone[BFC__GONE_MAX];
-static size_t gone_next;
+};
+struct gone_set {
+    struct rcu_head rcu;
+    size_t n;
+    struct gone_range g[];
+};
+static struct gone_set *_Atomic gone_cur;
+static uint64_t gone_seq; /* under wlock */
 
-static void note_gone(uintptr_t base, uintptr_t end, const void *tag, bool one_block)
+static void gone_free_cb(struct rcu_head *h)
 {
-    if (end <= base)
-        return;
-    gone[gone_next] = (struct gone_range){ base, end, tag, one_block };
-    gone_next = (gone_next + 1) % BFC__GONE_MAX;
+    struct gone_set *g = caa_container_of(h, struct gone_set, rcu);
+    bfc__rcu_reclaim();
+    bfc__meta_free(g, 0);
+    bfc__rcu_reclaim_done();
 }
 
-/* Memory given out again: what departed there before is no one's now. */
-static void forget_range(uintptr_t base, uintptr_t end)
+static bool gone_empty(const struct gone_range *g)
 {
-    for (size_t k = 0; k < BFC__GONE_MAX; k++)
-        if (gone[k].base < end && base < gone[k].end)
-            gone[k] = (struct gone_range){ 0 };
+    return __atomic_load_n(&g->end, __ATOMIC_RELAXED) <= g->base;
+}
+
+/* Under wlock: a copy of the set with [base, end) added (erased entries
+ * dropped, the oldest too when full), published; returns the old set for
+ * the caller to retire once it has dropped wlock (NULL: nothing to
+ * retire).  Without metadata for the copy the departure is not recorded:
+ * a second free of its blocks then reads as a foreign pointer. */
+static struct gone_set *note_gone(uintptr_t base, uintptr_t end, const void *tag, bool one_block)
+{
+    struct gone_set *old = atomic_load_explicit(&gone_cur, memory_order_relaxed);
+    size_t n = 0, oldest = SIZE_MAX;
+    for (size_t k = 0; old && k < old->n; k++)
+        if (!gone_empty(&old->g[k])) {
+            n++;
+            if (oldest == SIZE_MAX || old->g[k].seq < old->g[oldest].seq)
+                oldest = k;
+        }
+    if (end <= base)
+        return NULL;
+    bool drop = n >= BFC__GONE_MAX;
+    struct gone_set *next = bfc__meta_alloc(sizeof(*next) + (n + 1 - drop) * sizeof(next->g[0]));
+    if (!next)
+        return NULL;
+    struct gone_range add = { base, end, tag, ++gone_seq, one_block };
+    size_t m = 0;
+    bool added = false;
+    for (size_t k = 0; old && k < old->n; k++) {
+        const struct gone_range *g = &old->g[k];
+        if (gone_empty(g) || (drop && k == oldest))
+            continue;
+        if (!added && base < g->base) {
+            next->g[m++] = add;
+            added = true;
+        }
+        next->g[m] = *g;
+        next->g[m].end = __atomic_load_n(&g->end, __ATOMIC_RELAXED);
+        m++;
+    }
+    if (!added)
+        next->g[m++] = add;
+    next->n = m;
+    /* release: pairs with the acquire load in bfc__regionmap_gone (the
+     * entries are written before). */
+    atomic_store_explicit(&gone_cur, next, memory_order_release);
+    return old;
+}
+
+static void gone_retire(struct gone_set *old)
+{
+    if (old)
+        bfc__call_rcu(&old->rcu, gone_free_cb);
+}
+
+/* Under wlock: erases in place the entries that overlap [base, end) (the
+ * memory given out again) or, with tag, that tag's. */
+static void forget_where(uintptr_t base, uintptr_t end, const void *tag)
+{
+    struct gone_set *g = atomic_load_explicit(&gone_cur, memory_order_relaxed);
+    for (size_t k = 0; g && k < g->n; k++) {
+        struct gone_range *e = &g->g[k];
+        if (gone_empty(e))
+            continue;
+        if (tag ? e->tag == tag : (e->base < end && base < e->end))
+            __atomic_store_n(&e->end, e->base, __ATOMIC_RELEASE);
+    }
 }
 
 int bfc__regionmap_gone(uintptr_t p, const void **tag)
 {
     int st = BFC_ENOTOWNED;
-    bfc__lock(&wlock);
-    for (size_t k = 1; k <= BFC__GONE_MAX; k++) {
-        const struct gone_range *g = &gone[(gone_next + BFC__GONE_MAX - k) % BFC__GONE_MAX];
-        if (p < g->base || p >= g->end)
-            continue;
-        if (g->one_block ? p == g->base : (p & (BFC__MIN_ALLOC - 1)) == 0) {
-            *tag = g->tag;
+    /* relaxed: a process that never gave memory back has no set (the
+     * common case of a foreign pointer costs one load). */
+    if (!atomic_load_explicit(&gone_cur, memory_order_relaxed))
+        return st;
+    bfc__rcu_lock();
+    /* acquire: pairs with the release store in note_gone. */
+    const struct gone_set *g = atomic_load_explicit(&gone_cur, memory_order_acquire);
+    size_t lo = 0, hi = g->n;
+    while (lo < hi) { /* the first entry whose base is > p */
+        size_t mid = lo + (hi - lo) / 2;
+        if (g->g[mid].base <= p)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo > 0) {
+        const struct gone_range *e = &g->g[lo - 1];
+        if (p < __atomic_load_n(&e->end, __ATOMIC_RELAXED) &&
+            (e->one_block ? p == e->base : (p & (BFC__MIN_ALLOC - 1)) == 0)) {
+            *tag = e->tag;
             st = BFC_EDOUBLEFREE;
         }
-        break;
     }
-    bfc__unlock(&wlock);
+    bfc__rcu_unlock();
     return st;
 }
 
 void bfc__regionmap_forget(const void *tag)
 {
     bfc__lock(&wlock);
-    for (size_t k = 0; k < BFC__GONE_MAX; k++)
-        if (gone[k].tag == tag)
-            gone[k] = (struct gone_range){ 0 };
+    forget_where(0, 0, tag);
     bfc__unlock(&wlock);
 }
 
@@ -198,7 +285,7 @@ int bfc__regionmap_insert(struct bfc__region *r)
     }
     struct bfc__rmap_entry add = { r->base, r->base + r->size, r };
     copy_entries(next, old, NULL, &add);
-    forget_range(add.base, add.end);
+    forget_where(add.base, add.end, NULL);
     publish(next);
     bfc__unlock(&wlock);
     retire(old);
@@ -217,8 +304,7 @@ void bfc__regionmap_remove(struct bfc__region *r, bool used)
         return;
     }
     i--;
-    if (used)
-        note_gone(r->base, r->base + r->size, r->tag, r->large);
+    struct gone_set *old_gone = used ? note_gone(r->base, r->base + r->size, r->tag, r->large) : NULL;
     struct bfc__rmap *next = rmap_new(old->n - 1);
     if (next) {
         copy_entries(next, old, r, NULL);
@@ -233,6 +319,7 @@ void bfc__regionmap_remove(struct bfc__region *r, bool used)
     }
     bfc__unlock(&wlock);
     retire(old);
+    gone_retire(old_gone);
 }
 
 /*
@@ -250,12 +337,14 @@ void bfc__regionmap_shrink(struct bfc__region *r, bool used)
     size_t i = m ? upper_bound(m, r->base) : 0;
     while (i > 0 && (m->e[i - 1].r != r || tombstone(&m->e[i - 1])))
         i--;
+    struct gone_set *old_gone = NULL;
     if (i > 0) {
         if (used)
-            note_gone(r->base + r->size, m->e[i - 1].end, r->tag, false);
+            old_gone = note_gone(r->base + r->size, m->e[i - 1].end, r->tag, false);
         __atomic_store_n(&m->e[i - 1].end, r->base + r->size, __ATOMIC_RELEASE);
     }
     bfc__unlock(&wlock);
+    gone_retire(old_gone);
 }
 
 size_t bfc__regionmap_count(const void *tag)

@@ -85,18 +85,18 @@ void bfc__regionmap_shrink(struct bfc__region *r, bool used);
  * blocks were cut from them and freed (a region given back, a tail shed),
  * with their context, so that a second free of one of those blocks reads
  * as a double free rather than as a pointer the library never gave out.
- * bfc__regionmap_gone classifies a pointer that no region holds: newest
- * departure first, the first range that holds p decides -- at the base of
- * a large block's region (which held that one block), or at any 256-byte
- * boundary of another, BFC_EDOUBLEFREE with *tag set to its context; else,
- * and for pointers in no remembered range, BFC_ENOTOWNED.  A region
- * inserted over a departed range (the memory given out again) erases it.  (Inside a
- * departed range other than a large block's, every 256-byte boundary
- * counts: the blocks' starts are not kept.)  bfc__regionmap_forget drops a
- * context's ranges (its destruction).  Both take the writer lock: error
- * paths and teardown only.
+ * bfc__regionmap_gone classifies a pointer that no region holds: inside a
+ * remembered range, at the base of a large block's region (which held that
+ * one block) or at any 256-byte boundary of another (the blocks' starts
+ * are not kept), BFC_EDOUBLEFREE with *tag set to its context; else
+ * BFC_ENOTOWNED.  Lock-free (rcu_read_lock inside; one load when nothing
+ * ever departed).  A region inserted over a departed range (the memory
+ * given out again) erases it; bfc__regionmap_forget erases a context's
+ * (its destruction).  Memory the library gave back to the device and that
+ * someone else has obtained since reads as a double free while its range
+ * is remembered: the library cannot see it change hands.
  */
-#define BFC__GONE_MAX 1024
+#define BFC__GONE_MAX 256
 int bfc__regionmap_gone(uintptr_t p, const void **tag);
 void bfc__regionmap_forget(const void *tag);
 /* Number of regions in the map whose tag is `tag` (bfc_ctx_check). */
