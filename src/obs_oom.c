@@ -297,10 +297,19 @@ static void diagnose(struct bfc_ctx *ctx, struct bfc__oom_report *r)
         fmt_bytes(c, sizeof c, in->other_free);
         fmt_bytes(d, sizeof d, in->pool_free);
         fmt_bytes(e, sizeof e, largest);
-        snprintf(o, len,
-                 "free memory too fragmented: %s free (this stream %s, other streams %s, pool %s, the rest "
-                 "unreserved) but the largest piece is %s, %s needed",
-                 a, b, c, d, e, need);
+        int w = snprintf(o, len,
+                         "free memory too fragmented: %s free (this stream %s, other streams %s, pool %s, the "
+                         "rest unreserved) but the largest piece is %s, %s needed",
+                         a, b, c, d, e, need);
+        /* Growth without garbage collection: the pool keeps the segments it
+         * holds (no cudaFree on the allocation path), even where freeing them
+         * would make room for one of the size wanted. */
+        if (w > 0 && (size_t)w < len && ctx->cfg.allow_growth && !ctx->vmm && !ctx->cfg.garbage_collection &&
+            in->pool_free + in->bytes_unreserved >= R)
+            snprintf(o + w, len - (size_t)w,
+                     "; the pool keeps its cached segments (%s) without garbage_collection: bfc_ctx_trim "
+                     "gives them back",
+                     d);
     }
 }
 

@@ -1495,6 +1495,11 @@ START_TEST(test_gc_off_keeps_cached)
     ck_assert_uint_eq(bfc_sim_backend_allocs(ctx), allocs);
     ck_assert_uint_eq(bfc_sim_backend_bytes_held(ctx), held);
     ck_assert_uint_eq(st(ctx).num_ooms, 1);
+    /* The report says why, and what gives the memory back. */
+    bfc_oom_info_t oi;
+    ck_assert_int_eq(bfc_ctx_oom_info(ctx, &oi), BFC_OK);
+    ck_assert_msg(strstr(oi.diagnosis, "without garbage_collection: bfc_ctx_trim gives them back") != NULL, "%s",
+                  oi.diagnosis);
     ck_assert_int_eq(bfc_ctx_trim(ctx), BFC_OK);
     void *p = xalloc_full(ctx, b, 60 * MiB);
     xfree(ctx, p, b);
