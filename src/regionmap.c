@@ -102,6 +102,8 @@ static void gone_free_cb(struct rcu_head *h)
 
 static bool gone_empty(const struct gone_range *g)
 {
+    /* relaxed: an erasure (forget_where) only empties an entry; a lookup
+     * that still sees it answers as it would have a moment before. */
     return __atomic_load_n(&g->end, __ATOMIC_RELAXED) <= g->base;
 }
 
@@ -138,6 +140,7 @@ static struct gone_set *note_gone(uintptr_t base, uintptr_t end, const void *tag
             added = true;
         }
         next->g[m] = *g;
+        /* relaxed: under wlock, which every writer of `end` holds. */
         next->g[m].end = __atomic_load_n(&g->end, __ATOMIC_RELAXED);
         m++;
     }
@@ -165,6 +168,9 @@ static void forget_where(uintptr_t base, uintptr_t end, const void *tag)
         struct gone_range *e = &g->g[k];
         if (gone_empty(e))
             continue;
+        /* release: pairs with no acquire in particular (readers load `end`
+         * relaxed, gone_empty); it orders the erasure after the writes
+         * that gave the memory out again, for a reader that sees both. */
         if (tag ? e->tag == tag : (e->base < end && base < e->end))
             __atomic_store_n(&e->end, e->base, __ATOMIC_RELEASE);
     }
@@ -190,6 +196,7 @@ int bfc__regionmap_gone(uintptr_t p, const void **tag)
     }
     if (lo > 0) {
         const struct gone_range *e = &g->g[lo - 1];
+        /* relaxed: as in gone_empty. */
         if (p < __atomic_load_n(&e->end, __ATOMIC_RELAXED) &&
             (e->one_block ? p == e->base : (p & (BFC__MIN_ALLOC - 1)) == 0)) {
             *tag = e->tag;
