@@ -185,10 +185,8 @@ static int owner_of(const void *p, bfc_ctx_t **ctx, bfc_stream_t *s)
         st = BFC_OK;
     }
     bfc__rcu_unlock();
-    if (!r) {
-        const void *tag;
-        st = bfc__regionmap_gone((uintptr_t)p, &tag);
-    }
+    if (!r)
+        st = bfc__regionmap_gone((uintptr_t)p, NULL, NULL);
     return st;
 }
 

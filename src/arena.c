@@ -817,9 +817,7 @@ int bfc__arena_classify_locked(struct bfc__arena *a, struct bfc__region *r, uint
         /* The region left the map after the caller's lookup found it: its
          * blocks were all freed, and it is classified as a lookup now
          * would (regionmap.h, departed memory). */
-        const void *tag = NULL;
-        return bfc__regionmap_gone(p, &tag) == BFC_EDOUBLEFREE && tag == r->tag ? BFC_EDOUBLEFREE
-                                                                                : BFC_ENOTOWNED;
+        return bfc__regionmap_gone(p, r->tag, NULL);
     }
     struct bfc__chunk *c = bfc__region_handle(r, p);
     if (bfc__chunk_at(c, r, p)) {

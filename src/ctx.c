@@ -1190,15 +1190,6 @@ void *bfc_ctx_alloc(bfc_ctx_t *ctx, bfc_stream_t stream, size_t n)
 
 /* -------------------------------------------------------------- free */
 
-/* A pointer that no region holds: a block of ours whose memory left the
- * shard with its region, after its free, reads as a double free
- * (regionmap.h, departed memory); anything else is foreign. */
-static __attribute__((noinline, cold)) int unmapped_status(struct bfc_ctx *ctx, uintptr_t p)
-{
-    const void *tag = NULL;
-    return bfc__regionmap_gone(p, &tag) == BFC_EDOUBLEFREE && tag == ctx ? BFC_EDOUBLEFREE : BFC_ENOTOWNED;
-}
-
 /* Resolves p to its region and chunk (lock-free).  Under rcu_read_lock. */
 static inline __attribute__((always_inline)) int resolve(struct bfc_ctx *ctx, uintptr_t p,
                                                          struct bfc__region **rp, struct bfc__chunk **cp)
@@ -1206,8 +1197,9 @@ static inline __attribute__((always_inline)) int resolve(struct bfc_ctx *ctx, ui
     struct bfc__region *r = bfc__regionmap_lookup(p);
     *rp = NULL;
     *cp = NULL;
-    if (!r)
-        return unmapped_status(ctx, p);
+    if (!r) /* a block of ours whose memory left its shard after its free is a
+             * double free (regionmap.h, departed memory); else foreign */
+        return bfc__regionmap_gone(p, ctx, NULL);
     if (r->tag != ctx)
         return BFC_ENOTOWNED;
     *rp = r;

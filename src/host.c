@@ -235,7 +235,7 @@ static int host_owner(const void *p, bfc_ctx_t **ctx, bfc_stream_t *owner)
          * arena gone with the thread, trim): a double free, as on a device
          * (regionmap.h, departed memory). */
         const void *tag = NULL;
-        if (bfc__regionmap_gone((uintptr_t)p, &tag) == BFC_EDOUBLEFREE && ((const struct bfc_ctx *)tag)->is_host)
+        if (bfc__regionmap_gone((uintptr_t)p, NULL, &tag) == BFC_EDOUBLEFREE && ((const struct bfc_ctx *)tag)->is_host)
             st = BFC_EDOUBLEFREE;
     }
     return st;

@@ -27,6 +27,7 @@
  * fork rule in ctx.c), so a fork that holds liburcu's locks and then waits
  * for `wlock` always gets it.
  */
+#include <stddef.h>
 #include <string.h>
 
 #include "meta.h"
@@ -37,11 +38,12 @@
 struct bfc__rmap *_Atomic bfc__rmap_cur;
 static bfc__mutex_t wlock = BFC__MUTEX_INIT(BFC__RANK_REGIONMAP, "the region map writer lock");
 
-static void rmap_free_cb(struct rcu_head *h)
+/* Both published arrays (the map and the departed ranges, below) begin
+ * with their rcu_head: one callback frees either after its grace period. */
+static void array_free_cb(struct rcu_head *h)
 {
-    struct bfc__rmap *m = caa_container_of(h, struct bfc__rmap, rcu);
     bfc__rcu_reclaim();
-    bfc__meta_free(m, 0);
+    bfc__meta_free(h, 0);
     bfc__rcu_reclaim_done();
 }
 
@@ -91,14 +93,6 @@ struct gone_set {
 };
 static struct gone_set *_Atomic gone_cur;
 static uint64_t gone_seq; /* under wlock */
-
-static void gone_free_cb(struct rcu_head *h)
-{
-    struct gone_set *g = caa_container_of(h, struct gone_set, rcu);
-    bfc__rcu_reclaim();
-    bfc__meta_free(g, 0);
-    bfc__rcu_reclaim_done();
-}
 
 static bool gone_empty(const struct gone_range *g)
 {
@@ -153,12 +147,6 @@ static struct gone_set *note_gone(uintptr_t base, uintptr_t end, const void *tag
     return old;
 }
 
-static void gone_retire(struct gone_set *old)
-{
-    if (old)
-        bfc__call_rcu(&old->rcu, gone_free_cb);
-}
-
 /* Under wlock: erases in place the entries that overlap [base, end) (the
  * memory given out again) or, with tag, that tag's. */
 static void forget_where(uintptr_t base, uintptr_t end, const void *tag)
@@ -176,7 +164,7 @@ static void forget_where(uintptr_t base, uintptr_t end, const void *tag)
     }
 }
 
-int bfc__regionmap_gone(uintptr_t p, const void **tag)
+int bfc__regionmap_gone(uintptr_t p, const void *owner, const void **tag)
 {
     int st = BFC_ENOTOWNED;
     /* relaxed: a process that never gave memory back has no set (the
@@ -197,9 +185,10 @@ int bfc__regionmap_gone(uintptr_t p, const void **tag)
     if (lo > 0) {
         const struct gone_range *e = &g->g[lo - 1];
         /* relaxed: as in gone_empty. */
-        if (p < __atomic_load_n(&e->end, __ATOMIC_RELAXED) &&
+        if (p < __atomic_load_n(&e->end, __ATOMIC_RELAXED) && (!owner || e->tag == owner) &&
             (e->one_block ? p == e->base : (p & (BFC__MIN_ALLOC - 1)) == 0)) {
-            *tag = e->tag;
+            if (tag)
+                *tag = e->tag;
             st = BFC_EDOUBLEFREE;
         }
     }
@@ -249,11 +238,14 @@ static void publish(struct bfc__rmap *next)
     atomic_store_explicit(&bfc__rmap_cur, next, memory_order_release);
 }
 
-/* Without wlock: frees a replaced array after a grace period. */
-static void retire(struct bfc__rmap *old)
+/* Without wlock: frees a replaced array (either kind; NULL: none) after a
+ * grace period. */
+static void retire(struct rcu_head *old)
 {
+    _Static_assert(offsetof(struct bfc__rmap, rcu) == 0, "array_free_cb frees the rcu_head's address");
+    _Static_assert(offsetof(struct gone_set, rcu) == 0, "array_free_cb frees the rcu_head's address");
     if (old)
-        bfc__call_rcu(&old->rcu, rmap_free_cb);
+        bfc__call_rcu(old, array_free_cb);
 }
 
 /* Copies the live entries of old into next, leaving out `skip` (or none)
@@ -295,7 +287,7 @@ int bfc__regionmap_insert(struct bfc__region *r)
     forget_where(add.base, add.end, NULL);
     publish(next);
     bfc__unlock(&wlock);
-    retire(old);
+    retire(old ? &old->rcu : NULL);
     return BFC_OK;
 }
 
@@ -325,8 +317,8 @@ void bfc__regionmap_remove(struct bfc__region *r, bool used)
         old = NULL; /* still the published array */
     }
     bfc__unlock(&wlock);
-    retire(old);
-    gone_retire(old_gone);
+    retire(old ? &old->rcu : NULL);
+    retire(old_gone ? &old_gone->rcu : NULL);
 }
 
 /*
@@ -351,7 +343,7 @@ void bfc__regionmap_shrink(struct bfc__region *r, bool used)
         __atomic_store_n(&m->e[i - 1].end, r->base + r->size, __ATOMIC_RELEASE);
     }
     bfc__unlock(&wlock);
-    gone_retire(old_gone);
+    retire(old_gone ? &old_gone->rcu : NULL);
 }
 
 size_t bfc__regionmap_count(const void *tag)

@@ -88,7 +88,8 @@ void bfc__regionmap_shrink(struct bfc__region *r, bool used);
  * bfc__regionmap_gone classifies a pointer that no region holds: inside a
  * remembered range, at the base of a large block's region (which held that
  * one block) or at any 256-byte boundary of another (the blocks' starts
- * are not kept), BFC_EDOUBLEFREE with *tag set to its context; else
+ * are not kept), BFC_EDOUBLEFREE with *tag (if tag is not NULL) set to its
+ * context -- only if that is `owner`, unless owner is NULL; else
  * BFC_ENOTOWNED.  Lock-free (rcu_read_lock inside; one load when nothing
  * ever departed).  A region inserted over a departed range (the memory
  * given out again) erases it; bfc__regionmap_forget erases a context's
@@ -97,7 +98,7 @@ void bfc__regionmap_shrink(struct bfc__region *r, bool used);
  * is remembered: the library cannot see it change hands.
  */
 #define BFC__GONE_MAX 256
-int bfc__regionmap_gone(uintptr_t p, const void **tag);
+int bfc__regionmap_gone(uintptr_t p, const void *owner, const void **tag);
 void bfc__regionmap_forget(const void *tag);
 /* Number of regions in the map whose tag is `tag` (bfc_ctx_check). */
 size_t bfc__regionmap_count(const void *tag);

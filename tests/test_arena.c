@@ -1208,14 +1208,20 @@ END_TEST
  * splits from its front -- large requests included (TensorFlow serves them
  * from its one region too).  Nothing more is taken from the backend.
  */
-START_TEST(test_no_growth_reserves_at_create)
+static bfc_config_t cfg_no_growth(size_t limit)
 {
-    const size_t limit = 64 * MiB;
     bfc_config_t c;
     bfc_config_init(&c);
     c.backend = BFC_BACKEND_SIM;
     c.memory_limit = limit;
     c.allow_growth = false;
+    return c;
+}
+
+START_TEST(test_no_growth_reserves_at_create)
+{
+    const size_t limit = 64 * MiB;
+    bfc_config_t c = cfg_no_growth(limit);
     bfc_ctx_t *ctx = ctx_new(&c);
     bfc_stream_t s = pick_stream(ctx, _i);
     bfc_stats_t x = st(ctx);
@@ -1276,11 +1282,7 @@ END_TEST
  * regions, and make its free hand the block's memory to the pool. */
 START_TEST(test_no_growth_large_first)
 {
-    bfc_config_t c;
-    bfc_config_init(&c);
-    c.backend = BFC_BACKEND_SIM;
-    c.memory_limit = 256 * MiB;
-    c.allow_growth = false;
+    bfc_config_t c = cfg_no_growth(256 * MiB);
     bfc_ctx_t *ctx = ctx_new(&c);
     bfc_stream_t s = pick_stream(ctx, _i);
     void *p = xalloc_full(ctx, s, 64 * MiB);

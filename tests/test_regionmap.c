@@ -389,7 +389,7 @@ END_TEST
 static int gone_of(uintptr_t p, const void **tag)
 {
     *tag = NULL;
-    return bfc__regionmap_gone(p, tag);
+    return bfc__regionmap_gone(p, NULL, tag);
 }
 
 START_TEST(test_departed)

@@ -626,20 +626,22 @@ END_TEST
  * granules, and the report says so: a request that needs more of them than
  * the limit holds is too large, one that would pass them with the blocks in
  * use is the limit -- not the device refusing (the backend never saw it). */
+static void expect_oom_cause(bfc_ctx_t *ctx, size_t n, bfc_oom_cause_t cause, const char *text)
+{
+    bfc_oom_info_t i;
+    ck_assert_ptr_null(bfc_ctx_alloc(ctx, NULL, n));
+    ck_assert_int_eq(bfc_ctx_oom_info(ctx, &i), BFC_OK);
+    ck_assert_msg(i.cause == cause, "cause %d: %s", (int)i.cause, i.diagnosis);
+    ck_assert_ptr_nonnull(strstr(i.diagnosis, text));
+}
+
 START_TEST(test_oom_report_whole_granules)
 {
     bfc_ctx_t *ctx = ctx_spec("memory_limit=3M,vmm=on", 2 * MiB);
-    bfc_oom_info_t i;
-    ck_assert_ptr_null(bfc_ctx_alloc(ctx, NULL, 2560 * KiB));
-    ck_assert_int_eq(bfc_ctx_oom_info(ctx, &i), BFC_OK);
-    ck_assert_msg(i.cause == BFC_OOM_TOO_LARGE, "cause %d: %s", (int)i.cause, i.diagnosis);
-    ck_assert_ptr_nonnull(strstr(i.diagnosis, "granules"));
+    expect_oom_cause(ctx, 2560 * KiB, BFC_OOM_TOO_LARGE, "granules");
     char *q = bfc_ctx_alloc(ctx, NULL, MiB);
     ck_assert_ptr_nonnull(q);
-    ck_assert_ptr_null(bfc_ctx_alloc(ctx, NULL, 1536 * KiB));
-    ck_assert_int_eq(bfc_ctx_oom_info(ctx, &i), BFC_OK);
-    ck_assert_msg(i.cause == BFC_OOM_LIMIT, "cause %d: %s", (int)i.cause, i.diagnosis);
-    ck_assert_ptr_nonnull(strstr(i.diagnosis, "whole granules"));
+    expect_oom_cause(ctx, 1536 * KiB, BFC_OOM_LIMIT, "whole granules");
     /* What the whole granule left holds is served. */
     char *r = bfc_ctx_alloc(ctx, NULL, MiB);
     ck_assert_ptr_nonnull(r);
