@@ -288,8 +288,12 @@ BFC_API int bfc_config_validate(const bfc_config_t *cfg);
  *     (on either backend) for memory other threads free or drain.
  *   - Expandable arenas (vmm=on; vmm=auto, the default, picks them when
  *     the backend has virtual memory -- SIM always, CUDA where the device
- *     reports it -- allow_growth is true and the limit holds one granule;
- *     vmm=on without those makes bfc_ctx_create fail with BFC_EINVAL; host
+ *     reports it -- allow_growth is true and the limit holds one granule,
+ *     and is a whole number of granules or at least 64 of them: granules
+ *     are mapped whole, so the rest of a last partial granule goes unused,
+ *     which auto accepts only below 1/64 of the limit (a 3 MiB limit
+ *     keeps classic regions and serves 3 MiB; vmm=on serves 2); vmm=on
+ *     without the first two makes bfc_ctx_create fail with BFC_EINVAL; host
  *     contexts always keep classic regions).  A shard then reserves, at its
  *     first allocation, addresses for the whole limit as its one region
  *     (where the address space refuses that -- RLIMIT_AS, valgrind, a limit

@@ -392,7 +392,12 @@ static int ctx_create(bfc_config_t cfg, bfc__backend_t *be, bool host, bfc_ctx_t
         st = BFC_EINVAL;
         goto fail_be;
     }
-    ctx->vmm = !host && cfg.vmm != BFC_VMM_OFF && vmm_able;
+    /* Granules are mapped whole, so a limit that is not a whole number of
+     * them leaves its last partial granule unusable: auto keeps classic
+     * regions where that loses more than 1/64 of the limit (3 MiB would
+     * serve 2), vmm=on accepts the loss. */
+    bool vmm_whole = vmm_able && (ctx->limit % be->vmm_granule == 0 || ctx->limit / be->vmm_granule >= 64);
+    ctx->vmm = !host && vmm_able && (cfg.vmm == BFC_VMM_ON || (cfg.vmm == BFC_VMM_AUTO && vmm_whole));
     if (ctx->vmm)
         ctx->env.bins_max = SIZE_MAX; /* large_alloc is ignored: every block is a chunk */
     st = bfc__pool_init(&ctx->pool, be, ctx->limit, cfg.allow_growth, cfg.garbage_collection);

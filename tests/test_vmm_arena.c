@@ -136,6 +136,32 @@ START_TEST(test_auto)
     ctx = ctx_spec("memory_limit=64M,allow_growth=false", 0);
     ck_assert(!ctx->vmm);
     bfc_ctx_destroy(ctx);
+    /* A limit that is not a whole number of granules: expandable arenas
+     * could map only 2 of 3 MiB, so auto keeps classic regions and all
+     * 3 MiB serve; vmm=on accepts the loss. */
+    ctx = ctx_spec("memory_limit=3M", 0);
+    ck_assert(!ctx->vmm);
+    void *q[2] = { bfc_ctx_alloc(ctx, NULL, 2 * MiB), bfc_ctx_alloc(ctx, NULL, MiB) };
+    ck_assert_ptr_nonnull(q[0]);
+    ck_assert_ptr_nonnull(q[1]);
+    for (int i = 0; i < 2; i++)
+        ck_assert_int_eq(bfc_ctx_free(ctx, q[i], NULL), BFC_OK);
+    bfc_ctx_destroy(ctx);
+    ctx = ctx_spec("memory_limit=3M,vmm=on", 0);
+    ck_assert(ctx->vmm);
+    q[0] = bfc_ctx_alloc(ctx, NULL, 2 * MiB);
+    ck_assert_ptr_nonnull(q[0]);
+    ck_assert_ptr_null(bfc_ctx_alloc(ctx, NULL, MiB));
+    ck_assert_int_eq(bfc_ctx_free(ctx, q[0], NULL), BFC_OK);
+    bfc_ctx_destroy(ctx);
+    /* From 64 granules on, the partial granule is under 1/64 of the
+     * limit: auto keeps expandable arenas. */
+    ctx = ctx_spec("memory_limit=127M", 0);
+    ck_assert(!ctx->vmm);
+    bfc_ctx_destroy(ctx);
+    ctx = ctx_spec("memory_limit=129M", 0);
+    ck_assert(ctx->vmm);
+    bfc_ctx_destroy(ctx);
 }
 END_TEST
 
