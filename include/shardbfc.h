@@ -295,8 +295,10 @@ BFC_API int bfc_config_validate(const bfc_config_t *cfg);
  *     keeps classic regions and serves 3 MiB; vmm=on serves 2); vmm=on
  *     without the first two makes bfc_ctx_create fail with BFC_EINVAL; host
  *     contexts always keep classic regions).  A shard then reserves, at its
- *     first allocation, addresses for the whole limit as its one region
- *     (where the address space refuses that -- RLIMIT_AS, valgrind, a limit
+ *     first allocation, addresses for twice the limit as its one region
+ *     (mapped memory never passes the limit, but best fit leaves holes
+ *     between live blocks that a larger block does not fit; where the
+ *     address space refuses that, the limit, and where it refuses that -- RLIMIT_AS, valgrind, a limit
  *     beyond it, thousands of shards -- a sixteenth of the limit, halved
  *     until it fits but never below the first block: that shard grows
  *     within its range only, and an allocation fails with BFC_ENOMEM when

@@ -3,8 +3,8 @@
  * virtual addresses, device memory mapped behind it granule by granule.
  *
  * With virtual memory (vmm=on, or auto where the backend has it) a shard
- * reserves, at its first allocation, a range of addresses as large as the
- * memory limit (rounded up to the granule; less only where the address
+ * reserves, at its first allocation, a range of addresses twice as large as
+ * the memory limit (rounded up to the granule; less only where the address
  * space refuses that: reserve(), below) and makes it its one region: one
  * free chunk covering it, cut by TensorFlow's BFC exactly as a classic
  * region is (bins, best fit, the split rule, coalescing: arena.c).  Only the
@@ -224,12 +224,27 @@ static void expand_free(struct bfc__arena *a, struct bfc__expand *x)
     bfc__meta_free(x, sizeof(*x));
 }
 
+/* The addresses a shard reserves: twice the limit (rounded up to the
+ * granule; the limit itself where twice would not fit a size_t).  Mapped
+ * memory never passes the limit, but addresses are not reused as freely:
+ * best fit leaves holes between live blocks that a larger request does
+ * not fit, and a range of exactly the limit ran out while the limit still
+ * had room (limit 64 MiB, one stream: three blocks of 20 MiB, the outer
+ * two freed, a 30 MiB request refused with 20 MiB mapped).  The spare half
+ * costs addresses only (and the bitmaps' bits). */
+static size_t range_bytes(const struct bfc__arena_env *env)
+{
+    size_t g = env->be->vmm_granule, full = bfc__round_up(env->limit, g);
+    return full <= SIZE_MAX / 2 ? 2 * full : full;
+}
+
 /*
- * The reservation.  The whole limit when the address space takes it, so
- * that this shard can grow to everything the others give back.  Where it
- * does not -- a process under RLIMIT_AS (ulimit -v), valgrind, thousands of
- * shards each reserving a large limit (128 TiB of user addresses hold 1,985
- * reservations of 64 GiB) -- a sixteenth of the limit, halved until the
+ * The reservation.  Twice the limit when the address space takes it
+ * (range_bytes), else the limit, so that this shard can grow to everything
+ * the others give back.  Where neither fits -- a process under RLIMIT_AS
+ * (ulimit -v), valgrind, thousands of shards each reserving a large limit
+ * (128 TiB of user addresses hold about 1,000 ranges of 128 GiB and their
+ * handle tables) -- a sixteenth of the limit, halved until the
  * address space takes it but never below `need` (the block that asks,
  * rounded to the granule): the shard then grows within that range only, and
  * the sixteenth leaves room for many more shards where a plain halving would
@@ -238,10 +253,12 @@ static void expand_free(struct bfc__arena *a, struct bfc__expand *x)
  */
 static int reserve(const struct bfc__arena_env *env, size_t need, size_t *size, uintptr_t *base)
 {
-    size_t g = env->be->vmm_granule, full = bfc__round_up(env->limit, g);
+    size_t g = env->be->vmm_granule, range = range_bytes(env), full = bfc__round_up(env->limit, g);
     size_t min = need < full ? bfc__round_up(need ? need : 1, g) : full;
-    int st = bfc__pool_vmm_reserve(env->pool, full, base);
+    int st = bfc__pool_vmm_reserve(env->pool, range, base);
     if (st == BFC_OK)
+        *size = range;
+    if (st == BFC_ENOMEM && range > full && (st = bfc__pool_vmm_reserve(env->pool, full, base)) == BFC_OK)
         *size = full;
     for (size_t s = full / 16 & ~(g - 1); st == BFC_ENOMEM && min < full; s = s / 2 & ~(g - 1)) {
         if (s < min)
@@ -292,7 +309,7 @@ int bfc__expand_create_locked(struct bfc__arena *a, size_t need)
         bfc__meta_free(x, sizeof(*x));
         return BFC_ENOMEM;
     }
-    size_t full = bfc__round_up(env->limit, g);
+    size_t full = range_bytes(env);
     struct bfc__vmm_gone *g0 =
         bfc__pool_vmm_adopt(env->pool, a->stream_id, need < full ? bfc__round_up(need ? need : 1, g) : full);
     int st = BFC_OK;

@@ -1053,7 +1053,9 @@ static bool model_run(struct model *m, const char *spec, uint64_t seed, uint64_t
     m->ctx = ctx_spec(va ? spec + sizeof tight_va - 1 : spec);
     ck_assert_int_eq(bfc_ctx_config(m->ctx, &m->cfg), BFC_OK);
     if (va)
-        bfc__sim_set_va_ceiling(m->ctx->be, 2 * m->cfg.memory_limit + m->cfg.memory_limit / 4);
+        /* two shards' whole reservations (twice the limit each), then
+         * fallbacks of an eighth of the limit */
+        bfc__sim_set_va_ceiling(m->ctx->be, 4 * m->cfg.memory_limit + m->cfg.memory_limit / 2);
     /* A run's shards make hundreds of allocations, not thousands, in a
      * millisecond or two: with a decay of 1 ms, look every 8 allocations,
      * on a clock that advances a millisecond at each look (set before any

@@ -1249,17 +1249,18 @@ static char *touch_alloc(bfc_ctx_t *ctx, bfc_stream_t s, size_t n)
 }
 
 /*
- * An address space that cannot hold a reservation of the limit per shard
- * (SIM's ceiling on reserved addresses): the first shards reserve the limit;
- * the next a sixteenth of it (never less than the block that asks), within
- * which they grow; when not even that block's granules fit, the allocation
- * fails with BFC_ENOMEM and the allocator stays sound.
+ * An address space that cannot hold a full reservation (twice the limit)
+ * per shard (SIM's ceiling on reserved addresses): the first shards reserve
+ * it whole; the next the limit where that fits, else a sixteenth of the
+ * limit (never less than the block that asks), within which they grow; when
+ * not even that block's granules fit, the allocation fails with BFC_ENOMEM
+ * and the allocator stays sound.
  */
 START_TEST(test_reserve_fallback)
 {
-    const size_t limit = 64 * MiB; /* 1024 granules */
+    const size_t limit = 64 * MiB, range = 2 * limit; /* 2048 granules */
     bfc_ctx_t *ctx = ctx_spec("memory_limit=64M,vmm=on,retry_ms=0,release_threshold=1G", G);
-    bfc__sim_set_va_ceiling(ctx->be, 2 * limit + limit / 8);
+    bfc__sim_set_va_ceiling(ctx->be, 2 * range + limit / 8);
     bfc_stream_t s[6];
     for (int i = 0; i < 6; i++)
         s[i] = bfc_sim_stream_create(ctx);
@@ -1267,7 +1268,8 @@ START_TEST(test_reserve_fallback)
      * share that is free. */
     char *a0 = touch_alloc(ctx, s[0], MiB);
     char *a1 = touch_alloc(ctx, s[1], 40 * MiB);
-    /* Third and fourth: a sixteenth each (4 MiB), the ceiling's rest. */
+    /* Third and fourth: a sixteenth of the limit each (4 MiB), the
+     * ceiling's rest. */
     char *a2 = touch_alloc(ctx, s[2], MiB);
     char *b2 = touch_alloc(ctx, s[2], 2 * MiB);
     char *a3 = touch_alloc(ctx, s[3], 3 * MiB);
@@ -1305,15 +1307,56 @@ START_TEST(test_reserve_fallback)
 
     /* A block larger than a sixteenth: the reservation is the block's. */
     ctx = ctx_spec("memory_limit=64M,vmm=on,retry_ms=0", G);
-    bfc__sim_set_va_ceiling(ctx->be, limit + 12 * MiB);
+    bfc__sim_set_va_ceiling(ctx->be, range + 12 * MiB);
     char *x = touch_alloc(ctx, s[0], MiB);
     char *y = touch_alloc(ctx, s[1], 10 * MiB);
     check_ok(ctx);
     ck_assert_int_eq(bfc_ctx_free(ctx, x, s[0]), BFC_OK);
     ck_assert_int_eq(bfc_ctx_free(ctx, y, s[1]), BFC_OK);
     bfc_ctx_destroy(ctx);
+
+    /* Room for one range of twice the limit and one of the limit: the
+     * second shard gets the limit's (60 MiB fits in it), the third a
+     * sixteenth halved to what is left (2 MiB). */
+    ctx = ctx_spec("memory_limit=64M,vmm=on,retry_ms=0", G);
+    bfc__sim_set_va_ceiling(ctx->be, range + limit + 2 * MiB);
+    x = touch_alloc(ctx, s[0], MiB);
+    y = touch_alloc(ctx, s[1], 60 * MiB);
+    char *z = touch_alloc(ctx, s[2], MiB);
+    ck_assert_ptr_null(bfc_ctx_alloc(ctx, s[2], 2 * MiB));
+    check_ok(ctx);
+    ck_assert_int_eq(bfc_ctx_free(ctx, x, s[0]), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_free(ctx, y, s[1]), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_free(ctx, z, s[2]), BFC_OK);
+    bfc_ctx_destroy(ctx);
     for (int i = 0; i < 6; i++)
         bfc_sim_stream_destroy(NULL, s[i]);
+}
+END_TEST
+
+/* One stream whose blocks leave holes that a larger request does not fit:
+ * the limit still has room, and the shard's addresses must too (a range of
+ * exactly the limit refused the 30 MiB block below with 20 MiB mapped). */
+START_TEST(test_address_holes)
+{
+    bfc_ctx_t *ctx = ctx_spec("memory_limit=64M", 0);
+    ck_assert(ctx->vmm);
+    char *a = touch_alloc(ctx, NULL, 20 * MiB);
+    char *b = touch_alloc(ctx, NULL, 20 * MiB);
+    char *c = touch_alloc(ctx, NULL, 20 * MiB);
+    ck_assert_int_eq(bfc_ctx_free(ctx, a, NULL), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_free(ctx, c, NULL), BFC_OK);
+    char *d = touch_alloc(ctx, NULL, 30 * MiB);
+    check_ok(ctx);
+    ck_assert_uint_le(reserved(ctx), 64 * MiB);
+    /* and again after a trim, with the holes unmapped */
+    ck_assert_int_eq(bfc_ctx_free(ctx, d, NULL), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_trim(ctx), BFC_OK);
+    c = touch_alloc(ctx, NULL, 40 * MiB);
+    check_ok(ctx);
+    ck_assert_int_eq(bfc_ctx_free(ctx, b, NULL), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_free(ctx, c, NULL), BFC_OK);
+    bfc_ctx_destroy(ctx);
 }
 END_TEST
 
@@ -1544,6 +1587,7 @@ static Suite *vmm_suite(void)
     tcase_add_test(tc, test_loan_from_busy_lender);
     tcase_add_test(tc, test_growth_elsewhere_at_limit);
     tcase_add_test(tc, test_reserve_fallback);
+    tcase_add_test(tc, test_address_holes);
     tcase_add_test(tc, test_reserve_beyond_address_space);
     tcase_add_test(tc, test_reserve_under_rlimit_as);
     tcase_add_test(tc, test_slack_decays);
