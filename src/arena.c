@@ -317,6 +317,16 @@ size_t bfc__arena_shed_locked(struct bfc__arena *a, bool tails)
     return freed;
 }
 
+size_t bfc__arena_idle_region_bytes(const struct bfc__arena *a)
+{
+    size_t idle = 0;
+    const struct bfc__region *r;
+    bfc__list_for_each(r, &a->regions, alink)
+        if (r->live == 0 && !r->vmm)
+            idle += r->size;
+    return idle;
+}
+
 /* ------------------------------------------------------------- chunks */
 
 /*

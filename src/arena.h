@@ -208,6 +208,9 @@ void *bfc__arena_grow_locked(struct bfc__arena *a, size_t n, size_t rounded, boo
 void bfc__arena_drain_locked(struct bfc__arena *a, bool full);
 void bfc__arena_wait_pending_locked(struct bfc__arena *a, uint32_t timeout_ms);
 size_t bfc__arena_shed_locked(struct bfc__arena *a, bool tails);
+/* The bytes of a's classic regions with nothing live: what
+ * bfc__arena_shed_locked(a, false) would give the pool.  Under a's lock. */
+size_t bfc__arena_idle_region_bytes(const struct bfc__arena *a);
 /* Makes a an expandable arena (expand.c): the reservation (at least `need`
  * bytes), then its one region (nothing mapped), one free chunk covering it,
  * published in the region map.  BFC_OK, BFC_ENOMEM or the backend's error;

@@ -1510,6 +1510,37 @@ START_TEST(test_gc_off_keeps_cached)
 }
 END_TEST
 
+/* Garbage collection gives regions back only where that can make the
+ * request fit (TensorFlow's DeallocateFreeRegions: the limit's room plus
+ * the fully free regions' bytes): regions of 2 MiB (1 MiB live) and 4 MiB
+ * (free) in a 16 MiB limit leave 14 MiB for a 14.5 MiB request, which
+ * fails with both regions kept and no backend call; 13.5 MiB succeeds. */
+START_TEST(test_gc_hopeless_keeps_regions)
+{
+    bfc_config_t c = cfg_grow(16 * MiB);
+    c.garbage_collection = true;
+    c.large_alloc = 0;
+    bfc_ctx_t *ctx = ctx_new(&c);
+    void *a = xalloc_full(ctx, NULL, MiB);
+    void *b = xalloc_full(ctx, NULL, 3 * MiB);
+    ck_assert_uint_eq(st(ctx).bytes_reserved, 6 * MiB);
+    xfree(ctx, b, NULL);
+    uint64_t allocs = bfc_sim_backend_allocs(ctx);
+    ck_assert_ptr_null(bfc_ctx_alloc(ctx, NULL, 14 * MiB + 512 * KiB));
+    ck_assert_int_eq(bfc_last_error(), BFC_ENOMEM);
+    ck_assert_uint_eq(st(ctx).bytes_reserved, 6 * MiB);
+    ck_assert_uint_eq(st(ctx).num_regions, 2);
+    ck_assert_uint_eq(bfc_sim_backend_bytes_held(ctx), 6 * MiB);
+    ck_assert_uint_eq(bfc_sim_backend_allocs(ctx), allocs);
+    xcheck(ctx);
+    b = xalloc_full(ctx, NULL, 13 * MiB + 512 * KiB);
+    xfree(ctx, b, NULL);
+    xfree(ctx, a, NULL);
+    xcheck(ctx);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
 /* garbage_collection also rescues TensorFlow's fragmentation case once all is free. */
 START_TEST(test_gc_large_after_free)
 {
@@ -2083,8 +2114,8 @@ static Suite *arena_suite(void)
           test_tf_one_region, NULL}},
         {"large", {test_large_alloc_own_region, test_large_alloc_off, NULL}},
         {"gc",
-         {test_gc_off_fails, test_gc_on_retries, test_gc_off_keeps_cached, test_gc_large_after_free, test_trim,
-          NULL}},
+         {test_gc_off_fails, test_gc_on_retries, test_gc_off_keeps_cached, test_gc_hopeless_keeps_regions,
+          test_gc_large_after_free, test_trim, NULL}},
         {"bad_free",
          {test_free_null, test_free_foreign, test_free_interior, test_double_free, test_double_free_after_merge,
           test_double_free_departed,
