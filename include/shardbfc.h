@@ -734,7 +734,10 @@ typedef int (*bfc_oom_fn)(bfc_ctx_t *ctx, size_t size, bfc_stream_t stream,
  *                       or pending frees large enough are still fenced by
  *                       streams whose work may be running;
  *   BFC_OOM_FRAGMENTED  enough bytes are free in total, but no free piece
- *                       (chunk, pool span, unreserved limit) is large enough.
+ *                       (chunk, pool span, unreserved limit) is large enough;
+ *                       with expandable arenas also (tested before
+ *                       BFC_OOM_BACKEND): the stream's reserved range has
+ *                       no free run of addresses for the block.
  */
 typedef enum {
     BFC_OOM_NONE = 0, /* no allocation of the context has failed yet */
@@ -768,11 +771,13 @@ typedef struct bfc_oom_info {
     uint64_t bytes_pending;       /* freed blocks still waiting for fences, all shards */
     /* The shards' free memory.  An expandable shard (vmm) counts only what
      * is mapped: its free bytes are its mapped bytes under no live or
-     * pending block, granules shared with one included (a bound), and its
-     * largest free chunk is at most that (a bound of the largest mapped
-     * free piece): the rest of its free chunks is address space. */
+     * pending block, granules shared with one included (a bound), and the
+     * other shards' largest free chunk is at most that (a bound of what
+     * unmapping could give): the rest of their free chunks is address
+     * space.  The requesting stream's largest free chunk is, under vmm, the
+     * largest block its shard could hand out without mapping (exact). */
     uint64_t stream_free;         /* free chunk bytes of the requesting stream's shard */
-    uint64_t stream_largest_free; /* its largest free chunk */
+    uint64_t stream_largest_free; /* its largest free chunk (vmm: above) */
     uint64_t other_free;          /* free chunk bytes of every other shard */
     uint64_t other_largest_free;  /* the largest free chunk of any other shard */
     bfc_stream_t other_largest_stream; /* the stream of that shard */

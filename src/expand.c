@@ -415,6 +415,41 @@ size_t bfc__expand_idle_bytes(const struct bfc__arena *a)
     return a->x->mapped_bytes > busy ? a->x->mapped_bytes - busy : 0;
 }
 
+struct mapped_front {
+    const struct bfc__expand *x;
+    size_t best;
+};
+
+static int mapped_front(struct bfc__chunk *c, void *arg)
+{
+    struct mapped_front *m = arg;
+    const struct bfc__expand *x = m->x;
+    uintptr_t end = c->ptr + c->size, p = c->ptr;
+    size_t g = (p - x->base) >> x->shift;
+    while (p < end && g < x->ngran && bit(x->mapped, g)) {
+        p = x->base + ((g + 1) << x->shift);
+        g++;
+    }
+    size_t front = (p < end ? p : end) - c->ptr;
+    if (front > m->best)
+        m->best = front;
+    return 0;
+}
+
+size_t bfc__expand_largest_mapped_free(const struct bfc__arena *a)
+{
+    struct mapped_front m = { a->x, 0 };
+    /* The bins from the largest down; a bin whose chunks are all smaller
+     * than the best front found cannot beat it. */
+    for (uint32_t i = BFC__NUM_BINS; i-- > 0;) {
+        if (i + 1 < BFC__NUM_BINS && m.best >= (size_t)BFC__MIN_ALLOC << (i + 1))
+            break;
+        if (bfc__bins_slots_of(&a->bins, i))
+            (void)bfc__bins_walk(&a->bins, i, mapped_front, &m);
+    }
+    return m.best;
+}
+
 static void publish_one(_Atomic size_t *h, size_t *mine, size_t v)
 {
     if (v > *mine)

@@ -104,6 +104,10 @@ size_t bfc__expand_release_locked(struct bfc__arena *a, uint32_t wait_ms);
 /* Mapped bytes under no block in use or pending (granules shared with a
  * block included: an upper bound of what a release can unmap). */
 size_t bfc__expand_idle_bytes(const struct bfc__arena *a);
+/* The largest block the arena could hand out now without a map: over its
+ * free chunks, the longest front whose granules are all mapped (exact; the
+ * OOM report's own-stream figure).  Walks the bins: slow paths only. */
+size_t bfc__expand_largest_mapped_free(const struct bfc__arena *a);
 /* Another shard grows within the limit: releases, without waiting, the
  * free granules beyond what this shard keeps (threshold and churn slack),
  * on the churn book of a release at a free -- and, when a loan of the

@@ -166,15 +166,22 @@ static void diagnose(struct bfc_ctx *ctx, struct bfc__oom_report *r)
     in->bytes_unreserved = ctx->limit > held ? ctx->limit - held : 0;
     in->num_shards = r->nshards_total;
     in->num_pool_spans = r->nspans_total;
-    uint64_t own_pending = 0;
+    uint64_t own_pending = 0, own_range = 0;
+    bool own = false;
     for (size_t i = 0; i < r->nshards; i++) {
         const struct bfc__shard_free *s = &r->shards[i];
         in->bytes_in_use += s->in_use;
         in->bytes_pending += s->pending_bytes;
         if (s->stream == in->stream) {
+            /* What this stream could take with no map: an expandable
+             * shard's bound (largest_free) counts mapped bytes scattered
+             * over several chunks, which no retry would get in one. */
             in->stream_free += s->free_bytes;
-            if (s->largest_free > in->stream_largest_free)
-                in->stream_largest_free = s->largest_free;
+            if (s->largest_ready > in->stream_largest_free)
+                in->stream_largest_free = s->largest_ready;
+            if (s->largest_range > own_range)
+                own_range = s->largest_range;
+            own = true;
             own_pending += s->pending_bytes;
         } else {
             in->other_free += s->free_bytes;
@@ -239,6 +246,16 @@ static void diagnose(struct bfc_ctx *ctx, struct bfc__oom_report *r)
                      "limit reached: %s in use + %s requested > %s, what the %s limit holds in whole "
                      "granules; only freeing live blocks (or a higher memory_limit) helps",
                      a, need, b, lim);
+    } else if (ctx->vmm && own && own_range < R) {
+        /* Addresses, not memory: the shard's reserved range has no free
+         * run for the block (or the address space refused a range). */
+        in->cause = BFC_OOM_FRAGMENTED;
+        fmt_bytes(a, sizeof a, own_range);
+        snprintf(o, len,
+                 "fragmented addresses: this stream's reserved range has no free run of %s (its largest is "
+                 "%s), though the limit may have room; freeing blocks between its holes, or "
+                 "bfc_ctx_stream_release once it holds none, gives them back",
+                 need, a);
     } else if ((LG > held ? LG - held : 0) >= RG) {
         in->cause = BFC_OOM_BACKEND;
         fmt_bytes(a, sizeof a, in->bytes_unreserved);

@@ -328,12 +328,14 @@ size_t bfc__shard_free_info(struct bfc_ctx *ctx, struct bfc__shard_free *out, si
         if (!a->dead) {
             bfc__arena_drain_locked(a, true);
             size_t free_bytes = bfc__arena_free_bytes(a), largest = bfc__bins_largest(&a->bins);
+            size_t range = largest, ready = largest;
             if (a->x) {
                 /* An expandable shard's free chunks are mostly address
                  * space: only its mapped granules are memory. */
                 free_bytes = bfc__expand_idle_bytes(a);
                 if (largest > free_bytes)
                     largest = free_bytes;
+                ready = bfc__expand_largest_mapped_free(a);
             }
             if (n < max)
                 out[n] = (struct bfc__shard_free){
@@ -341,6 +343,8 @@ size_t bfc__shard_free_info(struct bfc_ctx *ctx, struct bfc__shard_free *out, si
                     .stream = a->stream,
                     .free_bytes = free_bytes,
                     .largest_free = largest,
+                    .largest_ready = ready,
+                    .largest_range = range,
                     .pending_bytes = a->st.pending_bytes,
                     .in_use = a->st.bytes_in_use,
                     .reserved = a->st.bytes_reserved,

@@ -81,12 +81,18 @@ size_t bfc__shard_collect_tails(struct bfc_ctx *ctx, struct bfc__arena *self, st
  * shard counts only mapped memory: free_bytes is its mapped bytes under no
  * block in use or pending (granules shared with such a block included, so a
  * bound), largest_free the smaller of that and its largest free chunk (a
- * bound of its largest mapped free piece). */
+ * bound of its largest mapped free piece: what unmapping could give),
+ * largest_ready the largest block it could hand out without a map (exact:
+ * bfc__expand_largest_mapped_free) and largest_range its largest free
+ * chunk, mapped or not (addresses).  A classic shard's three are its
+ * largest free chunk. */
 struct bfc__shard_free {
     uint64_t stream_id;
     bfc_stream_t stream;
     size_t free_bytes;      /* in its bins (expandable: mapped, above) */
     size_t largest_free;    /* its largest free chunk (expandable: above) */
+    size_t largest_ready;   /* expandable: above */
+    size_t largest_range;   /* expandable: above */
     size_t pending_bytes;   /* freed blocks still waiting for their fences */
     size_t in_use;          /* live chunk bytes */
     size_t reserved;        /* its regions */

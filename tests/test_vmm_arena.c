@@ -648,17 +648,70 @@ START_TEST(test_oom_report_counts_mapped)
 }
 END_TEST
 
+static char *touch_alloc(bfc_ctx_t *ctx, bfc_stream_t s, size_t n);
+static bfc_oom_info_t expect_oom_cause(bfc_ctx_t *ctx, size_t n, bfc_oom_cause_t cause, const char *text);
+
+/* One stream, nothing concurrent: its mapped free memory lies in two
+ * 2 MiB chunks between live blocks that share every granule (limit 8 MiB,
+ * 2 MiB granules, all four mapped).  A 3 MiB request fails; the report
+ * must not call that transient ("a retry may succeed" -- it will not): the
+ * largest block the shard could hand out without a map is 2 MiB, though its
+ * mapped free bytes and its largest (unmapped) chunk both exceed 3 MiB. */
+START_TEST(test_oom_report_not_transient)
+{
+    bfc_ctx_t *ctx = ctx_spec("memory_limit=8M,vmm=on", 0);
+    char *a = touch_alloc(ctx, NULL, MiB), *b = touch_alloc(ctx, NULL, 2 * MiB);
+    char *c = touch_alloc(ctx, NULL, 2 * MiB), *d = touch_alloc(ctx, NULL, 2 * MiB);
+    char *e = touch_alloc(ctx, NULL, MiB / 2);
+    ck_assert_uint_eq(reserved(ctx), 8 * MiB);
+    ck_assert_int_eq(bfc_ctx_free(ctx, b, NULL), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_free(ctx, d, NULL), BFC_OK);
+    bfc_oom_info_t i = expect_oom_cause(ctx, 3 * MiB, BFC_OOM_FRAGMENTED, "fragmented");
+    ck_assert_uint_eq(i.stream_largest_free, 2 * MiB);
+    ck_assert_ptr_null(bfc_ctx_alloc(ctx, NULL, 3 * MiB)); /* and a retry fails */
+    check_ok(ctx);
+    char *p[] = { a, c, e };
+    for (int k = 0; k < 3; k++)
+        ck_assert_int_eq(bfc_ctx_free(ctx, p[k], NULL), BFC_OK);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
+/* A shard whose range holds just the limit (the address space refused
+ * twice it: SIM's ceiling): three blocks of 20 MiB in 64 MiB, the outer two
+ * freed, leave holes of 20 and 24 MiB, and 30 MiB fails with 20 MiB
+ * mapped.  The report says addresses, not the device refusing memory (the
+ * backend refused nothing). */
+START_TEST(test_oom_report_addresses)
+{
+    bfc_ctx_t *ctx = ctx_spec("memory_limit=64M,vmm=on", G);
+    bfc__sim_set_va_ceiling(ctx->be, 64 * MiB);
+    char *a = touch_alloc(ctx, NULL, 20 * MiB), *b = touch_alloc(ctx, NULL, 20 * MiB);
+    char *c = touch_alloc(ctx, NULL, 20 * MiB);
+    ck_assert_int_eq(bfc_ctx_free(ctx, a, NULL), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_free(ctx, c, NULL), BFC_OK);
+    expect_oom_cause(ctx, 30 * MiB, BFC_OOM_FRAGMENTED, "addresses");
+    ck_assert_uint_eq(bfc_sim_backend_failures(ctx), 0);
+    check_ok(ctx);
+    ck_assert_int_eq(bfc_ctx_free(ctx, b, NULL), BFC_OK);
+    c = touch_alloc(ctx, NULL, 30 * MiB); /* the holes merged */
+    ck_assert_int_eq(bfc_ctx_free(ctx, c, NULL), BFC_OK);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
 /* A limit that is not a multiple of the granule holds only its whole
  * granules, and the report says so: a request that needs more of them than
  * the limit holds is too large, one that would pass them with the blocks in
  * use is the limit -- not the device refusing (the backend never saw it). */
-static void expect_oom_cause(bfc_ctx_t *ctx, size_t n, bfc_oom_cause_t cause, const char *text)
+static bfc_oom_info_t expect_oom_cause(bfc_ctx_t *ctx, size_t n, bfc_oom_cause_t cause, const char *text)
 {
     bfc_oom_info_t i;
     ck_assert_ptr_null(bfc_ctx_alloc(ctx, NULL, n));
     ck_assert_int_eq(bfc_ctx_oom_info(ctx, &i), BFC_OK);
     ck_assert_msg(i.cause == cause, "cause %d: %s", (int)i.cause, i.diagnosis);
     ck_assert_ptr_nonnull(strstr(i.diagnosis, text));
+    return i;
 }
 
 START_TEST(test_oom_report_whole_granules)
@@ -1573,6 +1626,8 @@ static Suite *vmm_suite(void)
     tcase_add_test(tc, test_release_same_stream);
     tcase_add_test(tc, test_release_same_stream_late);
     tcase_add_test(tc, test_oom_report_counts_mapped);
+    tcase_add_test(tc, test_oom_report_not_transient);
+    tcase_add_test(tc, test_oom_report_addresses);
     tcase_add_test(tc, test_oom_report_whole_granules);
     tcase_add_test(tc, test_churn);
     tcase_add_test(tc, test_amortised);
