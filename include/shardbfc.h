@@ -270,8 +270,10 @@ BFC_API int bfc_config_validate(const bfc_config_t *cfg);
  *     reclaiming free regions or free region tails under memory pressure,
  *     garbage collection, bfc_ctx_trim.  Memory leaving a shard carries an
  *     event recorded on the shard's stream when it leaves (unless the shard
- *     never handed any of it out); the pool gives it to another stream only
- *     once that event has completed, and to the same stream at once.
+ *     never handed any of it out; of a free region tail, the part above
+ *     every block the region ever held leaves unfenced); the pool gives it
+ *     to another stream only once that event has completed, and to the same
+ *     stream at once.
  *   - Out of memory.  Before a request fails the allocator, in order: drains
  *     the shard's cross-stream frees; grows a new region within the limit;
  *     waits for the shard's own pending frees; gives the shard's fully free

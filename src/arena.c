@@ -129,6 +129,7 @@ static int region_setup(struct bfc__arena *a, uintptr_t base, size_t size, struc
      * use it, so it must be fenced again when it leaves. */
     c->flags = used ? BFC__CF_USED : 0;
     r->tail = c;
+    r->used_end = used ? base + size : base;
     bfc__region_set_handle(r, base, c);
     if (bfc__regionmap_insert(r) != BFC_OK)
         goto nomem;
@@ -262,12 +263,21 @@ static size_t region_shed_tail(struct bfc__arena *a, struct bfc__region *r)
     struct bfc__chunk *c = r->tail;
     if (!has_free_tail(r))
         return 0;
-    struct bfc__pool_ticket t;
+    struct bfc__pool_ticket t, t2;
     if (bfc__pool_ticket_get(a->env->pool, &t) != BFC_OK)
         return 0;
     uintptr_t base = c->ptr;
     size_t size = c->size;
     bool used = c->flags & BFC__CF_USED;
+    /* The part above the highest block ever handed out was never used:
+     * it departs unfenced, as a span of its own, so that another stream
+     * may take it while ours is busy (allow_growth=false: a stream that
+     * used 31 of its region's 64 MiB and is still running no longer
+     * fences all 63 free MiB).  Without a second ticket, all of it is
+     * fenced, as before. */
+    size_t fresh = used && r->used_end > base && r->used_end < base + size ? base + size - r->used_end : 0;
+    if (fresh && bfc__pool_ticket_get(a->env->pool, &t2) != BFC_OK)
+        fresh = 0;
     bfc__bins_remove(&a->bins, c);
     r->tail = c->prev;
     c->prev->next = NULL;
@@ -278,8 +288,12 @@ static size_t region_shed_tail(struct bfc__arena *a, struct bfc__region *r)
     a->st.bytes_reserved -= size;
     if (bfc__tracing(a->env->obs))
         bfc__trace_event(a->env->obs, BFC__TR_RELEASE, base, size, a->stream);
+    if (r->used_end > base)
+        r->used_end = base;
     bfc__regionmap_shrink(r, used);
-    bfc__pool_put(a->env->pool, base, size, r->seg, used, a->stream, a->stream_id, &t);
+    bfc__pool_put(a->env->pool, base, size - fresh, r->seg, used, a->stream, a->stream_id, &t);
+    if (fresh)
+        bfc__pool_put(a->env->pool, base + size - fresh, fresh, r->seg, false, a->stream, a->stream_id, &t2);
     return size;
 }
 

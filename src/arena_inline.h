@@ -96,10 +96,17 @@ static inline __attribute__((always_inline)) void bfc__arena_split_with(struct b
     n->flags = c->flags & BFC__CF_USED;
     n->prev = c;
     n->next = c->next;
-    if (c->next)
+    if (c->next) {
         c->next->prev = n;
-    else
+    } else {
+        /* c is its region's last chunk, cut for a block: the region's
+         * used memory reaches the block's end (region.h, used_end; the
+         * other way it grows is the last chunk handed out whole, which its
+         * release notes). */
         c->region->tail = n;
+        if (c->ptr + rounded > c->region->used_end) /* never lowered: c may have been used whole */
+            c->region->used_end = c->ptr + rounded;
+    }
     c->next = n;
     c->size = rounded;
     bfc__region_set_handle(c->region, n->ptr, n);
@@ -204,7 +211,9 @@ static inline __attribute__((always_inline)) void bfc__arena_release_inline(stru
         return;
     }
     struct bfc__chunk *n = c->next;
-    if (bfc__arena_free_neighbour(n)) {
+    if (!n) /* the last chunk, handed out whole: all of the region was used */
+        r->used_end = c->ptr + c->size;
+    else if (bfc__arena_free_neighbour(n)) {
         bfc__bins_remove_inline(&a->bins, n);
         bfc__arena_merge(a, c, n);
     }

@@ -1389,11 +1389,13 @@ static inline __attribute__((always_inline)) int free_fast_in(struct bfc_ctx *ct
     if (BFC__UNLIKELY(!c || c == BFC__HANDLE_GONE || !bfc__trylock(&a->lock)))
         goto general;
     /* Under the lock: still the block at p (the record may have been
-     * recycled since the handle was read), and a plain release.  (Poison
-     * was tested at the entry: r->tag == ctx, so a->env is ctx->env.) */
+     * recycled since the handle was read), and a plain release: not its
+     * region's last chunk either, whose release notes how far the region
+     * was used (region.h, used_end).  (Poison was tested at the entry:
+     * r->tag == ctx, so a->env is ctx->env.) */
     if (BFC__UNLIKELY(!bfc__chunk_at(c, r, p) || a->dead || r->gone || r->large ||
                       atomic_load_explicit((struct bfc__recorded *_Atomic *)&c->recorded, memory_order_relaxed) ||
-                      bfc__arena_free_neighbour(c->next) || bfc__arena_free_neighbour(c->prev)))
+                      !c->next || bfc__arena_free_neighbour(c->next) || bfc__arena_free_neighbour(c->prev)))
         return free_locked_rest(ctx, a, r, p, c, stream);
     /* The claim, as free_under_lock's; a lost claim is classified there. */
     uint32_t expect = BFC__CHUNK_INUSE;

@@ -50,6 +50,14 @@ struct bfc__region {
     bool vmm;                    /* an expandable arena's reservation (expand.h) */
     bool gone;                   /* given back to the pool (owner's lock) */
     size_t live;                 /* chunks not FREE (owner's lock) */
+    /* Memory at and above it was never handed out (all of it, for a
+     * region taken back under a fence): a free tail departs unfenced there
+     * (owner's lock).  Best fit cuts blocks from the front of chunks, so
+     * never-used memory is a suffix of the last chunk, and this moves only
+     * when that chunk is cut for a block or, handed out whole, released
+     * (arena_inline.h) -- a bound above the highest block's end, kept off
+     * the common path. */
+    uintptr_t used_end;
     struct bfc__chunk *tail;     /* last chunk in address order (owner's lock) */
     /* The records its departure needs, reserved when it was made, so that
      * giving it back to the pool never fails. */

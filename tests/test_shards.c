@@ -1091,6 +1091,37 @@ START_TEST(test_race_free_vs_alloc_new_stream)
 }
 END_TEST
 
+/* allow_growth=false: the free tail of a busy stream's region departs
+ * fenced only as far as blocks were ever handed out.  s (held) used 31 MiB
+ * of its 64 MiB region and freed 30 MiB of it; t's 20 MiB comes from the 33
+ * MiB above, never used, while s's work may still touch the 30 MiB below
+ * (before: all 63 free MiB were fenced on s, and t was refused). */
+START_TEST(test_no_growth_unused_tail_unfenced)
+{
+    bfc_config_t c = cfg_grow(64 * MiB);
+    c.allow_growth = false;
+    bfc_ctx_t *ctx = ctx_new(&c);
+    bfc_stream_t s = new_stream(ctx), t = new_stream(ctx);
+    bfc_sim_stream_hold(ctx, s);
+    char *a = xalloc(ctx, s, MiB), *b = xalloc(ctx, s, 30 * MiB);
+    ck_assert_ptr_eq(b, a + MiB);
+    xfree(ctx, b, s);
+    char *p = bfc_ctx_alloc(ctx, t, 20 * MiB);
+    ck_assert_msg(p != NULL, "%s", bfc_err_name(bfc_last_error()));
+    ck_assert((uintptr_t)p >= (uintptr_t)b + 30 * MiB); /* not where s's work may be */
+    xcheck(ctx);
+    /* What s used is still its to take back at once (stream order). */
+    char *q = xalloc(ctx, s, 30 * MiB);
+    ck_assert_ptr_eq(q, b);
+    xfree(ctx, q, s);
+    xfree(ctx, p, t);
+    bfc_sim_stream_drain(ctx, s);
+    xfree(ctx, a, s);
+    xcheck(ctx);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
 /* num_ooms counts every failed allocation once, also when the failing
  * stream is released by another thread meanwhile: a count added to a shard
  * that died while the slow path had dropped its lock was lost with it (2 to
@@ -1605,6 +1636,7 @@ static Suite *shards_suite(void)
     tcase_add_test(lim, test_extend_fits_pool_piece);
     tcase_add_test(lim, test_trim_regrow_cycles);
     tcase_add_test(lim, test_trim_does_not_inflate_regions);
+    tcase_add_test(lim, test_no_growth_unused_tail_unfenced);
     suite_add_tcase(s, lim);
 
     TCase *race = tcase_create("races");
