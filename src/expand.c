@@ -224,6 +224,15 @@ static void expand_free(struct bfc__arena *a, struct bfc__expand *x)
     bfc__meta_free(x, sizeof(*x));
 }
 
+/* The limit rounded up to the granule; rounded down where that would not
+ * fit a size_t (a limit within a granule of 2^64: rounding up wrapped to
+ * 0, and every reservation failed with BFC_EBACKEND). */
+static size_t limit_bytes(const struct bfc__arena_env *env)
+{
+    size_t g = env->be->vmm_granule, full = bfc__round_up(env->limit, g);
+    return full ? full : env->limit & ~(g - 1);
+}
+
 /* The addresses a shard reserves: twice the limit (rounded up to the
  * granule; the limit itself where twice would not fit a size_t).  Mapped
  * memory never passes the limit, but addresses are not reused as freely:
@@ -234,7 +243,7 @@ static void expand_free(struct bfc__arena *a, struct bfc__expand *x)
  * costs addresses only (and the bitmaps' bits). */
 static size_t range_bytes(const struct bfc__arena_env *env)
 {
-    size_t g = env->be->vmm_granule, full = bfc__round_up(env->limit, g);
+    size_t full = limit_bytes(env);
     return full <= SIZE_MAX / 2 ? 2 * full : full;
 }
 
@@ -253,7 +262,7 @@ static size_t range_bytes(const struct bfc__arena_env *env)
  */
 static int reserve(const struct bfc__arena_env *env, size_t need, size_t *size, uintptr_t *base)
 {
-    size_t g = env->be->vmm_granule, range = range_bytes(env), full = bfc__round_up(env->limit, g);
+    size_t g = env->be->vmm_granule, range = range_bytes(env), full = limit_bytes(env);
     size_t min = need < full ? bfc__round_up(need ? need : 1, g) : full;
     int st = bfc__pool_vmm_reserve(env->pool, range, base);
     if (st == BFC_OK)

@@ -1437,6 +1437,23 @@ START_TEST(test_reserve_beyond_address_space)
 }
 END_TEST
 
+/* A limit within a granule of 2^64: rounded up to the granule it wrapped
+ * to 0, and every allocation failed with BFC_EBACKEND. */
+START_TEST(test_limit_near_2_64)
+{
+    static const char *const specs[] = { "memory_limit=18446744073709551615,vmm=on",
+                                         "memory_limit=18446744073709551360" };
+    for (int k = 0; k < 2; k++) {
+        bfc_ctx_t *ctx = ctx_spec(specs[k], 0);
+        ck_assert(ctx->vmm);
+        char *p = touch_alloc(ctx, NULL, 1000);
+        check_ok(ctx);
+        ck_assert_int_eq(bfc_ctx_free(ctx, p, NULL), BFC_OK);
+        bfc_ctx_destroy(ctx);
+    }
+}
+END_TEST
+
 /* The process's own bytes of address space (VmSize), or 0. */
 static size_t vm_size(void)
 {
@@ -1643,6 +1660,7 @@ static Suite *vmm_suite(void)
     tcase_add_test(tc, test_growth_elsewhere_at_limit);
     tcase_add_test(tc, test_reserve_fallback);
     tcase_add_test(tc, test_address_holes);
+    tcase_add_test(tc, test_limit_near_2_64);
     tcase_add_test(tc, test_reserve_beyond_address_space);
     tcase_add_test(tc, test_reserve_under_rlimit_as);
     tcase_add_test(tc, test_slack_decays);
