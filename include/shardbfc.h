@@ -513,7 +513,11 @@ BFC_API int bfc_ctx_config(bfc_ctx_t *ctx, bfc_config_t *out);
  * bfc_stream_alloc / bfc_stream_free / bfc_record_stream / bfc_stream_release
  * behave exactly as their bfc_ctx_* counterparts on that context.
  * bfc_free(p) frees on the stream p was allocated on (immediately reusable by
- * that stream).
+ * that stream).  The three calls taking a pointer find its context from the
+ * pointer, as a free needs no device: a block of a context made with
+ * bfc_ctx_create is freed in its own context too; a host block
+ * (bfc_host_alloc) is BFC_ENOTOWNED here, as for bfc_ctx_free on a device
+ * context -- bfc_host_free frees it.
  * Context: thread-safe; same locking as the bfc_ctx_* calls; the first call
  * for a device creates its context (one-time lock).
  */

@@ -171,14 +171,20 @@ void *bfc_stream_alloc(bfc_stream_t stream, size_t n)
     return bfc_ctx_alloc(ctx, stream, n);
 }
 
-/* The context and owner stream of a pointer; BFC_EDOUBLEFREE for a block
- * whose memory left its shard after its free (regionmap.h, departed
- * memory), else BFC_ENOTOWNED. */
+/* The context and owner stream of a device pointer; BFC_EDOUBLEFREE for
+ * a block whose memory left its shard after its free (regionmap.h,
+ * departed memory), else BFC_ENOTOWNED -- also for a host block, which
+ * only bfc_host_free frees (a host context's shards are threads' arenas,
+ * not streams). */
 static int owner_of(const void *p, bfc_ctx_t **ctx, bfc_stream_t *s)
 {
     bfc__rcu_lock();
     struct bfc__region *r = bfc__regionmap_lookup((uintptr_t)p);
     int st = BFC_ENOTOWNED;
+    if (r && ((struct bfc_ctx *)r->tag)->is_host) {
+        bfc__rcu_unlock();
+        return BFC_ENOTOWNED;
+    }
     if (r) {
         *ctx = r->tag;
         *s = r->owner->stream;

@@ -252,6 +252,13 @@ START_TEST(test_foreign_pointers_service)
     ck_assert_int_eq(bfc_free((char *)p + 1), BFC_ENOTOWNED);
     ck_assert_int_eq(bfc_stream_free((char *)p + 512, NULL), BFC_ENOTOWNED);
     free(heap);
+    /* A host block is bfc_host_free's: the device calls leave it alone. */
+    void *h = bfc_host_alloc(1000);
+    ck_assert_ptr_nonnull(h);
+    ck_assert_int_eq(bfc_free(h), BFC_ENOTOWNED);
+    ck_assert_int_eq(bfc_stream_free(h, NULL), BFC_ENOTOWNED);
+    ck_assert_int_eq(bfc_record_stream(h, NULL), BFC_ENOTOWNED);
+    ck_assert_int_eq(bfc_host_free(h), BFC_OK);
     bfc_ctx_t *ctx = dctx();
     ck_assert_uint_eq(st(ctx).bytes_in_use, 4 * KiB);
     ck_assert_int_eq(bfc_free(p), BFC_OK);
