@@ -36,6 +36,10 @@
  * call_rcu callbacks, an application must not create or destroy contexts,
  * start or stop a trace or set an OOM callback while another thread may
  * fork (the fork would wait for a grace period that waits for that code).
+ * The handlers, liburcu's call_rcu thread and the metadata arena are set up
+ * when the library is loaded (before main, or inside dlopen), so that no
+ * fork can catch that set-up half done; a process that loads the library
+ * with dlopen while another of its threads forks is not covered.
  */
 #ifndef SHARDBFC_H
 #define SHARDBFC_H

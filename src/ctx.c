@@ -277,6 +277,19 @@ void bfc__process_init(void)
         bfc__fatal("pthread_once", e);
 }
 
+/* The set-up runs when the library is loaded, before main (or inside
+ * dlopen), not at the first context: done lazily, a fork from one thread
+ * while another was in the middle of it left the child to run it again
+ * from a state the parent's half-done run had left -- one child in a few
+ * hundred hung on liburcu's call_rcu_mutex in its first bfc_ctx_create
+ * when four threads started creating contexts as the main thread forked.
+ * A process that loads the library with dlopen while other threads fork
+ * keeps that window. */
+__attribute__((constructor)) static void process_init_at_load(void)
+{
+    bfc__process_init();
+}
+
 /* ------------------------------------------------------ observability */
 
 /*

@@ -1558,8 +1558,94 @@ START_TEST(test_fork_while_allocating)
 }
 END_TEST
 
-int main(void)
+/*
+ * A fork at the library's first use.  The process set-up (fork handlers,
+ * liburcu's call_rcu thread) ran lazily at the first context, and a fork
+ * from the main thread while another thread was in the middle of it left
+ * the child to run it again from a half-done state: the child hung on
+ * liburcu's call_rcu_mutex in its first bfc_ctx_create in about one run
+ * in four where four threads started creating contexts as the main thread
+ * forked.  The set-up now runs when the library is loaded.  The scenario
+ * needs a fresh process, so the test runs this binary again in that mode
+ * (first_use_child), 40 times.
+ */
+static atomic_bool first_use_stop;
+
+static void *first_use_worker(void *arg)
 {
+    (void)arg;
+    while (!atomic_load(&first_use_stop)) {
+        bfc_config_t c;
+        bfc_config_init(&c);
+        c.backend = BFC_BACKEND_SIM;
+        c.memory_limit = 32 * MiB;
+        bfc_ctx_t *ctx;
+        if (bfc_ctx_create(&c, &ctx) != BFC_OK)
+            continue;
+        void *p = bfc_ctx_alloc(ctx, NULL, 1000);
+        (void)bfc_ctx_free(ctx, p, NULL);
+        bfc_ctx_destroy(ctx);
+    }
+    return NULL;
+}
+
+static int first_use_child(void)
+{
+    alarm(30); /* a hang of this process ends as SIGALRM too */
+    pthread_t th[4];
+    for (int i = 0; i < 4; i++)
+        if (pthread_create(&th[i], NULL, first_use_worker, NULL) != 0)
+            return 2;
+    int bad = 0;
+    for (int k = 0; k < 3; k++) {
+        pid_t pid = fork();
+        if (pid < 0)
+            return 3;
+        if (pid == 0) {
+            alarm(10); /* a hang ends as SIGALRM */
+            bfc_config_t c;
+            bfc_config_init(&c);
+            c.backend = BFC_BACKEND_SIM;
+            bfc_ctx_t *ctx;
+            if (bfc_ctx_create(&c, &ctx) != BFC_OK)
+                _exit(4);
+            void *p = bfc_ctx_alloc(ctx, NULL, 100);
+            _exit(p && bfc_ctx_free(ctx, p, NULL) == BFC_OK ? 0 : 5);
+        }
+        int status = 0;
+        while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+            ;
+        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+            bad = 1;
+    }
+    atomic_store(&first_use_stop, true);
+    for (int i = 0; i < 4; i++)
+        pthread_join(th[i], NULL);
+    return bad;
+}
+
+START_TEST(test_fork_at_first_use)
+{
+    for (int run = 0; run < 40; run++) {
+        pid_t pid = fork();
+        ck_assert_int_ge(pid, 0);
+        if (pid == 0) {
+            execl("/proc/self/exe", "test_hardening", "first-use-fork", (char *)NULL);
+            _exit(127);
+        }
+        int status = 0;
+        while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+            ;
+        ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+                      "run %d: a child forked at the first use failed or hung (status %#x)", run, status);
+    }
+}
+END_TEST
+
+int main(int argc, char **argv)
+{
+    if (argc > 1 && strcmp(argv[1], "first-use-fork") == 0)
+        return first_use_child();
     /* Before anything reads it (the service reads it once). */
     setenv("SHARDBFC_CONF", ENV_CONF, 1);
     Suite *s = suite_create("hardening");
@@ -1585,6 +1671,7 @@ int main(void)
         TCase *fk = tcase_create("fork");
         tcase_set_timeout(fk, stress_long() ? 1800 : 300);
         tcase_add_test(fk, test_fork_quiet);
+        tcase_add_test(fk, test_fork_at_first_use);
         tcase_add_test(fk, test_fork_while_allocating);
         suite_add_tcase(s, fk);
     }
