@@ -481,8 +481,10 @@ BFC_API size_t bfc_ctx_requested_size(bfc_ctx_t *ctx, const void *p);
 BFC_API size_t bfc_ctx_allocated_size(bfc_ctx_t *ctx, const void *p);
 BFC_API int64_t bfc_ctx_allocation_id(bfc_ctx_t *ctx, const void *p);
 
-/* Returns the configuration the context runs with (backend resolved, limit
- * filled in).  Context: thread-safe, lock-free. */
+/* Returns the configuration the context runs with: backend and vmm
+ * resolved (BFC_VMM_ON or BFC_VMM_OFF, never AUTO), the limit filled in and
+ * rounded down to 256 bytes as the context counts it (bytes_limit).
+ * Context: thread-safe, lock-free. */
 BFC_API int bfc_ctx_config(bfc_ctx_t *ctx, bfc_config_t *out);
 
 /* ------------------------------------------------- process-wide service */

@@ -514,6 +514,9 @@ int bfc_ctx_config(bfc_ctx_t *ctx, bfc_config_t *out)
     if (!ctx || !out)
         return BFC_EINVAL;
     *out = ctx->cfg;
+    /* What it runs with: the limit in whole 256-byte units, vmm decided. */
+    out->memory_limit = ctx->limit;
+    out->vmm = ctx->vmm ? BFC_VMM_ON : BFC_VMM_OFF;
     return BFC_OK;
 }
 

@@ -161,6 +161,19 @@ START_TEST(test_auto)
     bfc_ctx_destroy(ctx);
     ctx = ctx_spec("memory_limit=129M", 0);
     ck_assert(ctx->vmm);
+    /* bfc_ctx_config says what was decided, never AUTO, and the limit as
+     * the context counts it. */
+    bfc_config_t got;
+    ck_assert_int_eq(bfc_ctx_config(ctx, &got), BFC_OK);
+    ck_assert_int_eq(got.vmm, BFC_VMM_ON);
+    bfc_ctx_destroy(ctx);
+    ctx = ctx_spec("memory_limit=1000", 0);
+    ck_assert_int_eq(bfc_ctx_config(ctx, &got), BFC_OK);
+    ck_assert_int_eq(got.vmm, BFC_VMM_OFF);
+    ck_assert_uint_eq(got.memory_limit, 768);
+    bfc_stats_t cs;
+    ck_assert_int_eq(bfc_ctx_stats(ctx, &cs), BFC_OK);
+    ck_assert_uint_eq(got.memory_limit, cs.bytes_limit);
     bfc_ctx_destroy(ctx);
 }
 END_TEST
