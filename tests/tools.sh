@@ -2,7 +2,8 @@
 # tools.sh -- `make check`: the command-line tools of the build tree on
 # crafted inputs (their installed copies are tried by tests/install.sh).
 #
-#   shardbfc-replay  a trace whose free comes before its allocation: the
+#   shardbfc-replay  a table it could not write (stdout closed) is exit 1;
+#                    a trace whose free comes before its allocation: the
 #                    table's skipped column counts it and stderr warns; a
 #                    misspelt --config key is named with the reason;
 #                    per-thread batches out of time order are replayed in
@@ -10,7 +11,8 @@
 #                    measures (peak requested, reserved, allocated,
 #                    overhead) equal figures worked out by hand;
 #   shardbfc-stat    --help / -h, an unknown option is a usage error (not a
-#                    file name), a missing file is exit 1;
+#                    file name), a missing file is exit 1, and so is a
+#                    report it could not write (stdout closed, /dev/full);
 #   shardbfc-view    --help, a missing -o is a usage error.
 set -u
 
@@ -31,6 +33,8 @@ Thread,Time,Action,Pointer,Size,Stream
 1,70,free,0x2000,8192,0x0
 CSV
 "$replay" "$tmp/bad.csv" >"$tmp/out" 2>"$tmp/err" || { cat "$tmp/out" "$tmp/err" >&2; fail "replay failed"; }
+"$replay" "$tmp/bad.csv" >&- 2>/dev/null
+[ $? -eq 1 ] || fail "shardbfc-replay with its output closed does not exit 1"
 grep -q 'skipped' "$tmp/out" || fail "no skipped column: $(cat "$tmp/out")"
 # config, peak_requested, peak_reserved, peak_allocated, overhead, frag, ooms, skipped, seconds
 awk '$1 == "(defaults)" && $8 == 1 {ok = 1} END {exit !ok}' "$tmp/out" ||
@@ -88,6 +92,15 @@ grep -q '^usage: shardbfc-stat' "$tmp/out" || fail "shardbfc-stat --help prints 
 [ $? -eq 2 ] || fail "shardbfc-stat --bogus is not a usage error"
 "$stat" "$tmp/none.json" >/dev/null 2>&1
 [ $? -eq 1 ] || fail "shardbfc-stat on a missing file does not exit 1"
+printf '{"version":1,"backend":"sim","shards":[]}\n' >"$tmp/empty.json"
+"$stat" "$tmp/empty.json" >"$tmp/out" 2>&1 || fail "shardbfc-stat on a snapshot with no shards fails"
+grep -q '0 shards' "$tmp/out" || fail "shardbfc-stat: $(cat "$tmp/out")"
+"$stat" "$tmp/empty.json" >&- 2>/dev/null
+[ $? -eq 1 ] || fail "shardbfc-stat with its output closed does not exit 1"
+if [ -c /dev/full ]; then
+    "$stat" "$tmp/empty.json" >/dev/full 2>/dev/null
+    [ $? -eq 1 ] || fail "shardbfc-stat writing to a full device does not exit 1"
+fi
 
 # -------------------------------------------------------------- view
 "$view" --help >"$tmp/out" 2>&1 || fail "shardbfc-view --help exits non-zero"

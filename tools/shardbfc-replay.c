@@ -217,5 +217,10 @@ int main(int argc, char **argv)
                 sorted ? "" : "; they were replayed in file order");
     free(ev);
     free(specs);
+    /* A table that could not be written (full disk, closed pipe) fails. */
+    if (fflush(stdout) != 0 || ferror(stdout)) {
+        perror("shardbfc-replay: writing the table");
+        return 1;
+    }
     return status;
 }

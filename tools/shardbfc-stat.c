@@ -206,5 +206,10 @@ int main(int argc, char **argv)
         putchar('\n');
     }
     json_object_put(v);
+    /* A full disk or closed pipe must not read as success. */
+    if (fflush(stdout) != 0 || ferror(stdout)) {
+        perror("shardbfc-stat: writing the report");
+        return 1;
+    }
     return 0;
 }
