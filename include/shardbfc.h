@@ -616,8 +616,8 @@ BFC_API int bfc_host_record_stream(void *p, bfc_stream_t stream);
     X(num_remote_frees, SUM, "frees issued on a stream other than the owner's")                \
     X(num_pending_frees, SUM, "freed blocks still waiting for their fence")                    \
     X(num_ooms, SUM, "allocations that failed for lack of memory (each once, callback retry included)") \
-    X(bytes_free, SUM, "free chunk bytes in the shards' bins")                                 \
-    X(largest_free_chunk, MAX, "largest free chunk of any shard")                              \
+    X(bytes_free, SUM, "free chunk bytes in the shards' bins (vmm: mapped ones)")              \
+    X(largest_free_chunk, MAX, "largest free chunk of any shard (vmm: largest mapped block)")  \
     X(bytes_pending, SUM, "bytes of blocks waiting for their fences")                         \
     X(num_chunks, SUM, "chunk records in use (free + in use + pending)")                      \
     X(num_poison_errors, SUM, "poison=true: blocks found written after free when reused")      \

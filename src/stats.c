@@ -57,8 +57,19 @@ static void add_arena(bfc_stats_t *o, const struct bfc__arena *a)
     o->num_pending_frees += s->pending;
     o->bytes_pending += s->pending_bytes;
     o->num_ooms += s->ooms;
-    o->bytes_free += bfc__arena_free_bytes(a);
-    size_t lf = bfc__bins_largest(&a->bins);
+    size_t lf;
+    if (a->x) {
+        /* An expandable shard's free chunks are mostly addresses (its
+         * range is twice the limit): count memory.  Blocks in use or
+         * pending lie wholly on mapped granules, so what is mapped beyond
+         * them is exactly the free mapped bytes. */
+        size_t held = s->bytes_in_use + s->pending_bytes;
+        o->bytes_free += a->x->mapped_bytes > held ? a->x->mapped_bytes - held : 0;
+        lf = bfc__expand_largest_mapped_free(a);
+    } else {
+        o->bytes_free += bfc__arena_free_bytes(a);
+        lf = bfc__bins_largest(&a->bins);
+    }
     if (lf > o->largest_free_chunk)
         o->largest_free_chunk = lf;
     o->num_chunks += s->chunks;

@@ -681,6 +681,12 @@ START_TEST(test_oom_report_not_transient)
     ck_assert_int_eq(bfc_ctx_free(ctx, d, NULL), BFC_OK);
     bfc_oom_info_t i = expect_oom_cause(ctx, 3 * MiB, BFC_OOM_FRAGMENTED, "fragmented");
     ck_assert_uint_eq(i.stream_largest_free, 2 * MiB);
+    /* The statistics count memory too, not the range's addresses (16 MiB
+     * of them): 8 MiB mapped, 3.5 MiB in use. */
+    bfc_stats_t cs;
+    ck_assert_int_eq(bfc_ctx_stats(ctx, &cs), BFC_OK);
+    ck_assert_uint_eq(cs.bytes_free, 4 * MiB + MiB / 2);
+    ck_assert_uint_eq(cs.largest_free_chunk, 2 * MiB);
     ck_assert_ptr_null(bfc_ctx_alloc(ctx, NULL, 3 * MiB)); /* and a retry fails */
     check_ok(ctx);
     char *p[] = { a, c, e };
