@@ -39,7 +39,9 @@
  * The handlers, liburcu's call_rcu thread and the metadata arena are set up
  * when the library is loaded (before main, or inside dlopen), so that no
  * fork can catch that set-up half done; a process that loads the library
- * with dlopen while another of its threads forks is not covered.
+ * with dlopen while another of its threads forks is not covered, nor is a
+ * ThreadSanitizer build (set up at the first context there: TSan will not
+ * start threads in a child of a multi-threaded parent).
  */
 #ifndef SHARDBFC_H
 #define SHARDBFC_H

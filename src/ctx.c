@@ -284,11 +284,26 @@ void bfc__process_init(void)
  * hundred hung on liburcu's call_rcu_mutex in its first bfc_ctx_create
  * when four threads started creating contexts as the main thread forked.
  * A process that loads the library with dlopen while other threads fork
- * keeps that window. */
+ * keeps that window.  Not under ThreadSanitizer, which refuses to start a
+ * thread in a child forked from a multi-threaded process: the call_rcu
+ * thread made at load would make every process multi-threaded before its
+ * first fork (Check forks each test). */
+#if defined(__SANITIZE_THREAD__)
+#define BFC__INIT_AT_LOAD 0
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define BFC__INIT_AT_LOAD 0
+#endif
+#endif
+#ifndef BFC__INIT_AT_LOAD
+#define BFC__INIT_AT_LOAD 1
+#endif
+#if BFC__INIT_AT_LOAD
 __attribute__((constructor)) static void process_init_at_load(void)
 {
     bfc__process_init();
 }
+#endif
 
 /* ------------------------------------------------------ observability */
 
