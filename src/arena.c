@@ -206,13 +206,21 @@ static size_t initial_region_bytes(const struct bfc__arena_env *env)
 
 /*
  * Gives a fully free region back to the pool.  With `fence`, fenced on our
- * stream if any of it was used (fence.h); only context teardown, which
- * returns everything to the backend, passes false.
+ * stream if any of it was used (fence.h), and only as far as it was
+ * (region.h, used_end: the rest goes unfenced, as a span of its own, when
+ * a second ticket can be had); only context teardown, which returns
+ * everything to the backend, passes false.  A large region held one block
+ * that covered it.
  */
 void bfc__arena_region_depart(struct bfc__arena *a, struct bfc__region *r, bool fence)
 {
     struct bfc__chunk *c = bfc__region_handle(r, r->base);
     bool used = fence && (c->flags & BFC__CF_USED);
+    uintptr_t end = r->base + r->size;
+    size_t fresh = used && !r->vmm && !r->large && r->used_end > r->base && r->used_end < end ? end - r->used_end : 0;
+    struct bfc__pool_ticket t2;
+    if (fresh && bfc__pool_ticket_get(a->env->pool, &t2) != BFC_OK)
+        fresh = 0;
     if (c->link.slot != BFC__NO_SLOT)
         bfc__bins_remove(&a->bins, c);
     bfc__region_set_handle(r, r->base, NULL);
@@ -239,7 +247,9 @@ void bfc__arena_region_depart(struct bfc__arena *a, struct bfc__region *r, bool 
     if (r->vmm) /* expandable arena: its reservation goes (expand.c) */
         bfc__expand_depart_locked(a, fence);
     else
-        bfc__pool_put(a->env->pool, r->base, r->size, r->seg, used, a->stream, a->stream_id, &r->ticket);
+        bfc__pool_put(a->env->pool, r->base, r->size - fresh, r->seg, used, a->stream, a->stream_id, &r->ticket);
+    if (fresh)
+        bfc__pool_put(a->env->pool, end - fresh, fresh, r->seg, false, a->stream, a->stream_id, &t2);
     bfc__call_rcu(&r->rcu, region_free_cb);
 }
 

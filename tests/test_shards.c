@@ -1122,6 +1122,30 @@ START_TEST(test_no_growth_unused_tail_unfenced)
 }
 END_TEST
 
+/* The same for a fully free region: s (held) used 1 MiB of its 64 MiB
+ * region and freed it; t's 32 MiB comes from the 63 MiB above, while s's
+ * work may still touch the first MiB (before: the whole region departed
+ * fenced on s, and t was refused). */
+START_TEST(test_no_growth_unused_region_unfenced)
+{
+    bfc_config_t c = cfg_grow(64 * MiB);
+    c.allow_growth = false;
+    bfc_ctx_t *ctx = ctx_new(&c);
+    bfc_stream_t s = new_stream(ctx), t = new_stream(ctx);
+    bfc_sim_stream_hold(ctx, s);
+    char *a = xalloc(ctx, s, MiB);
+    xfree(ctx, a, s);
+    char *p = bfc_ctx_alloc(ctx, t, 32 * MiB);
+    ck_assert_msg(p != NULL, "%s", bfc_err_name(bfc_last_error()));
+    ck_assert((uintptr_t)p >= (uintptr_t)a + MiB || (uintptr_t)p + 32 * MiB <= (uintptr_t)a);
+    xcheck(ctx);
+    xfree(ctx, p, t);
+    bfc_sim_stream_drain(ctx, s);
+    xcheck(ctx);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
 /* num_ooms counts every failed allocation once, also when the failing
  * stream is released by another thread meanwhile: a count added to a shard
  * that died while the slow path had dropped its lock was lost with it (2 to
@@ -1637,6 +1661,7 @@ static Suite *shards_suite(void)
     tcase_add_test(lim, test_trim_regrow_cycles);
     tcase_add_test(lim, test_trim_does_not_inflate_regions);
     tcase_add_test(lim, test_no_growth_unused_tail_unfenced);
+    tcase_add_test(lim, test_no_growth_unused_region_unfenced);
     suite_add_tcase(s, lim);
 
     TCase *race = tcase_create("races");
