@@ -1091,6 +1091,18 @@ START_TEST(test_race_free_vs_alloc_new_stream)
 }
 END_TEST
 
+/* allow_growth=false, 64 MiB, streams s (held) and t. */
+static bfc_ctx_t *no_growth_held(bfc_stream_t *s, bfc_stream_t *t)
+{
+    bfc_config_t c = cfg_grow(64 * MiB);
+    c.allow_growth = false;
+    bfc_ctx_t *ctx = ctx_new(&c);
+    *s = new_stream(ctx);
+    *t = new_stream(ctx);
+    bfc_sim_stream_hold(ctx, *s);
+    return ctx;
+}
+
 /* allow_growth=false: the free tail of a busy stream's region departs
  * fenced only as far as blocks were ever handed out.  s (held) used 31 MiB
  * of its 64 MiB region and freed 30 MiB of it; t's 20 MiB comes from the 33
@@ -1098,16 +1110,12 @@ END_TEST
  * (before: all 63 free MiB were fenced on s, and t was refused). */
 START_TEST(test_no_growth_unused_tail_unfenced)
 {
-    bfc_config_t c = cfg_grow(64 * MiB);
-    c.allow_growth = false;
-    bfc_ctx_t *ctx = ctx_new(&c);
-    bfc_stream_t s = new_stream(ctx), t = new_stream(ctx);
-    bfc_sim_stream_hold(ctx, s);
+    bfc_stream_t s, t;
+    bfc_ctx_t *ctx = no_growth_held(&s, &t);
     char *a = xalloc(ctx, s, MiB), *b = xalloc(ctx, s, 30 * MiB);
     ck_assert_ptr_eq(b, a + MiB);
     xfree(ctx, b, s);
-    char *p = bfc_ctx_alloc(ctx, t, 20 * MiB);
-    ck_assert_msg(p != NULL, "%s", bfc_err_name(bfc_last_error()));
+    char *p = xalloc(ctx, t, 20 * MiB);
     ck_assert((uintptr_t)p >= (uintptr_t)b + 30 * MiB); /* not where s's work may be */
     xcheck(ctx);
     /* What s used is still its to take back at once (stream order). */
@@ -1128,15 +1136,11 @@ END_TEST
  * fenced on s, and t was refused). */
 START_TEST(test_no_growth_unused_region_unfenced)
 {
-    bfc_config_t c = cfg_grow(64 * MiB);
-    c.allow_growth = false;
-    bfc_ctx_t *ctx = ctx_new(&c);
-    bfc_stream_t s = new_stream(ctx), t = new_stream(ctx);
-    bfc_sim_stream_hold(ctx, s);
+    bfc_stream_t s, t;
+    bfc_ctx_t *ctx = no_growth_held(&s, &t);
     char *a = xalloc(ctx, s, MiB);
     xfree(ctx, a, s);
-    char *p = bfc_ctx_alloc(ctx, t, 32 * MiB);
-    ck_assert_msg(p != NULL, "%s", bfc_err_name(bfc_last_error()));
+    char *p = xalloc(ctx, t, 32 * MiB);
     ck_assert((uintptr_t)p >= (uintptr_t)a + MiB || (uintptr_t)p + 32 * MiB <= (uintptr_t)a);
     xcheck(ctx);
     xfree(ctx, p, t);
