@@ -36,12 +36,12 @@
  * call_rcu callbacks, an application must not create or destroy contexts,
  * start or stop a trace or set an OOM callback while another thread may
  * fork (the fork would wait for a grace period that waits for that code).
- * The handlers, liburcu's call_rcu thread and the metadata arena are set up
- * when the library is loaded (before main, or inside dlopen), so that no
- * fork can catch that set-up half done; a process that loads the library
- * with dlopen while another of its threads forks is not covered, nor is a
- * ThreadSanitizer build (set up at the first context there: TSan will not
- * start threads in a child of a multi-threaded parent).
+ * The handlers are registered when the library is loaded (before main, or
+ * inside dlopen), so that every fork runs them, also one that catches the
+ * set-up at the first context half done (liburcu's call_rcu thread is made
+ * there, not at load: a process that only links the library stays
+ * single-threaded); a process that loads the library with dlopen while
+ * another of its threads forks is not covered.
  */
 #ifndef SHARDBFC_H
 #define SHARDBFC_H

@@ -239,27 +239,42 @@ static void after_fork_child(void)
     release_outer();
 }
 
-static pthread_once_t process_once = PTHREAD_ONCE_INIT;
-static int process_status = BFC_OK;
+static pthread_once_t process_once = PTHREAD_ONCE_INIT, handlers_once = PTHREAD_ONCE_INIT;
+static int process_status = BFC_OK, handlers_status = BFC_OK;
 
 /*
- * Runs before any context exists.  The order matters: jemalloc registers its
- * own fork handlers when it starts (here at the latest), and prepare
- * handlers run in reverse order of registration, so ours run before
- * jemalloc's -- while every thread can still allocate metadata, as inner-
- * lock holders do.  Ours are registered before liburcu's call_rcu data is
- * created, so a fork from another thread meanwhile already finds them
- * (creation takes call_rcu_mutex).  A fork that interrupts this routine
- * makes the child run it again (glibc's pthread_once counts forks).
+ * The fork handlers, registered when the library is loaded (below).  The
+ * order matters: jemalloc registers its own fork handlers when it starts
+ * (here at the latest), and prepare handlers run in reverse order of
+ * registration, so ours run before jemalloc's -- while every thread can
+ * still allocate metadata, as inner-lock holders do.
+ */
+static void handlers_init_once(void)
+{
+    if (bfc__meta_init() != BFC_OK) {
+        handlers_status = BFC_ENOMEM;
+        return;
+    }
+    if (pthread_atfork(before_fork, after_fork_parent, after_fork_child) != 0)
+        handlers_status = BFC_ENOMEM;
+}
+
+/*
+ * Runs before any context exists.  The handlers are there already, so a
+ * fork from another thread meanwhile finds them: creating liburcu's
+ * call_rcu data takes call_rcu_mutex, which our prepare handler takes too
+ * (call_rcu_before_fork).  Registered here instead, as they were, a fork
+ * whose prepare handlers had begun before the registration ran none of
+ * ours, and when it caught this routine inside that creation the child
+ * inherited call_rcu_mutex locked and hung on it running the routine again
+ * (glibc's pthread_once counts forks): 47 of 200 fresh processes whose
+ * main thread forked as four threads started creating contexts.  A fork
+ * that interrupts this routine makes the child run it again, which it
+ * may: the handlers are not registered twice, and the rest is idempotent.
  */
 static void process_init_once(void)
 {
-    if (bfc__meta_init() != BFC_OK) {
-        process_status = BFC_ENOMEM;
-        return;
-    }
-    int e = pthread_atfork(before_fork, after_fork_parent, after_fork_child);
-    if (e != 0) {
+    if (pthread_once(&handlers_once, handlers_init_once) != 0 || handlers_status != BFC_OK) {
         process_status = BFC_ENOMEM;
         return;
     }
@@ -277,33 +292,15 @@ void bfc__process_init(void)
         bfc__fatal("pthread_once", e);
 }
 
-/* The set-up runs when the library is loaded, before main (or inside
- * dlopen), not at the first context: done lazily, a fork from one thread
- * while another was in the middle of it left the child to run it again
- * from a state the parent's half-done run had left -- one child in a few
- * hundred hung on liburcu's call_rcu_mutex in its first bfc_ctx_create
- * when four threads started creating contexts as the main thread forked.
- * A process that loads the library with dlopen while other threads fork
- * keeps that window.  Not under ThreadSanitizer, which refuses to start a
- * thread in a child forked from a multi-threaded process: the call_rcu
- * thread made at load would make every process multi-threaded before its
- * first fork (Check forks each test). */
-#if defined(__SANITIZE_THREAD__)
-#define BFC__INIT_AT_LOAD 0
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define BFC__INIT_AT_LOAD 0
-#endif
-#endif
-#ifndef BFC__INIT_AT_LOAD
-#define BFC__INIT_AT_LOAD 1
-#endif
-#if BFC__INIT_AT_LOAD
-__attribute__((constructor)) static void process_init_at_load(void)
+/* The handlers are registered when the library is loaded (before main, or
+ * inside dlopen): no thread is made and nothing else is set up until the
+ * first context, so a process that only links the library forks as fast
+ * as before.  A process that loads the library with dlopen while another
+ * of its threads forks keeps a window. */
+__attribute__((constructor)) static void handlers_init_at_load(void)
 {
-    bfc__process_init();
+    (void)pthread_once(&handlers_once, handlers_init_once);
 }
-#endif
 
 /* ------------------------------------------------------ observability */
 
