@@ -1559,13 +1559,13 @@ START_TEST(test_fork_while_allocating)
 END_TEST
 
 /*
- * A fork at the library's first use.  The process set-up (fork handlers,
- * liburcu's call_rcu thread) ran lazily at the first context, and a fork
- * from the main thread while another thread was in the middle of it left
- * the child to run it again from a half-done state: the child hung on
- * liburcu's call_rcu_mutex in its first bfc_ctx_create in about one run
- * in four where four threads started creating contexts as the main thread
- * forked.  The set-up now runs when the library is loaded.  The scenario
+ * A fork at the library's first use.  The fork handlers were registered at
+ * the first context, and a fork whose prepare handlers had begun before
+ * that ran none of them: when it caught the set-up making liburcu's
+ * call_rcu data, the child inherited call_rcu_mutex locked and hung on it
+ * in its first bfc_ctx_create -- in about one run in four where four
+ * threads started creating contexts as the main thread forked.  The
+ * handlers are now registered when the library is loaded.  The scenario
  * needs a fresh process, so the test runs this binary again in that mode
  * (first_use_child), 40 times.
  */
