@@ -306,8 +306,9 @@ BFC_API int bfc_config_validate(const bfc_config_t *cfg);
  *     first allocation, addresses for twice the limit as its one region
  *     (mapped memory never passes the limit, but best fit leaves holes
  *     between live blocks that a larger block does not fit; where the
- *     address space refuses that, the limit, and where it refuses that -- RLIMIT_AS, valgrind, a limit
- *     beyond it, thousands of shards -- a sixteenth of the limit, halved
+ *     address space refuses that, the limit, and where it refuses that
+ *     too -- RLIMIT_AS, valgrind, a limit beyond it, thousands of
+ *     shards -- a sixteenth of the limit, halved
  *     until it fits but never below the first block: that shard grows
  *     within its range only, and an allocation fails with BFC_ENOMEM when
  *     not even its block's addresses can be had) and
