@@ -185,13 +185,26 @@ static int region_new(struct bfc__arena *a, size_t size, bool large, struct bfc_
 
 int bfc__arena_expand_locked(struct bfc__arena *a, size_t need)
 {
-    int st = bfc__expand_create_locked(a, need);
-    if (st != BFC_OK)
-        return st;
-    st = region_setup(a, a->x->base, a->x->size, NULL, false, false, true, &a->x->region);
-    if (st != BFC_OK)
+    /* The region's handle table (a 32nd of its range, in addresses) can be
+     * refused where the reservation was not -- under RLIMIT_AS a range of
+     * twice the limit fits, its table not -- so the next smaller
+     * reservation is tried then, down to the one `need` takes; not for an
+     * adopted one (mapped: it departs again as it came). */
+    size_t g = a->env->be->vmm_granule, min = bfc__round_up(need ? need : 1, g);
+    for (size_t most = SIZE_MAX;;) {
+        int st = bfc__expand_create_locked(a, need, most);
+        if (st != BFC_OK)
+            return st;
+        size_t got = a->x->size;
+        bool adopted = a->x->mapped_bytes != 0;
+        st = region_setup(a, a->x->base, got, NULL, false, false, true, &a->x->region);
+        if (st == BFC_OK)
+            return BFC_OK;
         bfc__expand_destroy_locked(a);
-    return st;
+        if (st != BFC_ENOMEM || adopted || got <= min)
+            return st;
+        most = got - g;
+    }
 }
 
 static size_t initial_region_bytes(const struct bfc__arena_env *env)

@@ -260,18 +260,21 @@ static size_t range_bytes(const struct bfc__arena_env *env)
  * let each next shard take half of what is left.  BFC_ENOMEM when not even
  * `need` fits.
  */
-static int reserve(const struct bfc__arena_env *env, size_t need, size_t *size, uintptr_t *base)
+static int reserve(const struct bfc__arena_env *env, size_t need, size_t most, size_t *size, uintptr_t *base)
 {
     size_t g = env->be->vmm_granule, range = range_bytes(env), full = limit_bytes(env);
     size_t min = need < full ? bfc__round_up(need ? need : 1, g) : full;
-    int st = bfc__pool_vmm_reserve(env->pool, range, base);
-    if (st == BFC_OK)
+    int st = BFC_ENOMEM;
+    if (range <= most && (st = bfc__pool_vmm_reserve(env->pool, range, base)) == BFC_OK)
         *size = range;
-    if (st == BFC_ENOMEM && range > full && (st = bfc__pool_vmm_reserve(env->pool, full, base)) == BFC_OK)
+    if (st == BFC_ENOMEM && range > full && full <= most &&
+        (st = bfc__pool_vmm_reserve(env->pool, full, base)) == BFC_OK)
         *size = full;
-    for (size_t s = full / 16 & ~(g - 1); st == BFC_ENOMEM && min < full; s = s / 2 & ~(g - 1)) {
+    for (size_t s = full / 16 & ~(g - 1); st == BFC_ENOMEM && min < full && min <= most; s = s / 2 & ~(g - 1)) {
         if (s < min)
             s = min;
+        if (s > most)
+            continue;
         st = bfc__pool_vmm_reserve(env->pool, s, base);
         if (st == BFC_OK)
             *size = s;
@@ -303,7 +306,7 @@ static void adopt(struct bfc__arena *a, struct bfc__expand *x, struct bfc__vmm_g
         a->st.peak_reserved = a->st.bytes_reserved;
 }
 
-int bfc__expand_create_locked(struct bfc__arena *a, size_t need)
+int bfc__expand_create_locked(struct bfc__arena *a, size_t need, size_t most)
 {
     const struct bfc__arena_env *env = a->env;
     size_t g = env->be->vmm_granule;
@@ -326,7 +329,7 @@ int bfc__expand_create_locked(struct bfc__arena *a, size_t need)
         x->base = g0->base;
         x->size = g0->size;
     } else {
-        st = reserve(env, need, &x->size, &x->base);
+        st = reserve(env, need, most, &x->size, &x->base);
     }
     if (st != BFC_OK) {
         expand_free(a, x);

@@ -87,12 +87,13 @@ static inline bool bfc__expand_ready(const struct bfc__expand *x, uintptr_t p, s
 }
 
 /* All under a->lock. */
-/* The reservation (as large as the limit, or where the address space
- * refuses that, smaller but at least `need` bytes: expand.c) and every
- * record its departure needs; sets a->x.  The arena then makes its region
- * (bfc__arena_expand_locked) and, if that fails, undoes this with
- * bfc__expand_destroy_locked.  BFC_OK, BFC_ENOMEM, or the backend's error. */
-int bfc__expand_create_locked(struct bfc__arena *a, size_t need);
+/* The reservation (twice the limit, or where the address space refuses
+ * that, smaller but at least `need` bytes: expand.c; a new one never above
+ * `most` bytes) and every record its departure needs; sets a->x.  The arena
+ * then makes its region (bfc__arena_expand_locked) and, if that fails,
+ * undoes this with bfc__expand_destroy_locked.  BFC_OK, BFC_ENOMEM, or the
+ * backend's error. */
+int bfc__expand_create_locked(struct bfc__arena *a, size_t need, size_t most);
 void bfc__expand_destroy_locked(struct bfc__arena *a);
 /* Maps (or takes back from leaving) the granules under [p, p + size).
  * BFC_OK, BFC_ENOMEM (limit or device), BFC_EBACKEND. */

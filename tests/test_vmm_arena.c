@@ -1527,6 +1527,41 @@ START_TEST(test_reserve_under_rlimit_as)
 }
 END_TEST
 
+/* Under RLIMIT_AS with room for a range of twice the 1 GiB limit but not
+ * for its handle table (a 32nd of it): the shard takes a range of the limit
+ * instead (before: every allocation failed with BFC_ENOMEM).  Plain builds
+ * only, as above. */
+START_TEST(test_reserve_table_refused)
+{
+#if defined(BFC_TEST_ASAN) || defined(BFC_TEST_TSAN)
+    return;
+#endif
+    if (under_valgrind())
+        return;
+    bfc_ctx_t *ctx = ctx_spec("memory_limit=1G,vmm=on", 0); /* made before the rlimit */
+    size_t vm = vm_size();
+    ck_assert_uint_gt(vm, 0);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        struct rlimit rl = { vm + 2 * GiB + 40 * MiB, vm + 2 * GiB + 40 * MiB };
+        if (setrlimit(RLIMIT_AS, &rl) != 0)
+            _exit(10);
+        char *p = bfc_ctx_alloc(ctx, NULL, 64 * MiB);
+        if (!p)
+            _exit(20);
+        memset(p, 1, 64 * MiB);
+        _exit(bfc_ctx_check(ctx) == BFC_OK ? 0 : 12);
+    }
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+        ;
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+                  "child under RLIMIT_AS failed: status %#x (20: the allocation failed)", status);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
 /* ---------------------------------------------------------- the decay */
 
 /*
@@ -1680,6 +1715,7 @@ static Suite *vmm_suite(void)
     tcase_add_test(tc, test_reserve_fallback);
     tcase_add_test(tc, test_address_holes);
     tcase_add_test(tc, test_limit_near_2_64);
+    tcase_add_test(tc, test_reserve_table_refused);
     tcase_add_test(tc, test_reserve_beyond_address_space);
     tcase_add_test(tc, test_reserve_under_rlimit_as);
     tcase_add_test(tc, test_slack_decays);
