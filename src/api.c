@@ -181,11 +181,7 @@ static int owner_of(const void *p, bfc_ctx_t **ctx, bfc_stream_t *s)
     bfc__rcu_lock();
     struct bfc__region *r = bfc__regionmap_lookup((uintptr_t)p);
     int st = BFC_ENOTOWNED;
-    if (r && ((struct bfc_ctx *)r->tag)->is_host) {
-        bfc__rcu_unlock();
-        return BFC_ENOTOWNED;
-    }
-    if (r) {
+    if (r && !((struct bfc_ctx *)r->tag)->is_host) {
         *ctx = r->tag;
         *s = r->owner->stream;
         st = BFC_OK;

@@ -218,22 +218,43 @@ static size_t initial_region_bytes(const struct bfc__arena_env *env)
 }
 
 /*
+ * Departing memory [base, base + size) of r, fenced (`used`) as far as
+ * blocks were ever handed out from it (region.h, used_end).  unused_above
+ * says how much of its end was never used -- 0 when it was all used, or
+ * when no second ticket *t2 can be had for that part (then all of it is
+ * fenced, as before) -- and depart_span gives the two parts to the pool.
+ * So another stream may take the never-used part while ours is busy
+ * (allow_growth=false: a stream that used 31, or 1, of its region's 64 MiB
+ * and is still running no longer fences all of its free memory).
+ */
+static size_t unused_above(struct bfc__arena *a, const struct bfc__region *r, uintptr_t base, size_t size,
+                           bool used, struct bfc__pool_ticket *t2)
+{
+    if (!used || r->vmm || r->large || r->used_end <= base || r->used_end >= base + size)
+        return 0;
+    return bfc__pool_ticket_get(a->env->pool, t2) == BFC_OK ? base + size - r->used_end : 0;
+}
+
+static void depart_span(struct bfc__arena *a, const struct bfc__region *r, uintptr_t base, size_t size, bool used,
+                        size_t unused, struct bfc__pool_ticket *t, struct bfc__pool_ticket *t2)
+{
+    bfc__pool_put(a->env->pool, base, size - unused, r->seg, used, a->stream, a->stream_id, t);
+    if (unused)
+        bfc__pool_put(a->env->pool, base + size - unused, unused, r->seg, false, a->stream, a->stream_id, t2);
+}
+
+/*
  * Gives a fully free region back to the pool.  With `fence`, fenced on our
  * stream if any of it was used (fence.h), and only as far as it was
- * (region.h, used_end: the rest goes unfenced, as a span of its own, when
- * a second ticket can be had); only context teardown, which returns
- * everything to the backend, passes false.  A large region held one block
- * that covered it.
+ * (unused_above); only context teardown, which returns everything to the
+ * backend, passes false.
  */
 void bfc__arena_region_depart(struct bfc__arena *a, struct bfc__region *r, bool fence)
 {
     struct bfc__chunk *c = bfc__region_handle(r, r->base);
     bool used = fence && (c->flags & BFC__CF_USED);
-    uintptr_t end = r->base + r->size;
-    size_t fresh = used && !r->vmm && !r->large && r->used_end > r->base && r->used_end < end ? end - r->used_end : 0;
     struct bfc__pool_ticket t2;
-    if (fresh && bfc__pool_ticket_get(a->env->pool, &t2) != BFC_OK)
-        fresh = 0;
+    size_t unused = unused_above(a, r, r->base, r->size, used, &t2);
     if (c->link.slot != BFC__NO_SLOT)
         bfc__bins_remove(&a->bins, c);
     bfc__region_set_handle(r, r->base, NULL);
@@ -260,9 +281,7 @@ void bfc__arena_region_depart(struct bfc__arena *a, struct bfc__region *r, bool 
     if (r->vmm) /* expandable arena: its reservation goes (expand.c) */
         bfc__expand_depart_locked(a, fence);
     else
-        bfc__pool_put(a->env->pool, r->base, r->size - fresh, r->seg, used, a->stream, a->stream_id, &r->ticket);
-    if (fresh)
-        bfc__pool_put(a->env->pool, end - fresh, fresh, r->seg, false, a->stream, a->stream_id, &t2);
+        depart_span(a, r, r->base, r->size, used, unused, &r->ticket, &t2);
     bfc__call_rcu(&r->rcu, region_free_cb);
 }
 
@@ -292,15 +311,7 @@ static size_t region_shed_tail(struct bfc__arena *a, struct bfc__region *r)
     uintptr_t base = c->ptr;
     size_t size = c->size;
     bool used = c->flags & BFC__CF_USED;
-    /* The part above the highest block ever handed out was never used:
-     * it departs unfenced, as a span of its own, so that another stream
-     * may take it while ours is busy (allow_growth=false: a stream that
-     * used 31 of its region's 64 MiB and is still running no longer
-     * fences all 63 free MiB).  Without a second ticket, all of it is
-     * fenced, as before. */
-    size_t fresh = used && r->used_end > base && r->used_end < base + size ? base + size - r->used_end : 0;
-    if (fresh && bfc__pool_ticket_get(a->env->pool, &t2) != BFC_OK)
-        fresh = 0;
+    size_t unused = unused_above(a, r, base, size, used, &t2);
     bfc__bins_remove(&a->bins, c);
     r->tail = c->prev;
     c->prev->next = NULL;
@@ -314,9 +325,7 @@ static size_t region_shed_tail(struct bfc__arena *a, struct bfc__region *r)
     if (r->used_end > base)
         r->used_end = base;
     bfc__regionmap_shrink(r, used);
-    bfc__pool_put(a->env->pool, base, size - fresh, r->seg, used, a->stream, a->stream_id, &t);
-    if (fresh)
-        bfc__pool_put(a->env->pool, base + size - fresh, fresh, r->seg, false, a->stream, a->stream_id, &t2);
+    depart_span(a, r, base, size, used, unused, &t, &t2);
     return size;
 }
 

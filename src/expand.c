@@ -202,6 +202,21 @@ static void set_bit(uint64_t *w, size_t g, bool on)
         w[g >> 6] &= ~((uint64_t)1 << (g & 63));
 }
 
+/* The first of n bits at or after g that is clear (n if none), a word at
+ * a time. */
+static size_t first_clear(const uint64_t *w, size_t n, size_t g)
+{
+    while (g < n) {
+        uint64_t v = ~w[g >> 6] >> (g & 63);
+        if (v) {
+            g += (size_t)__builtin_ctzll(v);
+            break;
+        }
+        g = (g | 63) + 1;
+    }
+    return g < n ? g : n;
+}
+
 /* The decay's clock: CLOCK_MONOTONIC_COARSE in milliseconds (a tick or so
  * of resolution is plenty for a decay of seconds; 0 if the clock fails,
  * which only postpones a decay), or the environment's own (tests). */
@@ -436,13 +451,10 @@ static int mapped_front(struct bfc__chunk *c, void *arg)
 {
     struct mapped_front *m = arg;
     const struct bfc__expand *x = m->x;
-    uintptr_t end = c->ptr + c->size, p = c->ptr;
-    size_t g = (p - x->base) >> x->shift;
-    while (p < end && g < x->ngran && bit(x->mapped, g)) {
-        p = x->base + ((g + 1) << x->shift);
-        g++;
-    }
-    size_t front = (p < end ? p : end) - c->ptr;
+    uintptr_t end = c->ptr + c->size;
+    /* Where the first unmapped granule from c's own begins. */
+    uintptr_t p = x->base + (first_clear(x->mapped, x->ngran, (c->ptr - x->base) >> x->shift) << x->shift);
+    size_t front = p <= c->ptr ? 0 : (p < end ? p : end) - c->ptr;
     if (front > m->best)
         m->best = front;
     return 0;
@@ -561,15 +573,7 @@ static void rearm(struct bfc__arena *a, bool mapped)
 /* The first granule at or after g that is not ready (ngran if none). */
 static size_t first_unready(const struct bfc__expand *x, size_t g)
 {
-    while (g < x->ngran) {
-        uint64_t w = ~x->ready[g >> 6] >> (g & 63);
-        if (w) {
-            g += (size_t)__builtin_ctzll(w);
-            break;
-        }
-        g = (g | 63) + 1;
-    }
-    return g < x->ngran ? g : x->ngran;
+    return first_clear(x->ready, x->ngran, g);
 }
 
 /* A granule became not ready: the ready prefix ends at it at the latest. */
