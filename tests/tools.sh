@@ -84,6 +84,12 @@ grep -q '"peak_requested":8000,"peak_reserved":4194304,"peak_allocated":8192,"ov
 "$replay" --config memory_limt=1G "$tmp/batches.csv" >"$tmp/out" 2>"$tmp/err"
 [ $? -eq 1 ] || fail "a bad --config does not exit 1"
 grep -q "memory_limt=1G: unknown key 'memory_limt'" "$tmp/err" || { cat "$tmp/err" >&2; fail "bad --config not explained"; }
+# A bad SPEC anywhere in a comparison stops it before any run: no table
+# with a row missing on stdout.
+"$replay" --compare vmm=off memory_limt=1G "$tmp/batches.csv" >"$tmp/out" 2>"$tmp/err"
+[ $? -eq 1 ] || fail "a bad --compare SPEC does not exit 1"
+[ ! -s "$tmp/out" ] || { cat "$tmp/out" >&2; fail "a bad --compare SPEC still printed a table"; }
+grep -q "unknown key 'memory_limt'" "$tmp/err" || { cat "$tmp/err" >&2; fail "bad --compare SPEC not explained"; }
 
 # -------------------------------------------------------------- stat
 "$stat" --help >"$tmp/out" 2>&1 || fail "shardbfc-stat --help exits non-zero"

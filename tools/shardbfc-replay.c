@@ -29,6 +29,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <shardbfc.h>
+
 #include "replay.h"
 #include "trace_csv.h"
 
@@ -150,6 +152,18 @@ int main(int argc, char **argv)
     size_t n;
     char err[512];
     int sorted = 0;
+    /* Every SPEC is checked before anything is replayed or printed: a typo
+     * in the third of three must not cost the first two runs' time and
+     * leave a table with a row missing. */
+    for (size_t i = 0; i < nspecs; i++) {
+        bfc_config_t probe;
+        bfc_config_init(&probe);
+        if (bfc_config_parse_err(&probe, specs[i], err, sizeof(err)) != BFC_OK) {
+            fprintf(stderr, "shardbfc-replay: bad configuration: %s\n", err);
+            free(specs);
+            return 1;
+        }
+    }
     if (bfc_trace_csv_read_ordered(trace, &ev, &n, &sorted, err, sizeof(err)) != 0) {
         fprintf(stderr, "shardbfc-replay: %s\n", err);
         free(specs);
