@@ -516,8 +516,11 @@ BFC_API int bfc_ctx_config(bfc_ctx_t *ctx, bfc_config_t *out);
  * stderr (a host section already started keeps working, so that its
  * blocks stay valid).  Where another
  * device's context already runs, only the device that cannot be served
- * is refused.  Contexts made with bfc_ctx_create do not read SHARDBFC_CONF
- * and are not affected.
+ * is refused.  No usable device (backend=cuda on a machine without a GPU
+ * or a driver) is not a refusal: those calls fail with BFC_ENODEV, the
+ * context is tried again at each call (a device that becomes usable is
+ * used), and stderr says so once per device.  Contexts made with
+ * bfc_ctx_create do not read SHARDBFC_CONF and are not affected.
  *
  * bfc_stream_alloc / bfc_stream_free / bfc_record_stream / bfc_stream_release
  * behave exactly as their bfc_ctx_* counterparts on that context.

@@ -109,6 +109,26 @@ static void refuse_device(int dev)
     bfc__config_refuse(why);
 }
 
+/*
+ * No usable device (backend=cuda without a GPU or a driver, a device
+ * ordinal the machine lacks) is not a bad spec: the creation is tried
+ * again at every call, so a device that appears later is used.  But an
+ * operator who asked for CUDA must not be left with nothing but NULLs to
+ * read, so stderr says so once per device.  Under bfc__ctx_create_lock.
+ */
+static bool no_device_said[MAX_DEVICES];
+
+static void say_no_device(int dev)
+{
+    if (no_device_said[dev])
+        return;
+    no_device_said[dev] = true;
+    fprintf(stderr,
+            "libshardbfc: SHARDBFC_CONF: no usable device %d for backend=%s; calls for it fail with "
+            "BFC_ENODEV until one is usable\n",
+            dev, env_cfg.backend == BFC_BACKEND_CUDA ? "cuda" : "auto");
+}
+
 static bfc_ctx_t *ctx_of_device(int dev, int *status)
 {
     /* acquire: pairs with the release store below (a fully built context). */
@@ -135,6 +155,8 @@ static bfc_ctx_t *ctx_of_device(int dev, int *status)
         }
         if (st == BFC_EINVAL)
             refuse_device(dev);
+        else if (st == BFC_ENODEV)
+            say_no_device(dev);
     }
     bfc__unlock(&bfc__ctx_create_lock);
     return ctx;

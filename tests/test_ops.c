@@ -109,10 +109,30 @@ static void *idle_worker(void *arg)
     return NULL;
 }
 
+/* backend=cuda: 77 where a device is usable, else 0 after checking that
+ * every call fails with BFC_ENODEV. */
+static int child_nodev(void)
+{
+    void *p = bfc_stream_alloc(NULL, 4096);
+    if (p) {
+        CHILD_CHECK(bfc_free(p) == BFC_OK);
+        return 77;
+    }
+    CHILD_CHECK(bfc_last_error() == BFC_ENODEV);
+    for (int i = 0; i < 3; i++) {
+        CHILD_CHECK(bfc_stream_alloc(NULL, 4096) == NULL);
+        CHILD_CHECK(bfc_last_error() == BFC_ENODEV);
+    }
+    CHILD_CHECK(bfc_default_ctx() == NULL && bfc_last_error() == BFC_ENODEV);
+    return 0;
+}
+
 static int child_main(const char *mode, int n)
 {
     if (strcmp(mode, "refuse") == 0)
         return child_refuse();
+    if (strcmp(mode, "nodev") == 0)
+        return child_nodev();
     if (strcmp(mode, "main") == 0)
         return pairs(NULL, n); /* return from main, no bfc_shutdown */
     if (strcmp(mode, "threads") == 0) {
@@ -259,6 +279,22 @@ START_TEST(conf_valid_runs)
 }
 END_TEST
 
+START_TEST(conf_cuda_without_device_says_so)
+{
+    /* Not a refusal (the call is retried, a device may appear), but the
+     * operator who asked for CUDA reads why every call fails: once. */
+    struct run r;
+    run_child("nodev", 0, "backend=cuda", NULL, &r);
+    if (r.status == 77)
+        return; /* a machine with a usable device */
+    ck_assert_msg(r.status == 0, "child status %d:\n%s", r.status, r.out);
+    ck_assert_msg(count(r.out, "libshardbfc: SHARDBFC_CONF: no usable device 0 for backend=cuda") == 1, "%s",
+                  r.out);
+    ck_assert_msg(strstr(r.out, "fail with BFC_ENODEV"), "%s", r.out);
+    ck_assert_ptr_null(strstr(r.out, "is invalid"));
+}
+END_TEST
+
 /* ------------------------------------------------------- trace at exit */
 
 struct rows {
@@ -361,6 +397,7 @@ static Suite *ops_suite(void)
     tcase_add_test(tc, conf_typo_refuses_to_start);
     tcase_add_test(tc, conf_bad_value_refuses_to_start);
     tcase_add_test(tc, conf_valid_runs);
+    tcase_add_test(tc, conf_cuda_without_device_says_so);
     suite_add_tcase(s, tc);
     TCase *tt = tcase_create("trace");
     tcase_set_timeout(tt, 60);
