@@ -11,9 +11,10 @@
  * Errors: every cudart return code is checked.  Out-of-memory reads as
  * BFC_ENOMEM, anything else as BFC_EBACKEND; after a failure the runtime's
  * last-error slot is cleared (cudaGetLastError) so that an application that
- * checks it afterwards is not blamed for our failure.  A missing driver
- * (cudaErrorInsufficientDriver) or no device is "zero devices", which makes
- * opening BFC_ENODEV and AUTO fall back to SIM.
+ * checks it afterwards is not blamed for our failure (nor for an event
+ * query's cudaErrorNotReady).  A missing driver (cudaErrorInsufficientDriver),
+ * the stub driver, no device and the like (no_device_error) are "zero
+ * devices", which makes opening BFC_ENODEV and AUTO fall back to SIM.
  *
  * Stream ids come from cudaStreamGetId, never from the handle value:
  * cudaStreamPerThread is one handle on every thread but a different stream.
@@ -109,6 +110,39 @@ static struct {
 } g_drv;
 static pthread_once_t g_drv_once = PTHREAD_ONCE_INIT;
 
+/*
+ * The errors that mean "no usable device" (BFC_ENODEV), not a runtime that
+ * fails: no driver or one too old (cudaErrorInsufficientDriver), the
+ * toolkit's stub libcuda found before the real one (cudaErrorStubLibrary:
+ * containers that put lib64/stubs on the library path), a driver whose
+ * kernel module does not match it or that cannot run this runtime on the
+ * device (SystemDriverMismatch, CompatNotSupportedOnDevice), a system not
+ * ready (SystemNotReady: NVSwitch systems before the fabric manager is up),
+ * a runtime that could not initialise (InitializationError, also what a
+ * forked child of a CUDA process gets), no device, a bad ordinal, or a
+ * device taken by another process in exclusive mode (DevicesUnavailable).
+ * bfc__cuda_device_count reads every failure as zero devices, so AUTO falls
+ * back to SIM in all of these; asking for CUDA says BFC_ENODEV in the same
+ * cases.
+ */
+static bool no_device_error(cudaError_t err)
+{
+    switch (err) {
+    case cudaErrorInsufficientDriver:
+    case cudaErrorNoDevice:
+    case cudaErrorInvalidDevice:
+    case cudaErrorStubLibrary:
+    case cudaErrorSystemDriverMismatch:
+    case cudaErrorCompatNotSupportedOnDevice:
+    case cudaErrorSystemNotReady:
+    case cudaErrorInitializationError:
+    case cudaErrorDevicesUnavailable:
+        return true;
+    default:
+        return false;
+    }
+}
+
 /* Maps a failed cudart call to a status and clears the last-error slot. */
 static int cuda_status(cudaError_t err)
 {
@@ -117,8 +151,7 @@ static int cuda_status(cudaError_t err)
     (void)cudaGetLastError(); /* clears non-sticky errors; result is err */
     if (err == cudaErrorMemoryAllocation)
         return BFC_ENOMEM;
-    if (err == cudaErrorInsufficientDriver || err == cudaErrorNoDevice ||
-        err == cudaErrorInvalidDevice)
+    if (no_device_error(err))
         return BFC_ENODEV;
     return BFC_EBACKEND;
 }
@@ -281,8 +314,17 @@ static int cuda_event_query(bfc__backend_t *be, bfc__event_t ev)
     if (!ev)
         return BFC_EINVAL;
     err = cudaEventQuery((cudaEvent_t)ev);
-    if (err == cudaErrorNotReady)
-        return BFC_EBUSY; /* not an error: nothing to clear */
+    if (err == cudaErrorNotReady) {
+        /* Not a failure.  Runtimes that keep it as the last error would
+         * make an application that checks cudaGetLastError after its next
+         * launch blame that launch for our query (PyTorch's event query
+         * clears it for that reason).  Cleared only when it is what the
+         * slot holds: an error of the application's own, still unread,
+         * stays for it to read. */
+        if (cudaPeekAtLastError() == cudaErrorNotReady)
+            (void)cudaGetLastError();
+        return BFC_EBUSY;
+    }
     return cuda_status(err);
 }
 

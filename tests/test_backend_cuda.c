@@ -13,12 +13,19 @@
  * map granules, unmap any of them, release; the rollback of a map the
  * device cannot serve) when the device supports it.
  */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* dladdr */
+#endif
 #include "backend.h"
 
 #include <check.h>
+#include <dlfcn.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #if BFC_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -81,6 +88,99 @@ END_TEST
 #endif
 
 #if BFC_HAVE_CUDA
+/*
+ * The toolkit's stub libcuda (lib64/stubs, which containers often put on
+ * the library path) loads but fails every call with cudaErrorStubLibrary:
+ * no usable device, so CUDA is BFC_ENODEV (as without a driver) and AUTO
+ * falls back to SIM.  Checked in a child started with the stub first on
+ * LD_LIBRARY_PATH, which works on a machine with a real driver as well.
+ */
+static int stub_child(void)
+{
+    bfc_config_t cfg;
+    bfc__backend_t *be = NULL;
+    int st;
+
+    bfc_config_init(&cfg);
+    cfg.backend = BFC_BACKEND_CUDA;
+    st = bfc__backend_open(&cfg, &be);
+    if (st != BFC_ENODEV || be != NULL) {
+        fprintf(stderr, "stub driver: backend=cuda gave %d, not BFC_ENODEV\n", st);
+        return 1;
+    }
+    if (bfc__cuda_device_count() != 0) {
+        fprintf(stderr, "stub driver: devices counted\n");
+        return 1;
+    }
+    cfg.backend = BFC_BACKEND_AUTO;
+    st = bfc__backend_open(&cfg, &be);
+    if (st != BFC_OK || be->kind != BFC_BACKEND_SIM) {
+        fprintf(stderr, "stub driver: AUTO gave %d, not SIM\n", st);
+        return 1;
+    }
+    be->ops->close(be);
+    return 0;
+}
+
+/* The stub next to the runtime this program loaded (its lib64/stubs), or
+ * under /usr/local/cuda; "" when there is none. */
+static void find_stub(char *out, size_t n)
+{
+    Dl_info info;
+    char dir[PATH_MAX - 32];
+
+    out[0] = '\0';
+    if (dladdr((void *)cudaGetDeviceCount, &info) && info.dli_fname && strstr(info.dli_fname, "libcudart")) {
+        snprintf(dir, sizeof dir, "%s", info.dli_fname);
+        char *slash = strrchr(dir, '/');
+        if (slash) {
+            *slash = '\0';
+            snprintf(out, n, "%s/stubs/libcuda.so", dir);
+            if (access(out, R_OK) == 0)
+                return;
+        }
+    }
+    snprintf(out, n, "/usr/local/cuda/lib64/stubs/libcuda.so");
+    if (access(out, R_OK) != 0)
+        out[0] = '\0';
+}
+
+START_TEST(test_stub_driver)
+{
+    char stub[PATH_MAX], dir[] = "/tmp/test_backend_cuda_XXXXXX", link[PATH_MAX], self[PATH_MAX];
+    char env[PATH_MAX + 32];
+    ssize_t len;
+    pid_t pid;
+    int status;
+
+    find_stub(stub, sizeof stub);
+    if (!stub[0]) {
+        printf("test_stub_driver: no stub libcuda found; not checked\n");
+        return;
+    }
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(link, sizeof link, "%s/libcuda.so.1", dir);
+    ck_assert_int_eq(symlink(stub, link), 0);
+    len = readlink("/proc/self/exe", self, sizeof self - 1);
+    ck_assert_int_gt(len, 0);
+    self[len] = '\0';
+    snprintf(env, sizeof env, "LD_LIBRARY_PATH=%s", dir);
+    pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        char *argv[] = {self, "--stub-child", NULL};
+        char *envp[] = {env, NULL};
+        execve(self, argv, envp);
+        _exit(127);
+    }
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    unlink(link);
+    rmdir(dir);
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the stub-driver child failed (status %d)",
+                  status);
+}
+END_TEST
+
 static bfc__backend_t *open_cuda(void)
 {
     bfc_config_t cfg;
@@ -338,8 +438,15 @@ START_TEST(test_cuda_vmm)
 END_TEST
 #endif /* BFC_HAVE_CUDA */
 
-int main(void)
+int main(int argc, char **argv)
 {
+#if BFC_HAVE_CUDA
+    if (argc > 1 && strcmp(argv[1], "--stub-child") == 0)
+        return stub_child();
+#else
+    (void)argc;
+    (void)argv;
+#endif
     Suite *s = suite_create("backend_cuda");
     TCase *sel = tcase_create("selection");
     SRunner *sr;
@@ -351,6 +458,7 @@ int main(void)
 #if BFC_HAVE_CUDA
     if (!dev)
         tcase_add_test(sel, test_no_driver_vmm);
+    tcase_add_test(sel, test_stub_driver);
     if (dev) {
         TCase *gpu = tcase_create("gpu");
 
