@@ -514,6 +514,17 @@ void bfc_ctx_destroy(bfc_ctx_t *ctx)
     registry_remove(ctx); /* first: a fork from now on does not touch it */
     ctx->destroying = true;
     obs_fini(ctx); /* the trace gets every event up to here */
+    /* Work still queued may use the memory: blocks freed a moment ago
+     * (their fences are dropped below, not waited for) and blocks still
+     * live.  cudaFree waits for the device by itself, so classic regions
+     * are safe; cuMemUnmap does not, and a kernel still writing an
+     * unmapped page faults and breaks the process's CUDA context for good.
+     * So an expandable context waits for the device first, as PyTorch's
+     * expandable segments synchronise before they unmap.  A failure (a
+     * context already broken; SIM with a stream held) changes nothing:
+     * destroy cannot fail. */
+    if (ctx->vmm)
+        (void)ctx->be->ops->device_sync(ctx->be);
     bfc__shard_dir_fini(ctx);
     bfc__pool_fini(&ctx->pool);
     bfc__regionmap_forget(ctx); /* its departed ranges: no pointer of it is ours now */

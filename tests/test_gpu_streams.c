@@ -47,7 +47,10 @@
  *                    pages are unmapped from A's range after its fence
  *                    and mapped into the taker's
  *
- * Besides: cudaStreamPerThread used from two threads gets two shards; the
+ * Besides: an expandable context destroyed while a kernel still writes a
+ * block freed just before waits for it (a child process: an unmapped page
+ * written would be a fault that breaks the context for good);
+ * cudaStreamPerThread used from two threads gets two shards; the
  * legacy default stream (NULL and cudaStreamLegacy) allocates and frees;
  * device errors surface as BFC_EBACKEND (a child process whose context a
  * trapping kernel broke: a sticky error cannot be undone in-process).
@@ -609,6 +612,61 @@ static int sticky_child(void)
     return fails ? 1 : 0;
 }
 
+/*
+ * In a child process (a fault would break its context for good): an
+ * expandable context destroyed while a kernel queued before the free still
+ * writes the block.  Destroy unmaps the pages; unless it waits for the
+ * device first, the late write faults.  Exit 0 when the device is still
+ * healthy afterwards, 77 when the device has no virtual memory.
+ */
+static int destroy_child(void)
+{
+    bfc_config_t cfg;
+    bfc_ctx_t *ctx = NULL;
+    cudaStream_t a;
+    cudaError_t e;
+    void *p;
+
+    if (bfc_test_load() != cudaSuccess)
+        return 2;
+    bfc_config_init(&cfg);
+    cfg.backend = BFC_BACKEND_CUDA;
+    cfg.memory_limit = 64 * MiB;
+    cfg.vmm = BFC_VMM_ON;
+    if (bfc_ctx_create(&cfg, &ctx) != BFC_OK) {
+        printf("destroy child: no expandable context: not checked\n");
+        return 77;
+    }
+    if (cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking) != cudaSuccess ||
+        !(p = bfc_ctx_alloc(ctx, (bfc_stream_t)a, 4 * MiB)))
+        return 2;
+    if (bfc_test_spin(a, spin_ns()) != cudaSuccess || bfc_test_fill(p, 4 * MiB, 0x500, a) != cudaSuccess)
+        return 2;
+    if (bfc_ctx_free(ctx, p, (bfc_stream_t)a) != BFC_OK)
+        return 2;
+    bfc_ctx_destroy(ctx); /* the fill has not run yet */
+    e = cudaDeviceSynchronize();
+    printf("destroy child: after the destroy, the queued write: %s\n", cudaGetErrorName(e));
+    return e == cudaSuccess ? 0 : 1;
+}
+
+START_TEST(test_destroy_waits)
+{
+    char *argv[] = {(char *)"test_gpu_streams", (char *)"--destroy-child", NULL};
+    pid_t pid;
+    int status = 0, rc;
+
+    fflush(stdout);
+    rc = posix_spawn(&pid, "/proc/self/exe", NULL, NULL, argv, environ);
+    ck_assert_msg(rc == 0, "posix_spawn: %s", strerror(rc));
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    ck_assert_msg(WIFEXITED(status) && (WEXITSTATUS(status) == 0 || WEXITSTATUS(status) == 77),
+                  "the destroy child failed (status %d): an expandable context unmapped pages a "
+                  "queued kernel still wrote",
+                  status);
+}
+END_TEST
+
 START_TEST(test_device_errors)
 {
     char *argv[] = {(char *)"test_gpu_streams", (char *)"--sticky-error-child", NULL};
@@ -642,6 +700,7 @@ static int run_suite(void)
     tcase_add_test(sp, test_per_thread_streams);
     tcase_add_test(sp, test_legacy_stream);
     tcase_add_test(sp, test_device_errors);
+    tcase_add_test(sp, test_destroy_waits);
     tcase_set_timeout(tp, 120);
     tcase_set_timeout(sp, 120);
     suite_add_tcase(s, ctl);
@@ -674,6 +733,8 @@ int main(int argc, char **argv)
 
     if (argc > 1 && strcmp(argv[1], "--sticky-error-child") == 0)
         return sticky_child();
+    if (argc > 1 && strcmp(argv[1], "--destroy-child") == 0)
+        return destroy_child();
     e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess || n == 0) {
         printf("test_gpu_streams: no usable CUDA device (%s): skipping the GPU tests\n",
