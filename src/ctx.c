@@ -1022,15 +1022,33 @@ fail:
     return NULL;
 }
 
+/* A request above the limit, counted once: on the stream's shard when it
+ * has one (so that its num_ooms, like every other failure's, is the
+ * stream's and the context's figure is the sum of its shards'), else on
+ * the context.  No shard is made for a request that could never be
+ * served. */
+static __attribute__((noinline, cold)) void count_too_large(struct bfc_ctx *ctx, bfc_stream_t stream)
+{
+    bfc__rcu_lock();
+    struct bfc__arena *a = bfc__shard_find(ctx, stream);
+    if (a) {
+        bfc__lock(&a->lock);
+        count_oom(ctx, a, BFC_ENOMEM);
+        bfc__unlock(&a->lock);
+    } else {
+        atomic_fetch_add_explicit(&ctx->ooms, 1, memory_order_relaxed); /* relaxed: a statistic */
+    }
+    bfc__rcu_unlock();
+}
+
 /* One attempt: NULL with *status on failure. */
 static inline __attribute__((always_inline)) void *alloc_once(struct bfc_ctx *ctx, bfc_stream_t stream,
                                                                size_t n, int *status)
 {
     size_t rounded = bfc__round256(n);
     if (BFC__UNLIKELY(rounded == 0 || rounded > ctx->limit)) {
-        /* relaxed: a statistic. */
         if (!oom_retrying)
-            atomic_fetch_add_explicit(&ctx->ooms, 1, memory_order_relaxed);
+            count_too_large(ctx, stream);
         *status = BFC_ENOMEM;
         return NULL;
     }

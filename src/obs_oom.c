@@ -62,7 +62,8 @@
 struct bfc__oom_report {
     bfc_oom_info_t info;
     uint64_t time_unix_ns;
-    size_t nshards, nshards_total; /* copied, and live when gathered */
+    size_t nshards, nshards_total; /* copied, and listed when gathered (retired ones too) */
+    size_t nshards_live;           /* of those, not retired: bfc_stats_t.num_shards */
     size_t nspans, nspans_total;
     struct bfc__shard_free *shards; /* meta-allocated (heap reports) */
     struct bfc__span_info *spans;
@@ -125,7 +126,7 @@ static void report_free(struct bfc__oom_report *r)
 static void gather(struct bfc_ctx *ctx, struct bfc__oom_report *r, struct bfc__shard_free *fb_shards,
                    struct bfc__span_info *fb_spans)
 {
-    size_t cap = bfc__shard_free_info(ctx, NULL, 0) + OOM_SLACK;
+    size_t cap = bfc__shard_free_info(ctx, NULL, 0, NULL) + OOM_SLACK;
     r->shards = r->heap ? bfc__meta_alloc(cap * sizeof(*r->shards)) : NULL;
     if (r->shards) {
         r->shards_cap = cap;
@@ -134,7 +135,7 @@ static void gather(struct bfc_ctx *ctx, struct bfc__oom_report *r, struct bfc__s
         r->shards_cap = 0;
     }
     struct bfc__shard_free *sh = r->shards ? r->shards : fb_shards;
-    r->nshards_total = bfc__shard_free_info(ctx, sh, cap);
+    r->nshards_total = bfc__shard_free_info(ctx, sh, cap, &r->nshards_live);
     r->nshards = r->nshards_total < cap ? r->nshards_total : cap;
     if (!r->shards)
         r->shards = fb_shards;
@@ -164,7 +165,7 @@ static void diagnose(struct bfc_ctx *ctx, struct bfc__oom_report *r)
     in->bytes_limit = ctx->limit;
     in->bytes_reserved = held;
     in->bytes_unreserved = ctx->limit > held ? ctx->limit - held : 0;
-    in->num_shards = r->nshards_total;
+    in->num_shards = r->nshards_live;
     in->num_pool_spans = r->nspans_total;
     uint64_t own_pending = 0, own_range = 0;
     bool own = false;
@@ -172,7 +173,9 @@ static void diagnose(struct bfc_ctx *ctx, struct bfc__oom_report *r)
         const struct bfc__shard_free *s = &r->shards[i];
         in->bytes_in_use += s->in_use;
         in->bytes_pending += s->pending_bytes;
-        if (s->stream == in->stream) {
+        /* The stream's own shard is its live one: a shard it released
+         * (retired, kept by blocks still live) serves it nothing more. */
+        if (s->stream == in->stream && !s->retired) {
             /* What this stream could take with no map: an expandable
              * shard's bound (largest_free) counts mapped bytes scattered
              * over several chunks, which no retry would get in one. */
@@ -477,9 +480,10 @@ void bfc__oom_json(struct bfc_ctx *ctx, FILE *f)
     for (size_t i = 0; i < r->nshards; i++) {
         const struct bfc__shard_free *s = &r->shards[i];
         fprintf(f,
-                "%s{\"stream_id\":%" PRIu64 ",\"stream\":\"0x%" PRIxPTR "\",\"requesting\":%s,\"free\":%zu"
-                ",\"largest_free\":%zu,\"pending\":%zu,\"in_use\":%zu,\"reserved\":%zu}",
-                i ? "," : "", s->stream_id, (uintptr_t)s->stream, s->stream == in->stream ? "true" : "false",
+                "%s{\"stream_id\":%" PRIu64 ",\"stream\":\"0x%" PRIxPTR "\",\"requesting\":%s,\"retired\":%s"
+                ",\"free\":%zu,\"largest_free\":%zu,\"pending\":%zu,\"in_use\":%zu,\"reserved\":%zu}",
+                i ? "," : "", s->stream_id, (uintptr_t)s->stream,
+                s->stream == in->stream && !s->retired ? "true" : "false", s->retired ? "true" : "false",
                 s->free_bytes, s->largest_free, s->pending_bytes, s->in_use, s->reserved);
     }
     fputs("],\"pool_spans\":[", f);

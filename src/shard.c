@@ -316,9 +316,9 @@ void bfc__shard_dir_fini(struct bfc_ctx *ctx)
 
 /* ------------------------------------------------------- OOM report */
 
-size_t bfc__shard_free_info(struct bfc_ctx *ctx, struct bfc__shard_free *out, size_t max)
+size_t bfc__shard_free_info(struct bfc_ctx *ctx, struct bfc__shard_free *out, size_t max, size_t *live)
 {
-    size_t n = 0;
+    size_t n = 0, nlive = 0;
     bfc__lock(&ctx->arenas_lock);
     struct bfc__arena *a;
     bfc__list_for_each(a, &ctx->arenas, all) {
@@ -337,6 +337,9 @@ size_t bfc__shard_free_info(struct bfc_ctx *ctx, struct bfc__shard_free *out, si
                     largest = free_bytes;
                 ready = bfc__expand_largest_mapped_free(a);
             }
+            /* acquire: pairs with the seq_cst store in bfc__remote_mark_retired. */
+            bool retired = atomic_load_explicit(&a->retired, memory_order_acquire);
+            nlive += !retired;
             if (n < max)
                 out[n] = (struct bfc__shard_free){
                     .stream_id = a->stream_id,
@@ -348,11 +351,14 @@ size_t bfc__shard_free_info(struct bfc_ctx *ctx, struct bfc__shard_free *out, si
                     .pending_bytes = a->st.pending_bytes,
                     .in_use = a->st.bytes_in_use,
                     .reserved = a->st.bytes_reserved,
+                    .retired = retired,
                 };
             n++;
         }
         bfc__unlock(&a->lock);
     }
     bfc__unlock(&ctx->arenas_lock);
+    if (live)
+        *live = nlive;
     return n;
 }

@@ -96,10 +96,13 @@ struct bfc__shard_free {
     size_t pending_bytes;   /* freed blocks still waiting for their fences */
     size_t in_use;          /* live chunk bytes */
     size_t reserved;        /* its regions */
+    bool retired;           /* released: serves no allocation, holds blocks still live */
 };
-/* Each live shard of ctx in turn (arenas_lock, then each arena's lock, never
- * two; the remote-free queue drained first, as bfc_ctx_stats does): the
- * first `max` into out.  Returns the number of live shards. */
-size_t bfc__shard_free_info(struct bfc_ctx *ctx, struct bfc__shard_free *out, size_t max);
+/* Each shard of ctx that is not dead in turn, retired ones included
+ * (arenas_lock, then each arena's lock, never two; the remote-free queue
+ * drained first, as bfc_ctx_stats does): the first `max` into out.  Returns
+ * the number of such shards; *live (when not NULL) gets the number of them
+ * not retired, the context's live shards (bfc_stats_t.num_shards). */
+size_t bfc__shard_free_info(struct bfc_ctx *ctx, struct bfc__shard_free *out, size_t max, size_t *live);
 
 #endif /* BFC_SHARD_H */

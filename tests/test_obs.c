@@ -730,6 +730,74 @@ START_TEST(test_oom_report_limit_and_too_large)
 }
 END_TEST
 
+/* A stream that released its shard while blocks of it stay live has a
+ * new shard: the report's "this stream" is that one alone.  The retired
+ * shard's hole (256 KiB between two live blocks) serves nothing: it is
+ * another shard's free memory, listed as retired, and not a live shard. */
+START_TEST(test_oom_report_retired_shard)
+{
+    tmp_setup();
+    bfc_ctx_t *ctx = mkctx("memory_limit=8M,garbage_collection=false");
+    bfc_stream_t a = bfc_sim_stream_create(ctx);
+    void *x1 = xalloc(ctx, a, 256 * KiB), *x2 = xalloc(ctx, a, 256 * KiB), *x3 = xalloc(ctx, a, 256 * KiB);
+    xfree(ctx, x2, a);
+    ck_assert_int_eq(bfc_ctx_stream_release(ctx, a), BFC_OK);
+    void *y = xalloc(ctx, a, 1000); /* a new shard for the same stream */
+    ck_assert_ptr_null(bfc_ctx_alloc(ctx, a, 7 * MiB));
+    bfc_stats_t cs, ss;
+    ck_assert_int_eq(bfc_ctx_stats(ctx, &cs), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_stream_stats(ctx, a, &ss), BFC_OK);
+    bfc_oom_info_t i;
+    ck_assert_int_eq(bfc_ctx_oom_info(ctx, &i), BFC_OK);
+    ck_assert_uint_eq(cs.num_shards, 1);
+    ck_assert_uint_eq(i.num_shards, cs.num_shards);
+    ck_assert_uint_eq(i.stream_free, ss.bytes_free);
+    ck_assert_uint_eq(i.stream_largest_free, ss.largest_free_chunk);
+    ck_assert_uint_ge(i.other_free, 256 * KiB); /* the retired shard's hole */
+    json_object *v = snapshot(ctx);
+    const json_object *shards = array_of(bfc_json_get(v, "oom"), "shards");
+    size_t requesting = 0, retired = 0;
+    for (size_t k = 0; k < bfc_json_len(shards); k++) {
+        const json_object *sh = bfc_json_at(shards, k);
+        requesting += bool_of(sh, "requesting");
+        retired += bool_of(sh, "retired");
+        ck_assert(!(bool_of(sh, "requesting") && bool_of(sh, "retired")));
+    }
+    ck_assert_uint_eq(requesting, 1);
+    ck_assert_uint_eq(retired, 1);
+    json_object_put(v);
+    xfree(ctx, x1, a);
+    xfree(ctx, x3, a);
+    xfree(ctx, y, a);
+    bfc_ctx_destroy(ctx);
+    tmp_teardown();
+}
+END_TEST
+
+/* A request above the limit is the stream's failure: counted on its shard
+ * (where it has one), so the context's num_ooms is the sum of its shards'. */
+START_TEST(test_too_large_counted_on_shard)
+{
+    bfc_ctx_t *ctx = mkctx("memory_limit=8M");
+    bfc_stream_t a = bfc_sim_stream_create(ctx), b = bfc_sim_stream_create(ctx);
+    void *p = xalloc(ctx, a, 1000);
+    ck_assert_ptr_null(bfc_ctx_alloc(ctx, a, 9 * MiB));
+    ck_assert_int_eq(bfc_last_error(), BFC_ENOMEM);
+    bfc_stats_t cs, ss;
+    ck_assert_int_eq(bfc_ctx_stats(ctx, &cs), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_stream_stats(ctx, a, &ss), BFC_OK);
+    ck_assert_uint_eq(ss.num_ooms, 1);
+    ck_assert_uint_eq(cs.num_ooms, 1);
+    /* A stream with no shard yet gets none for it; the context counts it. */
+    ck_assert_ptr_null(bfc_ctx_alloc(ctx, b, 9 * MiB));
+    ck_assert_int_eq(bfc_ctx_stats(ctx, &cs), BFC_OK);
+    ck_assert_uint_eq(cs.num_ooms, 2);
+    ck_assert_uint_eq(cs.num_shards, 1);
+    xfree(ctx, p, a);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
 START_TEST(test_oom_report_fragmented)
 {
     /* Every other 1 MiB block of an 8 MiB region freed: 4 MiB free, in
@@ -1780,6 +1848,8 @@ static Suite *obs_suite(void)
     tcase_add_test(tc, test_fenced_free_counted_when_issued);
     tcase_add_test(tc, test_oom_report_limit_and_too_large);
     tcase_add_test(tc, test_oom_report_fragmented);
+    tcase_add_test(tc, test_oom_report_retired_shard);
+    tcase_add_test(tc, test_too_large_counted_on_shard);
     tcase_add_test(tc, test_oom_report_pool_spans);
     tcase_add_test(tc, test_oom_report_held_and_backend);
     tcase_add_test(tc, test_oom_report_in_callback);
