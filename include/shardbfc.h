@@ -658,9 +658,14 @@ BFC_API int bfc_ctx_stream_stats(bfc_ctx_t *ctx, bfc_stream_t s, bfc_stats_t *ou
 
 /*
  * External fragmentation of the free memory in *s (context or shard figures):
- * 1 - largest_free_chunk / bytes_free, in [0, 1).  0 when nothing is free or
+ * 1 - largest_free_chunk / bytes_free, in [0, 1].  0 when nothing is free or
  * all free bytes are one chunk; near 1 when the free bytes are scattered over
- * many small chunks, so a request much smaller than bytes_free can fail.  A
+ * many small chunks, so a request much smaller than bytes_free can fail.
+ * Expandable arenas (vmm) count mapped memory only, and their largest free
+ * chunk is the largest block they could hand out without mapping: mapped
+ * free bytes that lie behind unmapped granules of their free chunk (a block
+ * starts at its chunk's start) are free but usable only after a map, and
+ * when all of them lie so the value is 1.  A
  * context's value uses the largest chunk of any shard over the free bytes of
  * all shards (a block never spans shards).  0 for s == NULL.
  * Context: pure function of *s; thread-safe, never blocks.
