@@ -8,7 +8,18 @@
  * wait-free queue, so no block is reused while another stream may still use it.
  *
  * This header needs no CUDA header: bfc_stream_t is the same type as
- * cudaStream_t (struct CUstream_st *).  NULL means the default stream.
+ * cudaStream_t (struct CUstream_st *).  NULL means the default stream: the
+ * legacy one (cudaStreamLegacy), as libshardbfc is built -- a program built
+ * with nvcc --default-stream per-thread must pass cudaStreamPerThread, not
+ * 0, for its threads' default streams.  cudaStreamPerThread names the
+ * calling thread's own stream, and libshardbfc treats it so: each thread
+ * gets a shard of its own; a block of one thread's per-thread stream freed
+ * by another thread on its per-thread stream is a cross-stream free (bfc_free
+ * frees on the owner's stream from any thread); and when memory leaves such
+ * a shard on another thread's call (reclaim, trim, a stream's release,
+ * record_stream), its fence, which that thread cannot record on the owner's
+ * stream, is recorded on the legacy default stream, whose work waits for
+ * every blocking stream's earlier work (later than needed, never earlier).
  *
  * Status codes: every function returning int returns BFC_OK (0) or a negative
  * BFC_E* code; bfc_strerror() describes it.  Functions returning a pointer

@@ -29,6 +29,15 @@ extern "C" {
 #endif
 
 /*
+ * The simulated per-thread default stream, as cudaStreamPerThread (the same
+ * value): one handle that names a different stream on every thread (made at
+ * the thread's first use of it; never destroyed).  Hold and drain act on the
+ * calling thread's.  A block freed by one thread on its per-thread stream
+ * but allocated on another thread's is a cross-stream free.
+ */
+#define BFC_SIM_STREAM_PER_THREAD ((bfc_stream_t)(uintptr_t)2)
+
+/*
  * Creates a simulated stream for ctx (which must use the SIM backend; NULL is
  * returned otherwise or on allocation failure).
  * Context: thread-safe; takes the SIM backend's stream-registry lock (rare).

@@ -193,7 +193,10 @@ void *bfc_stream_alloc(bfc_stream_t stream, size_t n)
     return bfc_ctx_alloc(ctx, stream, n);
 }
 
-/* The context and owner stream of a device pointer; BFC_EDOUBLEFREE for
+/* The context and owner stream of a device pointer -- as the owner's
+ * stream_key (arena.h), which bfc_ctx_free takes for the owner's stream
+ * without asking its id: a per-thread default stream's shard is then freed
+ * into as its own stream, from any thread --; BFC_EDOUBLEFREE for
  * a block whose memory left its shard after its free (regionmap.h,
  * departed memory), else BFC_ENOTOWNED -- also for a host block, which
  * only bfc_host_free frees (a host context's shards are threads' arenas,
@@ -205,7 +208,7 @@ static int owner_of(const void *p, bfc_ctx_t **ctx, bfc_stream_t *s)
     int st = BFC_ENOTOWNED;
     if (r && !((struct bfc_ctx *)r->tag)->is_host) {
         *ctx = r->tag;
-        *s = r->owner->stream;
+        *s = r->owner->stream_key;
         st = BFC_OK;
     }
     bfc__rcu_unlock();

@@ -523,7 +523,7 @@ static void fence_recorded(struct bfc__arena *a, struct bfc__chunk *c, struct bf
         struct bfc__recorded *next = rs->next;
         struct bfc__fence *f = rs->fence;
         if (rs->id != a->stream_id) {
-            bfc__fence_arm(a->env->be, f, rs->stream);
+            bfc__fence_arm(a->env->be, f, rs->stream, rs->id);
             f->chunk = c;
             f->extra = *chain;
             *chain = f;
@@ -769,6 +769,7 @@ struct bfc__arena *bfc__arena_new(const struct bfc__arena_env *env, bfc_stream_t
     }
     a->env = env;
     a->stream = s;
+    a->stream_key = s == BFC__STREAM_PER_THREAD ? (bfc_stream_t)UINTPTR_MAX : s;
     a->stream_id = sid;
     bfc__bins_init(&a->bins);
     bfc__slab_init(&a->chunk_slab, sizeof(struct bfc__chunk));

@@ -103,6 +103,11 @@ struct bfc__arena {
      * it would pull the line away from the owner on every free) ---- */
     const struct bfc__arena_env *env;
     bfc_stream_t stream;
+    /* The handle a free may compare with `stream` to know it is the owner's
+     * stream without asking its id: `stream`, but for the per-thread
+     * default stream, whose handle every thread shares (internal.h): then a
+     * value no handle has, and a free asks the id. */
+    bfc_stream_t stream_key;
     uint64_t stream_id;
     uint64_t seq;                /* creation order, for dumps */
 

@@ -73,6 +73,19 @@ struct bfc__backend_ops {
     int (*stream_id)(bfc__backend_t *be, bfc_stream_t s, uint64_t *id);
     /* Waits for all work queued on s (fallback fence when an event fails). */
     int (*stream_sync)(bfc__backend_t *be, bfc_stream_t s);
+    /* The handle by which the calling thread reaches the stream whose id is
+     * sid, named by the handle s (on the thread that gave stream_id sid for
+     * it): s itself, but for the per-thread default stream
+     * (BFC__STREAM_PER_THREAD, internal.h) on a thread where that handle
+     * names another stream -- the owner's stream seen from a thread that
+     * reclaims, trims or releases its memory, or arms a record_stream
+     * fence.  CUDA then gives the legacy default stream, whose work waits
+     * for every blocking stream's earlier work, per-thread default streams
+     * included: an event recorded there completes only after the owner's
+     * work queued before it (later than needed, never earlier); SIM gives
+     * the simulated stream sid itself.  A synchronisation through a
+     * substituted handle must wait for the device (fence.c). */
+    bfc_stream_t (*stream_for)(bfc__backend_t *be, bfc_stream_t s, uint64_t sid);
     /* Waits for all work queued on every stream of the device: the last
      * fallback fence, when neither an event nor a stream synchronisation
      * works on the stream (one already destroyed, say).  SIM: BFC_EBUSY while

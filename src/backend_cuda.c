@@ -367,6 +367,27 @@ static int cuda_stream_id(bfc__backend_t *be, bfc_stream_t s, uint64_t *id)
     return st;
 }
 
+/*
+ * The per-thread default stream named from another thread (backend.h): the
+ * legacy default stream, which waits for the owner's earlier work as for
+ * every blocking stream's.  The calling thread's own per-thread stream id
+ * (on this device) tells the two apart; when even that fails, the legacy
+ * stream too (it fences more, never less).
+ */
+_Static_assert(cudaStreamPerThread == (cudaStream_t)BFC__STREAM_PER_THREAD,
+               "BFC__STREAM_PER_THREAD is cudaStreamPerThread");
+
+static bfc_stream_t cuda_stream_for(bfc__backend_t *be, bfc_stream_t s, uint64_t sid)
+{
+    uint64_t mine;
+
+    if (s != BFC__STREAM_PER_THREAD)
+        return s;
+    if (cuda_stream_id(be, s, &mine) == BFC_OK && mine == sid)
+        return s;
+    return (bfc_stream_t)cudaStreamLegacy;
+}
+
 static int cuda_stream_sync(bfc__backend_t *be, bfc_stream_t s)
 {
     int saved;
@@ -786,6 +807,7 @@ static const struct bfc__backend_ops cuda_ops = {
     .event_wait = cuda_event_wait,
     .stream_id = cuda_stream_id,
     .stream_sync = cuda_stream_sync,
+    .stream_for = cuda_stream_for,
     .device_sync = cuda_device_sync,
     .mem_info = cuda_mem_info,
     .host_register = cuda_host_register,

@@ -232,6 +232,14 @@ static int host_stream_sync(bfc__backend_t *be, bfc_stream_t s)
     return hb(be)->inner->ops->stream_sync(hb(be)->inner, s);
 }
 
+static bfc_stream_t host_stream_for(bfc__backend_t *be, bfc_stream_t s, uint64_t sid)
+{
+    uint64_t id;
+    if (bfc__backend_host_thread_id(s, &id))
+        return s; /* a thread's own handle: one value per thread */
+    return hb(be)->inner->ops->stream_for(hb(be)->inner, s, sid);
+}
+
 static int host_device_sync(bfc__backend_t *be)
 {
     return hb(be)->inner->ops->device_sync(hb(be)->inner);
@@ -287,6 +295,7 @@ static const struct bfc__backend_ops host_ops = {
     .event_wait = host_event_wait,
     .stream_id = host_stream_id,
     .stream_sync = host_stream_sync,
+    .stream_for = host_stream_for,
     .device_sync = host_device_sync,
     .mem_info = host_mem_info,
     .host_register = host_register,

@@ -37,7 +37,8 @@
  * MAP_NORESERVE (only records in use are ever touched) and never unmapped.  A
  * stream handle is the address of its record, so validating a handle is a
  * range check: no hash, no lock.  Record 0 is the default stream (the NULL
- * handle).  Records are never reused: a destroyed stream stays in the table,
+ * handle); the per-thread default stream's handle (BFC_SIM_STREAM_PER_THREAD,
+ * cudaStreamPerThread's value) names a record of each thread's own.  Records are never reused: a destroyed stream stays in the table,
  * drained and marked dead, so events that still name it stay valid.
  *
  * Handles SIM never made are refused.  On CUDA a made-up handle
@@ -187,6 +188,45 @@ static inline bool is_sim(bfc__backend_t *be)
     return be && be->kind == BFC_BACKEND_SIM && be->ops == &sim_ops;
 }
 
+/* A new record's index (under g_reg_lock), or SIM_MAX_STREAMS when the
+ * table is full. */
+static unsigned sim_next_index(void)
+{
+    unsigned idx;
+
+    /* The lock only hands out the next index; creation is a rare path. */
+    bfc__lock(&g_reg_lock);
+    idx = atomic_load_explicit(&g_n_streams, memory_order_relaxed);
+    if (idx < SIM_MAX_STREAMS) {
+        /* The record is fresh from the zero-filled mapping (indices are
+         * never reused).  release: pairs with the acquire in sim_lookup. */
+        atomic_store_explicit(&g_n_streams, idx + 1, memory_order_release);
+    }
+    bfc__unlock(&g_reg_lock);
+    return idx;
+}
+
+/*
+ * The per-thread default stream (BFC_SIM_STREAM_PER_THREAD, as
+ * cudaStreamPerThread): a record of its own for each thread that names it,
+ * made at its first use and kept for the process (a thread's exit leaves it
+ * idle, as a CUDA per-thread stream with nothing queued).  0: none yet
+ * (record 0 is the NULL stream).
+ */
+static __thread uint32_t tl_per_thread;
+
+static struct sim_stream *sim_per_thread(struct sim_backend *b, uint32_t *idx_out)
+{
+    if (tl_per_thread == 0) {
+        unsigned idx = sim_next_index();
+        if (idx >= SIM_MAX_STREAMS)
+            return NULL;
+        tl_per_thread = idx;
+    }
+    *idx_out = tl_per_thread;
+    return &b->streams[tl_per_thread];
+}
+
 /* The table record of s, or NULL when s is unknown to this backend. */
 static struct sim_stream *sim_lookup(struct sim_backend *b, bfc_stream_t s,
                                      uint32_t *idx_out)
@@ -200,6 +240,8 @@ static struct sim_stream *sim_lookup(struct sim_backend *b, bfc_stream_t s,
         *idx_out = 0;
         return &b->streams[0];
     }
+    if (s == BFC__STREAM_PER_THREAD)
+        return sim_per_thread(b, idx_out);
     if (a < base)
         return NULL;
     off = a - base;
@@ -626,6 +668,20 @@ static int sim_stream_sync(bfc__backend_t *be, bfc_stream_t s)
                                                                          : BFC_OK;
 }
 
+/* The per-thread handle named from a thread other than the one whose
+ * stream sid is: that stream's own record (backend.h, stream_for). */
+static bfc_stream_t sim_stream_for(bfc__backend_t *be, bfc_stream_t s, uint64_t sid)
+{
+    struct sim_backend *b = sim_of(be);
+
+    if (s != BFC__STREAM_PER_THREAD || sid == tl_per_thread)
+        return s;
+    /* acquire: pairs with the release store in sim_next_index. */
+    if (sid == 0 || sid >= atomic_load_explicit(&g_n_streams, memory_order_acquire))
+        return s; /* not a stream SIM made: the record refuses it */
+    return (bfc_stream_t)(void *)&b->streams[sid];
+}
+
 /* The device is idle when no simulated stream is held (a rare fallback:
  * scans the streams handed out so far). */
 static int sim_device_sync(bfc__backend_t *be)
@@ -685,15 +741,7 @@ bfc_stream_t bfc__sim_stream_create(bfc__backend_t *be)
     if (!is_sim(be))
         return NULL;
     b = sim_of(be);
-    /* The lock only hands out the next index; creation is a rare path. */
-    bfc__lock(&g_reg_lock);
-    idx = atomic_load_explicit(&g_n_streams, memory_order_relaxed);
-    if (idx < SIM_MAX_STREAMS) {
-        /* The record is fresh from the zero-filled mapping (indices are
-         * never reused).  release: pairs with the acquire in sim_lookup. */
-        atomic_store_explicit(&g_n_streams, idx + 1, memory_order_release);
-    }
-    bfc__unlock(&g_reg_lock);
+    idx = sim_next_index();
     if (idx >= SIM_MAX_STREAMS)
         return NULL;
     return (bfc_stream_t)(void *)&b->streams[idx];
@@ -704,8 +752,8 @@ void bfc__sim_stream_destroy(bfc__backend_t *be, bfc_stream_t s)
     struct sim_stream *st;
     uint32_t idx = 0;
 
-    if (!is_sim(be) || !s)
-        return;
+    if (!is_sim(be) || !s || s == BFC__STREAM_PER_THREAD)
+        return; /* the default streams are never destroyed */
     st = sim_lookup(sim_of(be), s, &idx);
     if (!st || idx == 0)
         return; /* unknown, or the default stream: nothing to destroy */
@@ -866,6 +914,7 @@ static const struct bfc__backend_ops sim_ops = {
     .event_wait = sim_event_wait,
     .stream_id = sim_stream_id,
     .stream_sync = sim_stream_sync,
+    .stream_for = sim_stream_for,
     .device_sync = sim_device_sync,
     .mem_info = sim_mem_info,
     .host_register = sim_host_register,

@@ -1278,8 +1278,7 @@ static inline __attribute__((always_inline)) int resolve(struct bfc_ctx *ctx, ui
  * free_locked_inline (inlined into the general free; free_locked_path, below,
  * for the other cases) and releases. */
 static inline __attribute__((always_inline)) int free_under_lock(struct bfc__arena *a, struct bfc__region *r,
-                                                                  uintptr_t p, struct bfc__chunk *hint,
-                                                                  bfc_stream_t stream)
+                                                                  uintptr_t p, struct bfc__chunk *hint)
 {
     struct bfc__chunk *c;
     int st = bfc__arena_classify_fast_locked(a, r, p, hint, &c);
@@ -1293,8 +1292,10 @@ static inline __attribute__((always_inline)) int free_under_lock(struct bfc__are
             st = BFC_EDOUBLEFREE;
     }
     if (st == BFC_OK) {
+        /* The owner's stream by name: the caller's handle may be its
+         * stream_key (bfc_free, api.c). */
         if (bfc__tracing(a->env->obs))
-            bfc__trace_event(a->env->obs, BFC__TR_FREE, p, c->requested, stream);
+            bfc__trace_event(a->env->obs, BFC__TR_FREE, p, c->requested, a->stream);
         bfc__arena_free_chunk_inline(a, c);
         dead = bfc__arena_maybe_dead_locked(a);
     }
@@ -1305,17 +1306,15 @@ static inline __attribute__((always_inline)) int free_under_lock(struct bfc__are
 }
 
 static inline __attribute__((always_inline)) int free_locked_inline(struct bfc__arena *a, struct bfc__region *r,
-                                                                     uintptr_t p, struct bfc__chunk *hint,
-                                                                     bfc_stream_t stream)
+                                                                     uintptr_t p, struct bfc__chunk *hint)
 {
     bfc__lock(&a->lock);
-    return free_under_lock(a, r, p, hint, stream);
+    return free_under_lock(a, r, p, hint);
 }
 
-static __attribute__((noinline)) int free_locked_path(struct bfc__arena *a, struct bfc__region *r, uintptr_t p,
-                                                     bfc_stream_t stream)
+static __attribute__((noinline)) int free_locked_path(struct bfc__arena *a, struct bfc__region *r, uintptr_t p)
 {
-    return free_locked_inline(a, r, p, NULL, stream);
+    return free_locked_inline(a, r, p, NULL);
 }
 
 /* The end of every free: the read section, then the debug check. */
@@ -1343,7 +1342,7 @@ static __attribute__((noinline)) int free_general(struct bfc_ctx *ctx, void *ptr
     if (st != BFC_OK)
         goto out;
     struct bfc__arena *a = r->owner;
-    bool local = stream == a->stream;
+    bool local = stream == a->stream_key;
     if (!local) {
         uint64_t id;
         st = bfc__shard_stream_id(ctx, stream, &id);
@@ -1352,11 +1351,11 @@ static __attribute__((noinline)) int free_general(struct bfc_ctx *ctx, void *ptr
         local = id == a->stream_id;
     }
     if (BFC__LIKELY(local)) {
-        st = free_locked_inline(a, r, p, c, stream);
+        st = free_locked_inline(a, r, p, c);
         goto out;
     }
     if (!c || c == BFC__HANDLE_GONE) {
-        st = free_locked_path(a, r, p, stream);
+        st = free_locked_path(a, r, p);
         goto out;
     }
     /* Cross-stream: claim the block without the owner's lock.  acq_rel:
@@ -1366,13 +1365,13 @@ static __attribute__((noinline)) int free_general(struct bfc_ctx *ctx, void *ptr
     uint32_t expect = BFC__CHUNK_INUSE;
     if (!atomic_compare_exchange_strong_explicit(&c->state, &expect, BFC__CHUNK_FREEING, memory_order_acq_rel,
                                                  memory_order_acquire)) {
-        st = free_locked_path(a, r, p, stream); /* classifies: double free or foreign */
+        st = free_locked_path(a, r, p); /* classifies: double free or foreign */
         goto out;
     }
     if (BFC__UNLIKELY(c->ptr != p || c->region != r)) {
         /* The record was recycled for another block: undo the claim. */
         atomic_store_explicit(&c->state, BFC__CHUNK_INUSE, memory_order_release);
-        st = free_locked_path(a, r, p, stream);
+        st = free_locked_path(a, r, p);
         goto out;
     }
     /* Recorded before the hand-off, so that it precedes the owner's
@@ -1393,10 +1392,9 @@ out:
  * (bfc__arena_release_followup_due, a retired shard); the wake of a waiter
  * on the lock, which the fast path has released. */
 static __attribute__((noinline)) int free_locked_rest(struct bfc_ctx *ctx, struct bfc__arena *a,
-                                                     struct bfc__region *r, uintptr_t p, struct bfc__chunk *hint,
-                                                     bfc_stream_t stream)
+                                                     struct bfc__region *r, uintptr_t p, struct bfc__chunk *hint)
 {
-    return free_exit(ctx, free_under_lock(a, r, p, hint, stream));
+    return free_exit(ctx, free_under_lock(a, r, p, hint));
 }
 
 /* (These two take only what the fast path still holds after the release:
@@ -1439,7 +1437,7 @@ static inline __attribute__((always_inline)) int free_fast_in(struct bfc_ctx *ct
                                                               struct bfc__region *r, bool fenced)
 {
     uintptr_t p = (uintptr_t)ptr;
-    if (BFC__UNLIKELY(r->tag != ctx || r->owner->stream != stream))
+    if (BFC__UNLIKELY(r->tag != ctx || r->owner->stream_key != stream))
         goto general;
     struct bfc__arena *a = r->owner;
     struct bfc__chunk *c = bfc__region_handle(r, p);
@@ -1453,12 +1451,12 @@ static inline __attribute__((always_inline)) int free_fast_in(struct bfc_ctx *ct
     if (BFC__UNLIKELY(!bfc__chunk_at(c, r, p) || a->dead || r->gone || r->large ||
                       atomic_load_explicit((struct bfc__recorded *_Atomic *)&c->recorded, memory_order_relaxed) ||
                       !c->next || bfc__arena_free_neighbour(c->next) || bfc__arena_free_neighbour(c->prev)))
-        return free_locked_rest(ctx, a, r, p, c, stream);
+        return free_locked_rest(ctx, a, r, p, c);
     /* The claim, as free_under_lock's; a lost claim is classified there. */
     uint32_t expect = BFC__CHUNK_INUSE;
     if (BFC__UNLIKELY(!atomic_compare_exchange_strong_explicit(&c->state, &expect, BFC__CHUNK_FREEING,
                                                                memory_order_acq_rel, memory_order_acquire)))
-        return free_locked_rest(ctx, a, r, p, c, stream);
+        return free_locked_rest(ctx, a, r, p, c);
     bfc__arena_account_free(a, c);
     bfc__arena_release_mark(a, c);
     bfc__bins_insert_inline(&a->bins, c);

@@ -356,7 +356,7 @@ int bfc__expand_create_locked(struct bfc__arena *a, size_t need, size_t most)
     if (g0 && !x->ready) {
         /* Back to the pool as it came, fenced on our stream again (a later
          * record covers the work the first one did). */
-        bfc__fence_arm(env->be, x->fence, a->stream);
+        bfc__fence_arm(env->be, x->fence, a->stream, a->stream_id);
         bfc__pool_vmm_depart(env->pool, g0, g0->base, g0->size, g0->mapped, x->fence, a->stream_id, g0->bits,
                              g0->words);
         x->fence = NULL;
@@ -411,7 +411,7 @@ void bfc__expand_depart_locked(struct bfc__arena *a, bool fence)
         f = x->fence;
         x->fence = NULL;
         bfc__fence_reset(f);
-        bfc__fence_arm(a->env->be, f, a->stream);
+        bfc__fence_arm(a->env->be, f, a->stream, a->stream_id);
     }
     publish(a, 0, 0);
     a->st.bytes_reserved -= x->mapped_bytes;
@@ -818,7 +818,7 @@ static size_t release(struct bfc__arena *a, uint32_t wait_ms, size_t g0, size_t 
     if (mark_free(a, g0, g1, budget) || (x->leaving_bytes && !x->armed)) {
         /* Recorded after the marks: covers every use of what is leaving. */
         bfc__fence_reset(x->fence);
-        bfc__fence_arm(be, x->fence, a->stream);
+        bfc__fence_arm(be, x->fence, a->stream, a->stream_id);
         x->armed = true;
     }
     if (x->leaving_bytes) {

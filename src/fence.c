@@ -24,20 +24,24 @@ void bfc__fence_destroy(bfc__backend_t *be, struct bfc__fence *f)
     bfc__meta_free(f, sizeof(*f));
 }
 
-void bfc__fence_arm(bfc__backend_t *be, struct bfc__fence *f, bfc_stream_t s)
+void bfc__fence_arm(bfc__backend_t *be, struct bfc__fence *f, bfc_stream_t s, uint64_t sid)
 {
+    bfc_stream_t here = be->ops->stream_for(be, s, sid);
     f->synced = false;
     f->unfenced = false;
     f->unfenced_stream = NULL;
-    if (f->ev && be->ops->event_record(be, f->ev, s) == BFC_OK)
+    if (f->ev && be->ops->event_record(be, f->ev, here) == BFC_OK)
         return;
-    /* No event: make the work complete now instead. */
-    if (be->ops->stream_sync(be, s) == BFC_OK || be->ops->device_sync(be) == BFC_OK) {
+    /* No event: make the work complete now instead (the whole device's
+     * when the stream is reached through another handle, whose own
+     * synchronisation need not wait for it). */
+    if ((here == s && be->ops->stream_sync(be, s) == BFC_OK) || be->ops->device_sync(be) == BFC_OK) {
         f->synced = true;
         return;
     }
     f->unfenced = true;
     f->unfenced_stream = s;
+    f->unfenced_sid = sid;
 }
 
 int bfc__fence_query(bfc__backend_t *be, struct bfc__fence *f)
@@ -52,7 +56,8 @@ int bfc__fence_query(bfc__backend_t *be, struct bfc__fence *f)
                 f->ev = NULL;
                 return BFC_EBUSY;
             }
-            if (be->ops->event_record(be, f->ev, f->unfenced_stream) != BFC_OK)
+            if (be->ops->event_record(be, f->ev, be->ops->stream_for(be, f->unfenced_stream, f->unfenced_sid)) !=
+                BFC_OK)
                 return BFC_EBUSY;
             f->unfenced = false;
         }

@@ -52,6 +52,7 @@ struct bfc__fence {
      * report complete. */
     bool unfenced;
     bfc_stream_t unfenced_stream;
+    uint64_t unfenced_sid;       /* its id, for stream_for (backend.h) */
     struct bfc__fence *extra;    /* further fences of the same block (recorded streams) */
     /* A fence is pending in its owner or idle in the pool's cache, never
      * both at once. */
@@ -71,9 +72,11 @@ struct bfc__recorded {
     struct bfc__recorded *next;
 };
 
-/* Records f on stream s, with the fallbacks above.  Never fails: at worst
- * f is left unfenced (to be recorded at a later query). */
-void bfc__fence_arm(bfc__backend_t *be, struct bfc__fence *f, bfc_stream_t s);
+/* Records f on stream s, whose id is sid, with the fallbacks above, from
+ * whatever thread: through the backend's stream_for, so that a per-thread
+ * default stream armed by another thread is still fenced.  Never fails: at
+ * worst f is left unfenced (to be recorded at a later query). */
+void bfc__fence_arm(bfc__backend_t *be, struct bfc__fence *f, bfc_stream_t s, uint64_t sid);
 
 /* BFC_OK when every fence of the chain f (through `extra`) has completed,
  * BFC_EBUSY if not (a query error counts as "not yet"). */
@@ -97,6 +100,7 @@ static inline void bfc__fence_reset(struct bfc__fence *f)
     f->synced = false;
     f->unfenced = false;
     f->unfenced_stream = NULL;
+    f->unfenced_sid = 0;
     f->plink.next = f->plink.prev = NULL;
 }
 

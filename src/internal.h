@@ -70,6 +70,17 @@ static inline uint64_t bfc__clock_ns(clockid_t clock)
 /* Granule of every chunk and of every returned pointer. */
 #define BFC__MIN_ALLOC_BITS 8
 #define BFC__MIN_ALLOC ((size_t)1 << BFC__MIN_ALLOC_BITS) /* 256 */
+
+/*
+ * The per-thread default stream's handle: cudaStreamPerThread, and SIM's
+ * BFC_SIM_STREAM_PER_THREAD, which models it.  One handle names a
+ * different stream on every thread, so equal handles do not mean the same
+ * stream (a free by another thread on its own per-thread stream is a
+ * cross-stream free), and a stream recorded by handle cannot be reached
+ * from another thread (backend.h, stream_for).  backend_cuda.c checks that
+ * the value is cudaStreamPerThread's.
+ */
+#define BFC__STREAM_PER_THREAD ((bfc_stream_t)(uintptr_t)2)
 #define BFC__NUM_BINS 21
 #define BFC__KiB ((size_t)1 << 10)
 #define BFC__MiB ((size_t)1 << 20)

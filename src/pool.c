@@ -480,7 +480,7 @@ void bfc__pool_put(struct bfc__pool *p, uintptr_t base, size_t size, struct bfc_
         f = t->fence;
         t->fence = NULL;
         bfc__fence_reset(f);
-        bfc__fence_arm(p->be, f, s);
+        bfc__fence_arm(p->be, f, s, sid);
     }
     bfc__lock(&p->lock);
     p->departures++;

@@ -1630,6 +1630,227 @@ START_TEST(test_trim_does_not_inflate_regions)
 }
 END_TEST
 
+/* ------------------------------------------- the per-thread default stream
+ *
+ * One handle (cudaStreamPerThread; BFC_SIM_STREAM_PER_THREAD here) names a
+ * different stream on every thread.  A second thread (`other`) drives its
+ * own per-thread stream through steps the main thread hands it one at a
+ * time; Check's assertions stay on the main thread. */
+
+struct pt_thread {
+    pthread_t tid;
+    pthread_mutex_t m;
+    pthread_cond_t c;
+    void (*fn)(void *);
+    void *arg;
+    bool quit;
+};
+
+static void *pt_main(void *v)
+{
+    struct pt_thread *w = v;
+    pthread_mutex_lock(&w->m);
+    for (;;) {
+        while (!w->fn && !w->quit)
+            pthread_cond_wait(&w->c, &w->m);
+        if (w->quit)
+            break;
+        w->fn(w->arg);
+        w->fn = NULL;
+        pthread_cond_broadcast(&w->c);
+    }
+    pthread_mutex_unlock(&w->m);
+    return NULL;
+}
+
+static void pt_start(struct pt_thread *w)
+{
+    memset(w, 0, sizeof *w);
+    ck_assert_int_eq(pthread_mutex_init(&w->m, NULL), 0);
+    ck_assert_int_eq(pthread_cond_init(&w->c, NULL), 0);
+    ck_assert_int_eq(pthread_create(&w->tid, NULL, pt_main, w), 0);
+}
+
+/* Runs fn(arg) on the thread and waits for it. */
+static void pt_run(struct pt_thread *w, void (*fn)(void *), void *arg)
+{
+    pthread_mutex_lock(&w->m);
+    w->fn = fn;
+    w->arg = arg;
+    pthread_cond_broadcast(&w->c);
+    while (w->fn)
+        pthread_cond_wait(&w->c, &w->m);
+    pthread_mutex_unlock(&w->m);
+}
+
+static void pt_stop(struct pt_thread *w)
+{
+    pthread_mutex_lock(&w->m);
+    w->quit = true;
+    pthread_cond_broadcast(&w->c);
+    pthread_mutex_unlock(&w->m);
+    ck_assert_int_eq(pthread_join(w->tid, NULL), 0);
+}
+
+#define PT BFC_SIM_STREAM_PER_THREAD
+
+/* What the other thread does, and sees. */
+struct pt_step {
+    bfc_ctx_t *ctx;
+    size_t n;
+    int k;
+    void *v[16];
+    void *avoid;
+    bool hit;      /* an allocation returned `avoid` */
+    int status;
+};
+
+static void pt_alloc(void *v)
+{
+    struct pt_step *x = v;
+    x->hit = false;
+    x->status = BFC_OK;
+    for (int i = 0; i < x->k; i++) {
+        x->v[i] = bfc_ctx_alloc(x->ctx, PT, x->n);
+        if (!x->v[i])
+            x->status = bfc_last_error();
+        else if (x->v[i] == x->avoid)
+            x->hit = true;
+    }
+}
+
+static void pt_free(void *v)
+{
+    struct pt_step *x = v;
+    x->status = BFC_OK;
+    for (int i = 0; i < x->k; i++)
+        if (x->v[i] && bfc_ctx_free(x->ctx, x->v[i], PT) != BFC_OK)
+            x->status = BFC_ECORRUPT;
+}
+
+static void pt_hold(void *v)
+{
+    struct pt_step *x = v;
+    bfc_sim_stream_hold(x->ctx, PT);
+}
+
+static void pt_drain(void *v)
+{
+    struct pt_step *x = v;
+    bfc_sim_stream_drain(x->ctx, PT);
+}
+
+/* The other thread's block, freed by this thread on its own per-thread
+ * stream (same handle, another stream) while that stream is busy: a
+ * cross-stream free, fenced on this thread's stream, not a free on the
+ * owner's stream, which the owner would reuse at once. */
+START_TEST(test_per_thread_free_from_other_thread)
+{
+    bfc_ctx_t *ctx = ctx_default();
+    struct pt_thread w;
+    pt_start(&w);
+    struct pt_step a = {.ctx = ctx, .n = 64 * KiB, .k = 3};
+    pt_run(&w, pt_alloc, &a); /* x0, p, x1 on the other thread's stream */
+    ck_assert_int_eq(a.status, BFC_OK);
+    void *p = a.v[1];
+    uint64_t remote0 = st(ctx).num_remote_frees;
+    bfc_sim_stream_hold(ctx, PT); /* this thread's stream is busy with p */
+    ck_assert_int_eq(bfc_ctx_free(ctx, p, PT), BFC_OK);
+    ck_assert_uint_eq(st(ctx).num_remote_frees, remote0 + 1);
+    struct pt_step b = {.ctx = ctx, .n = 64 * KiB, .k = 4, .avoid = p};
+    pt_run(&w, pt_alloc, &b);
+    ck_assert_int_eq(b.status, BFC_OK);
+    ck_assert_msg(!b.hit, "the owner reused %p while the freeing thread's stream was busy", p);
+    bfc_sim_stream_drain(ctx, PT);
+    struct pt_step c = {.ctx = ctx, .n = 64 * KiB, .k = 1, .avoid = p};
+    pt_run(&w, pt_alloc, &c);
+    ck_assert_msg(c.hit, "the drained block was not reused: the scenario proves nothing");
+    a.v[1] = NULL;
+    pt_run(&w, pt_free, &a);
+    pt_run(&w, pt_free, &b);
+    pt_run(&w, pt_free, &c);
+    ck_assert_int_eq(a.status | b.status | c.status, BFC_OK);
+    /* bfc_free frees on the owner's stream, from any thread -- not on this
+     * thread's, busy again: the owner reuses the block at once. */
+    pt_run(&w, pt_alloc, &a);
+    ck_assert_int_eq(a.status, BFC_OK);
+    p = a.v[1];
+    bfc_sim_stream_hold(ctx, PT);
+    ck_assert_int_eq(bfc_free(p), BFC_OK);
+    struct pt_step d = {.ctx = ctx, .n = 64 * KiB, .k = 1, .avoid = p};
+    pt_run(&w, pt_alloc, &d);
+    ck_assert_msg(d.hit, "bfc_free did not free on the owner's stream");
+    bfc_sim_stream_drain(ctx, PT);
+    a.v[1] = NULL; /* d.v[0] now */
+    pt_run(&w, pt_free, &a);
+    pt_run(&w, pt_free, &d);
+    ck_assert_int_eq(a.status | d.status, BFC_OK);
+    pt_stop(&w);
+    ck_assert_uint_eq(st(ctx).bytes_in_use, 0);
+    xcheck(ctx);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
+/*
+ * Memory leaving the other thread's shard, taken by this thread: its
+ * departure fence must be recorded on the other thread's stream, which the
+ * handle does not reach from here.  The other thread frees its blocks while
+ * its stream is busy; this thread needs them (the limit is full).  Until
+ * the other stream drains, the memory must not move: classic regions keep
+ * their addresses out of this thread's blocks, expandable arenas keep the
+ * other shard's pages mapped.
+ */
+static void per_thread_departure(bool vmm)
+{
+    bfc_config_t c = cfg_grow(8 * MiB);
+    c.initial_region = 8 * MiB;
+    c.garbage_collection = true;
+    c.vmm = vmm ? BFC_VMM_ON : BFC_VMM_OFF;
+    bfc_ctx_t *ctx = ctx_new(&c);
+    struct pt_thread w;
+    pt_start(&w);
+    struct pt_step a = {.ctx = ctx, .n = 6 * MiB, .k = 1};
+    pt_run(&w, pt_alloc, &a);
+    ck_assert_int_eq(a.status, BFC_OK);
+    char *pa = a.v[0];
+    pt_run(&w, pt_hold, &a);
+    pt_run(&w, pt_free, &a); /* fine on its own stream, busy or not */
+    ck_assert_int_eq(a.status, BFC_OK);
+    bfc_stream_t s = new_stream(ctx);
+    char *q = bfc_ctx_alloc(ctx, s, 7 * MiB);
+    if (q) {
+        ck_assert_msg(q + 7 * MiB <= pa || q >= pa + 6 * MiB,
+                      "this thread got %p, inside the other thread's %p, while its stream was busy", (void *)q,
+                      (void *)pa);
+        xfree(ctx, q, s);
+    }
+    if (vmm)
+        ck_assert_msg(bfc_sim_mapped(ctx, pa, 6 * MiB) == 1,
+                      "the other thread's pages were unmapped while its stream was busy");
+    pt_run(&w, pt_drain, &a);
+    q = bfc_ctx_alloc(ctx, s, 7 * MiB);
+    ck_assert_msg(q != NULL, "7 MiB on an 8 MiB limit failed once everything was free and drained: %s",
+                  bfc_err_name(bfc_last_error()));
+    memset(q, 0x5A, 7 * MiB);
+    xfree(ctx, q, s);
+    pt_stop(&w);
+    xcheck(ctx);
+    bfc_ctx_destroy(ctx);
+}
+
+START_TEST(test_per_thread_departure_classic)
+{
+    per_thread_departure(false);
+}
+END_TEST
+
+START_TEST(test_per_thread_departure_vmm)
+{
+    per_thread_departure(true);
+}
+END_TEST
+
 /* ------------------------------------------------------- suite */
 
 static Suite *shards_suite(void)
@@ -1667,6 +1888,12 @@ static Suite *shards_suite(void)
     tcase_add_test(lim, test_no_growth_unused_tail_unfenced);
     tcase_add_test(lim, test_no_growth_unused_region_unfenced);
     suite_add_tcase(s, lim);
+
+    TCase *pt = tcase_create("per_thread");
+    tcase_add_test(pt, test_per_thread_free_from_other_thread);
+    tcase_add_test(pt, test_per_thread_departure_classic);
+    tcase_add_test(pt, test_per_thread_departure_vmm);
+    suite_add_tcase(s, pt);
 
     TCase *race = tcase_create("races");
     tcase_set_timeout(race, 60);
