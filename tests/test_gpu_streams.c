@@ -50,7 +50,9 @@
  * Besides: an expandable context destroyed while a kernel still writes a
  * block freed just before waits for it (a child process: an unmapped page
  * written would be a fault that breaks the context for good);
- * cudaStreamPerThread used from two threads gets two shards; the
+ * cudaStreamPerThread used from two threads gets two shards, and memory
+ * leaving one of those shards on the other thread's call waits for its
+ * owner's work (per_thread_departure); the
  * legacy default stream (NULL and cudaStreamLegacy) allocates and frees;
  * device errors surface as BFC_EBACKEND (a child process whose context a
  * trapping kernel broke: a sticky error cannot be undone in-process).
@@ -502,6 +504,114 @@ START_TEST(test_per_thread_streams)
 }
 END_TEST
 
+/*
+ * Memory of another thread's per-thread stream taken by this thread: a
+ * thread allocates the tight set on cudaStreamPerThread, queues a spin and a
+ * late fill, and frees on it; this thread's stream then needs the limit.
+ * The departure fence, armed here, cannot be recorded on the other
+ * thread's stream through the shared handle (it would land on this
+ * thread's own, idle one): the library records it on the legacy default
+ * stream, which waits for the spin.  The second set must keep its data.
+ */
+struct pt_owner {
+    bfc_ctx_t *ctx;
+    pthread_barrier_t *bar;
+    void *first[MAXB];
+    size_t n[MAXB];
+    unsigned nb;
+    int status;
+};
+
+static void *pt_owner_main(void *arg)
+{
+    struct pt_owner *o = arg;
+    cudaStream_t pt = cudaStreamPerThread;
+
+    for (unsigned i = 0; i < o->nb && o->status == BFC_OK; i++) {
+        o->first[i] = bfc_ctx_alloc(o->ctx, (bfc_stream_t)pt, o->n[i]);
+        if (!o->first[i] || bfc_test_fill(o->first[i], o->n[i], 0x100 + i, pt) != cudaSuccess)
+            o->status = o->first[i] ? BFC_EBACKEND : bfc_last_error();
+    }
+    if (o->status == BFC_OK && bfc_test_spin(pt, spin_ns()) != cudaSuccess)
+        o->status = BFC_EBACKEND;
+    for (unsigned i = 0; i < o->nb && o->status == BFC_OK; i++)
+        if (bfc_test_fill(o->first[i], o->n[i], 0x200 + i, pt) != cudaSuccess)
+            o->status = BFC_EBACKEND;
+    for (unsigned i = 0; i < o->nb; i++)
+        if (o->first[i] && bfc_ctx_free(o->ctx, o->first[i], (bfc_stream_t)pt) != BFC_OK)
+            o->status = BFC_ECORRUPT;
+    /* 1: freed, the spin still running; 2: the taker is done. */
+    if (!barrier_ok(pthread_barrier_wait(o->bar)) || !barrier_ok(pthread_barrier_wait(o->bar)))
+        o->status = BFC_EBACKEND;
+    return NULL;
+}
+
+static void per_thread_departure(const char *conf, bool vmm)
+{
+    bfc_config_t cfg;
+    bfc_ctx_t *ctx;
+    pthread_barrier_t bar;
+    pthread_t th;
+    struct pt_owner o;
+    const size_t set[] = {vmm ? 24 * MiB : 16 * MiB, 4 * MiB, MiB};
+    void *second[MAXB];
+    unsigned long long bad[MAXB];
+    int fails = 0;
+    cudaStream_t c = new_stream();
+
+    bfc_config_init(&cfg);
+    if (vmm && bfc_config_parse(&cfg, conf) != BFC_OK) {
+        printf("test_gpu_streams: per-thread departure (vmm): SKIP: %s\n", NOVMM);
+        CUDA_OK(cudaStreamDestroy(c));
+        return;
+    }
+    ctx = ctx_from(conf);
+    memset(&o, 0, sizeof o);
+    o.ctx = ctx;
+    o.bar = &bar;
+    o.nb = 3;
+    memcpy(o.n, set, sizeof set);
+    ck_assert_int_eq(pthread_barrier_init(&bar, NULL, 2), 0);
+    ck_assert_int_eq(pthread_create(&th, NULL, pt_owner_main, &o), 0);
+    ck_assert(barrier_ok(pthread_barrier_wait(&bar)));
+    /* Until the second barrier nothing may unwind this thread. */
+    for (unsigned i = 0; i < o.nb; i++) {
+        second[i] = o.status == BFC_OK ? bfc_ctx_alloc(ctx, (bfc_stream_t)c, o.n[i]) : NULL;
+        if (!second[i] || bfc_test_fill(second[i], o.n[i], 0x400 + i, c) != cudaSuccess)
+            fails++;
+    }
+    (void)cudaDeviceSynchronize();
+    for (unsigned i = 0; i < o.nb; i++)
+        bad[i] = second[i] ? count_bad_raw(second[i], o.n[i], 0x400 + i) : 0;
+    ck_assert(barrier_ok(pthread_barrier_wait(&bar)));
+    ck_assert_int_eq(pthread_join(th, NULL), 0);
+    ck_assert_msg(o.status == BFC_OK, "owner thread: %s", bfc_err_name(o.status));
+    ck_assert_msg(fails == 0, "the taking stream could not allocate or fill the second set");
+    for (unsigned i = 0; i < o.nb; i++)
+        ck_assert_msg(bad[i] == 0,
+                      "block %u (%zu bytes) has %llu words overwritten by the other thread's "
+                      "per-thread stream: its memory moved before its work finished",
+                      i, o.n[i], bad[i]);
+    if (!vmm)
+        ck_assert_msg(overlaps(o.first, o.n, o.nb, second, o.n, o.nb),
+                      "the second set got fresh memory: the path was not exercised");
+    for (unsigned i = 0; i < o.nb; i++)
+        ck_assert_int_eq(bfc_ctx_free(ctx, second[i], (bfc_stream_t)c), BFC_OK);
+    CUDA_OK(cudaDeviceSynchronize());
+    ck_assert_int_eq(pthread_barrier_destroy(&bar), 0);
+    ck_assert_int_eq(bfc_ctx_check(ctx), BFC_OK);
+    bfc_ctx_destroy(ctx);
+    CUDA_OK(cudaStreamDestroy(c));
+    printf("test_gpu_streams: per-thread departure (%s): ok\n", vmm ? "vmm" : "classic");
+}
+
+START_TEST(test_per_thread_departure)
+{
+    per_thread_departure(TIGHT, false);
+    per_thread_departure(VTIGHT, true);
+}
+END_TEST
+
 /* The legacy default stream, as NULL and as cudaStreamLegacy. */
 START_TEST(test_legacy_stream)
 {
@@ -699,6 +809,7 @@ static int run_suite(void)
     tcase_add_loop_test(tp, test_paths, 0, (int)(sizeof(paths) / sizeof(paths[0])));
     tcase_add_test(sp, test_per_thread_streams);
     tcase_add_test(sp, test_legacy_stream);
+    tcase_add_test(sp, test_per_thread_departure);
     tcase_add_test(sp, test_device_errors);
     tcase_add_test(sp, test_destroy_waits);
     tcase_set_timeout(tp, 120);
