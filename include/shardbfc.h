@@ -372,7 +372,12 @@ BFC_API int bfc_config_validate(const bfc_config_t *cfg);
  *     granules go back when freed); bins, best fit, the split rule and
  *     coalescing are TensorFlow's, except that a leftover with unmapped
  *     granules is always split off.  num_vmm_maps / num_vmm_unmaps count
- *     the device calls.
+ *     the device calls.  On CUDA the pages are read-write for the
+ *     context's device only, and GPUDirect RDMA capable where the device
+ *     supports that for such memory: peers (cudaDeviceEnablePeerAccess)
+ *     cannot reach them, cudaIpcGetMemHandle does not apply, and
+ *     cuMemGetAddressRange spans one granule.  Memory shared with other
+ *     GPUs or processes wants vmm=off (cudaMalloc regions).
  *   - allow_growth=false.  The whole limit is reserved at create and a
  *     stream's first region is all of it: one stream gets exactly
  *     TensorFlow's layout (one region, exact splits from its front, large

@@ -549,6 +549,15 @@ static size_t vmm_probe(int device, CUmemAllocationProp *prop)
     prop->requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
     prop->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     prop->location.id = (int)dev;
+    /* Memory a NIC can reach (GPUDirect RDMA) where the device allows it
+     * for virtual-memory allocations, as cudaMalloc's memory can be
+     * reached: KV-cache transfer and collective libraries register these
+     * blocks with their NICs (PyTorch's expandable segments ask the same).
+     * A device that does not say so gets memory without the flag. */
+    if (g_drv.device_get_attribute(&supported, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, dev) ==
+            CUDA_SUCCESS &&
+        supported)
+        prop->allocFlags.gpuDirectRDMACapable = 1;
     if (g_drv.get_granularity(&g, prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED) !=
         CUDA_SUCCESS)
         return 0;
