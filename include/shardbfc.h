@@ -20,6 +20,12 @@
  * record_stream), its fence, which that thread cannot record on the owner's
  * stream, is recorded on the legacy default stream, whose work waits for
  * every blocking stream's earlier work (later than needed, never earlier).
+ * CUDA graphs: a stream being captured is not a stream libshardbfc can
+ * fence (an event recorded there becomes a node of the graph, and querying
+ * it fails until the graph runs), so do not free on, or record_stream, a
+ * capturing stream, nor let a capture in global mode run while other
+ * threads allocate (a device allocation or event query of theirs would end
+ * it): allocate a graph's memory before the capture and free it after.
  *
  * Status codes: every function returning int returns BFC_OK (0) or a negative
  * BFC_E* code; bfc_strerror() describes it.  Functions returning a pointer
