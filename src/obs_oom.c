@@ -65,11 +65,21 @@ struct bfc__oom_report {
     size_t nshards, nshards_total; /* copied, and listed when gathered (retired ones too) */
     size_t nshards_live;           /* of those, not retired: bfc_stats_t.num_shards */
     size_t nspans, nspans_total;
+    uint64_t stream_id;             /* info.stream's, when have_id */
+    bool have_id;
     struct bfc__shard_free *shards; /* meta-allocated (heap reports) */
     struct bfc__span_info *spans;
     size_t shards_cap, spans_cap;   /* bytes freed with them: cap entries */
     bool heap;                      /* the record itself is meta-allocated */
 };
+
+/* Is s the requesting stream's own shard?  By stream id, not handle: every
+ * thread's per-thread default stream has the same handle (internal.h).  A
+ * shard the stream released (retired) serves it nothing more. */
+static bool requesting(const struct bfc__oom_report *r, const struct bfc__shard_free *s)
+{
+    return r->have_id && s->stream_id == r->stream_id && !s->retired;
+}
 
 /* The report the calling thread's OOM callback is about (its own copy). */
 static __thread const bfc_oom_info_t *tls_info;
@@ -173,9 +183,7 @@ static void diagnose(struct bfc_ctx *ctx, struct bfc__oom_report *r)
         const struct bfc__shard_free *s = &r->shards[i];
         in->bytes_in_use += s->in_use;
         in->bytes_pending += s->pending_bytes;
-        /* The stream's own shard is its live one: a shard it released
-         * (retired, kept by blocks still live) serves it nothing more. */
-        if (s->stream == in->stream && !s->retired) {
+        if (requesting(r, s)) {
             /* What this stream could take with no map: an expandable
              * shard's bound (largest_free) counts mapped bytes scattered
              * over several chunks, which no retry would get in one. */
@@ -352,6 +360,8 @@ static struct bfc__oom_report *report_make(struct bfc_ctx *ctx, size_t n, bfc_st
     r->info.size = n;
     r->info.rounded = bfc__round256(n);
     r->info.stream = stream;
+    /* On the requesting thread, which alone can name its per-thread stream. */
+    r->have_id = bfc__shard_stream_id(ctx, stream, &r->stream_id) == BFC_OK;
     gather(ctx, r, fb_shards, fb_spans);
     diagnose(ctx, r);
     /* A kept report must not point at the caller's stack: a list that
@@ -483,7 +493,7 @@ void bfc__oom_json(struct bfc_ctx *ctx, FILE *f)
                 "%s{\"stream_id\":%" PRIu64 ",\"stream\":\"0x%" PRIxPTR "\",\"requesting\":%s,\"retired\":%s"
                 ",\"free\":%zu,\"largest_free\":%zu,\"pending\":%zu,\"in_use\":%zu,\"reserved\":%zu}",
                 i ? "," : "", s->stream_id, (uintptr_t)s->stream,
-                s->stream == in->stream && !s->retired ? "true" : "false", s->retired ? "true" : "false",
+                requesting(r, s) ? "true" : "false", s->retired ? "true" : "false",
                 s->free_bytes, s->largest_free, s->pending_bytes, s->in_use, s->reserved);
     }
     fputs("],\"pool_spans\":[", f);

@@ -1851,6 +1851,39 @@ START_TEST(test_per_thread_departure_vmm)
 }
 END_TEST
 
+/* An OOM on this thread's per-thread stream: the report's "this stream" is
+ * this thread's shard, not every shard whose handle is the per-thread one. */
+START_TEST(test_per_thread_oom_report)
+{
+    bfc_config_t c = cfg_grow(16 * MiB);
+    c.initial_region = 4 * MiB;
+    bfc_ctx_t *ctx = ctx_new(&c);
+    struct pt_thread w;
+    pt_start(&w);
+    struct pt_step a = {.ctx = ctx, .n = 4 * MiB, .k = 3};
+    pt_run(&w, pt_alloc, &a);
+    ck_assert_int_eq(a.status, BFC_OK);
+    struct pt_step mid = {.ctx = ctx, .k = 1, .v = {a.v[1]}};
+    pt_run(&w, pt_free, &mid); /* a 4 MiB hole in the other thread's shard */
+    void *m = xalloc(ctx, PT, MiB);
+    ck_assert_ptr_null(bfc_ctx_alloc(ctx, PT, 8 * MiB));
+    bfc_oom_info_t i;
+    ck_assert_int_eq(bfc_ctx_oom_info(ctx, &i), BFC_OK);
+    bfc_stats_t mine = sst(ctx, PT);
+    ck_assert_uint_eq(i.stream_free, mine.bytes_free);
+    ck_assert_uint_eq(i.stream_largest_free, mine.largest_free_chunk);
+    ck_assert_uint_ge(i.other_free, 4 * MiB);
+    ck_assert_uint_ge(i.other_largest_free, 4 * MiB);
+    ck_assert_uint_eq(i.num_shards, 2);
+    xfree(ctx, m, PT);
+    a.v[1] = NULL;
+    pt_run(&w, pt_free, &a);
+    pt_stop(&w);
+    xcheck(ctx);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
 /* ------------------------------------------------------- suite */
 
 static Suite *shards_suite(void)
@@ -1893,6 +1926,7 @@ static Suite *shards_suite(void)
     tcase_add_test(pt, test_per_thread_free_from_other_thread);
     tcase_add_test(pt, test_per_thread_departure_classic);
     tcase_add_test(pt, test_per_thread_departure_vmm);
+    tcase_add_test(pt, test_per_thread_oom_report);
     suite_add_tcase(s, pt);
 
     TCase *race = tcase_create("races");
