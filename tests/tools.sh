@@ -90,6 +90,11 @@ grep -q "memory_limt=1G: unknown key 'memory_limt'" "$tmp/err" || { cat "$tmp/er
 [ $? -eq 1 ] || fail "a bad --compare SPEC does not exit 1"
 [ ! -s "$tmp/out" ] || { cat "$tmp/out" >&2; fail "a bad --compare SPEC still printed a table"; }
 grep -q "unknown key 'memory_limt'" "$tmp/err" || { cat "$tmp/err" >&2; fail "bad --compare SPEC not explained"; }
+"$replay" --compare vmm=off vmm=on,allow_growth=false "$tmp/batches.csv" >"$tmp/out" 2>"$tmp/err"
+[ $? -eq 1 ] || fail "a --compare SPEC whose settings conflict does not exit 1"
+[ ! -s "$tmp/out" ] || { cat "$tmp/out" >&2; fail "a conflicting --compare SPEC still printed a table"; }
+grep -q "vmm=on,allow_growth=false: settings that cannot go together" "$tmp/err" ||
+    { cat "$tmp/err" >&2; fail "a conflicting --compare SPEC not explained"; }
 
 # -------------------------------------------------------------- stat
 "$stat" --help >"$tmp/out" 2>&1 || fail "shardbfc-stat --help exits non-zero"

@@ -163,6 +163,16 @@ int main(int argc, char **argv)
             free(specs);
             return 1;
         }
+        /* Settings valid alone but not together (vmm=on with
+         * allow_growth=false), as the replay will run them: on SIM. */
+        probe.backend = BFC_BACKEND_SIM;
+        probe.trace[0] = '\0';
+        if (bfc_config_validate(&probe) != BFC_OK) {
+            fprintf(stderr, "shardbfc-replay: bad configuration: %s: settings that cannot go together\n",
+                    specs[i][0] ? specs[i] : "(defaults)");
+            free(specs);
+            return 1;
+        }
     }
     if (bfc_trace_csv_read_ordered(trace, &ev, &n, &sorted, err, sizeof(err)) != 0) {
         fprintf(stderr, "shardbfc-replay: %s\n", err);
