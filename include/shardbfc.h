@@ -13,7 +13,13 @@
  * with nvcc --default-stream per-thread must pass cudaStreamPerThread, not
  * 0, for its threads' default streams.  cudaStreamPerThread names the
  * calling thread's own stream, and libshardbfc treats it so: each thread
- * gets a shard of its own; a block of one thread's per-thread stream freed
+ * gets a shard of its own, which lives until that thread releases it
+ * (bfc_ctx_stream_release(ctx, cudaStreamPerThread), bfc_stream_release
+ * for the service) -- a thread should do so before it exits, as for any
+ * stream it destroys: an exited thread's shard keeps its metadata and its
+ * cached memory (other streams still reclaim its free regions under
+ * pressure), so threads that come and go without releasing accumulate
+ * shards; a block of one thread's per-thread stream freed
  * by another thread on its per-thread stream is a cross-stream free (bfc_free
  * frees on the owner's stream from any thread); and when memory leaves such
  * a shard on another thread's call (reclaim, trim, a stream's release,
@@ -412,9 +418,12 @@ BFC_API int bfc_ctx_create(const bfc_config_t *cfg, bfc_ctx_t **out);
 /*
  * Returns all device memory of the context to the backend and frees the
  * context.  Outstanding pointers become invalid.  No other thread may use ctx
- * during or after the call.  NULL is a no-op.
+ * during or after the call.  NULL is a no-op.  Work still queued on the
+ * device may use the memory: cudaFree waits for the device by itself, and
+ * an expandable context (vmm) waits for it (cudaDeviceSynchronize) before
+ * it unmaps its pages, whose unmapping does not.
  * Context: not thread-safe with respect to ctx; blocks until pending RCU
- * callbacks have run (rcu_barrier).
+ * callbacks have run (rcu_barrier), and for the device as above.
  */
 BFC_API void bfc_ctx_destroy(bfc_ctx_t *ctx);
 

@@ -31,9 +31,12 @@ extern "C" {
 /*
  * The simulated per-thread default stream, as cudaStreamPerThread (the same
  * value): one handle that names a different stream on every thread (made at
- * the thread's first use of it; never destroyed).  Hold and drain act on the
- * calling thread's.  A block freed by one thread on its per-thread stream
- * but allocated on another thread's is a cross-stream free.
+ * the thread's first use of it; never destroyed: each takes one of the
+ * 65,536 simulated streams a process can make).  Hold and drain act on the
+ * calling thread's, so a thread must drain its own before it exits: nothing
+ * else can, and fences on it would never complete.  A block freed by one
+ * thread on its per-thread stream but allocated on another thread's is a
+ * cross-stream free.
  */
 #define BFC_SIM_STREAM_PER_THREAD ((bfc_stream_t)(uintptr_t)2)
 

@@ -122,8 +122,9 @@ static pthread_once_t g_drv_once = PTHREAD_ONCE_INIT;
  * forked child of a CUDA process gets), no device, a bad ordinal, or a
  * device taken by another process in exclusive mode (DevicesUnavailable).
  * bfc__cuda_device_count reads every failure as zero devices, so AUTO falls
- * back to SIM in all of these; asking for CUDA says BFC_ENODEV in the same
- * cases.
+ * back to SIM where the count fails; asking for CUDA says BFC_ENODEV in the
+ * same cases, and where the count succeeds but the device cannot be used
+ * (DevicesUnavailable, from cudaSetDevice) AUTO says BFC_ENODEV too.
  */
 static bool no_device_error(cudaError_t err)
 {

@@ -209,8 +209,9 @@ static unsigned sim_next_index(void)
 /*
  * The per-thread default stream (BFC_SIM_STREAM_PER_THREAD, as
  * cudaStreamPerThread): a record of its own for each thread that names it,
- * made at its first use and kept for the process (a thread's exit leaves it
- * idle, as a CUDA per-thread stream with nothing queued).  0: none yet
+ * made at its first use and kept for the process (records are never
+ * reused).  Only its thread can hold or drain it: one that exits holding
+ * it leaves it held for good (shardbfc_sim.h says so).  0: none yet
  * (record 0 is the NULL stream).
  */
 static __thread uint32_t tl_per_thread;
