@@ -96,6 +96,20 @@ grep -q "unknown key 'memory_limt'" "$tmp/err" || { cat "$tmp/err" >&2; fail "ba
 grep -q "vmm=on,allow_growth=false: settings that cannot go together" "$tmp/err" ||
     { cat "$tmp/err" >&2; fail "a conflicting --compare SPEC not explained"; }
 
+# The per-thread default stream's handle (0x2) is each thread's own stream:
+# two threads' blocks on it are two shards (a region each), not one.
+cat > "$tmp/perthread.csv" <<'CSV'
+Thread,Time,Action,Pointer,Size,Stream
+11,100,allocate,0x1000000,1048576,0x2
+11,200,free,0x1000000,1048576,0x2
+12,300,allocate,0x2000000,1048576,0x2
+12,400,free,0x2000000,1048576,0x2
+CSV
+"$replay" --json --config vmm=off "$tmp/perthread.csv" >"$tmp/out" 2>"$tmp/err" ||
+    { cat "$tmp/out" "$tmp/err" >&2; fail "replay of perthread.csv failed"; }
+grep -q '"peak_reserved":4194304' "$tmp/out" ||
+    { cat "$tmp/out" >&2; fail "two threads' per-thread streams were replayed as one stream"; }
+
 # -------------------------------------------------------------- stat
 "$stat" --help >"$tmp/out" 2>&1 || fail "shardbfc-stat --help exits non-zero"
 grep -q '^usage: shardbfc-stat' "$tmp/out" || fail "shardbfc-stat --help prints no usage"

@@ -131,6 +131,16 @@ struct smap {
     size_t n;
 };
 
+/* The stream an event names: its handle, but the per-thread default
+ * stream's handle (cudaStreamPerThread, 2) is a stream of each thread's
+ * own, so it is keyed by the thread (bit 63 set: no user-space handle has
+ * it).  A free another thread made on the owner's per-thread stream
+ * (bfc_free) is then replayed as that thread's cross-stream free. */
+static uint64_t stream_key(const bfc_trace_event_t *e)
+{
+    return e->stream == 2 ? (UINT64_C(1) << 63) | e->thread : e->stream;
+}
+
 static bfc_stream_t stream_for(bfc_ctx_t *ctx, struct smap *m, uint64_t key, bool *ok)
 {
     *ok = true;
@@ -238,7 +248,7 @@ int bfc_replay_run(const bfc_trace_event_t *ev, size_t n, const char *spec, cons
         const bfc_trace_event_t *e = &ev[order[k]];
         bool ok;
         if (e->action == BFC_TRACE_ALLOC) {
-            bfc_stream_t s = stream_for(ctx, sm, e->stream, &ok);
+            bfc_stream_t s = stream_for(ctx, sm, stream_key(e), &ok);
             if (!ok) {
                 set_err(err, errlen, "too many streams in the trace");
                 goto done;
@@ -283,7 +293,7 @@ int bfc_replay_run(const bfc_trace_event_t *ev, size_t n, const char *spec, cons
                 pmap_del(&pm, sl);
                 continue;
             }
-            bfc_stream_t s = stream_for(ctx, sm, e->stream, &ok);
+            bfc_stream_t s = stream_for(ctx, sm, stream_key(e), &ok);
             if (!ok) {
                 set_err(err, errlen, "too many streams in the trace");
                 goto done;
