@@ -1057,8 +1057,14 @@ static inline __attribute__((always_inline)) void *alloc_once(struct bfc_ctx *ct
     bfc__rcu_lock();
     for (;;) {
         struct bfc__arena *a = bfc__shard_get(ctx, stream, &st);
-        if (!a)
+        if (!a) {
+            /* No shard: its metadata could not be had (BFC_ENOMEM, a failed
+             * allocation like any other, counted on the context), or the
+             * stream is refused. */
+            if (st == BFC_ENOMEM && !oom_retrying)
+                atomic_fetch_add_explicit(&ctx->ooms, 1, memory_order_relaxed); /* relaxed: a statistic */
             break;
+        }
         bfc__lock(&a->lock);
         if (BFC__UNLIKELY(atomic_load_explicit(&a->retired, memory_order_acquire))) {
             /* Released under our feet: the directory has forgotten it, so

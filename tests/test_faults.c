@@ -573,6 +573,32 @@ START_TEST(test_fail_meta_every)
 }
 END_TEST
 
+/* A stream's first allocation whose shard cannot be made (its metadata
+ * refused) fails with BFC_ENOMEM and counts in num_ooms like any other
+ * failed allocation. */
+START_TEST(test_meta_failure_counted)
+{
+    bfc_config_t c = cfg_sim(16 * MiB);
+    bfc_ctx_t *ctx = ctx_new(&c);
+    bfc_stream_t s = bfc_sim_stream_create(ctx);
+    ck_assert_ptr_nonnull(s);
+    bfc_sim_fail_meta_every(1);
+    void *p = bfc_ctx_alloc(ctx, s, 4096);
+    int err = bfc_last_error();
+    bfc_sim_fail_meta_every(0);
+    ck_assert_ptr_null(p);
+    ck_assert_int_eq(err, BFC_ENOMEM);
+    bfc_stats_t st;
+    ck_assert_int_eq(bfc_ctx_stats(ctx, &st), BFC_OK);
+    ck_assert_uint_eq(st.num_ooms, 1);
+    ck_assert_uint_eq(st.num_shards, 0);
+    p = bfc_ctx_alloc(ctx, s, 4096);
+    ck_assert_ptr_nonnull(p);
+    ck_assert_int_eq(bfc_ctx_free(ctx, p, s), BFC_OK);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
 /* ------------------------------------------------ two threads, faults */
 
 struct thr {
@@ -649,6 +675,7 @@ int main(void)
     tcase_add_loop_test(tc, test_shrinking_ceiling, 0, 2);
     tcase_add_loop_test(tc, test_fail_meta_every, 0, (int)(sizeof meta_every / sizeof meta_every[0]));
     tcase_add_test(tc, test_threads_under_faults);
+    tcase_add_test(tc, test_meta_failure_counted);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_ENV);
