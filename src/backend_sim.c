@@ -38,8 +38,9 @@
  * stream handle is the address of its record, so validating a handle is a
  * range check: no hash, no lock.  Record 0 is the default stream (the NULL
  * handle); the per-thread default stream's handle (BFC_SIM_STREAM_PER_THREAD,
- * cudaStreamPerThread's value) names a record of each thread's own.  Records are never reused: a destroyed stream stays in the table,
- * drained and marked dead, so events that still name it stay valid.
+ * cudaStreamPerThread's value) names a record of each thread's own.
+ * Records are never reused: a destroyed stream stays in the table, drained
+ * and marked dead, so events that still name it stay valid.
  *
  * Handles SIM never made are refused.  On CUDA a made-up handle
  * ((bfc_stream_t)0x1234) or a destroyed stream is undefined behaviour -- a
