@@ -611,12 +611,14 @@ static __thread bool oom_retrying;
 /* A failed allocation, counted once (a->lock held): on its shard, or on
  * the context when the shard died while the slow path had dropped its lock
  * (a stream released meanwhile): a dead shard's counters have moved to the
- * context's retired totals already, and a count added to it would be lost. */
+ * context's retired totals already, and a count added to it would be lost.
+ * With no shard at all (a == NULL: none could be made, or a request above
+ * the limit on a stream that has none), on the context. */
 static void count_oom(struct bfc_ctx *ctx, struct bfc__arena *a, int st)
 {
     if (st == BFC__RETRY || oom_retrying)
         return;
-    if (a->dead)
+    if (!a || a->dead)
         atomic_fetch_add_explicit(&ctx->ooms, 1, memory_order_relaxed); /* relaxed: a statistic */
     else
         a->st.ooms++;
@@ -1031,13 +1033,11 @@ static __attribute__((noinline, cold)) void count_too_large(struct bfc_ctx *ctx,
 {
     bfc__rcu_lock();
     struct bfc__arena *a = bfc__shard_find(ctx, stream);
-    if (a) {
+    if (a)
         bfc__lock(&a->lock);
-        count_oom(ctx, a, BFC_ENOMEM);
+    count_oom(ctx, a, BFC_ENOMEM);
+    if (a)
         bfc__unlock(&a->lock);
-    } else {
-        atomic_fetch_add_explicit(&ctx->ooms, 1, memory_order_relaxed); /* relaxed: a statistic */
-    }
     bfc__rcu_unlock();
 }
 
@@ -1047,8 +1047,7 @@ static inline __attribute__((always_inline)) void *alloc_once(struct bfc_ctx *ct
 {
     size_t rounded = bfc__round256(n);
     if (BFC__UNLIKELY(rounded == 0 || rounded > ctx->limit)) {
-        if (!oom_retrying)
-            count_too_large(ctx, stream);
+        count_too_large(ctx, stream);
         *status = BFC_ENOMEM;
         return NULL;
     }
@@ -1061,8 +1060,8 @@ static inline __attribute__((always_inline)) void *alloc_once(struct bfc_ctx *ct
             /* No shard: its metadata could not be had (BFC_ENOMEM, a failed
              * allocation like any other, counted on the context), or the
              * stream is refused. */
-            if (st == BFC_ENOMEM && !oom_retrying)
-                atomic_fetch_add_explicit(&ctx->ooms, 1, memory_order_relaxed); /* relaxed: a statistic */
+            if (st == BFC_ENOMEM)
+                count_oom(ctx, NULL, st);
             break;
         }
         bfc__lock(&a->lock);

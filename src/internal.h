@@ -81,6 +81,7 @@ static inline uint64_t bfc__clock_ns(clockid_t clock)
  * the value is cudaStreamPerThread's.
  */
 #define BFC__STREAM_PER_THREAD ((bfc_stream_t)(uintptr_t)2)
+
 #define BFC__NUM_BINS 21
 #define BFC__KiB ((size_t)1 << 10)
 #define BFC__MiB ((size_t)1 << 20)

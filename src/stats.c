@@ -62,9 +62,8 @@ static void add_arena(bfc_stats_t *o, const struct bfc__arena *a)
         /* An expandable shard's free chunks are mostly addresses (its
          * range is twice the limit): count memory.  Blocks in use or
          * pending lie wholly on mapped granules, so what is mapped beyond
-         * them is exactly the free mapped bytes. */
-        size_t held = s->bytes_in_use + s->pending_bytes;
-        o->bytes_free += a->x->mapped_bytes > held ? a->x->mapped_bytes - held : 0;
+         * them (bfc__expand_idle_bytes) is exactly the free mapped bytes. */
+        o->bytes_free += bfc__expand_idle_bytes(a);
         lf = bfc__expand_largest_mapped_free(a);
     } else {
         o->bytes_free += bfc__arena_free_bytes(a);

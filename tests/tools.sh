@@ -81,20 +81,21 @@ grep -q '"peak_requested":8000,"peak_reserved":4194304,"peak_allocated":8192,"ov
 # The trace's peak requested is the same for every configuration.
 [ "$(awk '$2 == 8000' "$tmp/out" | wc -l)" -eq 2 ] || { cat "$tmp/out" >&2; fail "peak_requested differs by configuration"; }
 
-"$replay" --config memory_limt=1G "$tmp/batches.csv" >"$tmp/out" 2>"$tmp/err"
-[ $? -eq 1 ] || fail "a bad --config does not exit 1"
-grep -q "memory_limt=1G: unknown key 'memory_limt'" "$tmp/err" || { cat "$tmp/err" >&2; fail "bad --config not explained"; }
-# A bad SPEC anywhere in a comparison stops it before any run: no table
-# with a row missing on stdout.
-"$replay" --compare vmm=off memory_limt=1G "$tmp/batches.csv" >"$tmp/out" 2>"$tmp/err"
-[ $? -eq 1 ] || fail "a bad --compare SPEC does not exit 1"
-[ ! -s "$tmp/out" ] || { cat "$tmp/out" >&2; fail "a bad --compare SPEC still printed a table"; }
-grep -q "unknown key 'memory_limt'" "$tmp/err" || { cat "$tmp/err" >&2; fail "bad --compare SPEC not explained"; }
-"$replay" --compare vmm=off vmm=on,allow_growth=false "$tmp/batches.csv" >"$tmp/out" 2>"$tmp/err"
-[ $? -eq 1 ] || fail "a --compare SPEC whose settings conflict does not exit 1"
-[ ! -s "$tmp/out" ] || { cat "$tmp/out" >&2; fail "a conflicting --compare SPEC still printed a table"; }
-grep -q "vmm=on,allow_growth=false: settings that cannot go together" "$tmp/err" ||
-    { cat "$tmp/err" >&2; fail "a conflicting --compare SPEC not explained"; }
+# A bad SPEC, anywhere in a comparison, stops the replay before any run:
+# exit 1, the reason on stderr, and no table (with a row missing) on stdout.
+# refused WHAT REASON ARG...
+refused() {
+    what=$1 reason=$2
+    shift 2
+    "$replay" "$@" "$tmp/batches.csv" >"$tmp/out" 2>"$tmp/err"
+    [ $? -eq 1 ] || fail "$what does not exit 1"
+    [ ! -s "$tmp/out" ] || { cat "$tmp/out" >&2; fail "$what still printed a table"; }
+    grep -q "$reason" "$tmp/err" || { cat "$tmp/err" >&2; fail "$what not explained"; }
+}
+refused "a bad --config" "memory_limt=1G: unknown key 'memory_limt'" --config memory_limt=1G
+refused "a bad --compare SPEC" "unknown key 'memory_limt'" --compare vmm=off memory_limt=1G
+refused "a --compare SPEC whose settings conflict" "vmm=on,allow_growth=false: settings that cannot go together" \
+    --compare vmm=off vmm=on,allow_growth=false
 
 # The per-thread default stream's handle (0x2) is each thread's own stream:
 # two threads' blocks on it are two shards (a region each), not one.
