@@ -360,8 +360,13 @@ static struct bfc__oom_report *report_make(struct bfc_ctx *ctx, size_t n, bfc_st
     r->info.size = n;
     r->info.rounded = bfc__round256(n);
     r->info.stream = stream;
-    /* On the requesting thread, which alone can name its per-thread stream. */
+    /* On the requesting thread, which alone can name its per-thread stream;
+     * in a read section of its own, as the thread-local hit reads the
+     * cached shard, which a retirement may free after a grace period (the
+     * failed allocation has left its section). */
+    bfc__rcu_lock();
     r->have_id = bfc__shard_stream_id(ctx, stream, &r->stream_id) == BFC_OK;
+    bfc__rcu_unlock();
     gather(ctx, r, fb_shards, fb_spans);
     diagnose(ctx, r);
     /* A kept report must not point at the caller's stack: a list that

@@ -56,7 +56,8 @@ static inline struct bfc__arena *bfc__shard_get(struct bfc_ctx *ctx, bfc_stream_
 }
 /* Existing arena of s or NULL (no creation).  Under rcu_read_lock. */
 struct bfc__arena *bfc__shard_find(struct bfc_ctx *ctx, bfc_stream_t s);
-/* Stream id of s (thread-local cache first). */
+/* Stream id of s (thread-local cache first).  Under rcu_read_lock: the
+ * cache's hit reads its arena. */
 int bfc__shard_stream_id(struct bfc_ctx *ctx, bfc_stream_t s, uint64_t *id);
 int bfc__shard_retire(struct bfc_ctx *ctx, bfc_stream_t s);
 /* Unlinks a dead arena and frees it after a grace period. */
