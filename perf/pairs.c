@@ -10,7 +10,11 @@
  *   perf/pairs N     runs N pairs after the warm-up (N = 0: warm-up only)
  *
  * PAIRS_CONF (SHARDBFC_CONF syntax) is applied after the defaults, e.g.
- * PAIRS_CONF=vmm=off for classic regions.  The defaults here include
+ * PAIRS_CONF=vmm=off for classic regions.  PAIRS_CROSS=1 frees every block
+ * on a second stream instead: each free then crosses streams (a fence
+ * record, an event, the owner's queue) and the owner's next allocation
+ * drains it, all on one thread -- the cross-stream path's instructions,
+ * without the cost of moving lines between cores.  The defaults here include
  * slack_decay_ms=never: the decay is timed in milliseconds, and under
  * callgrind, fifty times slower, a run lasts long enough for it to give
  * memory back and map it again, so the count would depend on the machine's
@@ -58,13 +62,18 @@ int main(int argc, char **argv)
         return 1;
     }
     bfc_stream_t s = bfc_sim_stream_create(ctx);
+    bfc_stream_t t = getenv("PAIRS_CROSS") && atoi(getenv("PAIRS_CROSS")) ? bfc_sim_stream_create(ctx) : s;
+    if (!s || !t) {
+        fprintf(stderr, "pairs: cannot create a SIM stream\n");
+        return 1;
+    }
     for (int i = 0; i < SEQ; i++)
         sizes[i] = (size_t)exp2(8.0 + 12.0 * (double)(next() % 1000000) / 1e6); /* 256 B .. 1 MiB */
     for (int i = 0; i < LIVE; i++)
         live[i] = bfc_ctx_alloc(ctx, s, sizes[i]);
     for (long i = 0; i < WARM + n; i++) {
         int k = (int)(next() % LIVE);
-        if (bfc_ctx_free(ctx, live[k], s) != BFC_OK || !(live[k] = bfc_ctx_alloc(ctx, s, sizes[i % SEQ]))) {
+        if (bfc_ctx_free(ctx, live[k], t) != BFC_OK || !(live[k] = bfc_ctx_alloc(ctx, s, sizes[i % SEQ]))) {
             fprintf(stderr, "pairs: step %ld failed: %s\n", i, bfc_strerror(bfc_last_error()));
             return 1;
         }

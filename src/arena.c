@@ -767,6 +767,11 @@ struct bfc__arena *bfc__arena_new(const struct bfc__arena_env *env, bfc_stream_t
         bfc__meta_free(a, sizeof(*a));
         return NULL;
     }
+    if (bfc__mutex_init(&a->fpool_lock, BFC__RANK_FENCE_POOL, "an arena's fence pool") != 0) {
+        bfc__mutex_destroy(&a->lock);
+        bfc__meta_free(a, sizeof(*a));
+        return NULL;
+    }
     a->env = env;
     a->stream = s;
     a->stream_key = s == BFC__STREAM_PER_THREAD ? (bfc_stream_t)UINTPTR_MAX : s;
@@ -779,7 +784,7 @@ struct bfc__arena *bfc__arena_new(const struct bfc__arena_env *env, bfc_stream_t
     CDS_INIT_LIST_HEAD(&a->pending);
     cds_wfcq_init(&a->rq_head, &a->rq_tail);
     __cds_wfcq_init(&a->rq_stash_head, &a->rq_stash_tail);
-    cds_wfcq_init(&a->fpool_head, &a->fpool_tail);
+    __cds_wfcq_init(&a->fpool_head, &a->fpool_tail);
     cds_lfht_node_init(&a->dir_node);
     return a;
 }
@@ -845,8 +850,8 @@ void bfc__arena_free(struct bfc__arena *a)
     bfc__arena_fence_pool_destroy(a);
     bfc__slab_destroy(&a->chunk_slab);
     bfc__mutex_destroy(&a->lock);
+    bfc__mutex_destroy(&a->fpool_lock);
     cds_wfcq_destroy(&a->rq_head, &a->rq_tail);
-    cds_wfcq_destroy(&a->fpool_head, &a->fpool_tail);
     bfc__meta_free(a, sizeof(*a));
 }
 
@@ -1024,8 +1029,12 @@ int bfc__arena_check_locked(struct bfc__arena *a, char *buf, size_t len)
 /*
  * The arena's pool of fence records, a second wfcqueue: the owner enqueues
  * records whose fences completed (wait-free); cross-stream freers
- * (remote.c) dequeue under that queue's own small mutex (rank
+ * (remote.c) dequeue under the arena's fpool_lock (rank
  * BFC__RANK_FENCE_POOL, mutex.h), never waiting for an enqueue in progress.
+ * That lock is the library's own (an inline compare-and-swap when free),
+ * not the pthread mutex inside liburcu's cds_wfcq_head: a call to each of
+ * pthread_mutex_lock and unlock cost a cross-stream free 77 of its
+ * instructions, and the lock-order witness of debug builds sees this one.
  * An empty pool creates a record and its event.  These are kept out of line, as
  * they were when they lived in remote.c: inlined into the free path they
  * cost it registers (callee-saved pushes) on every call, used or not.
@@ -1035,9 +1044,9 @@ __attribute__((noinline)) struct bfc__fence *bfc__arena_fence_get(struct bfc__ar
     /* Not cds_wfcq_dequeue_blocking: with the pool's last record being put
      * back at this moment it would sleep 10 ms (see drain_remote); a new
      * record instead costs an allocation. */
-    cds_wfcq_dequeue_lock(&a->fpool_head, &a->fpool_tail);
+    bfc__lock(&a->fpool_lock);
     struct cds_wfcq_node *node = __cds_wfcq_dequeue_nonblocking(&a->fpool_head, &a->fpool_tail);
-    cds_wfcq_dequeue_unlock(&a->fpool_head, &a->fpool_tail);
+    bfc__unlock(&a->fpool_lock);
     struct bfc__fence *f;
     if (node == CDS_WFCQ_WOULDBLOCK)
         node = NULL;
@@ -1073,7 +1082,9 @@ __attribute__((noinline)) void bfc__arena_fence_put(struct bfc__arena *a, struct
 __attribute__((noinline)) void bfc__arena_fence_pool_destroy(struct bfc__arena *a)
 {
     struct cds_wfcq_node *node;
-    while ((node = cds_wfcq_dequeue_blocking(&a->fpool_head, &a->fpool_tail))) {
+    /* Teardown: no freer is left, so no lock; blocking, as every enqueue
+     * has finished (or is about to). */
+    while ((node = __cds_wfcq_dequeue_blocking(&a->fpool_head, &a->fpool_tail))) {
         struct bfc__fence *f = caa_container_of(node, struct bfc__fence, qnode);
         bfc__fence_destroy(a->env->be, f);
         atomic_fetch_sub_explicit(&a->nfences, 1, memory_order_relaxed);

@@ -174,7 +174,7 @@ static void before_fork(void)
         bfc__lock_nested(&c->pool.lock);
     for (struct bfc_ctx *c = g_ctxs; c; c = c->reg_next)
         bfc__list_for_each(a, &c->arenas, all)
-            cds_wfcq_dequeue_lock(&a->fpool_head, &a->fpool_tail);
+            bfc__lock_nested(&a->fpool_lock);
     bfc__regionmap_fork_lock();
     bfc__trace_fork_lock();
     for (struct bfc_ctx *c = g_ctxs; c; c = c->reg_next)
@@ -201,7 +201,7 @@ static void release_inner(bool child)
                 wfcq_cut(&a->rq_stash_head.node, &a->rq_stash_tail);
                 wfcq_cut(&a->fpool_head.node, &a->fpool_tail);
             }
-            cds_wfcq_dequeue_unlock(&a->fpool_head, &a->fpool_tail);
+            bfc__unlock(&a->fpool_lock);
         }
     for (struct bfc_ctx *c = g_ctxs; c; c = c->reg_next)
         bfc__unlock(&c->pool.lock);

@@ -72,9 +72,8 @@ enum bfc__lock_rank {
     BFC__RANK_ARENAS,         /* a context's arenas list (arenas_lock) */
     BFC__RANK_ARENA,          /* one arena (shard) */
     BFC__RANK_POOL,           /* a context's region pool */
-    BFC__RANK_FENCE_POOL,     /* an arena's fence-pool dequeue lock: liburcu's
-                                 mutex inside cds_wfcq, so the witness does not
-                                 see it; listed for its place in the order */
+    BFC__RANK_FENCE_POOL,     /* an arena's fence-pool dequeue lock (fpool_lock):
+                                 cross-stream freers only, a few instructions */
     BFC__RANK_REGIONMAP,      /* the region map's writer lock */
     BFC__RANK_TRACE_REGISTRY, /* the registry of trace buffers (trace.c) */
     BFC__RANK_TRACE_FILE,     /* one running trace's file */

@@ -17,7 +17,7 @@
  *
  * Fence records and their events come from the owner's pool (arena.c,
  * bfc__arena_fence_*), a second wfcqueue: the owner enqueues records whose fences completed (wait-free);
- * freers dequeue under that queue's own small mutex, without waiting for an
+ * freers dequeue under the arena's small fpool_lock, without waiting for an
  * enqueue in progress -- contended only by threads freeing into the same
  * owner at the same instant, held for a few instructions, and never an
  * arena lock.  An empty pool (or one whose last record is being put back)
