@@ -323,9 +323,11 @@ static int sim_mem_alloc(bfc__backend_t *be, size_t size, void **out)
     size_t map = sim_map_size(size);
     void *p;
 
-    if (!out || size == 0 || map == 0)
+    if (!out || size == 0)
         return BFC_EINVAL;
     *out = NULL;
+    if (map == 0)
+        return BFC_ENOMEM; /* rounded up to pages it overflows: no memory is that large */
     if (sim_take(b, size))
         return BFC_ENOMEM;
     p = mmap(NULL, map, PROT_READ | PROT_WRITE,

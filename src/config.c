@@ -566,6 +566,19 @@ static const char *config_conflict(const bfc_config_t *cfg)
     return NULL;
 }
 
+/* A path field filled in by hand: a C string within its array, without
+ * control characters. */
+static bool path_ok(const char *p, size_t cap)
+{
+    const char *end = memchr(p, '\0', cap);
+    if (!end)
+        return false;
+    for (; p < end; p++)
+        if ((unsigned char)*p < 0x20 || *p == 0x7f)
+            return false;
+    return true;
+}
+
 int bfc_config_validate(const bfc_config_t *cfg)
 {
     if (cfg == NULL)
@@ -588,8 +601,12 @@ int bfc_config_validate(const bfc_config_t *cfg)
         return BFC_EINVAL;
     if (cfg->host_numa < BFC_HOST_NUMA_GPU)
         return BFC_EINVAL;
-    /* Filled in by hand, a path must still be a C string. */
-    if (!memchr(cfg->oom_dump, '\0', sizeof cfg->oom_dump) || !memchr(cfg->trace, '\0', sizeof cfg->trace))
+    /* Filled in by hand, a path must still be a C string, and hold no
+     * control character (the parser's rule). */
+    if (!path_ok(cfg->oom_dump, sizeof cfg->oom_dump) || !path_ok(cfg->trace, sizeof cfg->trace))
+        return BFC_EINVAL;
+    /* 0 (the default), 1 ms .. MAX_DECAY_MS, or never: the parser's range. */
+    if (cfg->slack_decay_ms > MAX_DECAY_MS && cfg->slack_decay_ms != BFC_DECAY_NEVER)
         return BFC_EINVAL;
     if (cfg->vmm != BFC_VMM_AUTO && cfg->vmm != BFC_VMM_ON && cfg->vmm != BFC_VMM_OFF)
         return BFC_EINVAL;

@@ -397,7 +397,11 @@ static int ctx_create(bfc_config_t cfg, bfc__backend_t *be, bool host, bfc_ctx_t
     if (cfg.memory_limit == 0)
         cfg.memory_limit = be->default_limit;
     ctx->limit = cfg.memory_limit & ~(BFC__MIN_ALLOC - 1);
-    cfg.initial_region = bfc__round256(cfg.initial_region);
+    /* Rounded up to 256 bytes; one within 255 bytes of SIZE_MAX (valid: at
+     * least 1 byte) rounds down instead of wrapping to 0.  A first region
+     * larger than the limit is cut to what is available anyway. */
+    cfg.initial_region = cfg.initial_region > SIZE_MAX - (BFC__MIN_ALLOC - 1) ? SIZE_MAX & ~(size_t)(BFC__MIN_ALLOC - 1)
+                                                                              : bfc__round256(cfg.initial_region);
     if (ctx->limit == 0 || cfg.initial_region == 0) {
         st = BFC_EINVAL;
         goto fail_be;

@@ -632,7 +632,57 @@ START_TEST(test_validate)
     VALID((c.vmm = BFC_VMM_ON, c.allow_growth = true), BFC_OK);
     VALID((c.vmm = BFC_VMM_AUTO, c.allow_growth = false), BFC_OK);
     VALID((c.vmm = BFC_VMM_OFF, c.allow_growth = false), BFC_OK);
+    /* What the parser refuses, validate refuses too. */
+    VALID(c.slack_decay_ms = 4294967295u, BFC_OK);
+    VALID(c.slack_decay_ms = 4294967296u, BFC_EINVAL);
+    VALID(c.slack_decay_ms = BFC_DECAY_NEVER - 1, BFC_EINVAL);
+    VALID(c.slack_decay_ms = BFC_DECAY_NEVER, BFC_OK);
+    VALID(strcpy(c.trace, "/tmp/a\nb"), BFC_EINVAL);
+    VALID(strcpy(c.oom_dump, "/tmp/a\x7f"), BFC_EINVAL);
+    VALID(strcpy(c.trace, "/tmp/caf\xc3\xa9,x.csv"), BFC_OK);
 #undef VALID
+}
+END_TEST
+
+/* Sizes at the top of size_t: a config that validates either creates a
+ * context or is refused for want of memory, never as invalid. */
+START_TEST(test_extreme_sizes_create)
+{
+    bfc_config_t c;
+    bfc_ctx_t *ctx = NULL;
+    const char *vmm[] = {"vmm=off", "vmm=auto"};
+    for (int i = 0; i < 2; i++) {
+        /* initial_region within 255 bytes of SIZE_MAX: rounding it up to
+         * 256 bytes used to wrap to 0, and create said BFC_EINVAL. */
+        for (size_t ir = SIZE_MAX - 300; ir != 0; ir = ir == SIZE_MAX ? 0 : ir + 100) {
+            bfc_config_init(&c);
+            ck_assert_int_eq(bfc_config_parse(&c, "backend=sim,memory_limit=64M"), BFC_OK);
+            ck_assert_int_eq(bfc_config_parse(&c, vmm[i]), BFC_OK);
+            c.initial_region = ir;
+            ck_assert_int_eq(bfc_config_validate(&c), BFC_OK);
+            ck_assert_int_eq(bfc_ctx_create(&c, &ctx), BFC_OK);
+            void *p = bfc_ctx_alloc(ctx, NULL, 1 << 20);
+            ck_assert_ptr_nonnull(p);
+            ck_assert_int_eq(bfc_ctx_free(ctx, p, NULL), BFC_OK);
+            ck_assert_int_eq(bfc_ctx_check(ctx), BFC_OK);
+            bfc_ctx_destroy(ctx);
+            if (ir == SIZE_MAX)
+                break;
+        }
+    }
+    /* The whole of a limit no memory has, reserved up front: out of memory
+     * (a region that page rounding overflows used to read as invalid). */
+    const char *huge[] = {"memory_limit=18446744073709551615", "memory_limit=18446744073709551360",
+                          "memory_limit=17179869183G"};
+    for (int i = 0; i < 3; i++) {
+        bfc_config_init(&c);
+        ck_assert_int_eq(bfc_config_parse(&c, "backend=sim,allow_growth=false"), BFC_OK);
+        ck_assert_int_eq(bfc_config_parse(&c, huge[i]), BFC_OK);
+        ck_assert_int_eq(bfc_config_validate(&c), BFC_OK);
+        ctx = NULL;
+        ck_assert_msg(bfc_ctx_create(&c, &ctx) == BFC_ENOMEM, "%s", huge[i]);
+        ck_assert_ptr_null(ctx);
+    }
 }
 END_TEST
 
@@ -965,6 +1015,7 @@ static Suite *config_suite(bool with_env)
     tcase_add_test(tc, test_err_names_key_value_reason);
     tcase_add_test(tc, test_err_bounded_and_quoted);
     tcase_add_test(tc, test_validate_retry_limit);
+    tcase_add_test(tc, test_extreme_sizes_create);
     tcase_add_test(tc, test_fuzz);
     suite_add_tcase(s, tc);
 
