@@ -360,7 +360,7 @@ int bfc_trace_sort(bfc_trace_event_t *ev, size_t n)
     size_t *order = malloc((n ? n : 1) * sizeof(*order));
     bfc_trace_event_t *tmp = malloc((n ? n : 1) * sizeof(*tmp));
     int rc = order && tmp ? bfc_trace_order(ev, n, order) : -1;
-    if (rc == 1) {
+    if (rc == 1 && n > 0) { /* n = 0: ev may be NULL, which memcpy must not see */
         for (size_t i = 0; i < n; i++)
             tmp[i] = ev[order[i]];
         memcpy(ev, tmp, n * sizeof(*ev));
