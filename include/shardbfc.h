@@ -812,7 +812,8 @@ typedef enum {
  */
 typedef struct bfc_oom_info {
     size_t size;                  /* bytes requested */
-    size_t rounded;               /* chunk bytes the request needs */
+    size_t rounded;               /* chunk bytes the request needs (SIZE_MAX where
+                                     rounding it up to 256 bytes would overflow) */
     bfc_stream_t stream;          /* the stream it was requested on */
     bfc_oom_cause_t cause;
     char diagnosis[320];          /* one line, e.g. "memory free but held by other

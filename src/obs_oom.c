@@ -358,7 +358,8 @@ static struct bfc__oom_report *report_make(struct bfc_ctx *ctx, size_t n, bfc_st
     if (clock_gettime(CLOCK_REALTIME, &ts) == 0)
         r->time_unix_ns = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
     r->info.size = n;
-    r->info.rounded = bfc__round256(n);
+    /* Saturated where the rounding would wrap (no chunk is that large). */
+    r->info.rounded = n > SIZE_MAX - (BFC__MIN_ALLOC - 1) ? SIZE_MAX : bfc__round256(n);
     r->info.stream = stream;
     /* On the requesting thread, which alone can name its per-thread stream;
      * in a read section of its own, as the thread-local hit reads the

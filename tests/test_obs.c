@@ -798,6 +798,27 @@ START_TEST(test_too_large_counted_on_shard)
 }
 END_TEST
 
+/* A request whose 256-byte rounding overflows: its report says so with
+ * rounded = SIZE_MAX (it said 0 chunk bytes). */
+START_TEST(test_oom_report_rounding_overflow)
+{
+    bfc_ctx_t *ctx = mkctx("memory_limit=8M");
+    const size_t n[] = {SIZE_MAX, SIZE_MAX - 1, SIZE_MAX - 254, SIZE_MAX - 255};
+    const size_t want[] = {SIZE_MAX, SIZE_MAX, SIZE_MAX, SIZE_MAX - 255};
+    for (int i = 0; i < 4; i++) {
+        ck_assert_ptr_null(bfc_ctx_alloc(ctx, NULL, n[i]));
+        ck_assert_int_eq(bfc_last_error(), BFC_ENOMEM);
+        bfc_oom_info_t info;
+        ck_assert_int_eq(bfc_ctx_oom_info(ctx, &info), BFC_OK);
+        ck_assert_uint_eq(info.size, n[i]);
+        ck_assert_uint_eq(info.rounded, want[i]);
+        ck_assert_int_eq(info.cause, BFC_OOM_TOO_LARGE);
+    }
+    ck_assert_int_eq(bfc_ctx_check(ctx), BFC_OK);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
 START_TEST(test_oom_report_fragmented)
 {
     /* Every other 1 MiB block of an 8 MiB region freed: 4 MiB free, in
@@ -1850,6 +1871,7 @@ static Suite *obs_suite(void)
     tcase_add_test(tc, test_oom_report_fragmented);
     tcase_add_test(tc, test_oom_report_retired_shard);
     tcase_add_test(tc, test_too_large_counted_on_shard);
+    tcase_add_test(tc, test_oom_report_rounding_overflow);
     tcase_add_test(tc, test_oom_report_pool_spans);
     tcase_add_test(tc, test_oom_report_held_and_backend);
     tcase_add_test(tc, test_oom_report_in_callback);
