@@ -551,7 +551,10 @@ BFC_API int bfc_ctx_config(bfc_ctx_t *ctx, bfc_config_t *out);
  * or a driver) is not a refusal: those calls fail with BFC_ENODEV, the
  * context is tried again at each call (a device that becomes usable is
  * used), and stderr says so once per device.  Contexts made with
- * bfc_ctx_create do not read SHARDBFC_CONF and are not affected.
+ * bfc_ctx_create do not read SHARDBFC_CONF and are not affected: their
+ * bfc_ctx_* calls work as ever, but this section's calls refuse their
+ * blocks too (bfc_free of one is BFC_EINVAL while the service is
+ * refused; bfc_ctx_free frees it).
  *
  * bfc_stream_alloc / bfc_stream_free / bfc_record_stream / bfc_stream_release
  * behave exactly as their bfc_ctx_* counterparts on that context.
