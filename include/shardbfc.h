@@ -168,7 +168,9 @@ typedef enum { BFC_BACKEND_AUTO, BFC_BACKEND_CUDA, BFC_BACKEND_SIM } bfc_backend
 typedef enum {
     BFC_HOST_NUMA_THREAD = -1, /* the node of the calling thread */
     BFC_HOST_NUMA_GPU = -2     /* the node nearest the context's GPU */
-    /* >= 0: that NUMA node */
+    /* >= 0: that NUMA node; one the machine lacks is served as THREAD,
+       and stderr says so once (not a refusal: one spec may serve machines
+       of several shapes) */
 } bfc_host_numa_t;
 
 typedef struct bfc_config {

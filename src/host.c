@@ -55,6 +55,11 @@ static __thread struct bfc__host_thread *tls_thread;
 
 static void thread_exit(void *arg);
 
+static bool node_exists(int n)
+{
+    return n >= 0 && hwloc_get_numanode_obj_by_os_index(g_topo, (unsigned)n) != NULL;
+}
+
 static void host_init(void)
 {
     bfc__process_init();
@@ -76,6 +81,14 @@ static void host_init(void)
     g_nnodes = hwloc_get_nbobjs_by_type(g_topo, HWLOC_OBJ_NUMANODE);
     if (g_nnodes < 1)
         g_nnodes = 1;
+    /* A node number this machine does not have: not a refusal (one spec
+     * may serve machines of several shapes), but said once, as the
+     * operator asked for something else. */
+    if (g_cfg.host_numa >= 0 && !node_exists(g_cfg.host_numa))
+        fprintf(stderr,
+                "libshardbfc: SHARDBFC_CONF: host_numa=%d: this machine has no NUMA node %d (%d node%s); "
+                "host memory follows each thread's node instead\n",
+                g_cfg.host_numa, g_cfg.host_numa, g_nnodes, g_nnodes == 1 ? "" : "s");
     /* The key first: a table mapped for nothing is harmless, a table
      * without the key would leave arenas unretired. */
     if (pthread_key_create(&g_key, thread_exit) != 0) {
@@ -112,10 +125,6 @@ static int first_node(void)
     return o ? (int)o->os_index : 0;
 }
 
-static bool node_exists(int n)
-{
-    return n >= 0 && hwloc_get_numanode_obj_by_os_index(g_topo, (unsigned)n) != NULL;
-}
 
 static int pick_node(void)
 {

@@ -135,6 +135,16 @@ static int child_main(const char *mode, int n)
         return child_nodev();
     if (strcmp(mode, "main") == 0)
         return pairs(NULL, n); /* return from main, no bfc_shutdown */
+    if (strcmp(mode, "host") == 0) {
+        /* Host blocks served, on a node that exists. */
+        for (int i = 0; i < 3; i++) {
+            void *p = bfc_host_alloc(4096);
+            CHILD_CHECK(p != NULL);
+            CHILD_CHECK(bfc_host_numa_node(p) >= 0);
+            CHILD_CHECK(bfc_host_free(p) == BFC_OK);
+        }
+        return 0;
+    }
     if (strcmp(mode, "threads") == 0) {
         pthread_t t;
         CHILD_CHECK(pthread_create(&t, NULL, idle_worker, &n) == 0);
@@ -295,6 +305,22 @@ START_TEST(conf_cuda_without_device_says_so)
 }
 END_TEST
 
+START_TEST(conf_host_numa_missing_node_says_so)
+{
+    /* A node this machine lacks: served from the thread's node, and said
+     * once (it used to be silent). */
+    struct run r;
+    run_child("host", 0, "backend=sim,host_numa=4095", NULL, &r);
+    ck_assert_msg(r.status == 0, "child status %d:\n%s", r.status, r.out);
+    ck_assert_msg(count(r.out, "libshardbfc: SHARDBFC_CONF: host_numa=4095: this machine has no NUMA node 4095") == 1,
+                  "%s", r.out);
+    /* A node it has: nothing said. */
+    run_child("host", 0, "backend=sim,host_numa=thread", NULL, &r);
+    ck_assert_msg(r.status == 0, "child status %d:\n%s", r.status, r.out);
+    ck_assert_ptr_null(strstr(r.out, "libshardbfc:"));
+}
+END_TEST
+
 /* ------------------------------------------------------- trace at exit */
 
 struct rows {
@@ -398,6 +424,7 @@ static Suite *ops_suite(void)
     tcase_add_test(tc, conf_bad_value_refuses_to_start);
     tcase_add_test(tc, conf_valid_runs);
     tcase_add_test(tc, conf_cuda_without_device_says_so);
+    tcase_add_test(tc, conf_host_numa_missing_node_says_so);
     suite_add_tcase(s, tc);
     TCase *tt = tcase_create("trace");
     tcase_set_timeout(tt, 60);
