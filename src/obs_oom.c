@@ -497,10 +497,12 @@ void bfc__oom_json(struct bfc_ctx *ctx, FILE *f)
         const struct bfc__shard_free *s = &r->shards[i];
         fprintf(f,
                 "%s{\"stream_id\":%" PRIu64 ",\"stream\":\"0x%" PRIxPTR "\",\"requesting\":%s,\"retired\":%s"
-                ",\"free\":%zu,\"largest_free\":%zu,\"pending\":%zu,\"in_use\":%zu,\"reserved\":%zu}",
+                ",\"expandable\":%s,\"free\":%zu,\"largest_free\":%zu,\"largest_ready\":%zu,\"pending\":%zu"
+                ",\"in_use\":%zu,\"reserved\":%zu}",
                 i ? "," : "", s->stream_id, (uintptr_t)s->stream,
                 requesting(r, s) ? "true" : "false", s->retired ? "true" : "false",
-                s->free_bytes, s->largest_free, s->pending_bytes, s->in_use, s->reserved);
+                s->expandable ? "true" : "false", s->free_bytes, s->largest_free, s->largest_ready,
+                s->pending_bytes, s->in_use, s->reserved);
     }
     fputs("],\"pool_spans\":[", f);
     for (size_t i = 0; i < r->nspans; i++) {

@@ -352,6 +352,7 @@ size_t bfc__shard_free_info(struct bfc_ctx *ctx, struct bfc__shard_free *out, si
                     .in_use = a->st.bytes_in_use,
                     .reserved = a->st.bytes_reserved,
                     .retired = retired,
+                    .expandable = a->x != NULL,
                 };
             n++;
         }

@@ -98,6 +98,7 @@ struct bfc__shard_free {
     size_t in_use;          /* live chunk bytes */
     size_t reserved;        /* its regions */
     bool retired;           /* released: serves no allocation, holds blocks still live */
+    bool expandable;        /* a vmm shard: free_bytes and largest_free are bounds */
 };
 /* Each shard of ctx that is not dead in turn, retired ones included
  * (arenas_lock, then each arena's lock, never two; the remote-free queue

@@ -819,6 +819,49 @@ START_TEST(test_oom_report_rounding_overflow)
 }
 END_TEST
 
+/* Each shard of the report says whether it is expandable; an expandable
+ * shard's free figures are bounds, and largest_ready is the exact largest
+ * block it could hand out without a map (the report's stream_largest_free,
+ * for the requesting shard).  A classic shard's largest_ready is its
+ * largest free chunk. */
+START_TEST(test_oom_report_shard_bounds_named)
+{
+    const char *spec[] = {"memory_limit=8M,vmm=on", "memory_limit=8M,vmm=off,initial_region=8M"};
+    for (int v = 0; v < 2; v++) {
+        bfc_ctx_t *ctx = mkctx(spec[v]);
+        bfc_stream_t a = bfc_sim_stream_create(ctx);
+        void *b[8];
+        for (int k = 0; k < 8; k++)
+            b[k] = xalloc(ctx, a, MiB);
+        for (int k = 0; k < 8; k += 2)
+            xfree(ctx, b[k], a);
+        /* The whole limit mapped, 4 MiB of it free in 1 MiB pieces: 2 MiB
+         * fits nowhere. */
+        ck_assert_ptr_null(bfc_ctx_alloc(ctx, a, 2 * MiB));
+        json_object *j = snapshot(ctx);
+        const json_object *o = bfc_json_get(j, "oom");
+        ck_assert_ptr_nonnull(o);
+        const json_object *sh = array_of(o, "shards");
+        ck_assert_uint_eq(bfc_json_len(sh), 1);
+        const json_object *e = bfc_json_at(sh, 0);
+        ck_assert(bool_of(e, "requesting"));
+        ck_assert_int_eq(bool_of(e, "expandable"), v == 0);
+        uint64_t ready = bfc_json_u64(e, "largest_ready", 0), largest = bfc_json_u64(e, "largest_free", 0);
+        ck_assert_uint_eq(ready, MiB);
+        ck_assert_uint_eq(bfc_json_u64(o, "stream_largest_free", 0), ready);
+        if (v == 0)
+            ck_assert_uint_ge(largest, ready); /* a bound */
+        else
+            ck_assert_uint_eq(largest, ready); /* exact */
+        json_object_put(j);
+        for (int k = 1; k < 8; k += 2)
+            xfree(ctx, b[k], a);
+        bfc_sim_stream_destroy(ctx, a);
+        bfc_ctx_destroy(ctx);
+    }
+}
+END_TEST
+
 START_TEST(test_oom_report_fragmented)
 {
     /* Every other 1 MiB block of an 8 MiB region freed: 4 MiB free, in
@@ -1872,6 +1915,7 @@ static Suite *obs_suite(void)
     tcase_add_test(tc, test_oom_report_retired_shard);
     tcase_add_test(tc, test_too_large_counted_on_shard);
     tcase_add_test(tc, test_oom_report_rounding_overflow);
+    tcase_add_test(tc, test_oom_report_shard_bounds_named);
     tcase_add_test(tc, test_oom_report_pool_spans);
     tcase_add_test(tc, test_oom_report_held_and_backend);
     tcase_add_test(tc, test_oom_report_in_callback);

@@ -120,6 +120,23 @@ printf 'Thread,Time,Action,Pointer,Size,Stream\n' >"$tmp/header.csv"
 grep -q '"peak_requested":0' "$tmp/out" || { cat "$tmp/out" >&2; fail "an empty trace's peak is not 0"; }
 
 # -------------------------------------------------------------- stat
+# An expandable shard's free figures in the OOM report are bounds, and are
+# printed as such, with the exact largest block it could take unmapped; a
+# classic shard's are exact.
+cat >"$tmp/oom.json" <<'JSON'
+{"version":2,"backend":"sim","shards":[],"oom":{"size":4194304,"rounded":4194304,"stream":"0x10",
+ "cause":"fragmented","diagnosis":"d","shards":[
+ {"stream_id":1,"stream":"0x10","requesting":true,"retired":false,"expandable":true,"free":3145728,
+  "largest_free":2097152,"largest_ready":1048576,"pending":0,"in_use":1048576,"reserved":4194304},
+ {"stream_id":2,"stream":"0x20","requesting":false,"retired":false,"expandable":false,"free":524288,
+  "largest_free":262144,"largest_ready":262144,"pending":0,"in_use":0,"reserved":524288}],"pool_spans":[]}}
+JSON
+"$stat" "$tmp/oom.json" >"$tmp/out" 2>&1 || { cat "$tmp/out" >&2; fail "shardbfc-stat on an OOM report failed"; }
+grep -q 'stream=0x10 (requesting): mapped free <= 3145728 (bound), largest mapped free piece <= 2097152 (bound), largest block without a map 1048576,' "$tmp/out" ||
+    { cat "$tmp/out" >&2; fail "shardbfc-stat prints an expandable shard's bounds as exact figures"; }
+grep -q 'stream=0x20: free 524288, largest free chunk 262144,' "$tmp/out" ||
+    { cat "$tmp/out" >&2; fail "shardbfc-stat misprints a classic shard's free figures"; }
+
 "$stat" --help >"$tmp/out" 2>&1 || fail "shardbfc-stat --help exits non-zero"
 grep -q '^usage: shardbfc-stat' "$tmp/out" || fail "shardbfc-stat --help prints no usage"
 "$stat" --bogus >/dev/null 2>&1

@@ -93,12 +93,19 @@ static void print_oom(const json_object *o)
     const json_object *sh = bfc_json_get(o, "shards");
     for (size_t i = 0; i < bfc_json_len(sh); i++) {
         const json_object *s = bfc_json_at(sh, i);
-        printf("  shard stream_id=%" PRIu64 " stream=%s%s: free %" PRIu64 ", largest free chunk %" PRIu64
-               ", pending %" PRIu64 ", in use %" PRIu64 ", reserved %" PRIu64 "\n",
-               bfc_json_u64(s, "stream_id", 0), bfc_json_str(s, "stream", "?"),
-               bfc_json_bool(s, "requesting", false) ? " (requesting)" : "", bfc_json_u64(s, "free", 0),
-               bfc_json_u64(s, "largest_free", 0), bfc_json_u64(s, "pending", 0), bfc_json_u64(s, "in_use", 0),
-               bfc_json_u64(s, "reserved", 0));
+        printf("  shard stream_id=%" PRIu64 " stream=%s%s: ", bfc_json_u64(s, "stream_id", 0),
+               bfc_json_str(s, "stream", "?"), bfc_json_bool(s, "requesting", false) ? " (requesting)" : "");
+        /* An expandable shard's free figures are bounds (doc/snapshot.md). */
+        if (bfc_json_bool(s, "expandable", false))
+            printf("mapped free <= %" PRIu64 " (bound), largest mapped free piece <= %" PRIu64
+                   " (bound), largest block without a map %" PRIu64,
+                   bfc_json_u64(s, "free", 0), bfc_json_u64(s, "largest_free", 0),
+                   bfc_json_u64(s, "largest_ready", 0));
+        else
+            printf("free %" PRIu64 ", largest free chunk %" PRIu64, bfc_json_u64(s, "free", 0),
+                   bfc_json_u64(s, "largest_free", 0));
+        printf(", pending %" PRIu64 ", in use %" PRIu64 ", reserved %" PRIu64 "\n", bfc_json_u64(s, "pending", 0),
+               bfc_json_u64(s, "in_use", 0), bfc_json_u64(s, "reserved", 0));
     }
     const json_object *sp = bfc_json_get(o, "pool_spans");
     printf("  pool: %" PRIu64 " free in %" PRIu64 " spans, largest %" PRIu64 ", fenced %" PRIu64 "\n",
