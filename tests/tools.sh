@@ -97,6 +97,18 @@ refused "a bad --compare SPEC" "unknown key 'memory_limt'" --compare vmm=off mem
 refused "a --compare SPEC whose settings conflict" "vmm=on,allow_growth=false: settings that cannot go together" \
     --compare vmm=off vmm=on,allow_growth=false
 
+# retry_ms and trace= in a SPEC are not used by a replay (one thread would
+# only wait; --trace-out traces it): said on stderr, and a retry_ms of an
+# hour costs nothing on a trace whose allocations fail.
+"$replay" --config memory_limit=4K,retry_ms=3600000,trace=/nonexistent/t.csv "$tmp/batches.csv" \
+    >"$tmp/out" 2>"$tmp/err" & rp=$!
+( sleep 30; kill $rp 2>/dev/null ) & killer=$!
+wait $rp; rs=$?
+kill $killer 2>/dev/null
+[ $rs -eq 0 ] || { cat "$tmp/out" "$tmp/err" >&2; fail "a replay with retry_ms=3600000 failed or hung ($rs)"; }
+grep -q 'retry_ms is not used' "$tmp/err" && grep -q 'trace= is not used' "$tmp/err" ||
+    { cat "$tmp/err" >&2; fail "replay drops retry_ms or trace= without a word"; }
+
 # The per-thread default stream's handle (0x2) is each thread's own stream:
 # two threads' blocks on it are two shards (a region each), not one.
 cat > "$tmp/perthread.csv" <<'CSV'

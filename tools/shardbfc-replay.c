@@ -166,7 +166,16 @@ int main(int argc, char **argv)
         /* Settings valid alone but not together (vmm=on with
          * allow_growth=false), as the replay will run them: on SIM. */
         probe.backend = BFC_BACKEND_SIM;
+        /* What the replay leaves out (replay.c), said rather than dropped. */
+        if (probe.trace[0])
+            fprintf(stderr, "shardbfc-replay: %s: trace= is not used (--trace-out traces a replay)\n", specs[i]);
+        if (probe.retry_ms)
+            fprintf(stderr,
+                    "shardbfc-replay: %s: retry_ms is not used (the replay is one thread: no other would free "
+                    "memory while it waited)\n",
+                    specs[i]);
         probe.trace[0] = '\0';
+        probe.retry_ms = 0;
         if (bfc_config_validate(&probe) != BFC_OK) {
             fprintf(stderr, "shardbfc-replay: bad configuration: %s: settings that cannot go together\n",
                     specs[i][0] ? specs[i] : "(defaults)");
