@@ -504,8 +504,10 @@ static void pending_unlink(struct bfc__arena *a, struct bfc__fence *f)
 /* Records an event on every stream named by record_stream for c (except the
  * owner's own stream), appended to the chain *chain.  The recorded list is
  * consumed; each entry brought the fence record it needs, so this cannot
- * fail.  Recording at this point (rather than at the user's free call)
- * fences at least the work queued before the free: it is never too early. */
+ * fail.  It runs at the free: under the owner's lock in a same-stream free,
+ * and in a cross-stream free by the freeing thread, which takes that lock
+ * for it (remote.c).  Later would never be too early, but too late: the
+ * block would wait for work those streams took on after the free. */
 static void fence_recorded(struct bfc__arena *a, struct bfc__chunk *c, struct bfc__fence **chain)
 {
     /* A load, and a store only when there are records: bfc_ctx_record_stream
@@ -533,6 +535,12 @@ static void fence_recorded(struct bfc__arena *a, struct bfc__chunk *c, struct bf
         bfc__meta_free(rs, sizeof(*rs));
         rs = next;
     }
+}
+
+__attribute__((noinline)) void bfc__arena_fence_recorded_locked(struct bfc__arena *a, struct bfc__chunk *c,
+                                                                 struct bfc__fence **chain)
+{
+    fence_recorded(a, c, chain);
 }
 
 /* The fences of c (chain f) have completed: the records go back to the
@@ -567,6 +575,9 @@ static void remote_arrived(struct bfc__arena *a, struct bfc__fence *f)
     struct bfc__chunk *c = f->chunk;
     bfc__arena_account_free(a, c);
     a->st.remote_frees++;
+    /* The freer armed the recorded streams' fences at the free (remote.c);
+     * this takes only a record a racing bfc_ctx_record_stream added after
+     * its look (the caller's own race: fenced late, never early). */
     fence_recorded(a, c, &f->extra);
     if (bfc__fence_query(a->env->be, f) == BFC_OK)
         fenced_free_done(a, f, c);

@@ -111,6 +111,18 @@ int bfc__remote_free(struct bfc__arena *a, struct bfc__chunk *c, bfc_stream_t s,
         }
         f->synced = true;
     }
+    /* The streams bfc_ctx_record_stream named are fenced now too, at the
+     * free, as the freeing stream is: armed when the owner drained the
+     * queue, each event would take that stream's later work as well, and
+     * hold the block (pending, counted so) until it ended.  Past the point
+     * where the free can fail, as arming cannot.  Their records hang on the
+     * chunk under the owner's lock, so this free takes it: blocks given a
+     * stream only (the common cross-stream free reads one word). */
+    if (BFC__UNLIKELY(atomic_load_explicit((struct bfc__recorded *_Atomic *)&c->recorded, memory_order_acquire))) {
+        bfc__lock(&a->lock);
+        bfc__arena_fence_recorded_locked(a, c, &f->extra);
+        bfc__unlock(&a->lock);
+    }
     cds_wfcq_node_init(&f->qnode);
     atomic_store_explicit(&f->handoff, 1, memory_order_release);
     cds_wfcq_enqueue(&a->rq_head, &a->rq_tail, &f->qnode);

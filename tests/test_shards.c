@@ -431,6 +431,48 @@ START_TEST(test_record_stream_with_cross_free)
 }
 END_TEST
 
+/* A cross-stream free fences the recorded streams at the free, as it fences
+ * its own: work those streams take on after the free does not hold the
+ * block.  (The fences were armed when the owner drained its queue, so the
+ * block waited for rec's later work, pending, and a whole-limit block
+ * failed to come back: BFC_ENOMEM.) */
+START_TEST(test_record_stream_cross_free_fenced_at_free)
+{
+    const char *spec[] = {"backend=sim,memory_limit=8M,vmm=off", "backend=sim,memory_limit=8M,vmm=on"};
+    for (int v = 0; v < 2; v++) {
+        bfc_config_t c;
+        bfc_config_init(&c);
+        ck_assert_int_eq(bfc_config_parse(&c, spec[v]), BFC_OK);
+        bfc_ctx_t *ctx = ctx_new(&c);
+        bfc_stream_t s = new_stream(ctx), rec = new_stream(ctx), t = new_stream(ctx);
+        void *p = xalloc(ctx, s, 8 * MiB); /* the whole limit */
+        ck_assert_int_eq(bfc_ctx_record_stream(ctx, p, rec), BFC_OK);
+        xfree(ctx, p, t);            /* rec and t idle: nothing to wait for */
+        bfc_sim_stream_hold(ctx, rec); /* work queued after the free */
+        bfc_sim_stream_hold(ctx, t);
+        ck_assert_ptr_eq(xalloc(ctx, s, 8 * MiB), p);
+        bfc_stats_t o = sst(ctx, s);
+        ck_assert_uint_eq(o.num_pending_frees, 0);
+        ck_assert_uint_eq(o.num_remote_frees, 1);
+        xcheck(ctx);
+        /* And with rec busy at the free, the block waits for it (and only
+         * it: t's later work does not count). */
+        ck_assert_int_eq(bfc_ctx_record_stream(ctx, p, rec), BFC_OK);
+        bfc_sim_stream_drain(ctx, t);
+        xfree(ctx, p, t);
+        bfc_sim_stream_hold(ctx, t);
+        ck_assert_ptr_null(bfc_ctx_alloc(ctx, s, 8 * MiB));
+        ck_assert_uint_eq(sst(ctx, s).num_pending_frees, 1);
+        bfc_sim_stream_drain(ctx, rec);
+        ck_assert_ptr_eq(xalloc(ctx, s, 8 * MiB), p);
+        xfree(ctx, p, s);
+        bfc_sim_stream_drain(ctx, t);
+        xcheck(ctx);
+        bfc_ctx_destroy(ctx);
+    }
+}
+END_TEST
+
 START_TEST(test_record_stream_owner_noop)
 {
     bfc_ctx_t *ctx = ctx_default();
@@ -1898,6 +1940,7 @@ static Suite *shards_suite(void)
     tcase_add_test(tc, test_cross_free_queue_drained_by_alloc);
     tcase_add_test(tc, test_record_stream_two_streams);
     tcase_add_test(tc, test_record_stream_with_cross_free);
+    tcase_add_test(tc, test_record_stream_cross_free_fenced_at_free);
     tcase_add_test(tc, test_record_stream_owner_noop);
     tcase_add_test(tc, test_release_with_live_blocks);
     tcase_add_test(tc, test_release_empty_and_unknown);
