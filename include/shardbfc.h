@@ -381,7 +381,11 @@ BFC_API int bfc_config_validate(const bfc_config_t *cfg);
  *     allocation that lands on a granule waiting for its event takes it
  *     back at no cost.  So one stream's peak never keeps
  *     another stream out: a request succeeds when the limit minus what is
- *     mapped, plus what other shards can unmap, covers it (granules aside).
+ *     mapped, plus what other shards can unmap, covers it (granules aside:
+ *     a shard with a live block holds at least the granule under it, so at
+ *     most limit / granule streams hold blocks at once -- 512 per GiB at
+ *     2 MiB, however small their blocks; a server with more streams than
+ *     that wants vmm=off, whose regions shrink to the block).
  *     large_alloc is ignored (a big block is a chunk like any other and its
  *     granules go back when freed); bins, best fit, the split rule and
  *     coalescing are TensorFlow's, except that a leftover with unmapped

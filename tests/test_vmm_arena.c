@@ -77,6 +77,38 @@ static size_t round_g(size_t n)
 
 /* ------------------------------------------------------------- mapping */
 
+/* The header's limit on streams: each expandable shard with a live block
+ * holds the granule under it, so a limit of 32 granules serves 32 streams'
+ * 1 KiB blocks and no more; classic regions shrink to the block and serve
+ * all 40. */
+START_TEST(test_granule_per_stream)
+{
+    const char *spec[] = {"memory_limit=2M,vmm=on", "memory_limit=2M,vmm=off"};
+    for (int v = 0; v < 2; v++) {
+        bfc_ctx_t *ctx = ctx_spec(spec[v], G); /* 2 MiB = 32 granules of 64 KiB */
+        bfc_stream_t s[40];
+        void *p[40];
+        int got = 0;
+        for (int i = 0; i < 40; i++) {
+            s[i] = bfc_sim_stream_create(ctx);
+            p[i] = bfc_ctx_alloc(ctx, s[i], KiB);
+            got += p[i] != NULL;
+        }
+        ck_assert_int_eq(got, v == 0 ? 32 : 40);
+        if (v == 0)
+            for (int i = 32; i < 40; i++)
+                ck_assert_ptr_null(p[i]);
+        for (int i = 0; i < 40; i++) {
+            if (p[i])
+                ck_assert_int_eq(bfc_ctx_free(ctx, p[i], s[i]), BFC_OK);
+            bfc_sim_stream_destroy(ctx, s[i]);
+        }
+        check_ok(ctx);
+        bfc_ctx_destroy(ctx);
+    }
+}
+END_TEST
+
 START_TEST(test_on_demand)
 {
     bfc_ctx_t *ctx = ctx_spec("memory_limit=64M,vmm=on,release_threshold=1G", G);
@@ -1721,6 +1753,7 @@ static Suite *vmm_suite(void)
     tcase_add_test(tc, test_slack_decays);
     tcase_add_test(tc, test_slack_decay_never);
     tcase_add_test(tc, test_slack_decay_fenced);
+    tcase_add_test(tc, test_granule_per_stream);
     suite_add_tcase(s, tc);
     return s;
 }
