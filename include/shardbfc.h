@@ -465,8 +465,12 @@ BFC_API void *bfc_ctx_alloc(bfc_ctx_t *ctx, bfc_stream_t stream, size_t n);
  * instead (BFC_OK); if that fails too, BFC_EBACKEND and the block stays
  * allocated (free it again later).
  * Context: thread-safe; lock-free lookup; a same-stream free takes the owner
- * arena's lock; a cross-stream free takes the freeing stream's own arena lock
- * (for a pooled event) and enqueues wait-free to the owner.  Does not block.
+ * arena's lock; a cross-stream free takes the owner's fence-pool lock for a
+ * few instructions (a pooled event), records the event, and enqueues
+ * wait-free to the owner; for a block given streams by record_stream it
+ * also tries the owner arena's lock once, to record their events at the
+ * free (when another thread holds it, the owner records them as it takes
+ * the block back: later than needed, never earlier).  Does not block.
  */
 BFC_API int bfc_ctx_free(bfc_ctx_t *ctx, void *p, bfc_stream_t stream);
 

@@ -505,9 +505,10 @@ static void pending_unlink(struct bfc__arena *a, struct bfc__fence *f)
  * owner's own stream), appended to the chain *chain.  The recorded list is
  * consumed; each entry brought the fence record it needs, so this cannot
  * fail.  It runs at the free: under the owner's lock in a same-stream free,
- * and in a cross-stream free by the freeing thread, which takes that lock
- * for it (remote.c).  Later would never be too early, but too late: the
- * block would wait for work those streams took on after the free. */
+ * and in a cross-stream free by the freeing thread, which tries that lock
+ * for it (remote.c; when it is held, the owner runs this as it takes the
+ * block).  Later is never too early, but too late: the block waits for
+ * work those streams took on after the free. */
 static void fence_recorded(struct bfc__arena *a, struct bfc__chunk *c, struct bfc__fence **chain)
 {
     /* A load, and a store only when there are records: bfc_ctx_record_stream
@@ -575,9 +576,10 @@ static void remote_arrived(struct bfc__arena *a, struct bfc__fence *f)
     struct bfc__chunk *c = f->chunk;
     bfc__arena_account_free(a, c);
     a->st.remote_frees++;
-    /* The freer armed the recorded streams' fences at the free (remote.c);
-     * this takes only a record a racing bfc_ctx_record_stream added after
-     * its look (the caller's own race: fenced late, never early). */
+    /* The freer armed the recorded streams' fences at the free (remote.c)
+     * unless it found the owner's lock held; this takes those, and a record
+     * a racing bfc_ctx_record_stream added after its look (the caller's own
+     * race): fenced late, never early. */
     fence_recorded(a, c, &f->extra);
     if (bfc__fence_query(a->env->be, f) == BFC_OK)
         fenced_free_done(a, f, c);
@@ -785,7 +787,7 @@ struct bfc__arena *bfc__arena_new(const struct bfc__arena_env *env, bfc_stream_t
     }
     a->env = env;
     a->stream = s;
-    a->stream_key = s == BFC__STREAM_PER_THREAD ? (bfc_stream_t)UINTPTR_MAX : s;
+    a->stream_key = s == BFC__STREAM_PER_THREAD ? BFC__PER_THREAD_KEY : s;
     a->stream_id = sid;
     bfc__bins_init(&a->bins);
     bfc__slab_init(&a->chunk_slab, sizeof(struct bfc__chunk));
@@ -1034,6 +1036,8 @@ int bfc__arena_check_locked(struct bfc__arena *a, char *buf, size_t len)
     }
     return 0;
 }
+
+const char bfc__per_thread_key_obj; /* internal.h: BFC__PER_THREAD_KEY */
 
 /* ------------------------------------------------------- fence pool */
 

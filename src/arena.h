@@ -105,8 +105,8 @@ struct bfc__arena {
     bfc_stream_t stream;
     /* The handle a free may compare with `stream` to know it is the owner's
      * stream without asking its id: `stream`, but for the per-thread
-     * default stream, whose handle every thread shares (internal.h): then a
-     * value no handle has, and a free asks the id. */
+     * default stream, whose handle every thread shares (internal.h): then
+     * BFC__PER_THREAD_KEY, which no handle is, and a free asks the id. */
     bfc_stream_t stream_key;
     uint64_t stream_id;
     uint64_t seq;                /* creation order, for dumps */

@@ -82,6 +82,16 @@ static inline uint64_t bfc__clock_ns(clockid_t clock)
  */
 #define BFC__STREAM_PER_THREAD ((bfc_stream_t)(uintptr_t)2)
 
+/*
+ * The stream_key of a per-thread default stream's shard (arena.h): the
+ * address of a private object of the library, which no stream handle is
+ * and no caller can name by mistake.  (It was UINTPTR_MAX, which a made-up
+ * handle, (bfc_stream_t)-1, matched: a free on it was taken as the owner's
+ * and unfenced.)
+ */
+extern const char bfc__per_thread_key_obj;
+#define BFC__PER_THREAD_KEY ((bfc_stream_t)(uintptr_t)&bfc__per_thread_key_obj)
+
 #define BFC__NUM_BINS 21
 #define BFC__KiB ((size_t)1 << 10)
 #define BFC__MiB ((size_t)1 << 20)

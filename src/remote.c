@@ -116,10 +116,13 @@ int bfc__remote_free(struct bfc__arena *a, struct bfc__chunk *c, bfc_stream_t s,
      * queue, each event would take that stream's later work as well, and
      * hold the block (pending, counted so) until it ended.  Past the point
      * where the free can fail, as arming cannot.  Their records hang on the
-     * chunk under the owner's lock, so this free takes it: blocks given a
-     * stream only (the common cross-stream free reads one word). */
-    if (BFC__UNLIKELY(atomic_load_explicit((struct bfc__recorded *_Atomic *)&c->recorded, memory_order_acquire))) {
-        bfc__lock(&a->lock);
+     * chunk under the owner's lock: blocks given a stream only (the common
+     * cross-stream free reads one word) try it once, never wait for it (its
+     * owner may be mapping memory, or on CUDA waiting for its pending
+     * fences); when it is held, the owner arms them as it takes the block
+     * (remote_arrived, arena.c): later than needed, never earlier. */
+    if (BFC__UNLIKELY(atomic_load_explicit((struct bfc__recorded *_Atomic *)&c->recorded, memory_order_acquire)) &&
+        bfc__trylock(&a->lock)) {
         bfc__arena_fence_recorded_locked(a, c, &f->extra);
         bfc__unlock(&a->lock);
     }

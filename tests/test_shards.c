@@ -1895,6 +1895,29 @@ END_TEST
 
 /* An OOM on this thread's per-thread stream: the report's "this stream" is
  * this thread's shard, not every shard whose handle is the per-thread one. */
+/* A made-up handle is refused on a per-thread stream's block as on any
+ * other (shardbfc_sim.h), whatever its value: (bfc_stream_t)-1 was the
+ * per-thread shard's key, so a free on it was taken as the owner's own,
+ * unfenced. */
+START_TEST(test_per_thread_made_up_handle)
+{
+    bfc_ctx_t *ctx = ctx_default();
+    void *p = xalloc(ctx, BFC_SIM_STREAM_PER_THREAD, 4 * KiB);
+    const bfc_stream_t bogus[] = {(bfc_stream_t)(uintptr_t)-1, (bfc_stream_t)(uintptr_t)0x1234,
+                                  (bfc_stream_t)(uintptr_t)-256};
+    for (int i = 0; i < 3; i++) {
+        ck_assert_int_eq(bfc_ctx_free(ctx, p, bogus[i]), BFC_EINVAL);
+        ck_assert_uint_eq(bfc_ctx_allocated_size(ctx, p), 4 * KiB); /* still live */
+        ck_assert_int_eq(bfc_ctx_record_stream(ctx, p, bogus[i]), BFC_EINVAL);
+    }
+    ck_assert_uint_eq(st(ctx).num_frees, 0);
+    xfree(ctx, p, BFC_SIM_STREAM_PER_THREAD);
+    ck_assert_int_eq(bfc_ctx_free(ctx, p, BFC_SIM_STREAM_PER_THREAD), BFC_EDOUBLEFREE);
+    xcheck(ctx);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
 START_TEST(test_per_thread_oom_report)
 {
     bfc_config_t c = cfg_grow(16 * MiB);
@@ -1970,6 +1993,7 @@ static Suite *shards_suite(void)
     tcase_add_test(pt, test_per_thread_departure_classic);
     tcase_add_test(pt, test_per_thread_departure_vmm);
     tcase_add_test(pt, test_per_thread_oom_report);
+    tcase_add_test(pt, test_per_thread_made_up_handle);
     suite_add_tcase(s, pt);
 
     TCase *race = tcase_create("races");
