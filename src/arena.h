@@ -259,7 +259,7 @@ int bfc__arena_check_locked(struct bfc__arena *a, char *buf, size_t len);
 
 /* A cross-stream free of c, which bfc_ctx_record_stream gave streams:
  * their fences armed now, at the free (chained on *chain), by the freeing
- * thread under the owner's lock (remote.c). */
+ * thread holding the owner's lock, which it only tries (remote.c). */
 void bfc__arena_fence_recorded_locked(struct bfc__arena *a, struct bfc__chunk *c, struct bfc__fence **chain);
 
 /* The owner arena's pool of fence records (with events): get (NULL when

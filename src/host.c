@@ -125,7 +125,6 @@ static int first_node(void)
     return o ? (int)o->os_index : 0;
 }
 
-
 static int pick_node(void)
 {
     int node = -1;
