@@ -375,9 +375,6 @@ static int cuda_stream_id(bfc__backend_t *be, bfc_stream_t s, uint64_t *id)
  * (on this device) tells the two apart; when even that fails, the legacy
  * stream too (it fences more, never less).
  */
-_Static_assert(cudaStreamPerThread == (cudaStream_t)BFC__STREAM_PER_THREAD,
-               "BFC__STREAM_PER_THREAD is cudaStreamPerThread");
-
 static bfc_stream_t cuda_stream_for(bfc__backend_t *be, bfc_stream_t s, uint64_t sid)
 {
     uint64_t mine;
@@ -839,6 +836,12 @@ int bfc__backend_cuda_open(const bfc_config_t *cfg, bfc__backend_t **out)
     if (!cfg || !out)
         return BFC_EINVAL;
     *out = NULL;
+    /* BFC__STREAM_PER_THREAD must be cudaStreamPerThread (internal.h).  A
+     * test the compiler folds away, not a _Static_assert: CUDA defines the
+     * handle as a pointer cast, which clang (make fuzz) does not take as a
+     * constant expression. */
+    if ((uintptr_t)cudaStreamPerThread != (uintptr_t)BFC__STREAM_PER_THREAD)
+        return BFC_EBACKEND;
     /* Not bfc__cuda_device_count, which reads every failure as "no device":
      * opening must tell a missing driver or device (BFC_ENODEV) from a
      * runtime that fails, e.g. a context broken by an earlier kernel fault
