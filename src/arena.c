@@ -1044,7 +1044,8 @@ const char bfc__per_thread_key_obj; /* internal.h: BFC__PER_THREAD_KEY */
 /*
  * The arena's pool of fence records, a second wfcqueue: the owner enqueues
  * records whose fences completed (wait-free); cross-stream freers
- * (remote.c) dequeue under the arena's fpool_lock (rank
+ * (remote.c) and bfc_ctx_record_stream (ctx.c, holding the arena's lock)
+ * dequeue under the arena's fpool_lock (rank
  * BFC__RANK_FENCE_POOL, mutex.h), never waiting for an enqueue in progress.
  * That lock is the library's own (an inline compare-and-swap when free),
  * not the pthread mutex inside liburcu's cds_wfcq_head: a call to each of

@@ -137,7 +137,7 @@ struct bfc__arena {
     alignas(BFC__SHARE_SPAN) struct cds_wfcq_head rq_head; /* remote frees (enqueued wait-free) */
     alignas(BFC__SHARE_SPAN) struct cds_wfcq_tail rq_tail;
     alignas(BFC__SHARE_SPAN) struct __cds_wfcq_head fpool_head; /* fence pool: dequeue under fpool_lock */
-    bfc__mutex_t fpool_lock;     /* dequeuers only (cross-stream freers); rank BFC__RANK_FENCE_POOL */
+    bfc__mutex_t fpool_lock;     /* dequeuers only (cross-stream freers, record_stream); rank BFC__RANK_FENCE_POOL */
     alignas(BFC__SHARE_SPAN) struct cds_wfcq_tail fpool_tail;
     alignas(BFC__SHARE_SPAN) _Atomic bool retired;
     _Atomic size_t nfences;      /* fence nodes created (destroyed at reclaim) */

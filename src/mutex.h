@@ -73,7 +73,8 @@ enum bfc__lock_rank {
     BFC__RANK_ARENA,          /* one arena (shard) */
     BFC__RANK_POOL,           /* a context's region pool */
     BFC__RANK_FENCE_POOL,     /* an arena's fence-pool dequeue lock (fpool_lock):
-                                 cross-stream freers only, a few instructions */
+                                 cross-stream freers and record_stream (under the
+                                 arena's lock), a few instructions */
     BFC__RANK_REGIONMAP,      /* the region map's writer lock */
     BFC__RANK_TRACE_REGISTRY, /* the registry of trace buffers (trace.c) */
     BFC__RANK_TRACE_FILE,     /* one running trace's file */

@@ -22,6 +22,7 @@
  * body may fork again; the grandchild always leaves with _exit.
  */
 #include "testutil.h"
+#include "ctx.h" /* white-box: a test holds a shard's lock */
 
 #include <shardbfc.h>
 #include <shardbfc_sim.h>
@@ -470,6 +471,63 @@ START_TEST(test_record_stream_cross_free_fenced_at_free)
         xcheck(ctx);
         bfc_ctx_destroy(ctx);
     }
+}
+END_TEST
+
+/* The arming's other way: the owner's lock held by another thread at the
+ * free (an owner mapping memory, say).  The free does not wait for it --
+ * waiting would hang here, as the holder lets go only once the free has
+ * returned -- and the owner arms the recorded stream's fence as it takes
+ * the block back: later than at the free, never earlier. */
+struct lock_holder {
+    struct bfc__arena *a;
+    pthread_barrier_t held, release;
+};
+
+static void *hold_lock(void *arg)
+{
+    struct lock_holder *h = arg;
+    bfc__lock(&h->a->lock);
+    pthread_barrier_wait(&h->held);
+    pthread_barrier_wait(&h->release);
+    bfc__unlock(&h->a->lock);
+    return NULL;
+}
+
+START_TEST(test_record_stream_cross_free_owner_busy)
+{
+    bfc_config_t c;
+    bfc_config_init(&c);
+    ck_assert_int_eq(bfc_config_parse(&c, "backend=sim,memory_limit=8M,vmm=off"), BFC_OK);
+    bfc_ctx_t *ctx = ctx_new(&c);
+    bfc_stream_t s = new_stream(ctx), rec = new_stream(ctx), t = new_stream(ctx);
+    void *p = xalloc(ctx, s, 8 * MiB);
+    ck_assert_int_eq(bfc_ctx_record_stream(ctx, p, rec), BFC_OK);
+    bfc_sim_stream_hold(ctx, rec); /* rec's work before the free uses p */
+    struct lock_holder h;
+    bfc__rcu_lock();
+    struct bfc__region *r = bfc__regionmap_lookup((uintptr_t)p);
+    ck_assert_ptr_nonnull(r);
+    h.a = r->owner;
+    bfc__rcu_unlock();
+    ck_assert_int_eq(pthread_barrier_init(&h.held, NULL, 2), 0);
+    ck_assert_int_eq(pthread_barrier_init(&h.release, NULL, 2), 0);
+    pthread_t th;
+    ck_assert_int_eq(pthread_create(&th, NULL, hold_lock, &h), 0);
+    pthread_barrier_wait(&h.held);
+    ck_assert_int_eq(bfc_ctx_free(ctx, p, t), BFC_OK); /* returns though the owner is busy */
+    pthread_barrier_wait(&h.release);
+    ck_assert_int_eq(pthread_join(th, NULL), 0);
+    /* The owner takes the block back: rec's fence armed now, rec still busy. */
+    ck_assert_ptr_null(bfc_ctx_alloc(ctx, s, 8 * MiB));
+    ck_assert_uint_eq(sst(ctx, s).num_pending_frees, 1);
+    bfc_sim_stream_drain(ctx, rec);
+    ck_assert_ptr_eq(xalloc(ctx, s, 8 * MiB), p);
+    xfree(ctx, p, s);
+    pthread_barrier_destroy(&h.held);
+    pthread_barrier_destroy(&h.release);
+    xcheck(ctx);
+    bfc_ctx_destroy(ctx);
 }
 END_TEST
 
@@ -1893,8 +1951,6 @@ START_TEST(test_per_thread_departure_vmm)
 }
 END_TEST
 
-/* An OOM on this thread's per-thread stream: the report's "this stream" is
- * this thread's shard, not every shard whose handle is the per-thread one. */
 /* A made-up handle is refused on a per-thread stream's block as on any
  * other (shardbfc_sim.h), whatever its value: (bfc_stream_t)-1 was the
  * per-thread shard's key, so a free on it was taken as the owner's own,
@@ -1918,6 +1974,8 @@ START_TEST(test_per_thread_made_up_handle)
 }
 END_TEST
 
+/* An OOM on this thread's per-thread stream: the report's "this stream" is
+ * this thread's shard, not every shard whose handle is the per-thread one. */
 START_TEST(test_per_thread_oom_report)
 {
     bfc_config_t c = cfg_grow(16 * MiB);
@@ -1964,6 +2022,7 @@ static Suite *shards_suite(void)
     tcase_add_test(tc, test_record_stream_two_streams);
     tcase_add_test(tc, test_record_stream_with_cross_free);
     tcase_add_test(tc, test_record_stream_cross_free_fenced_at_free);
+    tcase_add_test(tc, test_record_stream_cross_free_owner_busy);
     tcase_add_test(tc, test_record_stream_owner_noop);
     tcase_add_test(tc, test_release_with_live_blocks);
     tcase_add_test(tc, test_release_empty_and_unknown);

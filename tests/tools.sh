@@ -99,8 +99,10 @@ refused "a --compare SPEC whose settings conflict" "vmm=on,allow_growth=false: s
 
 # retry_ms and trace= in a SPEC are not used by a replay (one thread would
 # only wait; --trace-out traces it): said on stderr, and a retry_ms of an
-# hour costs nothing on a trace whose allocations fail.
-timeout 30 "$replay" --config memory_limit=4K,retry_ms=3600000,trace=/nonexistent/t.csv "$tmp/batches.csv" \
+# hour costs nothing on a trace whose allocation fails for want of room
+# (2 MiB with 1 MiB live in a 2 MiB limit; one larger than the limit would
+# be refused before any wait).
+timeout 30 "$replay" --config memory_limit=2M,retry_ms=3600000,trace=/nonexistent/t.csv "$tmp/batches.csv" \
     >"$tmp/out" 2>"$tmp/err"
 rs=$?
 [ $rs -eq 0 ] || { cat "$tmp/out" "$tmp/err" >&2; fail "a replay with retry_ms=3600000 failed or hung ($rs)"; }
