@@ -509,7 +509,7 @@ static void pending_unlink(struct bfc__arena *a, struct bfc__fence *f)
  * for it (remote.c; when it is held, the owner runs this as it takes the
  * block).  Later is never too early, but too late: the block waits for
  * work those streams took on after the free. */
-static void fence_recorded(struct bfc__arena *a, struct bfc__chunk *c, struct bfc__fence **chain)
+void bfc__arena_fence_recorded_locked(struct bfc__arena *a, struct bfc__chunk *c, struct bfc__fence **chain)
 {
     /* A load, and a store only when there are records: bfc_ctx_record_stream
      * adds them under the owner's lock, which we hold, so no exchange is
@@ -538,12 +538,6 @@ static void fence_recorded(struct bfc__arena *a, struct bfc__chunk *c, struct bf
     }
 }
 
-__attribute__((noinline)) void bfc__arena_fence_recorded_locked(struct bfc__arena *a, struct bfc__chunk *c,
-                                                                 struct bfc__fence **chain)
-{
-    fence_recorded(a, c, chain);
-}
-
 /* The fences of c (chain f) have completed: the records go back to the
  * pool and the block to the bins. */
 static void fenced_free_done(struct bfc__arena *a, struct bfc__fence *f, struct bfc__chunk *c)
@@ -557,7 +551,7 @@ static void fenced_free_done(struct bfc__arena *a, struct bfc__fence *f, struct 
 __attribute__((noinline)) void bfc__arena_free_recorded_locked(struct bfc__arena *a, struct bfc__chunk *c)
 {
     struct bfc__fence *chain = NULL;
-    fence_recorded(a, c, &chain);
+    bfc__arena_fence_recorded_locked(a, c, &chain);
     if (!chain) { /* every stream recorded was our own */
         release_chunk(a, c);
     } else if (bfc__fence_query(a->env->be, chain) == BFC_OK) {
@@ -580,7 +574,7 @@ static void remote_arrived(struct bfc__arena *a, struct bfc__fence *f)
      * unless it found the owner's lock held; this takes those, and a record
      * a racing bfc_ctx_record_stream added after its look (the caller's own
      * race): fenced late, never early. */
-    fence_recorded(a, c, &f->extra);
+    bfc__arena_fence_recorded_locked(a, c, &f->extra);
     if (bfc__fence_query(a->env->be, f) == BFC_OK)
         fenced_free_done(a, f, c);
     else

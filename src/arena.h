@@ -257,9 +257,10 @@ static inline int bfc__arena_classify_fast_locked(struct bfc__arena *a, struct b
 }
 int bfc__arena_check_locked(struct bfc__arena *a, char *buf, size_t len);
 
-/* A cross-stream free of c, which bfc_ctx_record_stream gave streams:
- * their fences armed now, at the free (chained on *chain), by the freeing
- * thread holding the owner's lock, which it only tries (remote.c). */
+/* The fences of the streams bfc_ctx_record_stream gave c, armed now and
+ * chained on *chain; c's list is consumed.  Under the owner's lock: at a
+ * same-stream free, at a cross-stream free by the freeing thread (which
+ * only tries the lock, remote.c), else when the owner drains the block. */
 void bfc__arena_fence_recorded_locked(struct bfc__arena *a, struct bfc__chunk *c, struct bfc__fence **chain);
 
 /* The owner arena's pool of fence records (with events): get (NULL when

@@ -1575,7 +1575,7 @@ static int record_fn(struct bfc__arena *a, struct bfc__chunk *c, void *arg)
     rs->id = id;
     rs->fence = f;
     rs->next = head;
-    /* release: pairs with the acquire load in fence_recorded (arena.c). */
+    /* release: pairs with the acquire load in bfc__arena_fence_recorded_locked (arena.c). */
     atomic_store_explicit((struct bfc__recorded *_Atomic *)&c->recorded, rs, memory_order_release);
     return BFC_OK;
 }
