@@ -1851,11 +1851,36 @@ START_TEST(test_view_script_in_node)
     ck_assert_msg(strstr(text, "Out of memory") && strstr(text, i.diagnosis), "%s", text);
     char want[64];
     snprintf(want, sizeof want, "0x%" PRIxPTR, (uintptr_t)b);
-    ck_assert_msg(strstr(text, want) && strstr(text, "largest free chunk") && strstr(text, "3.00 MiB"), "%s", text);
+    ck_assert_msg(strstr(text, want) && strstr(text, "largest free piece") && strstr(text, "3.00 MiB"), "%s", text);
+    /* Classic shards: exact figures, no bound mark in the shard table. */
+    ck_assert_msg(!strstr(text, "\u2264 1.25 MiB"), "%s", text);
     free(text);
     xfree(ctx, pb, b);
     bfc_sim_stream_destroy(ctx, a);
     bfc_sim_stream_destroy(ctx, b);
+    bfc_ctx_destroy(ctx);
+
+    /* An expandable shard's free figures are bounds and its largest block
+     * without a map is a column of its own (test_oom_report_shard_bounds_named's
+     * failure: 8 MiB mapped, every other 1 MiB free, 2 MiB asked). */
+    ctx = mkctx("memory_limit=8M,vmm=on");
+    a = bfc_sim_stream_create(ctx);
+    void *blk[8];
+    for (int k = 0; k < 8; k++)
+        blk[k] = xalloc(ctx, a, MiB);
+    for (int k = 0; k < 8; k += 2)
+        xfree(ctx, blk[k], a);
+    ck_assert_ptr_null(bfc_ctx_alloc(ctx, a, 2 * MiB));
+    text = render_in_node(ctx);
+    /* the row: free <= 4 MiB, largest free piece <= (a bound), largest
+     * block without a map exactly 1 MiB, then pending 0 */
+    ck_assert_msg(strstr(text, "largest block without a map") && strstr(text, "\u2264 4.00 MiB") &&
+                      strstr(text, " 1.00 MiB 0 B"),
+                  "%s", text);
+    free(text);
+    for (int k = 1; k < 8; k += 2)
+        xfree(ctx, blk[k], a);
+    bfc_sim_stream_destroy(ctx, a);
     bfc_ctx_destroy(ctx);
     tmp_teardown();
 }

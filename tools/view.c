@@ -10,7 +10,8 @@
  * and state; tables summarise the context and each shard.  A snapshot
  * that carries an OOM report ("oom", an oom_dump file) opens with it: the
  * diagnosis line, the request, each shard's free bytes and largest free
- * chunk, and the pool's free spans.  The only
+ * piece (bounds, marked so, for an expandable shard, beside the largest
+ * block it could hand out without mapping), and the pool's free spans.  The only
  * transformation of the JSON is escaping "</" (and "<!--") so the text cannot
  * close or confuse the script element; "<\/" is the same JSON string.
  *
@@ -164,11 +165,16 @@ static const char page_script[] =
     "        bytes(oom.pool_largest_span), bytes(oom.pool_fenced)]]));\n"
     "    ob.appendChild(el('div', '', 'Each shard at the failure (' + oom.num_shards + ')' +\n"
     "      (oom.shards_omitted ? ', ' + oom.shards_omitted + ' not listed' : '') + ':'));\n"
-    "    ob.appendChild(table(['stream id', 'stream', 'requesting', 'free', 'largest free chunk', 'pending',\n"
-    "        'in use', 'reserved'], (oom.shards || []).map(function (s) {\n"
-    "      var b = s.expandable ? '\\u2264 ' : '';  /* expandable: bounds (doc/snapshot.md) */\n"
+    "    ob.appendChild(table(['stream id', 'stream', 'requesting', 'free', 'largest free piece',\n"
+    "        'largest block without a map', 'pending', 'in use', 'reserved'],\n"
+    "      (oom.shards || []).map(function (s) {\n"
+    "      /* expandable: free figures are bounds (mapped pieces), and the\n"
+    "       * largest block it can serve without mapping is its own figure\n"
+    "       * (doc/snapshot.md) */\n"
+    "      var b = s.expandable ? '\\u2264 ' : '';\n"
     "      return [s.stream_id, s.stream, s.requesting ? 'yes' : '', b + bytes(s.free), b + bytes(s.largest_free),\n"
-    "        bytes(s.pending), bytes(s.in_use), bytes(s.reserved)]; })));\n"
+    "        s.expandable ? bytes(s.largest_ready) : '', bytes(s.pending), bytes(s.in_use),\n"
+    "        bytes(s.reserved)]; })));\n"
     "    ob.appendChild(el('div', '', 'Free spans of the pool (' + oom.num_pool_spans + ')' +\n"
     "      (oom.spans_omitted ? ', ' + oom.spans_omitted + ' not listed' : '') + ':'));\n"
     "    ob.appendChild(table(['base', 'size', 'state'], (oom.pool_spans || []).map(function (s) {\n"
