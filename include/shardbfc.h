@@ -238,8 +238,13 @@ BFC_API void bfc_config_init(bfc_config_t *cfg);
 /*
  * Applies a "key=value,key=value" spec to *cfg (fields not named keep their
  * value).  Keys are the field names above plus "backend" (auto|cuda|sim),
- * "host_numa" (thread|gpu|N) and "vmm" (auto|on|off).  Sizes take an optional K/M/G suffix (KiB, MiB,
- * GiB); booleans are true/false/1/0 (also yes/no/on/off).  Paths (oom_dump,
+ * "host_numa" (thread|gpu|N) and "vmm" (auto|on|off, or any boolean
+ * spelling below for on/off; keywords in any case).  Sizes are decimal
+ * digits with an optional K/M/G suffix (KiB, MiB, GiB: binary, in any case,
+ * also written KB/KiB, MB/MiB, GB/GiB); booleans are true/false/1/0 (also
+ * yes/no/on/off).  ASCII whitespace around a key or value is ignored,
+ * empty items are skipped, and a later item overrides an earlier one with
+ * the same key.  Paths (oom_dump,
  * trace) are taken verbatim (no commas, no control characters, at most 255
  * bytes).  An unknown key, a malformed, negative or out-of-range value
  * returns BFC_EINVAL and leaves *cfg exactly as it was.  An empty or NULL
