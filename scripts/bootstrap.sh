@@ -52,6 +52,7 @@ packages=(
     cflow
     graphviz
     gdb # test_hardening prints the stack of a fork child that hangs
+    locales # test_obs builds de_DE.UTF-8 (a decimal comma) with localedef
 )
 
 missing=()

@@ -47,6 +47,7 @@
  * the callback runs or a dump is written.
  */
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -94,10 +95,13 @@ static void fmt_bytes(char *buf, size_t len, uint64_t v)
         d /= 1024.0;
         i++;
     }
+    /* One decimal, written from integers: %f would follow the
+     * application's LC_NUMERIC ("57,1 MiB" under a German locale). */
+    uint64_t tenths = (uint64_t)llround(d * 10.0);
     if (i == 0)
         snprintf(buf, len, "%" PRIu64 " B", v);
     else
-        snprintf(buf, len, "%.1f %s", d, unit[i]);
+        snprintf(buf, len, "%" PRIu64 ".%u %s", tenths / 10, (unsigned)(tenths % 10), unit[i]);
 }
 
 static const char *cause_name(bfc_oom_cause_t c)

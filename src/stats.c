@@ -29,6 +29,7 @@
  * taken, is outermost.
  */
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -322,12 +323,18 @@ double bfc_stats_fragmentation(const bfc_stats_t *s)
     return 1.0 - (double)s->largest_free_chunk / (double)s->bytes_free;
 }
 
-/* A JSON number for a double in [0, 1]: fixed notation, never nan/inf. */
+/*
+ * A JSON number for a double in [0, 1]: fixed notation with six decimals,
+ * never nan/inf, and written from integers: printf's %f follows the
+ * application's LC_NUMERIC, and a server that set a German locale would get
+ * "0,025025", which is not JSON.
+ */
 static void json_fraction(FILE *f, double v)
 {
     if (!(v >= 0.0 && v <= 1.0))
         v = 0.0;
-    fprintf(f, "%.6f", v);
+    unsigned long micro = (unsigned long)lround(v * 1e6); /* 0 .. 1000000 */
+    fprintf(f, "%lu.%06lu", micro / 1000000ul, micro % 1000000ul);
 }
 
 /* A context's figures name their bounds (bfc_ctx_stats); a shard's are exact. */

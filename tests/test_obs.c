@@ -17,6 +17,7 @@
 #include <check.h>
 #include <dirent.h>
 #include <inttypes.h>
+#include <locale.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -1886,6 +1887,89 @@ START_TEST(test_view_script_in_node)
 }
 END_TEST
 
+/* ------------------------------------------------- application locale */
+
+/*
+ * A locale whose decimal point is a comma, as a German server that calls
+ * setlocale(LC_ALL, "") has: de_DE.UTF-8 where the system has it, else
+ * built by localedef (Debian's locales package) into a directory LOCPATH
+ * then names.  NULL where neither works; main() leaves the test out then.
+ */
+static char comma_locale_dir[64];
+
+static locale_t comma_locale(void)
+{
+    locale_t loc = newlocale(LC_ALL_MASK, "de_DE.UTF-8", (locale_t)0);
+    if (loc == (locale_t)0 && comma_locale_dir[0] == '\0') {
+        char cmd[300];
+        snprintf(comma_locale_dir, sizeof comma_locale_dir, "/tmp/shardbfc-locale-XXXXXX");
+        if (!mkdtemp(comma_locale_dir)) {
+            comma_locale_dir[0] = '\0';
+            return (locale_t)0;
+        }
+        snprintf(cmd, sizeof cmd, "localedef -i de_DE -f UTF-8 '%s/de_DE.UTF-8' >/dev/null 2>&1",
+                 comma_locale_dir);
+        (void)system(cmd); /* localedef exits 1 on warnings it still writes through */
+        setenv("LOCPATH", comma_locale_dir, 1);
+        loc = newlocale(LC_ALL_MASK, "de_DE.UTF-8", (locale_t)0);
+    }
+    if (loc != (locale_t)0) {
+        locale_t old = uselocale(loc);
+        char probe[16];
+        snprintf(probe, sizeof probe, "%.1f", 0.5);
+        uselocale(old);
+        if (strcmp(probe, "0,5") != 0) {
+            freelocale(loc);
+            return (locale_t)0;
+        }
+    }
+    return loc;
+}
+
+/* The snapshot (and so an oom_dump file) is JSON whatever the application's
+ * LC_NUMERIC: its fractions were written with %f, which gave
+ * "fragmentation":0,025025 under a German locale, and the OOM diagnosis's
+ * sizes read "100,0 MiB". */
+START_TEST(test_snapshot_in_comma_locale)
+{
+    tmp_setup();
+    locale_t loc = comma_locale();
+    ck_assert_msg(loc != (locale_t)0, "no locale with a decimal comma");
+    bfc_ctx_t *ctx = mkctx("memory_limit=64M,vmm=off,initial_region=8M");
+    void *p[10];
+    for (int i = 0; i < 10; i++)
+        p[i] = xalloc(ctx, NULL, 10000 * (size_t)(i + 1));
+    for (int i = 0; i < 10; i += 2)
+        xfree(ctx, p[i], NULL);
+    char path[400];
+    tmp_path(path, sizeof path, "locale.json");
+    locale_t old = uselocale(loc);
+    ck_assert_ptr_null(bfc_ctx_alloc(ctx, NULL, 100 * MiB + MiB / 10)); /* too large: a report */
+    bfc_oom_info_t info;
+    ck_assert_int_eq(bfc_ctx_oom_info(ctx, &info), BFC_OK);
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_int_eq(bfc_ctx_snapshot_json(ctx, f), BFC_OK);
+    ck_assert_int_eq(fclose(f), 0);
+    uselocale(old); /* json-c reads numbers with strtod, which follows it too */
+    freelocale(loc);
+    ck_assert_msg(strstr(info.diagnosis, "100.1 MiB") != NULL, "%s", info.diagnosis);
+    size_t len;
+    char *text = read_file(path, &len);
+    ck_assert_ptr_nonnull(text);
+    json_object *v = json_canonical(text, len);
+    free(text);
+    bfc_stats_t st = stats(ctx);
+    ck_assert(bfc_stats_fragmentation(&st) > 0.0);
+    assert_stats_equal(bfc_json_get(v, "totals"), &st, true);
+    json_object_put(v);
+    for (int i = 1; i < 10; i += 2)
+        xfree(ctx, p[i], NULL);
+    bfc_ctx_destroy(ctx);
+    tmp_teardown();
+}
+END_TEST
+
 /* The oracle of every snapshot above refuses what is not JSON -- json-c's
  * strict mode, and tools/json_read.c's checks of numbers and strings for
  * what that mode lets through -- and what json-c reads but would have
@@ -1962,6 +2046,14 @@ static Suite *obs_suite(void)
         tcase_add_test(tc, test_view_script_in_node);
     else
         fprintf(stderr, "test_obs: SKIP test_view_script_in_node: node not installed\n");
+    locale_t loc = comma_locale();
+    if (loc != (locale_t)0) {
+        freelocale(loc);
+        tcase_add_test(tc, test_snapshot_in_comma_locale);
+    } else {
+        fprintf(stderr, "test_obs: SKIP test_snapshot_in_comma_locale: no de_DE.UTF-8 locale and "
+                        "localedef could not build one (Debian package locales)\n");
+    }
     tcase_add_test(tc, test_json_oracle_strict);
     suite_add_tcase(s, tc);
     return s;
@@ -1969,5 +2061,11 @@ static Suite *obs_suite(void)
 
 int main(void)
 {
-    return run_suite(obs_suite());
+    int rc = run_suite(obs_suite());
+    if (comma_locale_dir[0] != '\0') {
+        char cmd[128];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", comma_locale_dir);
+        (void)system(cmd);
+    }
+    return rc;
 }
