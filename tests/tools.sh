@@ -158,6 +158,12 @@ grep -q '^usage: shardbfc-stat' "$tmp/out" || fail "shardbfc-stat --help prints 
 printf '{"version":1,"backend":"sim","shards":[]}\n' >"$tmp/empty.json"
 "$stat" "$tmp/empty.json" >"$tmp/out" 2>&1 || fail "shardbfc-stat on a snapshot with no shards fails"
 grep -q '0 shards' "$tmp/out" || fail "shardbfc-stat: $(cat "$tmp/out")"
+# A retired shard (listed, kept by live blocks) is not counted as a shard, as
+# the totals' num_shards does not count it; the header line says it apart.
+printf '{"version":2,"backend":"sim","totals":{"num_shards":1},"shards":[{"stream_id":1,"stream":"0x10","retired":false},{"stream_id":2,"stream":"0x20","retired":true}]}\n' >"$tmp/retired.json"
+"$stat" --summary "$tmp/retired.json" >"$tmp/out" 2>&1 || { cat "$tmp/out" >&2; fail "shardbfc-stat on a retired shard fails"; }
+grep -q ', 1 shards and 1 retired (released by their streams, kept by live blocks)$' "$tmp/out" ||
+    { cat "$tmp/out" >&2; fail "shardbfc-stat counts a retired shard as a shard"; }
 "$stat" "$tmp/empty.json" >&- 2>/dev/null
 [ $? -eq 1 ] || fail "shardbfc-stat with its output closed does not exit 1"
 if [ -c /dev/full ]; then

@@ -166,10 +166,18 @@ int main(int argc, char **argv)
         json_object_put(v);
         return 1;
     }
-    printf("libshardbfc snapshot v%" PRIu64 ": backend %s%s, device %" PRIu64 ", limit %" PRIu64 ", %zu shards\n",
+    /* The shards listed include retired ones (kept by live blocks), which
+     * the totals' num_shards does not count: say how many. */
+    size_t retired = 0;
+    for (size_t i = 0; i < bfc_json_len(shards); i++)
+        retired += bfc_json_bool(bfc_json_at(shards, i), "retired", false);
+    printf("libshardbfc snapshot v%" PRIu64 ": backend %s%s, device %" PRIu64 ", limit %" PRIu64 ", %zu shards",
            bfc_json_u64(v, "version", 0), bfc_json_str(v, "backend", "?"),
            bfc_json_bool(v, "host", false) ? " (host)" : "", bfc_json_u64(v, "device", 0),
-           bfc_json_u64(v, "limit", 0), bfc_json_len(shards));
+           bfc_json_u64(v, "limit", 0), bfc_json_len(shards) - retired);
+    if (retired)
+        printf(" and %zu retired (released by their streams, kept by live blocks)", retired);
+    printf("\n");
     printf("Totals:\n");
     print_stats("  ", bfc_json_get(v, "totals"));
     const json_object *pool = bfc_json_get(v, "pool");
