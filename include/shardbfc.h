@@ -881,8 +881,12 @@ BFC_API int bfc_ctx_oom_info(bfc_ctx_t *ctx, bfc_oom_info_t *out);
  * Independently, with config oom_dump=PATH the snapshot JSON
  * (bfc_ctx_snapshot_json, whose "oom" object is the report) is written to
  * PATH when an allocation finally fails: at most once a second per
- * context, each dump replacing the file (written to PATH.tmp, then
- * renamed).  BFC_OK or BFC_EINVAL (ctx NULL).
+ * context, each dump replacing the file (written to a file of its own,
+ * PATH.tmp.PID.N, opened close-on-exec, then renamed over PATH: contexts
+ * and processes that share PATH leave it one complete snapshot, the last
+ * written; a process killed mid-dump leaves its PATH.tmp.* behind).  A
+ * thread writing a dump does not act on cancellation meanwhile.  BFC_OK
+ * or BFC_EINVAL (ctx NULL).
  * Context: thread-safe; a call racing an OOM may or may not see the new
  * callback.
  */

@@ -16,6 +16,9 @@
  *   release, trim, stats, check    arenas_lock / each arena lock / pool lock.
  */
 #include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -362,9 +365,26 @@ static void oom_dump(struct bfc_ctx *ctx)
     bfc__unlock(&ctx->obs.lock);
     if (!go)
         return;
-    char tmp[sizeof(ctx->cfg.oom_dump) + 8];
-    snprintf(tmp, sizeof(tmp), "%s.tmp", ctx->cfg.oom_dump);
-    FILE *f = fopen(tmp, "w");
+    /* The temporary file's name is this dump's own (pid and a process-wide
+     * sequence number): several contexts -- the service's one per device,
+     * all from one SHARDBFC_CONF -- or processes may dump to one PATH at
+     * once, and with one shared "PATH.tmp" the second open truncated the
+     * file the first was writing and both wrote into it.  Each rename
+     * replaces PATH whole, so PATH is always one complete snapshot (the
+     * last renamed).  O_CLOEXEC: a program the server execs meanwhile does
+     * not inherit the file.  Cancellation is off while the file is open
+     * (write is a cancellation point, and the snapshot takes allocator
+     * locks). */
+    static _Atomic unsigned dump_seq;
+    char tmp[sizeof(ctx->cfg.oom_dump) + 40];
+    int n = snprintf(tmp, sizeof(tmp), "%s.tmp.%ld.%u", ctx->cfg.oom_dump, (long)getpid(),
+                     atomic_fetch_add_explicit(&dump_seq, 1, memory_order_relaxed));
+    int cancel_state;
+    (void)pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel_state);
+    int fd = n > 0 && (size_t)n < sizeof(tmp) ? open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666) : -1;
+    FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
+    if (fd >= 0 && !f)
+        (void)close(fd);
     if (f) {
         int st = bfc_ctx_snapshot_json(ctx, f);
         if (fclose(f) == 0 && st == BFC_OK) {
@@ -373,7 +393,10 @@ static void oom_dump(struct bfc_ctx *ctx)
         } else {
             (void)unlink(tmp);
         }
+    } else if (fd >= 0) {
+        (void)unlink(tmp);
     }
+    (void)pthread_setcancelstate(cancel_state, NULL);
     bfc__lock(&ctx->obs.lock);
     ctx->obs.dumping = false;
     bfc__unlock(&ctx->obs.lock);

@@ -16,10 +16,12 @@
 
 #include <check.h>
 #include <dirent.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <locale.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -609,6 +611,19 @@ START_TEST(test_oom_callback_frees_and_retry_succeeds)
 }
 END_TEST
 
+/* Files of tmpdir whose name starts with prefix. */
+static int dump_leftovers(const char *prefix)
+{
+    DIR *d = opendir(tmpdir);
+    ck_assert_ptr_nonnull(d);
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL)
+        n += strncmp(e->d_name, prefix, strlen(prefix)) == 0;
+    closedir(d);
+    return n;
+}
+
 START_TEST(test_oom_dump)
 {
     tmp_setup();
@@ -635,9 +650,7 @@ START_TEST(test_oom_dump)
     ck_assert_uint_eq(bfc_json_u64(tot, "bytes_in_use", 0), bfc_ctx_allocated_size(ctx, a));
     json_object_put(v);
     free(text);
-    char tmp[420];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    ck_assert_int_ne(stat(tmp, &sb), 0); /* renamed into place */
+    ck_assert_int_eq(dump_leftovers("oom.json.tmp"), 0); /* renamed into place */
 
     /* Rate limit: a second OOM within the second writes nothing. */
     unlink(path);
@@ -647,6 +660,126 @@ START_TEST(test_oom_dump)
     xfree(ctx, a, s);
     bfc_sim_stream_destroy(ctx, s);
     bfc_ctx_destroy(ctx);
+    tmp_teardown();
+}
+END_TEST
+
+/*
+ * Contexts that share an oom_dump path -- the service makes one per device
+ * from one SHARDBFC_CONF -- and fail at once: the file is one complete
+ * snapshot after every round.  With one shared PATH.tmp, the second open
+ * truncated the file the first was writing and both wrote into it (a
+ * snapshot followed by the tail of the other, most rounds).  Meanwhile a
+ * third thread looks at the process's descriptors: a dump's file is
+ * close-on-exec (a program the server execs does not inherit it).
+ */
+struct dump_racer {
+    bfc_ctx_t *ctx;
+    bfc_stream_t s;
+    pthread_barrier_t *go;
+};
+
+static void *dump_race_fail(void *arg)
+{
+    struct dump_racer *r = arg;
+    pthread_barrier_wait(r->go);
+    void *p = bfc_ctx_alloc(r->ctx, r->s, 8 * MiB); /* fails: a dump */
+    ck_assert_ptr_null(p);
+    return NULL;
+}
+
+struct fd_watch {
+    _Atomic bool stop;
+    _Atomic int seen, inheritable;
+};
+
+static void *dump_fd_watch(void *arg)
+{
+    struct fd_watch *w = arg;
+    char link[300], target[600];
+    while (!atomic_load(&w->stop)) {
+        DIR *d = opendir("/proc/self/fd");
+        if (!d)
+            return NULL;
+        struct dirent *e;
+        while ((e = readdir(d)) != NULL) {
+            snprintf(link, sizeof link, "/proc/self/fd/%s", e->d_name);
+            ssize_t n = readlink(link, target, sizeof target - 1);
+            if (n <= 0)
+                continue;
+            target[n] = '\0';
+            if (strncmp(target, tmpdir, strlen(tmpdir)) != 0 || !strstr(target, "/shared.json.tmp"))
+                continue;
+            int flags = fcntl(atoi(e->d_name), F_GETFD);
+            if (flags < 0)
+                continue; /* closed meanwhile */
+            atomic_fetch_add(&w->seen, 1);
+            if (!(flags & FD_CLOEXEC))
+                atomic_fetch_add(&w->inheritable, 1);
+        }
+        closedir(d);
+    }
+    return NULL;
+}
+
+START_TEST(test_oom_dump_shared_path)
+{
+    tmp_setup();
+    char path[400], spec[600];
+    tmp_path(path, sizeof path, "shared.json");
+    /* 1,000 and 3,000 live blocks: snapshots of different sizes, long to
+     * write. */
+    snprintf(spec, sizeof spec, "memory_limit=4M,initial_region=4M,oom_dump=%s", path);
+    struct fd_watch w = {0};
+    pthread_t watcher;
+    ck_assert_int_eq(pthread_create(&watcher, NULL, dump_fd_watch, &w), 0);
+    for (int round = 0; round < 8; round++) {
+        pthread_barrier_t go;
+        ck_assert_int_eq(pthread_barrier_init(&go, NULL, 2), 0);
+        struct dump_racer r[2];
+        pthread_t t[2];
+        enum { NB = 3000 };
+        static void *blk[2][NB];
+        for (int k = 0; k < 2; k++) {
+            r[k].ctx = mkctx(spec);
+            r[k].s = bfc_sim_stream_create(r[k].ctx);
+            r[k].go = &go;
+            for (int i = 0; i < NB; i++)
+                blk[k][i] = i < NB / 3 || k == 1 ? xalloc(r[k].ctx, r[k].s, 256) : NULL;
+        }
+        for (int k = 0; k < 2; k++)
+            ck_assert_int_eq(pthread_create(&t[k], NULL, dump_race_fail, &r[k]), 0);
+        for (int k = 0; k < 2; k++)
+            ck_assert_int_eq(pthread_join(t[k], NULL), 0);
+        pthread_barrier_destroy(&go);
+        size_t len;
+        char *text = read_file(path, &len);
+        ck_assert_msg(text != NULL, "round %d: no dump", round);
+        json_object *v = json_canonical(text, len); /* fails the test unless one whole snapshot */
+        /* one of the two, whole (they differ in size, so that one
+         * written over the other does not read as either) */
+        uint64_t na = bfc_json_u64(bfc_json_get(v, "totals"), "num_allocs", 0);
+        ck_assert_msg(na == NB || na == NB / 3, "round %d: %" PRIu64 " allocations", round, na);
+        json_object_put(v);
+        free(text);
+        ck_assert_int_eq(dump_leftovers("shared.json.tmp"), 0);
+        for (int k = 0; k < 2; k++) {
+            for (int i = 0; i < NB; i++)
+                if (blk[k][i])
+                    xfree(r[k].ctx, blk[k][i], r[k].s);
+            bfc_sim_stream_destroy(r[k].ctx, r[k].s);
+            bfc_ctx_destroy(r[k].ctx);
+        }
+        unlink(path);
+    }
+    atomic_store(&w.stop, true);
+    ck_assert_int_eq(pthread_join(watcher, NULL), 0);
+    /* The watcher may miss every dump on a loaded machine; what it saw
+     * must be close-on-exec. */
+    ck_assert_msg(atomic_load(&w.inheritable) == 0, "%d of %d looks at a dump's file found it inheritable",
+                  atomic_load(&w.inheritable), atomic_load(&w.seen));
+    fprintf(stderr, "test_oom_dump_shared_path: the watcher saw a dump's file open %d times\n",
+            atomic_load(&w.seen));
     tmp_teardown();
 }
 END_TEST
@@ -2018,6 +2151,7 @@ static Suite *obs_suite(void)
     tcase_add_test(tc, test_oom_callback_args_and_no_retry);
     tcase_add_test(tc, test_oom_callback_frees_and_retry_succeeds);
     tcase_add_test(tc, test_oom_dump);
+    tcase_add_test(tc, test_oom_dump_shared_path);
     tcase_add_test(tc, test_fenced_free_counted_when_issued);
     tcase_add_test(tc, test_oom_report_limit_and_too_large);
     tcase_add_test(tc, test_oom_report_fragmented);
