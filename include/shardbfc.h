@@ -421,7 +421,10 @@ BFC_API int bfc_config_validate(const bfc_config_t *cfg);
  * Creates an allocator context for one device.  cfg may be NULL (defaults).
  * With allow_growth=false the whole memory_limit is reserved from the backend
  * here.  Returns BFC_OK and *out, or BFC_EINVAL (bad config), BFC_ENODEV (the
- * chosen backend has no usable device), BFC_ENOMEM, BFC_EBACKEND.
+ * chosen backend has no usable device), BFC_ENOMEM (also: the process's
+ * first context starts liburcu's call_rcu thread, and no thread could be
+ * made -- RLIMIT_NPROC, a container's pids limit; a later call tries
+ * again), BFC_EBACKEND.
  * Context: thread-safe; may block in the backend (device memory reservation).
  */
 BFC_API int bfc_ctx_create(const bfc_config_t *cfg, bfc_ctx_t **out);

@@ -281,11 +281,49 @@ static void process_init_once(void)
         process_status = BFC_ENOMEM;
         return;
     }
-    /* The default call_rcu data (and its thread) now, not at the first
-     * call_rcu under an arena lock: see "Fork" above. */
-    if (get_default_call_rcu_data() == NULL)
-        process_status = BFC_ENOMEM;
     bfc__remote_init();
+}
+
+/*
+ * liburcu's default call_rcu data and its thread, made before the first
+ * context (not at the first call_rcu, under an arena lock: see "Fork"
+ * above).  liburcu cannot report that it failed to create the thread: it
+ * aborts the process (urcu_die).  A process at its thread limit
+ * (RLIMIT_NPROC, a container's pids.max) would die in its first
+ * bfc_ctx_create, so a thread is created and joined first, with the same
+ * (default) attributes: if that fails, the creation fails with
+ * BFC_ENOMEM, and a later one tries again.  (A thread that takes the last
+ * slot between the two can still make liburcu abort; the window is the
+ * probe's join.)  Not in pthread_once: a failure here must not be final.
+ */
+static _Atomic bool call_rcu_ready;
+
+static void *thread_probe(void *arg)
+{
+    return arg;
+}
+
+static int call_rcu_ensure(void)
+{
+    if (atomic_load_explicit(&call_rcu_ready, memory_order_acquire))
+        return BFC_OK;
+    pthread_t t;
+    if (pthread_create(&t, NULL, thread_probe, NULL) != 0)
+        return BFC_ENOMEM;
+    int e = pthread_join(t, NULL);
+    if (e != 0)
+        bfc__fatal("pthread_join", e);
+    if (get_default_call_rcu_data() == NULL)
+        return BFC_ENOMEM;
+    atomic_store_explicit(&call_rcu_ready, true, memory_order_release);
+    return BFC_OK;
+}
+
+/* What a context's creation needs of the process: BFC_OK or a status. */
+static int process_ready(void)
+{
+    bfc__process_init();
+    return process_status != BFC_OK ? process_status : call_rcu_ensure();
 }
 
 void bfc__process_init(void)
@@ -504,10 +542,10 @@ int bfc__ctx_create_with_backend(const bfc_config_t *cfg, bfc__backend_t *be, bo
         be->ops->close(be);
         return BFC_EINVAL;
     }
-    bfc__process_init();
-    if (process_status != BFC_OK) {
+    int st = process_ready();
+    if (st != BFC_OK) {
         be->ops->close(be);
-        return process_status;
+        return st;
     }
     return ctx_create(*cfg, be, host, out);
 }
@@ -524,11 +562,11 @@ int bfc_ctx_create(const bfc_config_t *cfg_in, bfc_ctx_t **out)
         bfc_config_init(&cfg);
     if (bfc_config_validate(&cfg) != BFC_OK)
         return BFC_EINVAL;
-    bfc__process_init();
-    if (process_status != BFC_OK)
-        return process_status;
+    int st = process_ready();
+    if (st != BFC_OK)
+        return st;
     bfc__backend_t *be;
-    int st = bfc__backend_open(&cfg, &be);
+    st = bfc__backend_open(&cfg, &be);
     if (st != BFC_OK)
         return st;
     return ctx_create(cfg, be, false, out);

@@ -60,9 +60,10 @@ int bfc__ctx_create_with_backend(const bfc_config_t *cfg, bfc__backend_t *be, bo
 /* The out-of-memory escalation (ctx.c); a->lock held, see there. */
 void *bfc__ctx_alloc_slow(struct bfc_ctx *ctx, struct bfc__arena *a, size_t n, size_t rounded, int *status);
 
-/* The one-time process set-up: metadata arena, liburcu's default call_rcu
- * thread, fork handlers (ctx.c).  Call before taking any lock the fork
- * handlers cover for the first time. */
+/* The one-time process set-up: metadata arena, fork handlers (ctx.c).
+ * Call before taking any lock the fork handlers cover for the first time.
+ * (liburcu's default call_rcu thread is made by the first context's
+ * creation, which fails with BFC_ENOMEM while no thread can be made.) */
 void bfc__process_init(void);
 
 /* The outer locks of the layers above, defined here so that the fork

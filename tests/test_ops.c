@@ -23,7 +23,13 @@
  *   fork N        N pairs, fork(); the child makes N more and exits with
  *                 exit(0); the parent waits and returns.  The trace holds
  *                 the parent's events once each and none of the child's.
+ *   nothreads N   no thread can be made: context creation and the service
+ *                 fail with BFC_ENOMEM (liburcu would abort), then work
+ *                 once threads can be made.
  */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* pthread_{get,set}attr_default_np */
+#endif
 #include <shardbfc.h>
 #include <shardbfc_sim.h>
 
@@ -127,8 +133,63 @@ static int child_nodev(void)
     return 0;
 }
 
+static void *noop_thread(void *arg)
+{
+    return arg;
+}
+
+/* Sets the default thread stack size (what liburcu's threads get); 0 when
+ * done. */
+static int set_default_stack(size_t size)
+{
+    pthread_attr_t a;
+    if (pthread_getattr_default_np(&a) != 0)
+        return -1;
+    int rc = pthread_attr_setstacksize(&a, size) != 0 || pthread_setattr_default_np(&a) != 0;
+    pthread_attr_destroy(&a);
+    return rc ? -1 : 0;
+}
+
+/*
+ * No thread can be made (a process at RLIMIT_NPROC or a container's
+ * pids.max; here: a default stack as large as the address space, which
+ * the creation of liburcu's call_rcu thread uses too): the first context
+ * and the service fail with BFC_ENOMEM instead of liburcu aborting the
+ * process, and once threads can be made again, they work.  77 where such
+ * a stack does not stop pthread_create.
+ */
+static int child_nothreads(int n)
+{
+    pthread_attr_t a;
+    size_t normal;
+    CHILD_CHECK(pthread_getattr_default_np(&a) == 0);
+    CHILD_CHECK(pthread_attr_getstacksize(&a, &normal) == 0);
+    pthread_attr_destroy(&a);
+    CHILD_CHECK(set_default_stack((size_t)1 << 47) == 0);
+    pthread_t t;
+    if (pthread_create(&t, NULL, noop_thread, NULL) == 0) {
+        CHILD_CHECK(pthread_join(t, NULL) == 0);
+        return 77;
+    }
+    bfc_config_t c;
+    bfc_config_init(&c);
+    c.backend = BFC_BACKEND_SIM;
+    bfc_ctx_t *ctx = NULL;
+    for (int i = 0; i < 2; i++) {
+        CHILD_CHECK(bfc_ctx_create(&c, &ctx) == BFC_ENOMEM && ctx == NULL);
+        CHILD_CHECK(bfc_stream_alloc(NULL, 4096) == NULL && bfc_last_error() == BFC_ENOMEM);
+    }
+    CHILD_CHECK(set_default_stack(normal) == 0);
+    CHILD_CHECK(bfc_ctx_create(&c, &ctx) == BFC_OK);
+    CHILD_CHECK(pairs(ctx, n) == 0);
+    bfc_ctx_destroy(ctx);
+    return pairs(NULL, n); /* the service too */
+}
+
 static int child_main(const char *mode, int n)
 {
+    if (strcmp(mode, "nothreads") == 0)
+        return child_nothreads(n);
     if (strcmp(mode, "refuse") == 0)
         return child_refuse();
     if (strcmp(mode, "nodev") == 0)
@@ -397,6 +458,19 @@ START_TEST(trace_exit_with_idle_thread)
 }
 END_TEST
 
+START_TEST(no_thread_for_liburcu_is_enomem)
+{
+    struct run r;
+    run_child("nothreads", 100, "backend=sim", NULL, &r);
+    if (r.status == 77) {
+        fprintf(stderr, "test_ops: SKIP no_thread_for_liburcu_is_enomem: a thread with an address-space-sized "
+                        "stack was made\n");
+        return;
+    }
+    ck_assert_msg(r.status == 0, "child status %d (-1: killed, e.g. liburcu's abort):\n%s", r.status, r.out);
+}
+END_TEST
+
 START_TEST(trace_exit_explicit_context)
 {
     trace_case("ctx", 300, 300);
@@ -425,6 +499,7 @@ static Suite *ops_suite(void)
     tcase_add_test(tc, conf_valid_runs);
     tcase_add_test(tc, conf_cuda_without_device_says_so);
     tcase_add_test(tc, conf_host_numa_missing_node_says_so);
+    tcase_add_test(tc, no_thread_for_liburcu_is_enomem);
     suite_add_tcase(s, tc);
     TCase *tt = tcase_create("trace");
     tcase_set_timeout(tt, 60);
