@@ -1808,6 +1808,12 @@ START_TEST(test_view_html)
     ck_assert_ptr_null(strstr(html, "https://"));
     ck_assert_ptr_null(strstr(html, "src="));
     ck_assert_ptr_null(strstr(html, "<link"));
+    /* The page opens with the OOM report (when there is one): its element
+     * comes after the title's and before the summary's. */
+    const char *head_at = strstr(html, "<div id=\"head\">"), *oom_at = strstr(html, "<div id=\"oom\">"),
+               *sum_at = strstr(html, "<div id=\"summary\">");
+    ck_assert_msg(head_at && oom_at && sum_at && head_at < oom_at && oom_at < sum_at,
+                  "the OOM report is not first on the page");
     free(html);
     (void)cp;
 
@@ -2011,9 +2017,29 @@ START_TEST(test_view_script_in_node)
     ck_assert_msg(strstr(text, "largest block without a map") && strstr(text, "\u2264 4.00 MiB") &&
                       strstr(text, " 1.00 MiB 0 B"),
                   "%s", text);
+    /* The report's own row marks the same figures as bounds: free in this
+     * shard (4 MiB) and in other shards (none), not its largest (exact). */
+    ck_assert_msg(strstr(text, "0 B \u2264 4.00 MiB 1.00 MiB \u2264 0 B \u2264 0 B"), "%s", text);
     free(text);
     for (int k = 1; k < 8; k += 2)
         xfree(ctx, blk[k], a);
+    bfc_sim_stream_destroy(ctx, a);
+    bfc_ctx_destroy(ctx);
+
+    /* A retired shard is listed, and the count says so apart
+     * (test_oom_report_retired_shard's failure). */
+    ctx = mkctx("memory_limit=8M,garbage_collection=false");
+    a = bfc_sim_stream_create(ctx);
+    void *x1 = xalloc(ctx, a, 256 * KiB), *x3 = xalloc(ctx, a, 256 * KiB);
+    ck_assert_int_eq(bfc_ctx_stream_release(ctx, a), BFC_OK);
+    void *y = xalloc(ctx, a, 1000);
+    ck_assert_ptr_null(bfc_ctx_alloc(ctx, a, 7 * MiB));
+    text = render_in_node(ctx);
+    ck_assert_msg(strstr(text, "Each shard at the failure (1, and 1 retired)"), "%s", text);
+    free(text);
+    xfree(ctx, x1, a);
+    xfree(ctx, x3, a);
+    xfree(ctx, y, a);
     bfc_sim_stream_destroy(ctx, a);
     bfc_ctx_destroy(ctx);
     tmp_teardown();

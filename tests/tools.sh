@@ -148,6 +148,11 @@ grep -q 'stream=0x10 (requesting): mapped free <= 3145728 (bound), largest mappe
     { cat "$tmp/out" >&2; fail "shardbfc-stat prints an expandable shard's bounds as exact figures"; }
 grep -q 'stream=0x20: free 524288, largest free chunk 262144,' "$tmp/out" ||
     { cat "$tmp/out" >&2; fail "shardbfc-stat misprints a classic shard's free figures"; }
+# The report comes first (after the one-line header), before the totals.
+oom_line=$(grep -n '^Out of memory' "$tmp/out" | head -1 | cut -d: -f1)
+tot_line=$(grep -n '^Totals:' "$tmp/out" | head -1 | cut -d: -f1)
+[ -n "$oom_line" ] && [ -n "$tot_line" ] && [ "$oom_line" -lt "$tot_line" ] ||
+    { cat "$tmp/out" >&2; fail "shardbfc-stat does not print the OOM report first"; }
 
 "$stat" --help >"$tmp/out" 2>&1 || fail "shardbfc-stat --help exits non-zero"
 grep -q '^usage: shardbfc-stat' "$tmp/out" || fail "shardbfc-stat --help prints no usage"
@@ -158,6 +163,17 @@ grep -q '^usage: shardbfc-stat' "$tmp/out" || fail "shardbfc-stat --help prints 
 printf '{"version":1,"backend":"sim","shards":[]}\n' >"$tmp/empty.json"
 "$stat" "$tmp/empty.json" >"$tmp/out" 2>&1 || fail "shardbfc-stat on a snapshot with no shards fails"
 grep -q '0 shards' "$tmp/out" || fail "shardbfc-stat: $(cat "$tmp/out")"
+# A version 1 snapshot's context peaks were bounds under their bare names
+# (the sum of the shards' peaks): printed as bounds; a version this tool
+# does not know is said on stderr.
+printf '{"version":1,"backend":"sim","totals":{"peak_bytes_in_use":4096,"peak_bytes_requested":1000},"shards":[]}\n' >"$tmp/v1.json"
+"$stat" --summary "$tmp/v1.json" >"$tmp/out" 2>&1 || { cat "$tmp/out" >&2; fail "shardbfc-stat on a version 1 snapshot fails"; }
+grep -q 'allocated 0 (peak <= 4096 (bound)), requested 0 (peak <= 1000 (bound))' "$tmp/out" ||
+    { cat "$tmp/out" >&2; fail "shardbfc-stat prints a version 1 snapshot's bounded peaks as exact"; }
+printf '{"version":99,"backend":"sim","shards":[]}\n' >"$tmp/v99.json"
+"$stat" --summary "$tmp/v99.json" >/dev/null 2>"$tmp/err" || fail "shardbfc-stat on a newer snapshot fails"
+grep -q 'snapshot version 99 is newer than this tool' "$tmp/err" ||
+    { cat "$tmp/err" >&2; fail "shardbfc-stat reads a newer snapshot version silently"; }
 # A retired shard (listed, kept by live blocks) is not counted as a shard, as
 # the totals' num_shards does not count it; the header line says it apart.
 printf '{"version":2,"backend":"sim","totals":{"num_shards":1},"shards":[{"stream_id":1,"stream":"0x10","retired":false},{"stream_id":2,"stream":"0x20","retired":true}]}\n' >"$tmp/retired.json"

@@ -25,22 +25,26 @@
  * figure a bound (a context's peaks of allocated and requested bytes,
  * key "..._bound"; doc/snapshot.md).
  */
-static void print_peak(const json_object *s, const char *key)
+static void print_peak(const json_object *s, const char *key, bool bound)
 {
     char bkey[64];
     snprintf(bkey, sizeof bkey, "%s_bound", key);
     if (bfc_json_get(s, bkey))
         printf("peak <= %" PRIu64 " (bound)", bfc_json_u64(s, bkey, 0));
+    else if (bound)
+        printf("peak <= %" PRIu64 " (bound)", bfc_json_u64(s, key, 0));
     else
         printf("peak %" PRIu64, bfc_json_u64(s, key, 0));
 }
 
-static void print_stats(const char *indent, const json_object *s)
+/* bound_peaks: the peaks are bounds under their bare names (a version 1
+ * snapshot's totals: the sum of the shards' peaks). */
+static void print_stats(const char *indent, const json_object *s, bool bound_peaks)
 {
     printf("%sallocated %" PRIu64 " (", indent, bfc_json_u64(s, "bytes_in_use", 0));
-    print_peak(s, "peak_bytes_in_use");
+    print_peak(s, "peak_bytes_in_use", bound_peaks);
     printf("), requested %" PRIu64 " (", bfc_json_u64(s, "bytes_requested", 0));
-    print_peak(s, "peak_bytes_requested");
+    print_peak(s, "peak_bytes_requested", bound_peaks);
     printf("), reserved %" PRIu64 " (peak %" PRIu64 "), limit %" PRIu64 "\n", bfc_json_u64(s, "bytes_reserved", 0),
            bfc_json_u64(s, "peak_bytes_reserved", 0), bfc_json_u64(s, "bytes_limit", 0));
     printf("%sfree %" PRIu64 ", largest free chunk %" PRIu64 ", fragmentation %.4f, pending %" PRIu64
@@ -178,18 +182,23 @@ int main(int argc, char **argv)
     if (retired)
         printf(" and %zu retired (released by their streams, kept by live blocks)", retired);
     printf("\n");
+    print_oom(bfc_json_get(v, "oom")); /* first: why the snapshot was taken */
+    uint64_t version = bfc_json_u64(v, "version", 0);
+    if (version > 2)
+        fprintf(stderr, "shardbfc-stat: %s: snapshot version %" PRIu64 " is newer than this tool (2): "
+                        "a figure whose meaning changed may be printed under its old name\n",
+                in, version);
     printf("Totals:\n");
-    print_stats("  ", bfc_json_get(v, "totals"));
+    print_stats("  ", bfc_json_get(v, "totals"), version < 2);
     const json_object *pool = bfc_json_get(v, "pool");
     printf("Pool: held %" PRIu64 " (peak %" PRIu64 "), lent to shards %" PRIu64 ", free %" PRIu64 "\n",
            bfc_json_u64(pool, "held", 0), bfc_json_u64(pool, "peak_held", 0), bfc_json_u64(pool, "committed", 0),
            bfc_json_u64(pool, "free", 0));
-    print_oom(bfc_json_get(v, "oom"));
     for (size_t i = 0; i < bfc_json_len(shards); i++) {
         const json_object *s = bfc_json_at(shards, i);
         printf("Shard stream_id=%" PRIu64 " stream=%s%s\n", bfc_json_u64(s, "stream_id", 0),
                bfc_json_str(s, "stream", "?"), bfc_json_bool(s, "retired", false) ? " (retired)" : "");
-        print_stats("  ", bfc_json_get(s, "stats"));
+        print_stats("  ", bfc_json_get(s, "stats"), false);
         if (summary)
             continue;
         const json_object *regions = bfc_json_get(s, "regions");
