@@ -13,8 +13,10 @@
  *   ALLOC_FAIL     size bytes could not be served (ptr 0)
  *   FREE           ptr freed on stream (the requested size)
  *   FREE_COMPLETE  a fenced ptr became reusable
- *   GROW           region [ptr, ptr + size) taken from the device
- *   RELEASE        region [ptr, ptr + size) given back
+ *   GROW           region [ptr, ptr + size) taken by a shard (expandable
+ *                  arenas: a run of granules mapped)
+ *   RELEASE        region [ptr, ptr + size) given back (expandable arenas:
+ *                  a run of granules unmapped)
  */
 #ifndef SHARDBFC_TRACE_ACTIONS_H
 #define SHARDBFC_TRACE_ACTIONS_H
