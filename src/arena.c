@@ -562,8 +562,46 @@ __attribute__((noinline)) void bfc__arena_free_recorded_locked(struct bfc__arena
     }
 }
 
+/*
+ * Stuck streams.  Events recorded on one stream complete in the order they
+ * were recorded, so once a drain has found a stream's fence in flight, the
+ * stream's later fences are too, and the drain does not ask the device
+ * about them (a cudaEventQuery each): the slow path's full drain walked
+ * every pending fence with a query, so a large allocation of a shard cost
+ * time in proportion to what another stream, still busy, had freed into it
+ * (100,000 pending fences: 1.1 ms on SIM per allocation, a query each on a
+ * GPU).  A drain remembers up to STUCK_MAX streams.  Only a fence that
+ * names the stream its event is on (f->sid, fence.h) is skipped or marks
+ * its stream, and only a single fence (no record_stream chain, whose
+ * other events the stream does not order) marks it.  A skip is never
+ * early: at worst it is late, where two threads freed on one stream at
+ * once and their fences arrived in the other order than recorded.
+ */
+#define STUCK_MAX 8
+
+struct stuck {
+    unsigned n;
+    uint64_t sid[STUCK_MAX];
+};
+
+/* Has f completed?  Asks the device unless f's stream is known stuck. */
+static inline __attribute__((always_inline)) bool fence_done(struct bfc__arena *a, struct bfc__fence *f,
+                                                              struct stuck *k)
+{
+    if (f->sid) {
+        for (unsigned i = 0; i < k->n; i++)
+            if (k->sid[i] == f->sid)
+                return false;
+    }
+    if (bfc__fence_query(a->env->be, f) == BFC_OK)
+        return true;
+    if (f->sid && !f->extra && k->n < STUCK_MAX)
+        k->sid[k->n++] = f->sid;
+    return false;
+}
+
 /* A remote free taken off the queue: fenced, or back in the bins. */
-static void remote_arrived(struct bfc__arena *a, struct bfc__fence *f)
+static void remote_arrived(struct bfc__arena *a, struct bfc__fence *f, struct stuck *k)
 {
     /* acquire: pairs with the release in bfc__remote_free. */
     (void)atomic_load_explicit(&f->handoff, memory_order_acquire);
@@ -575,7 +613,7 @@ static void remote_arrived(struct bfc__arena *a, struct bfc__fence *f)
      * a racing bfc_ctx_record_stream added after its look (the caller's own
      * race): fenced late, never early. */
     bfc__arena_fence_recorded_locked(a, c, &f->extra);
-    if (bfc__fence_query(a->env->be, f) == BFC_OK)
+    if (fence_done(a, f, k))
         fenced_free_done(a, f, c);
     else
         pending_append(a, f);
@@ -593,7 +631,7 @@ static void remote_arrived(struct bfc__arena *a, struct bfc__fence *f)
  * stays first in the stash for the next drain (it cannot be handled yet:
  * handling recycles its record, into which the freer is about to write).
  */
-static void drain_remote(struct bfc__arena *a)
+static void drain_remote(struct bfc__arena *a, struct stuck *k)
 {
     if (!bfc__arena_rq_empty(a))
         (void)__cds_wfcq_splice_nonblocking(&a->rq_stash_head, &a->rq_stash_tail, &a->rq_head, &a->rq_tail);
@@ -604,7 +642,7 @@ static void drain_remote(struct bfc__arena *a)
         struct cds_wfcq_node *next = __cds_wfcq_next_nonblocking(&a->rq_stash_head, &a->rq_stash_tail, node);
         if (next == CDS_WFCQ_WOULDBLOCK)
             break;
-        remote_arrived(a, caa_container_of(node, struct bfc__fence, qnode));
+        remote_arrived(a, caa_container_of(node, struct bfc__fence, qnode), k);
         node = next;
     }
     if (node)
@@ -615,11 +653,15 @@ static void drain_remote(struct bfc__arena *a)
 
 void bfc__arena_drain_locked(struct bfc__arena *a, bool full)
 {
-    if (bfc__arena_rq_waiting(a))
-        drain_remote(a);
+    struct stuck k;
+    k.n = 0; /* the ids are written before they are read */
+    /* The pending fences first: they are older than the queue's, so a
+     * stream found stuck among them is skipped in the queue (and the
+     * queue's fences still in flight, appended to the list, are not asked
+     * about twice). */
     struct bfc__fence *f;
     bfc__list_for_each_safe(f, &a->pending, plink) {
-        if (bfc__fence_query(a->env->be, f) == BFC_OK) {
+        if (fence_done(a, f, &k)) {
             pending_unlink(a, f);
             fenced_free_done(a, f, f->chunk);
         } else if (!full) {
@@ -628,6 +670,8 @@ void bfc__arena_drain_locked(struct bfc__arena *a, bool full)
             break;
         }
     }
+    if (bfc__arena_rq_waiting(a))
+        drain_remote(a, &k);
 }
 
 void bfc__arena_wait_pending_locked(struct bfc__arena *a, uint32_t timeout_ms)

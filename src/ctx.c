@@ -1413,8 +1413,8 @@ static __attribute__((noinline)) int free_general(struct bfc_ctx *ctx, void *ptr
         goto out;
     struct bfc__arena *a = r->owner;
     bool local = stream == a->stream_key;
+    uint64_t id = 0;
     if (!local) {
-        uint64_t id;
         st = bfc__shard_stream_id(ctx, stream, &id);
         if (st != BFC_OK)
             goto out;
@@ -1449,7 +1449,7 @@ static __attribute__((noinline)) int free_general(struct bfc_ctx *ctx, void *ptr
     if (bfc__tracing(&ctx->obs))
         bfc__trace_event(&ctx->obs, BFC__TR_FREE, p, c->requested, stream);
     bool dead;
-    st = bfc__remote_free(a, c, stream, &dead);
+    st = bfc__remote_free(a, c, stream, id, &dead);
     if (dead)
         bfc__shard_reclaim(a);
 out:

@@ -30,8 +30,12 @@ void bfc__fence_arm(bfc__backend_t *be, struct bfc__fence *f, bfc_stream_t s, ui
     f->synced = false;
     f->unfenced = false;
     f->unfenced_stream = NULL;
-    if (f->ev && be->ops->event_record(be, f->ev, here) == BFC_OK)
+    f->sid = 0;
+    if (f->ev && be->ops->event_record(be, f->ev, here) == BFC_OK) {
+        if (here == s)
+            f->sid = sid;
         return;
+    }
     /* No event: make the work complete now instead (the whole device's
      * when the stream is reached through another handle, whose own
      * synchronisation need not wait for it). */

@@ -53,6 +53,12 @@ struct bfc__fence {
     bool unfenced;
     bfc_stream_t unfenced_stream;
     uint64_t unfenced_sid;       /* its id, for stream_for (backend.h) */
+    /* The id of the stream the event was recorded on, when that is the
+     * stream the fence names (not another handle that reaches it, not a
+     * synchronisation); 0 otherwise.  Events of one stream complete in the
+     * order they were recorded, so a drain that finds one of them in flight
+     * need not ask about the stream's later ones (arena.c, "stuck"). */
+    uint64_t sid;
     struct bfc__fence *extra;    /* further fences of the same block (recorded streams) */
     /* A fence is pending in its owner or idle in the pool's cache, never
      * both at once. */
@@ -101,6 +107,7 @@ static inline void bfc__fence_reset(struct bfc__fence *f)
     f->unfenced = false;
     f->unfenced_stream = NULL;
     f->unfenced_sid = 0;
+    f->sid = 0;
     f->plink.next = f->plink.prev = NULL;
 }
 

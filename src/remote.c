@@ -92,7 +92,7 @@ bool bfc__remote_owner_retired(struct bfc__arena *a)
     return atomic_load_explicit(&a->retired, memory_order_relaxed);
 }
 
-int bfc__remote_free(struct bfc__arena *a, struct bfc__chunk *c, bfc_stream_t s, bool *dead)
+int bfc__remote_free(struct bfc__arena *a, struct bfc__chunk *c, bfc_stream_t s, uint64_t sid, bool *dead)
 {
     *dead = false;
     bfc__backend_t *be = a->env->be;
@@ -102,7 +102,9 @@ int bfc__remote_free(struct bfc__arena *a, struct bfc__chunk *c, bfc_stream_t s,
         return BFC_ENOMEM;
     }
     f->chunk = c;
+    f->sid = sid; /* recorded on s itself (on this thread) */
     if (!f->ev || be->ops->event_record(be, f->ev, s) != BFC_OK) {
+        f->sid = 0;
         if (be->ops->stream_sync(be, s) != BFC_OK) {
             bfc__arena_fence_put(a, f);
             /* release: pairs with the acquire CAS of the next free. */

@@ -8,11 +8,13 @@
 
 #include "arena.h"
 
-/* Cross-stream free of chunk c (claimed: FREEING) of owner a.  When the
+/* Cross-stream free of chunk c (claimed: FREEING) of owner a, on stream s
+ * whose id is sid (the calling thread's stream: its fence is recorded
+ * there).  When the
  * owner is retired the free drains it, and *dead tells the caller that the
  * owner is now dead: the caller unlinks and reclaims it (bfc__shard_reclaim)
  * -- the arena layer never reaches up into the shard directory. */
-int bfc__remote_free(struct bfc__arena *a, struct bfc__chunk *c, bfc_stream_t s, bool *dead);
+int bfc__remote_free(struct bfc__arena *a, struct bfc__chunk *c, bfc_stream_t s, uint64_t sid, bool *dead);
 
 /* The two halves of the handshake between cross-stream frees and the
  * owner's retirement (remote.c, "Retirement").  The freer's, after its

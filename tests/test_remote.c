@@ -74,7 +74,7 @@ static int remote_free_dead(void *p, bfc_stream_t s, bool *dead)
     REQUIRE(atomic_compare_exchange_strong(&b.c->state, &want, BFC__CHUNK_FREEING), "%p: state %u, not in use",
             p, (unsigned)want);
     bfc__rcu_lock();
-    int rc = bfc__remote_free(b.a, b.c, s, dead);
+    int rc = bfc__remote_free(b.a, b.c, s, 0, dead);
     bfc__rcu_unlock();
     return rc;
 }
@@ -336,7 +336,7 @@ static void *freer_main(void *arg)
         uint32_t want = BFC__CHUNK_INUSE;
         if (!b.c || b.c == BFC__HANDLE_GONE ||
             !atomic_compare_exchange_strong(&b.c->state, &want, BFC__CHUNK_FREEING) ||
-            bfc__remote_free(b.a, b.c, f->s, &dead) != BFC_OK || dead)
+            bfc__remote_free(b.a, b.c, f->s, 0, &dead) != BFC_OK || dead)
             f->errors++;
         bfc__rcu_unlock();
     }

@@ -494,6 +494,74 @@ static void *hold_lock(void *arg)
     return NULL;
 }
 
+/*
+ * A stream still busy with the work before its cross-stream frees: its
+ * fences complete in the order they were recorded, so the owner's drains
+ * ask the device about the first of them, not about each.  The slow path's
+ * full drain asked about every pending fence, so each large allocation of
+ * the owner cost a query per block another stream had freed into it while
+ * busy (2,000 here: 20,000 queries for ten allocations; 100,000 pending:
+ * 1.1 ms an allocation on SIM, a cudaEventQuery each on a GPU).  Counted
+ * by wrapping the backend's event_query (white-box: the context's backend
+ * ops replaced by a copy while only allocations and frees run).
+ */
+static _Atomic unsigned long event_queries;
+static int (*real_event_query)(bfc__backend_t *be, bfc__event_t ev);
+
+static int counting_event_query(bfc__backend_t *be, bfc__event_t ev)
+{
+    atomic_fetch_add(&event_queries, 1);
+    return real_event_query(be, ev);
+}
+
+START_TEST(test_stuck_stream_queried_once_per_drain)
+{
+    bfc_config_t c;
+    bfc_config_init(&c);
+    ck_assert_int_eq(bfc_config_parse(&c, "backend=sim,memory_limit=256M,vmm=off,large_alloc=1M"), BFC_OK);
+    bfc_ctx_t *ctx = ctx_new(&c);
+    bfc_stream_t s = new_stream(ctx), t = new_stream(ctx);
+    enum { N = 2000 };
+    static void *b[N];
+    for (int i = 0; i < N; i++)
+        b[i] = xalloc(ctx, s, 4096);
+    bfc_sim_stream_hold(ctx, t); /* t's work before the frees is still running */
+    for (int i = 0; i < N; i++)
+        ck_assert_int_eq(bfc_ctx_free(ctx, b[i], t), BFC_OK);
+    const struct bfc__backend_ops *sim = ctx->be->ops;
+    struct bfc__backend_ops counting = *sim;
+    real_event_query = sim->event_query;
+    counting.event_query = counting_event_query;
+    ctx->be->ops = &counting;
+    /* The owner takes the frees off its queue: t's first fence is asked
+     * about, and t is stuck. */
+    void *x = xalloc(ctx, s, 4096);
+    xfree(ctx, x, s);
+    unsigned long taken = atomic_exchange(&event_queries, 0);
+    ck_assert_msg(taken <= 4, "%lu queries to take %d fences of one busy stream", taken, N);
+    ck_assert_uint_eq(sst(ctx, s).num_pending_frees, N);
+    /* Large blocks: the slow path, a full drain each. */
+    for (int k = 0; k < 10; k++) {
+        void *big = xalloc(ctx, s, 4 * MiB);
+        xfree(ctx, big, s);
+    }
+    unsigned long slow = atomic_exchange(&event_queries, 0);
+    ck_assert_msg(slow <= 40, "%lu queries in 10 slow-path allocations with %d fences pending on one busy stream",
+                  slow, N);
+    ctx->be->ops = sim;
+    ck_assert_uint_eq(sst(ctx, s).num_pending_frees, N);
+    /* Not early, and not lost: once t's work is done they all come back. */
+    bfc_sim_stream_drain(ctx, t);
+    x = xalloc(ctx, s, 4096);
+    xfree(ctx, x, s);
+    ck_assert_uint_eq(sst(ctx, s).num_pending_frees, 0);
+    ck_assert_int_eq(bfc_ctx_check(ctx), BFC_OK);
+    bfc_sim_stream_destroy(ctx, s);
+    bfc_sim_stream_destroy(ctx, t);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
 START_TEST(test_record_stream_cross_free_owner_busy)
 {
     bfc_config_t c;
@@ -2023,6 +2091,7 @@ static Suite *shards_suite(void)
     tcase_add_test(tc, test_record_stream_with_cross_free);
     tcase_add_test(tc, test_record_stream_cross_free_fenced_at_free);
     tcase_add_test(tc, test_record_stream_cross_free_owner_busy);
+    tcase_add_test(tc, test_stuck_stream_queried_once_per_drain);
     tcase_add_test(tc, test_record_stream_owner_noop);
     tcase_add_test(tc, test_release_with_live_blocks);
     tcase_add_test(tc, test_release_empty_and_unknown);
