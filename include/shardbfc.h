@@ -38,6 +38,23 @@
  * return NULL on failure; bfc_last_error() then gives the calling thread's
  * status for its most recent failed call.
  *
+ * Blocking: each function's comment says whether it is thread-safe and what
+ * it may wait for (its "Context:" line) and, where it frees memory, when
+ * that memory may be reused and by which stream.  The locks it names are
+ * the library's own.  Most are held briefly, but a shard's lock is held
+ * across its stream's allocation slow path (backend allocations and, on
+ * CUDA, waits for device work: see "Memory") and across the backend calls
+ * that map, unmap or give back its memory, the pool lock across cudaMalloc
+ * and cudaFree, and a context's observability lock across a trace's start
+ * and stop (see bfc_ctx_trace_start) and a snapshot's writes of its OOM
+ * report: a call that takes one of them may wait that long.  Every lock is
+ * also held while another thread forks (see "After fork()").  Wherever the
+ * library records an event and the backend refuses, it synchronises the
+ * stream instead: a wait for device work.  While a trace runs, a call that
+ * records one of its events may write a batch of them to its file.  A call
+ * that "does not block" waits for no device work, RCU grace period or file
+ * itself (a running trace aside); it may still wait for the locks it names.
+ *
  * After fork(): the library's fork handlers take every allocator lock
  * around the fork, so no lock another parent thread held is left locked in
  * the child.  On the SIM backend the child may go on using the library:
@@ -309,7 +326,9 @@ BFC_API int bfc_config_validate(const bfc_config_t *cfg);
  *     never handed any of it out; of a free region tail, the part above
  *     every block the region ever held leaves unfenced); the pool gives it
  *     to another stream only once that event has completed, and to the same
- *     stream at once.
+ *     stream at once.  A block given other streams with bfc_ctx_record_stream
+ *     is reusable, even on S, only once their work queued before its free
+ *     has completed.
  *   - Out of memory.  Before a request fails the allocator, in order: drains
  *     the shard's cross-stream frees; grows a new region within the limit;
  *     waits for the shard's own pending frees; gives the shard's fully free
@@ -425,7 +444,9 @@ BFC_API int bfc_config_validate(const bfc_config_t *cfg);
  * first context starts liburcu's call_rcu thread, and no thread could be
  * made -- RLIMIT_NPROC, a container's pids limit; a later call tries
  * again), BFC_EBACKEND.
- * Context: thread-safe; may block in the backend (device memory reservation).
+ * Context: thread-safe; may block in the backend (opening the device,
+ * device memory reservation), on liburcu (the first context starts its
+ * thread) and, with config trace=PATH, on creating the file.
  */
 BFC_API int bfc_ctx_create(const bfc_config_t *cfg, bfc_ctx_t **out);
 
@@ -436,8 +457,10 @@ BFC_API int bfc_ctx_create(const bfc_config_t *cfg, bfc_ctx_t **out);
  * device may use the memory: cudaFree waits for the device by itself, and
  * an expandable context (vmm) waits for it (cudaDeviceSynchronize) before
  * it unmaps its pages, whose unmapping does not.
- * Context: not thread-safe with respect to ctx; blocks until pending RCU
- * callbacks have run (rcu_barrier), and for the device as above.
+ * Context: not thread-safe with respect to ctx; blocks for an RCU grace
+ * period and until pending RCU callbacks have run (rcu_barrier), for a
+ * running trace's last file writes (as bfc_ctx_trace_stop), and for the
+ * device as above.
  */
 BFC_API void bfc_ctx_destroy(bfc_ctx_t *ctx);
 
@@ -450,16 +473,20 @@ BFC_API void bfc_ctx_destroy(bfc_ctx_t *ctx);
  * reported, cause BFC_OOM_TOO_LARGE, like any other).
  * Context: thread-safe.  Common path: lock-free shard lookup plus the stream's
  * own arena lock (uncontended when one thread drives the stream).  May block
- * on the slow path (growing, reclaiming memory from other shards, retry_ms).
+ * on the slow path (growing, reclaiming memory from other shards, retry_ms;
+ * on CUDA, waits for device work: see "Memory"), after a failure (the OOM
+ * report, callback and oom_dump file) and, with a trace running, on a write
+ * to its file.
  */
 BFC_API void *bfc_ctx_alloc(bfc_ctx_t *ctx, bfc_stream_t stream, size_t n);
 
 /*
  * Frees p in the order of `stream`.  If `stream` is the stream p was allocated
- * on, the block is reusable at once by later allocations on that stream.
- * Otherwise an event is recorded on `stream` (and on every stream named with
- * bfc_ctx_record_stream) and the block is reusable, by any stream, only after
- * all those events have completed.  free(NULL) is BFC_OK.  A pointer this
+ * on and no other stream was named with bfc_ctx_record_stream, the block is
+ * reusable at once by later allocations on that stream.  Otherwise an event
+ * is recorded on `stream` (unless it is p's own) and on every stream named
+ * with bfc_ctx_record_stream, and the block is reusable, by any stream, only
+ * after all those events have completed.  free(NULL) is BFC_OK.  A pointer this
  * context did not return (foreign, interior, from another context) gives
  * BFC_ENOTOWNED; a second free gives BFC_EDOUBLEFREE; in both cases nothing
  * changes.  A second free is recognised also after the block's memory left
@@ -478,7 +505,12 @@ BFC_API void *bfc_ctx_alloc(bfc_ctx_t *ctx, bfc_stream_t stream, size_t n);
  * wait-free to the owner; for a block given streams by record_stream it
  * also tries the owner arena's lock once, to record their events at the
  * free (when another thread holds it, the owner records them as it takes
- * the block back: later than needed, never earlier).  Does not block.
+ * the block back: later than needed, never earlier), and takes the owner
+ * arena's lock when the owner's stream was released.  A free that gives
+ * memory back (a large block's region, an expandable arena's free granules)
+ * also takes the pool lock and calls the backend (an event, an unmap).
+ * Does not block, except for the synchronisation above and, with a trace
+ * running, a write to its file.
  */
 BFC_API int bfc_ctx_free(bfc_ctx_t *ctx, void *p, bfc_stream_t stream);
 
@@ -504,7 +536,10 @@ BFC_API int bfc_ctx_record_stream(bfc_ctx_t *ctx, void *p, bfc_stream_t stream);
  * after the earlier), without waiting for that work.
  * BFC_OK, or BFC_EINVAL if the stream has no shard.
  * Context: thread-safe; takes the shard's lock and the device-wide pool lock
- * (a rare path); does not wait for a grace period.
+ * (a rare path); calls the backend (the event; an expandable shard's unmaps
+ * of granules whose fences have completed); does not block: it waits for
+ * no grace period and no device work (the event is recorded, not waited
+ * for).
  */
 BFC_API int bfc_ctx_stream_release(bfc_ctx_t *ctx, bfc_stream_t stream);
 
@@ -527,7 +562,7 @@ BFC_API int bfc_ctx_trim(bfc_ctx_t *ctx);
  * have -- 0 for the sizes, the negative status for the id -- and every call
  * sets bfc_last_error() (BFC_OK, or BFC_ENOTOWNED, BFC_EDOUBLEFREE,
  * BFC_EINVAL).
- * Context: thread-safe; takes the owner arena's lock.
+ * Context: thread-safe; takes the owner arena's lock; does not block.
  */
 BFC_API size_t bfc_ctx_requested_size(bfc_ctx_t *ctx, const void *p);
 BFC_API size_t bfc_ctx_allocated_size(bfc_ctx_t *ctx, const void *p);
@@ -536,7 +571,7 @@ BFC_API int64_t bfc_ctx_allocation_id(bfc_ctx_t *ctx, const void *p);
 /* Returns the configuration the context runs with: backend and vmm
  * resolved (BFC_VMM_ON or BFC_VMM_OFF, never AUTO), the limit filled in and
  * rounded down to 256 bytes as the context counts it (bytes_limit).
- * Context: thread-safe, lock-free. */
+ * Context: thread-safe, lock-free, never blocks. */
 BFC_API int bfc_ctx_config(bfc_ctx_t *ctx, bfc_config_t *out);
 
 /* ------------------------------------------------- process-wide service */
@@ -577,13 +612,19 @@ BFC_API int bfc_ctx_config(bfc_ctx_t *ctx, bfc_config_t *out);
  * bfc_stream_alloc / bfc_stream_free / bfc_record_stream / bfc_stream_release
  * behave exactly as their bfc_ctx_* counterparts on that context.
  * bfc_free(p) frees on the stream p was allocated on (immediately reusable by
- * that stream).  The three calls taking a pointer find its context from the
- * pointer, as a free needs no device: a block of a context made with
+ * that stream unless other streams were named for it, by other streams as
+ * bfc_ctx_free says).  The three calls taking a pointer find its context
+ * from the pointer, as a free needs no device: a block of a context made with
  * bfc_ctx_create is freed in its own context too; a host block
  * (bfc_host_alloc) is BFC_ENOTOWNED here, as for bfc_ctx_free on a device
  * context -- bfc_host_free frees it.
- * Context: thread-safe; same locking as the bfc_ctx_* calls; the first call
- * for a device creates its context (one-time lock).
+ * Context: thread-safe; same locking and blocking as the bfc_ctx_* calls,
+ * and: the process's first call reads SHARDBFC_CONF (once; on CUDA it also
+ * counts the devices); on CUDA, bfc_stream_alloc and bfc_stream_release ask
+ * the runtime for the stream's device.  Only bfc_stream_alloc creates a
+ * context: a call that finds none for its device creates it under a
+ * process-wide lock, blocking as bfc_ctx_create does (a concurrent call
+ * that finds none waits for it).
  */
 BFC_API void *bfc_stream_alloc(bfc_stream_t stream, size_t n);
 BFC_API int bfc_stream_free(void *p, bfc_stream_t stream);
@@ -594,15 +635,26 @@ BFC_API int bfc_stream_release(bfc_stream_t stream);
 /*
  * The process-wide context of the calling thread's current device (created on
  * first use), or NULL with bfc_last_error() set when it cannot be created.
- * Context: thread-safe.
+ * Context: thread-safe; as bfc_stream_alloc's lookup: a call that finds no
+ * context for the device creates it under a process-wide lock, blocking as
+ * bfc_ctx_create does (backend reservation, a trace= file); once it exists,
+ * one atomic load (on CUDA, plus asking the runtime for the current device).
  */
 BFC_API bfc_ctx_t *bfc_default_ctx(void);
 
 /*
- * Destroys every process-wide context (for tests and orderly shutdown).
- * Pointers from the process-wide service become invalid; later calls create
- * fresh contexts.
- * Context: no other thread may use the process-wide service concurrently.
+ * Destroys every process-wide context (for tests and orderly shutdown), and
+ * every host context (see "host pinned memory").  Pointers from the
+ * process-wide service and from bfc_host_alloc become invalid; later calls
+ * create fresh contexts.  The memory goes back to the backend, for any use,
+ * as bfc_ctx_destroy says: device memory after the work queued on the device
+ * (cudaFree, or a device synchronisation, waits for it); host memory at once
+ * (unpinned and unmapped: nothing in the library waits for copies still
+ * queued on it).
+ * Context: no other thread may use the process-wide service or host memory
+ * concurrently; blocks as bfc_ctx_destroy does, for each context (an RCU
+ * grace period and pending RCU callbacks, a running trace's last writes,
+ * the device).
  */
 BFC_API void bfc_shutdown(void);
 
@@ -615,8 +667,24 @@ BFC_API void bfc_shutdown(void);
  * returns to its owner's arena).  bfc_host_numa_node reports where the pages
  * of a live block actually are (a freed block: BFC_EDOUBLEFREE; a pointer
  * that is not a block's start: BFC_ENOTOWNED).  bfc_host_record_stream: the block is not reused until the
- * stream's work queued before the free has completed.
+ * stream's work queued before the free has completed.  Otherwise nothing
+ * waits for device work still using a freed block (a queued copy): it is
+ * reusable at once by its owner thread's later allocations (freed by
+ * another thread: from the owner's next allocation on, which takes it
+ * back), and by other threads once its memory leaves the owner's arena
+ * (memory pressure, trim, the owner's exit).
  * Context: thread-safe; the calling thread's own arena lock on the common path.
+ * bfc_host_alloc blocks as bfc_ctx_alloc does, where growing maps, binds,
+ * touches and pins a region (mmap, hwloc, cudaHostRegister on CUDA).
+ * bfc_host_free locks and blocks as bfc_ctx_free (another thread's block:
+ * its cross-stream free); bfc_host_record_stream as bfc_ctx_record_stream;
+ * bfc_host_numa_node takes the owner arena's lock and asks the kernel where
+ * the pages are; none of these three blocks.  The process's first call of
+ * the four reads SHARDBFC_CONF and the machine's topology (hwloc, from
+ * /sys) once; a thread's first bfc_host_alloc or bfc_host_free picks its
+ * node and takes the host context table lock briefly; a node's first
+ * allocation creates its host context under that lock (the backend, as
+ * bfc_ctx_create), which other threads' first calls then wait for.
  */
 BFC_API void *bfc_host_alloc(size_t n);
 BFC_API int bfc_host_free(void *p);
@@ -703,7 +771,10 @@ typedef struct bfc_stats {
  * stream's shard.  Exact at the moment of the call: each shard's remote-free
  * queue is drained first.  bfc_ctx_stream_stats gives BFC_EINVAL when the
  * stream has no shard.
- * Context: thread-safe; takes each arena lock in turn (never two at once).
+ * Context: thread-safe; takes each arena lock in turn (never two at once)
+ * and the pool lock (bfc_ctx_stream_stats: that shard's lock only); does
+ * not block: it polls fences without waiting (a freed block whose fence
+ * has completed is released as by a free).
  */
 BFC_API int bfc_ctx_stats(bfc_ctx_t *ctx, bfc_stats_t *out);
 BFC_API int bfc_ctx_stream_stats(bfc_ctx_t *ctx, bfc_stream_t s, bfc_stats_t *out);
@@ -732,14 +803,22 @@ BFC_API double bfc_stats_fragmentation(const bfc_stats_t *s);
  * bfc_host_ctx returns the host context of a node (for bfc_ctx_dump,
  * bfc_ctx_check, bfc_ctx_snapshot_json), or NULL if it has none yet.
  * bfc_host_numa_nodes is the number of NUMA nodes hwloc reports.
- * Context: thread-safe; takes each host arena lock in turn.
+ * Context: thread-safe.  bfc_host_stats and bfc_host_node_stats: as
+ * bfc_ctx_stats, for each node's host context in turn.  bfc_host_ctx: one
+ * atomic load; lock-free, never blocks.  bfc_host_numa_nodes: lock-free,
+ * never blocks, except that the process's first host call (this one,
+ * bfc_host_stats, or one of "host pinned memory") reads SHARDBFC_CONF and
+ * the machine's topology (hwloc, from /sys) once, which other threads'
+ * first host calls wait for.
  */
 BFC_API int bfc_host_stats(bfc_stats_t *out);
 BFC_API int bfc_host_node_stats(int node, bfc_stats_t *out);
 BFC_API bfc_ctx_t *bfc_host_ctx(int node);
 BFC_API int bfc_host_numa_nodes(void);
 
-/* Peaks (in use, requested, reserved) := current values.  Context: as bfc_ctx_stats. */
+/* Peaks (in use, requested, reserved) := current values.
+ * Context: as bfc_ctx_stats (the pool lock, then each arena lock in turn;
+ * does not block). */
 BFC_API int bfc_ctx_clear_peaks(bfc_ctx_t *ctx);
 
 /*
@@ -756,7 +835,9 @@ BFC_API int bfc_ctx_clear_peaks(bfc_ctx_t *ctx);
  * Returns BFC_OK or BFC_ECORRUPT;
  * bfc_ctx_check_report() also writes which invariant broke and where
  * ("invariant 3: free chunk 0x... (size 512) not in bin 1") into buf.
- * Context: thread-safe; takes each arena lock in turn and the pool lock.
+ * Context: thread-safe; holds every lock of the context at once (its list
+ * of shards', every arena's and the pool's) while it checks, so the
+ * context's other calls wait for it; makes no backend call; does not block.
  */
 BFC_API int bfc_ctx_check(bfc_ctx_t *ctx);
 BFC_API int bfc_ctx_check_report(bfc_ctx_t *ctx, char *buf, size_t len);
@@ -765,7 +846,11 @@ BFC_API int bfc_ctx_check_report(bfc_ctx_t *ctx, char *buf, size_t len);
  * Human-readable memory map (regions, chunks in address order with state,
  * size, requested size; bin summary), like TensorFlow's memory log; and a
  * machine-readable JSON snapshot (schema in doc/snapshot.md).
- * Context: thread-safe; takes each arena lock in turn.
+ * Context: thread-safe; as bfc_ctx_stats, then writes to f while it holds
+ * each arena lock in turn, so a write that blocks (a pipe, a slow disk)
+ * also holds up that shard's stream; bfc_ctx_snapshot_json also writes the
+ * OOM report to f under the context's observability lock (holding no other
+ * lock; see bfc_ctx_oom_info).
  */
 BFC_API int bfc_ctx_dump(bfc_ctx_t *ctx, FILE *f);
 BFC_API int bfc_ctx_snapshot_json(bfc_ctx_t *ctx, FILE *f);
@@ -875,7 +960,8 @@ typedef struct bfc_oom_info {
  * BFC_OOM_NONE); BFC_EINVAL for NULL arguments.
  * Context: thread-safe; takes the context's observability lock (not inside
  * the callback, where it reads the calling thread's report); never blocks
- * on allocator locks.
+ * on allocator locks, but waits for a trace start or stop, or a snapshot's
+ * OOM report, in progress on ctx (see "Blocking" at the top).
  */
 BFC_API int bfc_ctx_oom_info(bfc_ctx_t *ctx, bfc_oom_info_t *out);
 
@@ -890,8 +976,9 @@ BFC_API int bfc_ctx_oom_info(bfc_ctx_t *ctx, bfc_oom_info_t *out);
  * written; a process killed mid-dump leaves its PATH.tmp.* behind).  A
  * thread writing a dump does not act on cancellation meanwhile.  BFC_OK
  * or BFC_EINVAL (ctx NULL).
- * Context: thread-safe; a call racing an OOM may or may not see the new
- * callback.
+ * Context: thread-safe; takes the context's observability lock, as
+ * bfc_ctx_oom_info (no allocator lock; does not block); a call racing an
+ * OOM may or may not see the new callback.
  */
 BFC_API int bfc_ctx_set_oom_callback(bfc_ctx_t *ctx, bfc_oom_fn fn, void *arg);
 
@@ -899,7 +986,9 @@ BFC_API int bfc_ctx_set_oom_callback(bfc_ctx_t *ctx, bfc_oom_fn fn, void *arg);
  * Allocation trace: from bfc_ctx_trace_start until bfc_ctx_trace_stop (or
  * the context's destruction) every allocation, allocation failure, free call,
  * completion of a fenced free, region taken by a shard ("grow") and region
- * given back ("release") is written to `path` (created or truncated) as CSV
+ * given back ("release") -- with expandable arenas (vmm), each run of
+ * granules mapped ("grow") and unmapped ("release") -- is written to `path`
+ * (created or truncated) as CSV
  * in RMM's logging format: header "Thread,Time,Action,Pointer,Size,Stream",
  * one row per event (doc/trace.md).  Events go to per-thread buffers and
  * reach the file in batches; everything recorded is in the file when
@@ -916,10 +1005,13 @@ BFC_API int bfc_ctx_set_oom_callback(bfc_ctx_t *ctx, bfc_oom_fn fn, void *arg);
  * handler could not be registered).
  * bfc_ctx_trace_stop: BFC_OK, BFC_ESTATE (no trace running), BFC_EBACKEND
  * (a write to the file failed: the trace is incomplete).
- * Context: thread-safe; start/stop serialise on a per-context lock; stop
- * blocks for an RCU grace period (the moment every thread has left the
- * allocator's lock-free sections) and for the file writes; so does the
- * exit handler, once, for all running traces.
+ * Context: thread-safe; start/stop serialise on a per-context lock (the
+ * context's observability lock); start blocks on creating the file and
+ * writing its header; stop blocks for an RCU grace period (the moment every
+ * thread has left the allocator's lock-free sections) and for the file
+ * writes; so does the exit handler, once, for all running traces.  While a
+ * trace runs, a thread whose buffer fills writes it to the file (under the
+ * trace's own lock) from whatever call recorded the event.
  */
 BFC_API int bfc_ctx_trace_start(bfc_ctx_t *ctx, const char *path);
 BFC_API int bfc_ctx_trace_stop(bfc_ctx_t *ctx);

@@ -31,8 +31,10 @@ extern "C" {
 /*
  * The simulated per-thread default stream, as cudaStreamPerThread (the same
  * value): one handle that names a different stream on every thread (made at
- * the thread's first use of it; never destroyed: each takes one of the
- * 65,536 simulated streams a process can make).  Hold and drain act on the
+ * the thread's first use of it, as by bfc_sim_stream_create; never
+ * destroyed: each takes one of the 65,535 simulated streams a process can
+ * make; once they are all made, it is refused, BFC_EINVAL, on a thread that
+ * has not used it yet).  Hold and drain act on the
  * calling thread's, so a thread must drain its own before it exits: nothing
  * else can, and fences on it would never complete.  A block freed by one
  * thread on its per-thread stream but allocated on another thread's is a
@@ -42,8 +44,15 @@ extern "C" {
 
 /*
  * Creates a simulated stream for ctx (which must use the SIM backend; NULL is
- * returned otherwise or on allocation failure).
- * Context: thread-safe; takes the SIM backend's stream-registry lock (rare).
+ * returned otherwise).  A process can make 65,535 simulated streams in its
+ * lifetime, shared by every SIM context and by the per-thread streams
+ * (BFC_SIM_STREAM_PER_THREAD: one per thread that uses it); record 0 is the
+ * default (NULL) stream, and a destroyed stream's record is never reused.
+ * Once all 65,535 are made it returns NULL for good.  Sets
+ * bfc_last_error(): BFC_OK, BFC_EINVAL (ctx NULL or not SIM) or
+ * BFC_ENOMEM (every stream made).
+ * Context: thread-safe; takes the SIM backend's stream-registry lock (rare)
+ * for a few instructions; does not block.
  */
 BFC_API bfc_stream_t bfc_sim_stream_create(bfc_ctx_t *ctx);
 
@@ -56,22 +65,26 @@ BFC_API bfc_stream_t bfc_sim_stream_create(bfc_ctx_t *ctx);
  * usual (bfc_free, or bfc_ctx_free on that same stream, which needs no
  * stream operation), and fences that named it complete.  NULL or an unknown
  * stream is a no-op.
- * Context: thread-safe; lock-free (it also makes every thread's cached
- * stream lookup miss once).
+ * Context: thread-safe; lock-free, never blocks (it also makes every
+ * thread's cached stream lookup miss once).
  */
 BFC_API void bfc_sim_stream_destroy(bfc_ctx_t *ctx, bfc_stream_t s);
 
 /*
  * Work is in flight on s: events recorded on s from now on stay incomplete
  * (until bfc_sim_stream_drain).  s may be NULL (the default stream).
- * Context: thread-safe, lock-free.
+ * Context: thread-safe, lock-free, never blocks (but a thread's first use of
+ * BFC_SIM_STREAM_PER_THREAD makes its stream under bfc_sim_stream_create's
+ * lock).
  */
 BFC_API void bfc_sim_stream_hold(bfc_ctx_t *ctx, bfc_stream_t s);
 
 /*
  * All work queued on s has completed: every event recorded on s completes,
  * and the hold ends.
- * Context: thread-safe, lock-free.
+ * Context: thread-safe, lock-free, never blocks (but a thread's first use of
+ * BFC_SIM_STREAM_PER_THREAD makes its stream under bfc_sim_stream_create's
+ * lock).
  */
 BFC_API void bfc_sim_stream_drain(bfc_ctx_t *ctx, bfc_stream_t s);
 
@@ -80,7 +93,7 @@ BFC_API void bfc_sim_stream_drain(bfc_ctx_t *ctx, bfc_stream_t s);
  * memory allocation / every Nth event record or query of ctx's SIM backend
  * fails (0 turns it off).  bfc_sim_set_alloc_ceiling: device allocations
  * succeed only while the backend holds at most `bytes` (SIZE_MAX = off).
- * Context: thread-safe, lock-free.
+ * Context: thread-safe, lock-free, never blocks.
  */
 BFC_API void bfc_sim_fail_alloc_every(bfc_ctx_t *ctx, unsigned n);
 BFC_API void bfc_sim_fail_event_every(bfc_ctx_t *ctx, unsigned n);
@@ -111,13 +124,13 @@ BFC_API void bfc_sim_set_vmm_cost(bfc_ctx_t *ctx, unsigned ns_per_granule);
  * metadata allocator itself, and independent of the backend.  Every such
  * failure must surface as a status (BFC_ENOMEM) or be absorbed, never leave
  * an allocator inconsistent.  bfc_sim_meta_failures: failures injected so far.
- * Context: thread-safe, lock-free.
+ * Context: thread-safe, lock-free, never blocks.
  */
 BFC_API void bfc_sim_fail_meta_every(unsigned n);
 BFC_API uint64_t bfc_sim_meta_failures(void);
 
 /* Number of device allocations the SIM backend has served and failed so far.
- * Context: thread-safe, lock-free. */
+ * Context: thread-safe, lock-free, never blocks. */
 BFC_API uint64_t bfc_sim_backend_allocs(bfc_ctx_t *ctx);
 BFC_API uint64_t bfc_sim_backend_failures(bfc_ctx_t *ctx);
 
@@ -125,7 +138,7 @@ BFC_API uint64_t bfc_sim_backend_failures(bfc_ctx_t *ctx);
  * yet returned, plus the pages mapped into virtual-memory arenas): 0 after
  * every block is freed and bfc_ctx_trim ran (growth mode), which is how leak
  * tests see that nothing stayed behind.  0 for a context that is not SIM.
- * Context: thread-safe, lock-free. */
+ * Context: thread-safe, lock-free, never blocks. */
 BFC_API uint64_t bfc_sim_backend_bytes_held(bfc_ctx_t *ctx);
 
 /*

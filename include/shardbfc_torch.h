@@ -43,7 +43,10 @@ extern "C" {
  * shardbfc_torch_stat "alloc_failures"; bfc_last_error() says why).
  * Context: thread-safe; the common path is lock-free up to the stream's own
  * shard lock.  May block on the slow path (growing, reclaiming memory from
- * other streams' shards, retry_ms).
+ * other streams' shards, retry_ms), and as bfc_stream_alloc (the first call
+ * for a device creates its context, as bfc_ctx_create); on CUDA, for the
+ * NULL, legacy and per-thread streams, it also calls the runtime to make
+ * `device` current and back.
  */
 BFC_API void *shardbfc_torch_alloc(ssize_t size, int device, bfc_stream_t stream);
 
@@ -52,13 +55,16 @@ BFC_API void *shardbfc_torch_alloc(ssize_t size, int device, bfc_stream_t stream
  * allocation, so the block is freed in the order of the stream it was
  * allocated on and is reusable at once by later allocations on that stream;
  * other streams reuse it only after the work queued on it before the free
- * has completed, and only after every stream named with
- * shardbfc_torch_record_stream has completed its work queued up to the free.
+ * has completed.  Either way, every stream named with
+ * shardbfc_torch_record_stream must first have completed its work queued up
+ * to the free.
  * `size` and `device` are not needed (a pointer finds its context and chunk
  * by itself).  NULL is a no-op.  A pointer the plug-in did not allocate, or
  * a second free, changes nothing and is counted ("free_errors"); the first
  * such error is reported once on stderr.
- * Context: thread-safe; may be called from any thread; does not block.
+ * Context: thread-safe; may be called from any thread; takes the owner
+ * shard's lock and does not block (as bfc_stream_free); the process's first
+ * failing free also writes one line to stderr.
  */
 BFC_API void shardbfc_torch_free(void *p, ssize_t size, int device, bfc_stream_t stream);
 
@@ -80,7 +86,12 @@ BFC_API int shardbfc_torch_record_stream(void *p, bfc_stream_t stream);
  * any bfc_stats_t member ("peak_bytes_reserved", "bytes_in_use", ...) or the
  * plug-in's own counters "alloc_failures" and "free_errors"; UINT64_MAX for
  * an unknown name or when the statistics cannot be read.
- * Context: thread-safe; takes each shard lock in turn (never two at once).
+ * Context: thread-safe; takes each shard lock in turn (never two at once)
+ * and the pool lock, as bfc_ctx_stats (does not block), but the first call
+ * for a device may create its context (as bfc_default_ctx: blocking as
+ * bfc_ctx_create); on CUDA it calls the runtime to make `device` current
+ * and back.  shardbfc_torch_stat of "alloc_failures", "free_errors" or an
+ * unknown name reads no context: lock-free, never blocks.
  */
 BFC_API int shardbfc_torch_stats(int device, bfc_stats_t *out);
 BFC_API uint64_t shardbfc_torch_stat(int device, const char *name);
@@ -90,8 +101,9 @@ BFC_API uint64_t shardbfc_torch_stat(int device, const char *name);
  * torch.cuda.reset_peak_memory_stats; and the counterpart of
  * torch.cuda.empty_cache: every fully free region goes back to the device
  * (bfc_ctx_trim).  BFC_OK or a status.
- * Context: as shardbfc_torch_stats; empty_cache may block in the device
- * runtime (cudaFree synchronises the device).
+ * Context: as shardbfc_torch_stats; empty_cache also blocks as bfc_ctx_trim
+ * (it waits for the device work that fences what it gives back, and in the
+ * device runtime: cudaFree synchronises the device).
  */
 BFC_API int shardbfc_torch_reset_peaks(int device);
 BFC_API int shardbfc_torch_empty_cache(int device);

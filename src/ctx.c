@@ -1727,7 +1727,10 @@ static bfc__backend_t *sim_be(bfc_ctx_t *ctx)
 bfc_stream_t bfc_sim_stream_create(bfc_ctx_t *ctx)
 {
     bfc__backend_t *be = sim_be(ctx);
-    return be ? bfc__sim_stream_create(be) : NULL;
+    bfc_stream_t s = be ? bfc__sim_stream_create(be) : NULL;
+    /* A NULL says why: not a SIM context, or every stream made. */
+    bfc__set_last_error(s ? BFC_OK : be ? BFC_ENOMEM : BFC_EINVAL);
+    return s;
 }
 
 void bfc_sim_stream_destroy(bfc_ctx_t *ctx, bfc_stream_t s)

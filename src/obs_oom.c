@@ -44,7 +44,8 @@
  *
  * Locking: obs.lock guards the callback, the latest report and the dump's
  * rate limit; it is never held while an allocator lock is taken, nor while
- * the callback runs or a dump is written.
+ * the callback runs or an oom_dump file is written, except that a snapshot
+ * (the oom_dump file's too) prints the report to its file under it.
  */
 #include <inttypes.h>
 #include <math.h>

@@ -580,6 +580,26 @@ static void expect_refused(bfc_ctx_t *ctx, bfc_stream_t bad, void *live)
     ck_assert_int_eq(bfc_ctx_check(ctx), BFC_OK);
 }
 
+/* The public create says why it returns NULL: not a SIM context, or the
+ * process's 65,535 streams all made (destroyed ones are not reused). */
+START_TEST(test_public_stream_create_status)
+{
+    ck_assert_ptr_null(bfc_sim_stream_create(NULL));
+    ck_assert_int_eq(bfc_last_error(), BFC_EINVAL);
+    bfc_ctx_t *ctx = sim_ctx();
+    unsigned n = 0;
+    bfc_stream_t s;
+    while ((s = bfc_sim_stream_create(ctx)) != NULL) {
+        ck_assert_int_eq(bfc_last_error(), BFC_OK);
+        bfc_sim_stream_destroy(ctx, s);
+        ck_assert_uint_le(++n, 65535);
+    }
+    ck_assert_int_eq(bfc_last_error(), BFC_ENOMEM);
+    ck_assert_uint_eq(n, 65535);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
 START_TEST(test_public_unknown_handle)
 {
     bfc_ctx_t *ctx = sim_ctx();
@@ -661,6 +681,7 @@ static Suite *sim_suite(void)
     tcase_add_test(ev, test_streams_independent);
     tcase_add_test(ev, test_stream_ids);
     tcase_add_test(ev, test_stream_table_exhaustion);
+    tcase_add_test(ev, test_public_stream_create_status);
     tcase_add_test(ev, test_event_wait_timeout);
     tcase_add_test(ev, test_event_wait_released_by_drain);
     tcase_add_test(ev, test_concurrency);
