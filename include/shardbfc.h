@@ -456,7 +456,8 @@ BFC_API int bfc_ctx_create(const bfc_config_t *cfg, bfc_ctx_t **out);
  * during or after the call.  NULL is a no-op.  Work still queued on the
  * device may use the memory: cudaFree waits for the device by itself, and
  * an expandable context (vmm) waits for it (cudaDeviceSynchronize) before
- * it unmaps its pages, whose unmapping does not.
+ * it unmaps its pages, whose unmapping does not; a host context (whose
+ * destruction bfc_shutdown does) likewise before it unpins its memory.
  * Context: not thread-safe with respect to ctx; blocks for an RCU grace
  * period and until pending RCU callbacks have run (rcu_barrier), for a
  * running trace's last file writes (as bfc_ctx_trace_stop), and for the
@@ -648,9 +649,10 @@ BFC_API bfc_ctx_t *bfc_default_ctx(void);
  * process-wide service and from bfc_host_alloc become invalid; later calls
  * create fresh contexts.  The memory goes back to the backend, for any use,
  * as bfc_ctx_destroy says: device memory after the work queued on the device
- * (cudaFree, or a device synchronisation, waits for it); host memory at once
- * (unpinned and unmapped: nothing in the library waits for copies still
- * queued on it).
+ * (cudaFree, or a device synchronisation, waits for it); host memory after
+ * the work queued on the device its events live on (device 0: a
+ * synchronisation of that device; copies queued on other devices' streams
+ * must be finished by the caller), then unpinned and unmapped.
  * Context: no other thread may use the process-wide service or host memory
  * concurrently; blocks as bfc_ctx_destroy does, for each context (an RCU
  * grace period and pending RCU callbacks, a running trace's last writes,

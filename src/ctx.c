@@ -585,10 +585,13 @@ void bfc_ctx_destroy(bfc_ctx_t *ctx)
      * are safe; cuMemUnmap does not, and a kernel still writing an
      * unmapped page faults and breaks the process's CUDA context for good.
      * So an expandable context waits for the device first, as PyTorch's
-     * expandable segments synchronise before they unmap.  A failure (a
-     * context already broken; SIM with a stream held) changes nothing:
+     * expandable segments synchronise before they unmap.  A host context
+     * too: its memory is unpinned (cudaHostUnregister) and unmapped, and a
+     * copy still queued on a block would read or write memory that is gone
+     * (its backend synchronises the device its events live on).  A failure
+     * (a context already broken; SIM with a stream held) changes nothing:
      * destroy cannot fail. */
-    if (ctx->vmm)
+    if (ctx->vmm || ctx->is_host)
         (void)ctx->be->ops->device_sync(ctx->be);
     bfc__shard_dir_fini(ctx);
     bfc__pool_fini(&ctx->pool);

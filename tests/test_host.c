@@ -7,12 +7,14 @@
 #include <check.h>
 #include <hwloc.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <shardbfc.h>
 #include <shardbfc_sim.h>
 
+#include "ctx.h" /* white-box: a host context's backend */
 #include "host.h"
 
 static void setup(void)
@@ -45,6 +47,41 @@ static void check_host_ctx(void)
         ck_assert_msg(bfc_ctx_check_report(ctx, buf, sizeof buf) == BFC_OK, "node %d: %s", n, buf);
     }
 }
+
+/*
+ * Shutdown unpins and unmaps host memory: it first waits for the device
+ * (the work of streams that may still copy from or to a block), as an
+ * expandable device context does before it unmaps.  It did not: a copy
+ * queued on a pinned block before bfc_shutdown read memory already gone.
+ * Counted by wrapping the host backend's device_sync (white-box: the host
+ * context's backend ops replaced by a copy).
+ */
+static _Atomic int host_device_syncs;
+static int (*real_device_sync)(bfc__backend_t *be);
+
+static int counting_device_sync(bfc__backend_t *be)
+{
+    atomic_fetch_add(&host_device_syncs, 1);
+    return real_device_sync(be);
+}
+
+START_TEST(test_shutdown_waits_for_device)
+{
+    char *p = bfc_host_alloc(100000);
+    ck_assert_ptr_nonnull(p);
+    bfc_ctx_t *ctx = bfc_host_ctx(bfc_host_numa_node(p));
+    ck_assert_ptr_nonnull(ctx);
+    static struct bfc__backend_ops counting;
+    counting = *ctx->be->ops;
+    real_device_sync = counting.device_sync;
+    counting.device_sync = counting_device_sync;
+    ctx->be->ops = &counting;
+    ck_assert_int_eq(bfc_host_free(p), BFC_OK);
+    ck_assert_int_eq(atomic_load(&host_device_syncs), 0); /* not on the common path */
+    bfc_shutdown();
+    ck_assert_int_eq(atomic_load(&host_device_syncs), 1);
+}
+END_TEST
 
 START_TEST(test_alloc_on_node0)
 {
@@ -302,6 +339,7 @@ int main(void)
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_set_timeout(tc, 30);
     tcase_add_test(tc, test_alloc_on_node0);
+    tcase_add_test(tc, test_shutdown_waits_for_device);
     tcase_add_test(tc, test_per_thread_arenas_and_cross_thread_free);
     tcase_add_test(tc, test_remote_free_returns_to_owner);
     tcase_add_test(tc, test_record_stream_fence);
