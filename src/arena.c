@@ -570,12 +570,20 @@ __attribute__((noinline)) void bfc__arena_free_recorded_locked(struct bfc__arena
  * every pending fence with a query, so a large allocation of a shard cost
  * time in proportion to what another stream, still busy, had freed into it
  * (100,000 pending fences: 1.1 ms on SIM per allocation, a query each on a
- * GPU).  A drain remembers up to STUCK_MAX streams.  Only a fence that
- * names the stream its event is on (f->sid, fence.h) is skipped or marks
- * its stream, and only a single fence (no record_stream chain, whose
- * other events the stream does not order) marks it.  A skip is never
- * early: at worst it is late, where two threads freed on one stream at
- * once and their fences arrived in the other order than recorded.
+ * GPU).  A drain remembers up to STUCK_MAX streams.  Only the fences of
+ * cross-stream frees carry their stream's id (f->sid, fence.h): the
+ * freeing thread records the event and then queues the fence, so one
+ * thread's fences on a stream reach the pending list in the order their
+ * events were recorded, and a later one is in flight when an earlier one
+ * is.  record_stream's fences are armed at other moments (at a local
+ * free, appended at once while an older cross-stream free of the same
+ * stream may still wait in the queue; at the drain that takes a block):
+ * they neither mark nor are skipped.  A cross-stream free's fence chained
+ * with some may be skipped (its own event is in flight then) but does not
+ * mark its stream (the chain's other events may be what is in flight).
+ * A skip is never early: at worst it is late, where two threads
+ * freed on one stream at once and their fences arrived in the other order
+ * than recorded.
  */
 #define STUCK_MAX 8
 

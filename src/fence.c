@@ -30,12 +30,9 @@ void bfc__fence_arm(bfc__backend_t *be, struct bfc__fence *f, bfc_stream_t s, ui
     f->synced = false;
     f->unfenced = false;
     f->unfenced_stream = NULL;
-    f->sid = 0;
-    if (f->ev && be->ops->event_record(be, f->ev, here) == BFC_OK) {
-        if (here == s)
-            f->sid = sid;
+    f->sid = 0; /* only a cross-stream free's own fence carries it (fence.h) */
+    if (f->ev && be->ops->event_record(be, f->ev, here) == BFC_OK)
         return;
-    }
     /* No event: make the work complete now instead (the whole device's
      * when the stream is reached through another handle, whose own
      * synchronisation need not wait for it). */

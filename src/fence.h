@@ -53,11 +53,15 @@ struct bfc__fence {
     bool unfenced;
     bfc_stream_t unfenced_stream;
     uint64_t unfenced_sid;       /* its id, for stream_for (backend.h) */
-    /* The id of the stream the event was recorded on, when that is the
-     * stream the fence names (not another handle that reaches it, not a
-     * synchronisation); 0 otherwise.  Events of one stream complete in the
-     * order they were recorded, so a drain that finds one of them in flight
-     * need not ask about the stream's later ones (arena.c, "stuck"). */
+    /* A cross-stream free's own fence (remote.c): the id of the freeing
+     * stream, on which the freeing thread recorded the event just before
+     * it queued the fence.  0 for every other fence (record_stream's,
+     * departures', one fenced by synchronisation), which are armed at
+     * other moments than their place in the owner's pending list says.
+     * Events of one stream complete in the order they were recorded, and a
+     * thread's queued fences reach the pending list in the order it
+     * recorded them, so a drain that finds one of them in flight need not
+     * ask about the stream's later ones (arena.c, "Stuck streams"). */
     uint64_t sid;
     struct bfc__fence *extra;    /* further fences of the same block (recorded streams) */
     /* A fence is pending in its owner or idle in the pool's cache, never

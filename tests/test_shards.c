@@ -562,6 +562,44 @@ START_TEST(test_stuck_stream_queried_once_per_drain)
 }
 END_TEST
 
+/*
+ * A stream's fences reach the owner's pending list out of the order their
+ * events were recorded when one of them is record_stream's: a local free
+ * of a block named on R arms R's event and lists it at once, while an older
+ * cross-stream free on R, whose event has completed, still waits in the
+ * queue.  The drain must not take the newer fence, in flight, as a sign
+ * that R's older one is too: it did (the stuck-stream skip marked R from
+ * record_stream's fence), and the owner's allocation failed with
+ * BFC_ENOMEM while the older block was free to take.
+ */
+START_TEST(test_stuck_stream_older_fence_behind_record_stream)
+{
+    bfc_config_t c;
+    bfc_config_init(&c);
+    ck_assert_int_eq(bfc_config_parse(&c, "backend=sim,vmm=off,memory_limit=2M,garbage_collection=false"), BFC_OK);
+    bfc_ctx_t *ctx = ctx_new(&c);
+    bfc_stream_t a = new_stream(ctx), r = new_stream(ctx);
+    void *p = xalloc(ctx, a, MiB), *q = xalloc(ctx, a, MiB);
+    bfc_sim_stream_hold(ctx, r);
+    ck_assert_int_eq(bfc_ctx_free(ctx, p, r), BFC_OK); /* queued to a, fenced on r */
+    bfc_sim_stream_drain(ctx, r);                       /* that fence completes */
+    bfc_sim_stream_hold(ctx, r);                        /* r's later work */
+    ck_assert_int_eq(bfc_ctx_record_stream(ctx, q, r), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_free(ctx, q, a), BFC_OK);  /* pending on r's later work */
+    ck_assert_uint_eq(sst(ctx, a).num_pending_frees, 1);
+    void *x = bfc_ctx_alloc(ctx, a, MiB);
+    ck_assert_msg(x == p, "p's block, free since r drained, was not handed out (%p, %s)", x,
+                  bfc_err_name(bfc_last_error()));
+    ck_assert_uint_eq(sst(ctx, a).num_pending_frees, 1); /* q still waits for r */
+    bfc_sim_stream_drain(ctx, r);
+    xfree(ctx, x, a);
+    ck_assert_uint_eq(sst(ctx, a).num_pending_frees, 0);
+    bfc_sim_stream_destroy(ctx, a);
+    bfc_sim_stream_destroy(ctx, r);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
 START_TEST(test_record_stream_cross_free_owner_busy)
 {
     bfc_config_t c;
@@ -2092,6 +2130,7 @@ static Suite *shards_suite(void)
     tcase_add_test(tc, test_record_stream_cross_free_fenced_at_free);
     tcase_add_test(tc, test_record_stream_cross_free_owner_busy);
     tcase_add_test(tc, test_stuck_stream_queried_once_per_drain);
+    tcase_add_test(tc, test_stuck_stream_older_fence_behind_record_stream);
     tcase_add_test(tc, test_record_stream_owner_noop);
     tcase_add_test(tc, test_release_with_live_blocks);
     tcase_add_test(tc, test_release_empty_and_unknown);
