@@ -650,9 +650,10 @@ BFC_API bfc_ctx_t *bfc_default_ctx(void);
  * create fresh contexts.  The memory goes back to the backend, for any use,
  * as bfc_ctx_destroy says: device memory after the work queued on the device
  * (cudaFree, or a device synchronisation, waits for it); host memory after
- * the work queued on the device its events live on (device 0: a
- * synchronisation of that device; copies queued on other devices' streams
- * must be finished by the caller), then unpinned and unmapped.
+ * the work queued on the device its events live on (SHARDBFC_CONF's
+ * device, 0 by default: a synchronisation of that device; copies queued on
+ * other devices' streams must be finished by the caller), then unpinned
+ * and unmapped.
  * Context: no other thread may use the process-wide service or host memory
  * concurrently; blocks as bfc_ctx_destroy does, for each context (an RCU
  * grace period and pending RCU callbacks, a running trace's last writes,

@@ -79,8 +79,9 @@
  * reverse order.
  *
  * What makes the inner holders keep the rule:
- *   - the default call_rcu data is created at process set-up (below): else
- *     the first call_rcu takes call_rcu_mutex to create it, under an arena
+ *   - the default call_rcu data is created before the first context
+ *     (call_rcu_ensure, below): else the first call_rcu takes
+ *     call_rcu_mutex to create it, under an arena
  *     lock (the hang this order was written for: fork holds call_rcu_mutex
  *     and waits for an arena lock whose holder waits for the region map
  *     writer lock whose holder waits for call_rcu_mutex).  liburcu recreates
@@ -263,17 +264,19 @@ static void handlers_init_once(void)
 }
 
 /*
- * Runs before any context exists.  The handlers are there already, so a
- * fork from another thread meanwhile finds them: creating liburcu's
- * call_rcu data takes call_rcu_mutex, which our prepare handler takes too
- * (call_rcu_before_fork).  Registered here instead, as they were, a fork
- * whose prepare handlers had begun before the registration ran none of
- * ours, and when it caught this routine inside that creation the child
- * inherited call_rcu_mutex locked and hung on it running the routine again
- * (glibc's pthread_once counts forks): 47 of 200 fresh processes whose
- * main thread forked as four threads started creating contexts.  A fork
- * that interrupts this routine makes the child run it again, which it
- * may: the handlers are not registered twice, and the rest is idempotent.
+ * Runs before any context exists.  The handlers are there already (from
+ * load), so a fork from another thread meanwhile finds them: creating
+ * liburcu's call_rcu data (call_rcu_ensure, after this) takes
+ * call_rcu_mutex, which our prepare handler takes too
+ * (call_rcu_before_fork).  Registered at the first context instead, as
+ * they were, a fork whose prepare handlers had begun before the
+ * registration ran none of ours, and when it caught that creation the
+ * child inherited call_rcu_mutex locked and hung on it making the data
+ * again: 47 of 200 fresh processes whose main thread forked as four
+ * threads started creating contexts.  A fork that interrupts this routine
+ * makes the child run it again (glibc's pthread_once counts forks), which
+ * it may: the handlers are not registered twice, and the rest is
+ * idempotent.
  */
 static void process_init_once(void)
 {
@@ -415,11 +418,20 @@ static void oom_dump(struct bfc_ctx *ctx)
      * locks). */
     static _Atomic unsigned dump_seq;
     char tmp[sizeof(ctx->cfg.oom_dump) + 40];
-    int n = snprintf(tmp, sizeof(tmp), "%s.tmp.%ld.%u", ctx->cfg.oom_dump, (long)getpid(),
-                     atomic_fetch_add_explicit(&dump_seq, 1, memory_order_relaxed));
     int cancel_state;
     (void)pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel_state);
-    int fd = n > 0 && (size_t)n < sizeof(tmp) ? open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666) : -1;
+    /* A name taken already (left by a killed process that had our pid: a
+     * restarted container's pid 1) is someone else's: the next number. */
+    int fd = -1;
+    for (int tries = 0; fd < 0 && tries < 8; tries++) {
+        int n = snprintf(tmp, sizeof(tmp), "%s.tmp.%ld.%u", ctx->cfg.oom_dump, (long)getpid(),
+                         atomic_fetch_add_explicit(&dump_seq, 1, memory_order_relaxed));
+        if (n <= 0 || (size_t)n >= sizeof(tmp))
+            break;
+        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+        if (fd < 0 && errno != EEXIST)
+            break;
+    }
     FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
     if (fd >= 0 && !f)
         (void)close(fd);

@@ -664,6 +664,34 @@ START_TEST(test_oom_dump)
 }
 END_TEST
 
+/* A temporary name taken already -- left by a killed process that had this
+ * pid (a restarted container's pid 1) -- is skipped, not the dump: with
+ * O_EXCL on one name, the first dump was lost. */
+START_TEST(test_oom_dump_stale_tmp)
+{
+    tmp_setup();
+    char path[400], spec[600], stale[500];
+    tmp_path(path, sizeof path, "oom.json");
+    for (int k = 0; k < 4; k++) {
+        snprintf(stale, sizeof stale, "%s.tmp.%ld.%d", path, (long)getpid(), k);
+        FILE *f = fopen(stale, "w");
+        ck_assert_ptr_nonnull(f);
+        ck_assert_int_eq(fclose(f), 0);
+    }
+    snprintf(spec, sizeof spec, "memory_limit=4M,oom_dump=%s", path);
+    bfc_ctx_t *ctx = mkctx(spec);
+    ck_assert_ptr_null(bfc_ctx_alloc(ctx, NULL, 8 * MiB));
+    size_t len;
+    char *text = read_file(path, &len);
+    ck_assert_msg(text != NULL, "the first dump was lost to a stale temporary file");
+    json_object_put(json_canonical(text, len));
+    free(text);
+    ck_assert_int_eq(dump_leftovers("oom.json.tmp"), 4); /* the stale ones, untouched */
+    bfc_ctx_destroy(ctx);
+    tmp_teardown();
+}
+END_TEST
+
 /*
  * Contexts that share an oom_dump path -- the service makes one per device
  * from one SHARDBFC_CONF -- and fail at once: the file is one complete
@@ -2178,6 +2206,7 @@ static Suite *obs_suite(void)
     tcase_add_test(tc, test_oom_callback_frees_and_retry_succeeds);
     tcase_add_test(tc, test_oom_dump);
     tcase_add_test(tc, test_oom_dump_shared_path);
+    tcase_add_test(tc, test_oom_dump_stale_tmp);
     tcase_add_test(tc, test_fenced_free_counted_when_issued);
     tcase_add_test(tc, test_oom_report_limit_and_too_large);
     tcase_add_test(tc, test_oom_report_fragmented);
