@@ -771,9 +771,17 @@ typedef struct bfc_stats {
 
 /*
  * Statistics of the whole context (shards summed, pool included) or of one
- * stream's shard.  Exact at the moment of the call: each shard's remote-free
- * queue is drained first.  bfc_ctx_stream_stats gives BFC_EINVAL when the
- * stream has no shard.
+ * stream's shard.  Exact, not estimates: each shard's remote-free queue is
+ * drained first, and a shard's figures are read under its lock, all at one
+ * instant (bfc_ctx_stream_stats is one such instant).  The context's are
+ * summed from shards read one after another, then the pool's: while other
+ * threads allocate, free or give memory back, they are exact sums of
+ * figures from slightly different instants, so a relation between them
+ * may not hold in one result (bytes_in_use above bytes_reserved, when a
+ * shard read early freed and unmapped before the pool was read: compute
+ * bytes_reserved - bytes_in_use, PyTorch's cached memory, with a check).
+ * Quiescent, every relation holds.  bfc_ctx_stream_stats gives BFC_EINVAL
+ * when the stream has no shard.
  * Context: thread-safe; takes each arena lock in turn (never two at once)
  * and the pool lock (bfc_ctx_stream_stats: that shard's lock only); does
  * not block: it polls fences without waiting (a freed block whose fence

@@ -59,9 +59,11 @@ BFC_API void *shardbfc_torch_alloc(ssize_t size, int device, bfc_stream_t stream
  * shardbfc_torch_record_stream must first have completed its work queued up
  * to the free.
  * `size` and `device` are not needed (a pointer finds its context and chunk
- * by itself).  NULL is a no-op.  A pointer the plug-in did not allocate, or
- * a second free, changes nothing and is counted ("free_errors"); the first
- * such error is reported once on stderr.
+ * by itself).  NULL is a no-op.  A pointer that is no live block of this
+ * process's libshardbfc contexts (the plug-in's, or one made with
+ * bfc_ctx_create, whose blocks it frees as bfc_free does), or a second
+ * free, changes nothing and is counted ("free_errors"); the first such
+ * error is reported once on stderr.
  * Context: thread-safe; may be called from any thread; takes the owner
  * shard's lock and does not block (as bfc_stream_free); the process's first
  * failing free also writes one line to stderr.
