@@ -432,19 +432,13 @@ static void oom_dump(struct bfc_ctx *ctx)
         if (fd < 0 && errno != EEXIST)
             break;
     }
-    FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
-    if (fd >= 0 && !f)
-        (void)close(fd);
-    if (f) {
-        int st = bfc_ctx_snapshot_json(ctx, f);
-        if (fclose(f) == 0 && st == BFC_OK) {
-            if (rename(tmp, ctx->cfg.oom_dump) != 0)
-                (void)unlink(tmp);
-        } else {
+    if (fd >= 0) {
+        FILE *f = fdopen(fd, "w");
+        bool written = f != NULL && bfc_ctx_snapshot_json(ctx, f) == BFC_OK;
+        if (f ? fclose(f) != 0 : close(fd) != 0)
+            written = false;
+        if (!written || rename(tmp, ctx->cfg.oom_dump) != 0)
             (void)unlink(tmp);
-        }
-    } else if (fd >= 0) {
-        (void)unlink(tmp);
     }
     (void)pthread_setcancelstate(cancel_state, NULL);
     bfc__lock(&ctx->obs.lock);

@@ -96,13 +96,14 @@ static void fmt_bytes(char *buf, size_t len, uint64_t v)
         d /= 1024.0;
         i++;
     }
-    /* One decimal, written from integers: %f would follow the
-     * application's LC_NUMERIC ("57,1 MiB" under a German locale). */
-    uint64_t tenths = (uint64_t)llround(d * 10.0);
-    if (i == 0)
+    if (i == 0) {
         snprintf(buf, len, "%" PRIu64 " B", v);
-    else
+    } else {
+        /* One decimal, written from integers: %f would follow the
+         * application's LC_NUMERIC ("57,1 MiB" under a German locale). */
+        uint64_t tenths = (uint64_t)llround(d * 10.0);
         snprintf(buf, len, "%" PRIu64 ".%u %s", tenths / 10, (unsigned)(tenths % 10), unit[i]);
+    }
 }
 
 static const char *cause_name(bfc_oom_cause_t c)

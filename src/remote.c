@@ -102,9 +102,9 @@ int bfc__remote_free(struct bfc__arena *a, struct bfc__chunk *c, bfc_stream_t s,
         return BFC_ENOMEM;
     }
     f->chunk = c;
-    f->sid = sid; /* recorded on s itself (on this thread) */
-    if (!f->ev || be->ops->event_record(be, f->ev, s) != BFC_OK) {
-        f->sid = 0;
+    if (BFC__LIKELY(f->ev && be->ops->event_record(be, f->ev, s) == BFC_OK)) {
+        f->sid = sid; /* recorded on s itself, by this thread (fence.h) */
+    } else {
         if (be->ops->stream_sync(be, s) != BFC_OK) {
             bfc__arena_fence_put(a, f);
             /* release: pairs with the acquire CAS of the next free. */

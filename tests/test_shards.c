@@ -439,12 +439,9 @@ END_TEST
  * failed to come back: BFC_ENOMEM.) */
 START_TEST(test_record_stream_cross_free_fenced_at_free)
 {
-    const char *spec[] = {"backend=sim,memory_limit=8M,vmm=off", "backend=sim,memory_limit=8M,vmm=on"};
+    const char *spec[] = {"memory_limit=8M,vmm=off", "memory_limit=8M,vmm=on"};
     for (int v = 0; v < 2; v++) {
-        bfc_config_t c;
-        bfc_config_init(&c);
-        ck_assert_int_eq(bfc_config_parse(&c, spec[v]), BFC_OK);
-        bfc_ctx_t *ctx = ctx_new(&c);
+        bfc_ctx_t *ctx = ctx_spec(spec[v]);
         bfc_stream_t s = new_stream(ctx), rec = new_stream(ctx), t = new_stream(ctx);
         void *p = xalloc(ctx, s, 8 * MiB); /* the whole limit */
         ck_assert_int_eq(bfc_ctx_record_stream(ctx, p, rec), BFC_OK);
@@ -516,10 +513,7 @@ static int counting_event_query(bfc__backend_t *be, bfc__event_t ev)
 
 START_TEST(test_stuck_stream_queried_once_per_drain)
 {
-    bfc_config_t c;
-    bfc_config_init(&c);
-    ck_assert_int_eq(bfc_config_parse(&c, "backend=sim,memory_limit=256M,vmm=off,large_alloc=1M"), BFC_OK);
-    bfc_ctx_t *ctx = ctx_new(&c);
+    bfc_ctx_t *ctx = ctx_spec("memory_limit=256M,vmm=off,large_alloc=1M");
     bfc_stream_t s = new_stream(ctx), t = new_stream(ctx);
     enum { N = 2000 };
     static void *b[N];
@@ -574,10 +568,7 @@ END_TEST
  */
 START_TEST(test_stuck_stream_older_fence_behind_record_stream)
 {
-    bfc_config_t c;
-    bfc_config_init(&c);
-    ck_assert_int_eq(bfc_config_parse(&c, "backend=sim,vmm=off,memory_limit=2M,garbage_collection=false"), BFC_OK);
-    bfc_ctx_t *ctx = ctx_new(&c);
+    bfc_ctx_t *ctx = ctx_spec("vmm=off,memory_limit=2M,garbage_collection=false");
     bfc_stream_t a = new_stream(ctx), r = new_stream(ctx);
     void *p = xalloc(ctx, a, MiB), *q = xalloc(ctx, a, MiB);
     bfc_sim_stream_hold(ctx, r);
@@ -602,10 +593,7 @@ END_TEST
 
 START_TEST(test_record_stream_cross_free_owner_busy)
 {
-    bfc_config_t c;
-    bfc_config_init(&c);
-    ck_assert_int_eq(bfc_config_parse(&c, "backend=sim,memory_limit=8M,vmm=off"), BFC_OK);
-    bfc_ctx_t *ctx = ctx_new(&c);
+    bfc_ctx_t *ctx = ctx_spec("memory_limit=8M,vmm=off");
     bfc_stream_t s = new_stream(ctx), rec = new_stream(ctx), t = new_stream(ctx);
     void *p = xalloc(ctx, s, 8 * MiB);
     ck_assert_int_eq(bfc_ctx_record_stream(ctx, p, rec), BFC_OK);
