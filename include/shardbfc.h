@@ -15,11 +15,15 @@
  * calling thread's own stream, and libshardbfc treats it so: each thread
  * gets a shard of its own, which lives until that thread releases it
  * (bfc_ctx_stream_release(ctx, cudaStreamPerThread), bfc_stream_release
- * for the service) -- a thread should do so before it exits, as for any
- * stream it destroys: an exited thread's shard keeps its metadata and its
- * cached memory (other streams still reclaim its free regions under
- * pressure), so threads that come and go without releasing accumulate
- * shards; a block of one thread's per-thread stream freed
+ * for the service) or exits.  An exited thread's shard is retired, as a
+ * release would, by the next call on the context that makes a shard (the
+ * first allocation of a new thread or stream) or trims (bfc_ctx_trim), on
+ * that call's thread -- the exiting thread itself makes no call, since the
+ * order of its exit handlers and the CUDA runtime's is unknown -- so
+ * threads that come and go do not accumulate shards; until then the shard
+ * keeps its metadata and its cached memory (other streams still reclaim
+ * its free memory under pressure), and its blocks stay valid until freed
+ * (bfc_free, from any thread); a block of one thread's per-thread stream freed
  * by another thread on its per-thread stream is a cross-stream free (bfc_free
  * frees on the owner's stream from any thread); and when memory leaves such
  * a shard on another thread's call (reclaim, trim, a stream's release,
@@ -477,7 +481,9 @@ BFC_API void bfc_ctx_destroy(bfc_ctx_t *ctx);
  * on the slow path (growing, reclaiming memory from other shards, retry_ms;
  * on CUDA, waits for device work: see "Memory"), after a failure (the OOM
  * report, callback and oom_dump file) and, with a trace running, on a write
- * to its file.
+ * to its file.  A stream's first allocation also takes the arenas list
+ * lock, and retires the shards of exited threads (see the top of this
+ * file): each arena lock of those, and the pool lock.
  */
 BFC_API void *bfc_ctx_alloc(bfc_ctx_t *ctx, bfc_stream_t stream, size_t n);
 
@@ -550,6 +556,8 @@ BFC_API int bfc_ctx_stream_release(bfc_ctx_t *ctx, bfc_stream_t stream);
  * that leaves a shard here is fenced on the shard's stream (see "Memory"):
  * on CUDA trim waits for that work, as PyTorch's empty_cache does; on SIM
  * memory of a held stream stays cached in the pool until a later trim.
+ * First it retires the shards of threads that exited without releasing
+ * their per-thread streams (see the top of this file).
  * Context: thread-safe; takes each arena lock in turn and the pool lock;
  * blocks while it waits for device work (CUDA) and in the backend.
  */

@@ -110,6 +110,9 @@ struct bfc__arena {
     bfc_stream_t stream_key;
     uint64_t stream_id;
     uint64_t seq;                /* creation order, for dumps */
+    /* A per-thread default stream's shard: what tells the directory that
+     * its thread has exited (shard.c, "Threads that exit"); else NULL. */
+    struct bfc__thread_exit *exit_note;
 
     /* ---- owner side: written under `lock` ---- */
     alignas(BFC__SHARE_SPAN) bfc__mutex_t lock; /* normally taken by the one thread driving the stream */

@@ -1715,6 +1715,9 @@ int bfc_ctx_trim(bfc_ctx_t *ctx)
     if (!ctx)
         return BFC_EINVAL;
     bfc__rcu_register(); /* before the arenas lock: releases call call_rcu */
+    /* The shards of threads gone without releasing their per-thread
+     * streams give back what they can, fenced (shard.c). */
+    bfc__shard_retire_exited(ctx);
     if (ctx->vmm) /* the free granules of shards still in use */
         expand_unmap_others(ctx, NULL, fence_wait_ms(ctx), true, 0);
     bfc__shard_reclaim_others(ctx, NULL, false);

@@ -33,6 +33,7 @@ struct bfc_ctx {
     _Atomic uint64_t ooms;       /* rejected before any shard was involved */
     struct bfc__astats retired;  /* cumulative counters of reclaimed shards (arenas_lock) */
     _Atomic uint64_t shards_live;
+    _Atomic uint64_t exits_seen; /* bfc__thread_exits when its shards were last looked at (shard.c) */
     _Atomic uint64_t alloc_ids;  /* allocation ids given out to shards in blocks (arena.c) */
     _Atomic uint64_t poison_errors; /* poison=true: reused blocks found written after free */
     bool vmm;                    /* shards are expandable arenas (expand.c) */

@@ -15,6 +15,10 @@
  * after its last block and an RCU grace period (call_rcu), so a reader that
  * found it under rcu_read_lock can still lock it and see `retired`.
  *
+ * A thread's per-thread default stream can be released only by that
+ * thread; one that exits without releasing it has its shard retired later
+ * by another thread ("Threads that exit", below).
+ *
  * Locks: none on lookup.  Creation and reclamation take ctx->arenas_lock
  * (the arena list used by stats and by the OOM slow path) -- once per stream
  * lifetime, never per allocation.
@@ -54,6 +58,118 @@ int bfc__shard_dir_init(struct bfc_ctx *ctx)
         return BFC_EBACKEND;
     }
     return BFC_OK;
+}
+
+/* -------------------------------------------------- threads that exit
+ *
+ * cudaStreamPerThread names the calling thread's own stream, so only that
+ * thread can release its shard (shardbfc.h).  A thread that exits without
+ * doing so would leave the shard -- its metadata, its cached memory -- in
+ * the directory for the context's lifetime: one per thread a server ever
+ * ran.  So each such shard carries a note shared with its thread.  A
+ * pthread key destructor marks the thread's notes when it exits, and the
+ * next thread that creates a shard on the context (a new thread's first
+ * use of its per-thread stream, a new stream) or trims it retires the
+ * marked shards, as bfc_ctx_stream_release would have.
+ *
+ * The exiting thread does nothing but atomics and metadata frees: where a
+ * key destructor runs relative to the CUDA runtime's teardown of the same
+ * thread is unknown.  The retiring thread records the departure fences, on
+ * the legacy default stream, which waits for the exited thread's
+ * per-thread stream's earlier work (backend.h, stream_for) as it does for
+ * every departure of such a shard's memory on another thread's call.
+ *
+ * A note has two references, the shard's and its thread's list's; the last
+ * to let go frees it.  The list is the key's value, touched by its thread
+ * alone, which drops the notes of shards already gone whenever it adds one.
+ * Without the note or the key (no memory) a shard stays until the context
+ * goes, as it would without this.  A forked child's other threads never
+ * exit in it: their shards stay.
+ */
+struct bfc__thread_exit {
+    _Atomic unsigned refs;
+    _Atomic bool exited;
+    bool claimed;                  /* a retirement has taken it (ctx->arenas_lock) */
+    struct bfc__thread_exit *next; /* the thread's list */
+};
+
+/* Threads that exited with notes so far: a context compares it with its
+ * exits_seen to know whether to look. */
+static _Atomic uint64_t thread_exits;
+static pthread_once_t exit_once = PTHREAD_ONCE_INIT;
+static pthread_key_t exit_key;
+static bool exit_key_ok;
+
+static void exit_note_put(struct bfc__thread_exit *n)
+{
+    /* acq_rel: whoever frees the note sees the other side's accesses. */
+    if (atomic_fetch_sub_explicit(&n->refs, 1, memory_order_acq_rel) == 1)
+        bfc__meta_free(n, sizeof(*n));
+}
+
+static void thread_exited(void *v)
+{
+    struct bfc__thread_exit *n = v, *next;
+    for (; n; n = next) {
+        next = n->next;
+        /* release: pairs with the acquire load in retire_exited. */
+        atomic_store_explicit(&n->exited, true, memory_order_release);
+        exit_note_put(n);
+    }
+    /* release: a context that sees the new count sees the notes marked. */
+    atomic_fetch_add_explicit(&thread_exits, 1, memory_order_release);
+}
+
+static void exit_key_init(void)
+{
+    exit_key_ok = pthread_key_create(&exit_key, thread_exited) == 0;
+}
+
+/* The new shard a's note (the shard's reference), or NULL. */
+static struct bfc__thread_exit *exit_note_new(void)
+{
+    struct bfc__thread_exit *n = bfc__meta_zalloc(sizeof(*n));
+    if (n)
+        atomic_init(&n->refs, 1);
+    return n;
+}
+
+/* Puts a's note on the calling thread's list (the second reference).  On
+ * failure the note stays the shard's alone, never marked. */
+static void exit_note_register(struct bfc__arena *a)
+{
+    struct bfc__thread_exit *n = a->exit_note;
+    if (!n || pthread_once(&exit_once, exit_key_init) != 0 || !exit_key_ok)
+        return;
+    /* relaxed: the note is not shared yet. */
+    atomic_fetch_add_explicit(&n->refs, 1, memory_order_relaxed);
+    n->next = pthread_getspecific(exit_key);
+    if (pthread_setspecific(exit_key, n) != 0) {
+        n->next = NULL;
+        exit_note_put(n);
+        return;
+    }
+    /* The notes of shards already gone: only this list holds them. */
+    struct bfc__thread_exit **pp = &n->next;
+    while (*pp) {
+        struct bfc__thread_exit *x = *pp;
+        /* acquire: pairs with the shard's acq_rel put. */
+        if (atomic_load_explicit(&x->refs, memory_order_acquire) == 1) {
+            *pp = x->next;
+            bfc__meta_free(x, sizeof(*x));
+        } else {
+            pp = &x->next;
+        }
+    }
+}
+
+/* Frees an arena that is no longer anyone's, and lets go of its note. */
+static void arena_release(struct bfc__arena *a)
+{
+    struct bfc__thread_exit *n = a->exit_note;
+    bfc__arena_free(a);
+    if (n)
+        exit_note_put(n);
 }
 
 static bool tls_hit(struct bfc_ctx *ctx, bfc_stream_t s)
@@ -111,11 +227,17 @@ struct bfc__arena *bfc__shard_get_slow(struct bfc_ctx *ctx, bfc_stream_t s, int 
     }
     struct bfc__arena *a = lookup(ctx, id);
     if (!a) {
+        /* A shard is being made: the moment to retire those of threads
+         * that have exited (the epoch moves if any goes). */
+        if (bfc__shard_retire_exited(ctx))
+            epoch = atomic_load_explicit(&bfc__dir_epoch, memory_order_acquire);
         struct bfc__arena *mine = bfc__arena_new(&ctx->env, s, id);
         if (!mine) {
             *status = BFC_ENOMEM;
             return NULL;
         }
+        if (s == BFC__STREAM_PER_THREAD)
+            mine->exit_note = exit_note_new();
         bfc__lock(&ctx->arenas_lock);
         mine->seq = ctx->arena_seq++;
         cds_list_add(&mine->all, &ctx->arenas);
@@ -131,12 +253,13 @@ struct bfc__arena *bfc__shard_get_slow(struct bfc_ctx *ctx, bfc_stream_t s, int 
             bfc__lock(&ctx->arenas_lock);
             cds_list_del(&mine->all);
             bfc__unlock(&ctx->arenas_lock);
-            bfc__arena_free(mine);
+            arena_release(mine);
             a = caa_container_of(got, struct bfc__arena, dir_node);
         } else {
             a = mine;
             /* relaxed: a statistic. */
             atomic_fetch_add_explicit(&ctx->shards_live, 1, memory_order_relaxed);
+            exit_note_register(mine);
         }
     }
     tls_fill(ctx, s, a, epoch);
@@ -146,7 +269,7 @@ struct bfc__arena *bfc__shard_get_slow(struct bfc_ctx *ctx, bfc_stream_t s, int 
 static void arena_free_cb(struct rcu_head *h)
 {
     bfc__rcu_reclaim();
-    bfc__arena_free(caa_container_of(h, struct bfc__arena, rcu));
+    arena_release(caa_container_of(h, struct bfc__arena, rcu));
     bfc__rcu_reclaim_done();
 }
 
@@ -181,22 +304,16 @@ void bfc__shard_reclaim(struct bfc__arena *a)
         bfc__call_rcu(&a->rcu, arena_free_cb);
 }
 
-int bfc__shard_retire(struct bfc_ctx *ctx, bfc_stream_t s)
+/* Takes a out of the directory and sheds what it does not use, under
+ * rcu_read_lock; BFC_EINVAL when it had already left.  *dead: it holds
+ * nothing more, the caller reclaims it once out of the read section. */
+static int retire(struct bfc_ctx *ctx, struct bfc__arena *a, bool *dead)
 {
-    bfc__rcu_lock();
-    uint64_t id;
-    int st = ctx->be->ops->stream_id(ctx->be, s, &id);
-    struct bfc__arena *a = st == BFC_OK ? lookup(ctx, id) : NULL;
-    int del = -1;
-    if (a) {
-        bfc__lock(&bfc__urcu_gate); /* rcu.h: may queue a resize */
-        del = cds_lfht_del(ctx->dir, &a->dir_node);
-        bfc__unlock(&bfc__urcu_gate);
-    }
-    if (del != 0) {
-        bfc__rcu_unlock();
+    bfc__lock(&bfc__urcu_gate); /* rcu.h: may queue a resize */
+    int del = cds_lfht_del(ctx->dir, &a->dir_node);
+    bfc__unlock(&bfc__urcu_gate);
+    if (del != 0)
         return BFC_EINVAL;
-    }
     /* Pairs with bfc__remote_owner_retired in a cross-stream free: an
      * enqueue racing with retirement is drained by one side or the other
      * (remote.c, "Retirement"). */
@@ -209,12 +326,66 @@ int bfc__shard_retire(struct bfc_ctx *ctx, bfc_stream_t s)
     /* A retired shard allocates no more: everything it does not use goes
      * back to the pool, fenced on its stream. */
     bfc__arena_shed_locked(a, true);
-    bool dead = bfc__arena_maybe_dead_locked(a);
+    *dead = bfc__arena_maybe_dead_locked(a);
     bfc__unlock(&a->lock);
+    return BFC_OK;
+}
+
+int bfc__shard_retire(struct bfc_ctx *ctx, bfc_stream_t s)
+{
+    bfc__rcu_lock();
+    uint64_t id;
+    struct bfc__arena *a = ctx->be->ops->stream_id(ctx->be, s, &id) == BFC_OK ? lookup(ctx, id) : NULL;
+    bool dead = false;
+    int st = a ? retire(ctx, a, &dead) : BFC_EINVAL;
     bfc__rcu_unlock();
     if (dead)
         bfc__shard_reclaim(a);
-    return BFC_OK;
+    return st;
+}
+
+/* At most this many shards are taken per look at the list (a stack array;
+ * the walk repeats while it fills). */
+#define EXITED_BATCH 16
+
+size_t bfc__shard_retire_exited(struct bfc_ctx *ctx)
+{
+    /* acquire: pairs with the release increment in thread_exited. */
+    uint64_t now = atomic_load_explicit(&thread_exits, memory_order_acquire);
+    /* relaxed: a hint; two threads may both look, the claim keeps each
+     * shard to one of them. */
+    if (atomic_load_explicit(&ctx->exits_seen, memory_order_relaxed) == now)
+        return 0;
+    atomic_store_explicit(&ctx->exits_seen, now, memory_order_relaxed);
+    size_t retired = 0, n;
+    do {
+        struct bfc__arena *got[EXITED_BATCH];
+        bool dead[EXITED_BATCH];
+        n = 0;
+        bfc__rcu_lock(); /* the arenas stay until it ends, reclaimed or not */
+        bfc__lock(&ctx->arenas_lock);
+        struct bfc__arena *a;
+        bfc__list_for_each(a, &ctx->arenas, all) {
+            struct bfc__thread_exit *note = a->exit_note;
+            /* acquire: pairs with the release store in thread_exited. */
+            if (note && !note->claimed && atomic_load_explicit(&note->exited, memory_order_acquire)) {
+                note->claimed = true;
+                got[n++] = a;
+                if (n == EXITED_BATCH)
+                    break;
+            }
+        }
+        bfc__unlock(&ctx->arenas_lock);
+        for (size_t i = 0; i < n; i++) {
+            dead[i] = false;
+            retired += retire(ctx, got[i], &dead[i]) == BFC_OK;
+        }
+        bfc__rcu_unlock();
+        for (size_t i = 0; i < n; i++)
+            if (dead[i])
+                bfc__shard_reclaim(got[i]);
+    } while (n == EXITED_BATCH);
+    return retired;
 }
 
 size_t bfc__shard_reclaim_others(struct bfc_ctx *ctx, struct bfc__arena *self, bool tails)
@@ -306,7 +477,7 @@ void bfc__shard_dir_fini(struct bfc_ctx *ctx)
     bfc__rcu_reclaim();
     struct bfc__arena *a;
     bfc__list_for_each_safe(a, &ctx->arenas, all)
-        bfc__arena_free(a);
+        arena_release(a);
     CDS_INIT_LIST_HEAD(&ctx->arenas);
     rcu_barrier();
     bfc__rcu_reclaim();

@@ -60,6 +60,10 @@ struct bfc__arena *bfc__shard_find(struct bfc_ctx *ctx, bfc_stream_t s);
  * cache's hit reads its arena. */
 int bfc__shard_stream_id(struct bfc_ctx *ctx, bfc_stream_t s, uint64_t *id);
 int bfc__shard_retire(struct bfc_ctx *ctx, bfc_stream_t s);
+/* Retires the per-thread stream shards of threads that have exited
+ * (shard.c, "Threads that exit"); returns how many.  Takes arenas_lock and
+ * each such arena's lock: call with no arena lock held. */
+size_t bfc__shard_retire_exited(struct bfc_ctx *ctx);
 /* Unlinks a dead arena and frees it after a grace period. */
 void bfc__shard_reclaim(struct bfc__arena *a);
 /* Destroys every arena (ctx teardown; no concurrent users). */

@@ -52,7 +52,8 @@
  * written would be a fault that breaks the context for good);
  * cudaStreamPerThread used from two threads gets two shards, and memory
  * leaving one of those shards on the other thread's call waits for its
- * owner's work (per_thread_departure); the
+ * owner's work (per_thread_departure), also when that thread has exited
+ * without releasing its stream and another thread retires its shard; the
  * legacy default stream (NULL and cudaStreamLegacy) allocates and frees;
  * device errors surface as BFC_EBACKEND (a child process whose context a
  * trapping kernel broke: a sticky error cannot be undone in-process).
@@ -519,6 +520,7 @@ struct pt_owner {
     void *first[MAXB];
     size_t n[MAXB];
     unsigned nb;
+    bool exits; /* the thread exits once it has freed, not releasing its stream */
     int status;
 };
 
@@ -540,13 +542,14 @@ static void *pt_owner_main(void *arg)
     for (unsigned i = 0; i < o->nb; i++)
         if (o->first[i] && bfc_ctx_free(o->ctx, o->first[i], (bfc_stream_t)pt) != BFC_OK)
             o->status = BFC_ECORRUPT;
-    /* 1: freed, the spin still running; 2: the taker is done. */
-    if (!barrier_ok(pthread_barrier_wait(o->bar)) || !barrier_ok(pthread_barrier_wait(o->bar)))
+    /* 1: freed, the spin still running; 2: the taker is done (an owner
+     * that exits has gone by then). */
+    if (!barrier_ok(pthread_barrier_wait(o->bar)) || (!o->exits && !barrier_ok(pthread_barrier_wait(o->bar))))
         o->status = BFC_EBACKEND;
     return NULL;
 }
 
-static void per_thread_departure(const char *conf, bool vmm)
+static void per_thread_departure(const char *conf, bool vmm, bool exits)
 {
     bfc_config_t cfg;
     bfc_ctx_t *ctx;
@@ -561,7 +564,7 @@ static void per_thread_departure(const char *conf, bool vmm)
 
     bfc_config_init(&cfg);
     if (vmm && bfc_config_parse(&cfg, conf) != BFC_OK) {
-        printf("test_gpu_streams: per-thread departure (vmm): SKIP: %s\n", NOVMM);
+        printf("test_gpu_streams: per-thread departure%s (vmm): SKIP: %s\n", exits ? ", owner exited" : "", NOVMM);
         CUDA_OK(cudaStreamDestroy(c));
         return;
     }
@@ -570,11 +573,17 @@ static void per_thread_departure(const char *conf, bool vmm)
     o.ctx = ctx;
     o.bar = &bar;
     o.nb = 3;
+    o.exits = exits;
     memcpy(o.n, set, sizeof set);
     ck_assert_int_eq(pthread_barrier_init(&bar, NULL, 2), 0);
     ck_assert_int_eq(pthread_create(&th, NULL, pt_owner_main, &o), 0);
     ck_assert(barrier_ok(pthread_barrier_wait(&bar)));
-    /* Until the second barrier nothing may unwind this thread. */
+    /* The owner gone, its shard is retired by this thread's first
+     * allocation on c (which makes c's shard), its fence on the legacy
+     * stream.  Otherwise, until the second barrier nothing may unwind this
+     * thread. */
+    if (exits)
+        ck_assert_int_eq(pthread_join(th, NULL), 0);
     for (unsigned i = 0; i < o.nb; i++) {
         second[i] = o.status == BFC_OK ? bfc_ctx_alloc(ctx, (bfc_stream_t)c, o.n[i]) : NULL;
         if (!second[i] || bfc_test_fill(second[i], o.n[i], 0x400 + i, c) != cudaSuccess)
@@ -583,9 +592,17 @@ static void per_thread_departure(const char *conf, bool vmm)
     (void)cudaDeviceSynchronize();
     for (unsigned i = 0; i < o.nb; i++)
         bad[i] = second[i] ? count_bad_raw(second[i], o.n[i], 0x400 + i) : 0;
-    ck_assert(barrier_ok(pthread_barrier_wait(&bar)));
-    ck_assert_int_eq(pthread_join(th, NULL), 0);
+    if (!exits) {
+        ck_assert(barrier_ok(pthread_barrier_wait(&bar)));
+        ck_assert_int_eq(pthread_join(th, NULL), 0);
+    }
     ck_assert_msg(o.status == BFC_OK, "owner thread: %s", bfc_err_name(o.status));
+    if (exits) {
+        bfc_stats_t st;
+        ck_assert_int_eq(bfc_ctx_stats(ctx, &st), BFC_OK);
+        ck_assert_msg(st.num_shards == 1, "%" PRIu64 " live shards: the exited owner's was not retired",
+                      st.num_shards);
+    }
     ck_assert_msg(fails == 0, "the taking stream could not allocate or fill the second set");
     for (unsigned i = 0; i < o.nb; i++)
         ck_assert_msg(bad[i] == 0,
@@ -602,13 +619,24 @@ static void per_thread_departure(const char *conf, bool vmm)
     ck_assert_int_eq(bfc_ctx_check(ctx), BFC_OK);
     bfc_ctx_destroy(ctx);
     CUDA_OK(cudaStreamDestroy(c));
-    printf("test_gpu_streams: per-thread departure (%s): ok\n", vmm ? "vmm" : "classic");
+    printf("test_gpu_streams: per-thread departure%s (%s): ok\n", exits ? ", owner exited" : "",
+           vmm ? "vmm" : "classic");
 }
 
 START_TEST(test_per_thread_departure)
 {
-    per_thread_departure(TIGHT, false);
-    per_thread_departure(VTIGHT, true);
+    per_thread_departure(TIGHT, false, false);
+    per_thread_departure(VTIGHT, true, false);
+}
+END_TEST
+
+/* The same with an owner thread that exits once it has freed, without
+ * releasing its per-thread stream: its shard is retired by another thread,
+ * which cannot name the exited thread's stream either. */
+START_TEST(test_per_thread_exit_departure)
+{
+    per_thread_departure(TIGHT, false, true);
+    per_thread_departure(VTIGHT, true, true);
 }
 END_TEST
 
@@ -810,6 +838,7 @@ static int run_suite(void)
     tcase_add_test(sp, test_per_thread_streams);
     tcase_add_test(sp, test_legacy_stream);
     tcase_add_test(sp, test_per_thread_departure);
+    tcase_add_test(sp, test_per_thread_exit_departure);
     tcase_add_test(sp, test_device_errors);
     tcase_add_test(sp, test_destroy_waits);
     tcase_set_timeout(tp, 120);

@@ -28,6 +28,7 @@
 #include <shardbfc_sim.h>
 
 #include <check.h>
+#include <inttypes.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
@@ -1827,64 +1828,9 @@ END_TEST
 /* ------------------------------------------- the per-thread default stream
  *
  * One handle (cudaStreamPerThread; BFC_SIM_STREAM_PER_THREAD here) names a
- * different stream on every thread.  A second thread (`other`) drives its
- * own per-thread stream through steps the main thread hands it one at a
- * time; Check's assertions stay on the main thread. */
-
-struct pt_thread {
-    pthread_t tid;
-    pthread_mutex_t m;
-    pthread_cond_t c;
-    void (*fn)(void *);
-    void *arg;
-    bool quit;
-};
-
-static void *pt_main(void *v)
-{
-    struct pt_thread *w = v;
-    pthread_mutex_lock(&w->m);
-    for (;;) {
-        while (!w->fn && !w->quit)
-            pthread_cond_wait(&w->c, &w->m);
-        if (w->quit)
-            break;
-        w->fn(w->arg);
-        w->fn = NULL;
-        pthread_cond_broadcast(&w->c);
-    }
-    pthread_mutex_unlock(&w->m);
-    return NULL;
-}
-
-static void pt_start(struct pt_thread *w)
-{
-    memset(w, 0, sizeof *w);
-    ck_assert_int_eq(pthread_mutex_init(&w->m, NULL), 0);
-    ck_assert_int_eq(pthread_cond_init(&w->c, NULL), 0);
-    ck_assert_int_eq(pthread_create(&w->tid, NULL, pt_main, w), 0);
-}
-
-/* Runs fn(arg) on the thread and waits for it. */
-static void pt_run(struct pt_thread *w, void (*fn)(void *), void *arg)
-{
-    pthread_mutex_lock(&w->m);
-    w->fn = fn;
-    w->arg = arg;
-    pthread_cond_broadcast(&w->c);
-    while (w->fn)
-        pthread_cond_wait(&w->c, &w->m);
-    pthread_mutex_unlock(&w->m);
-}
-
-static void pt_stop(struct pt_thread *w)
-{
-    pthread_mutex_lock(&w->m);
-    w->quit = true;
-    pthread_cond_broadcast(&w->c);
-    pthread_mutex_unlock(&w->m);
-    ck_assert_int_eq(pthread_join(w->tid, NULL), 0);
-}
+ * different stream on every thread.  A second thread drives its own
+ * per-thread stream through steps the main thread hands it one at a time
+ * (testutil.h, step_thread); Check's assertions stay on the main thread. */
 
 #define PT BFC_SIM_STREAM_PER_THREAD
 
@@ -1941,10 +1887,10 @@ static void pt_drain(void *v)
 START_TEST(test_per_thread_free_from_other_thread)
 {
     bfc_ctx_t *ctx = ctx_default();
-    struct pt_thread w;
-    pt_start(&w);
+    struct step_thread w;
+    step_start(&w);
     struct pt_step a = {.ctx = ctx, .n = 64 * KiB, .k = 3};
-    pt_run(&w, pt_alloc, &a); /* x0, p, x1 on the other thread's stream */
+    step_run(&w, pt_alloc, &a); /* x0, p, x1 on the other thread's stream */
     ck_assert_int_eq(a.status, BFC_OK);
     void *p = a.v[1];
     uint64_t remote0 = st(ctx).num_remote_frees;
@@ -1952,34 +1898,34 @@ START_TEST(test_per_thread_free_from_other_thread)
     ck_assert_int_eq(bfc_ctx_free(ctx, p, PT), BFC_OK);
     ck_assert_uint_eq(st(ctx).num_remote_frees, remote0 + 1);
     struct pt_step b = {.ctx = ctx, .n = 64 * KiB, .k = 4, .avoid = p};
-    pt_run(&w, pt_alloc, &b);
+    step_run(&w, pt_alloc, &b);
     ck_assert_int_eq(b.status, BFC_OK);
     ck_assert_msg(!b.hit, "the owner reused %p while the freeing thread's stream was busy", p);
     bfc_sim_stream_drain(ctx, PT);
     struct pt_step c = {.ctx = ctx, .n = 64 * KiB, .k = 1, .avoid = p};
-    pt_run(&w, pt_alloc, &c);
+    step_run(&w, pt_alloc, &c);
     ck_assert_msg(c.hit, "the drained block was not reused: the scenario proves nothing");
     a.v[1] = NULL;
-    pt_run(&w, pt_free, &a);
-    pt_run(&w, pt_free, &b);
-    pt_run(&w, pt_free, &c);
+    step_run(&w, pt_free, &a);
+    step_run(&w, pt_free, &b);
+    step_run(&w, pt_free, &c);
     ck_assert_int_eq(a.status | b.status | c.status, BFC_OK);
     /* bfc_free frees on the owner's stream, from any thread -- not on this
      * thread's, busy again: the owner reuses the block at once. */
-    pt_run(&w, pt_alloc, &a);
+    step_run(&w, pt_alloc, &a);
     ck_assert_int_eq(a.status, BFC_OK);
     p = a.v[1];
     bfc_sim_stream_hold(ctx, PT);
     ck_assert_int_eq(bfc_free(p), BFC_OK);
     struct pt_step d = {.ctx = ctx, .n = 64 * KiB, .k = 1, .avoid = p};
-    pt_run(&w, pt_alloc, &d);
+    step_run(&w, pt_alloc, &d);
     ck_assert_msg(d.hit, "bfc_free did not free on the owner's stream");
     bfc_sim_stream_drain(ctx, PT);
     a.v[1] = NULL; /* d.v[0] now */
-    pt_run(&w, pt_free, &a);
-    pt_run(&w, pt_free, &d);
+    step_run(&w, pt_free, &a);
+    step_run(&w, pt_free, &d);
     ck_assert_int_eq(a.status | d.status, BFC_OK);
-    pt_stop(&w);
+    step_stop(&w);
     ck_assert_uint_eq(st(ctx).bytes_in_use, 0);
     xcheck(ctx);
     bfc_ctx_destroy(ctx);
@@ -1995,22 +1941,32 @@ END_TEST
  * their addresses out of this thread's blocks, expandable arenas keep the
  * other shard's pages mapped.
  */
-static void per_thread_departure(bool vmm)
+/* An 8 MiB context; the other thread w allocates 6 MiB (returned), makes
+ * its stream busy and frees the block on it. */
+static bfc_ctx_t *busy_free_on_other_thread(bool vmm, struct step_thread *w, char **pa)
 {
     bfc_config_t c = cfg_grow(8 * MiB);
     c.initial_region = 8 * MiB;
     c.garbage_collection = true;
     c.vmm = vmm ? BFC_VMM_ON : BFC_VMM_OFF;
     bfc_ctx_t *ctx = ctx_new(&c);
-    struct pt_thread w;
-    pt_start(&w);
+    step_start(w);
     struct pt_step a = {.ctx = ctx, .n = 6 * MiB, .k = 1};
-    pt_run(&w, pt_alloc, &a);
+    step_run(w, pt_alloc, &a);
     ck_assert_int_eq(a.status, BFC_OK);
-    char *pa = a.v[0];
-    pt_run(&w, pt_hold, &a);
-    pt_run(&w, pt_free, &a); /* fine on its own stream, busy or not */
+    *pa = a.v[0];
+    step_run(w, pt_hold, &a);
+    step_run(w, pt_free, &a); /* fine on its own stream, busy or not */
     ck_assert_int_eq(a.status, BFC_OK);
+    return ctx;
+}
+
+static void per_thread_departure(bool vmm)
+{
+    struct step_thread w;
+    char *pa;
+    bfc_ctx_t *ctx = busy_free_on_other_thread(vmm, &w, &pa);
+    struct pt_step a = {.ctx = ctx};
     bfc_stream_t s = new_stream(ctx);
     char *q = bfc_ctx_alloc(ctx, s, 7 * MiB);
     if (q) {
@@ -2022,13 +1978,13 @@ static void per_thread_departure(bool vmm)
     if (vmm)
         ck_assert_msg(bfc_sim_mapped(ctx, pa, 6 * MiB) == 1,
                       "the other thread's pages were unmapped while its stream was busy");
-    pt_run(&w, pt_drain, &a);
+    step_run(&w, pt_drain, &a);
     q = bfc_ctx_alloc(ctx, s, 7 * MiB);
     ck_assert_msg(q != NULL, "7 MiB on an 8 MiB limit failed once everything was free and drained: %s",
                   bfc_err_name(bfc_last_error()));
     memset(q, 0x5A, 7 * MiB);
     xfree(ctx, q, s);
-    pt_stop(&w);
+    step_stop(&w);
     xcheck(ctx);
     bfc_ctx_destroy(ctx);
 }
@@ -2075,13 +2031,13 @@ START_TEST(test_per_thread_oom_report)
     bfc_config_t c = cfg_grow(16 * MiB);
     c.initial_region = 4 * MiB;
     bfc_ctx_t *ctx = ctx_new(&c);
-    struct pt_thread w;
-    pt_start(&w);
+    struct step_thread w;
+    step_start(&w);
     struct pt_step a = {.ctx = ctx, .n = 4 * MiB, .k = 3};
-    pt_run(&w, pt_alloc, &a);
+    step_run(&w, pt_alloc, &a);
     ck_assert_int_eq(a.status, BFC_OK);
     struct pt_step mid = {.ctx = ctx, .k = 1, .v = {a.v[1]}};
-    pt_run(&w, pt_free, &mid); /* a 4 MiB hole in the other thread's shard */
+    step_run(&w, pt_free, &mid); /* a 4 MiB hole in the other thread's shard */
     void *m = xalloc(ctx, PT, MiB);
     ck_assert_ptr_null(bfc_ctx_alloc(ctx, PT, 8 * MiB));
     bfc_oom_info_t i;
@@ -2094,8 +2050,205 @@ START_TEST(test_per_thread_oom_report)
     ck_assert_uint_eq(i.num_shards, 2);
     xfree(ctx, m, PT);
     a.v[1] = NULL;
-    pt_run(&w, pt_free, &a);
-    pt_stop(&w);
+    step_run(&w, pt_free, &a);
+    step_stop(&w);
+    xcheck(ctx);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
+/* ------------------------------------ threads that exit without releasing
+ *
+ * A per-thread stream's shard can be released only by its own thread.  One
+ * that exits without doing so leaves its shard to the next thread that
+ * makes a shard on the context, or trims it: threads that come and go do
+ * not accumulate shards. */
+
+static void pt_alloc_keep_one(void *v)
+{
+    struct pt_step *x = v;
+    pt_alloc(v);
+    if (x->status != BFC_OK)
+        return;
+    /* Free all but v[1] on the thread's own stream. */
+    void *keep = x->v[1];
+    x->v[1] = NULL;
+    pt_free(v);
+    x->v[1] = keep;
+}
+
+START_TEST(test_per_thread_exit_retires_shard)
+{
+    bfc_ctx_t *ctx = ctx_default();
+    enum { N = 40 };
+    void *kept[N];
+    for (int i = 0; i < N; i++) {
+        struct step_thread w;
+        step_start(&w);
+        struct pt_step a = {.ctx = ctx, .n = 64 * KiB, .k = 3};
+        step_run(&w, pt_alloc_keep_one, &a);
+        ck_assert_int_eq(a.status, BFC_OK);
+        kept[i] = a.v[1];
+        /* Its shard was made after the previous thread had exited: that
+         * one's is retired, this one's is the only one live. */
+        ck_assert_msg(st(ctx).num_shards == 1, "thread %d: %" PRIu64 " live shards", i, st(ctx).num_shards);
+        step_stop(&w); /* exits without bfc_ctx_stream_release */
+    }
+    ck_assert_uint_eq(st(ctx).num_shards, 1); /* the last thread's, until someone looks */
+    ck_assert_int_eq(bfc_ctx_trim(ctx), BFC_OK);
+    ck_assert_uint_eq(st(ctx).num_shards, 0);
+    /* The blocks still live in the retired shards are intact and theirs. */
+    for (int i = 0; i < N; i++) {
+        ck_assert_uint_eq(bfc_ctx_allocated_size(ctx, kept[i]), 64 * KiB);
+        memset(kept[i], 0x5A, 64 * KiB);
+    }
+    bfc_stats_t s = st(ctx);
+    ck_assert_uint_eq(s.bytes_in_use, N * 64 * KiB);
+    ck_assert_uint_eq(s.num_allocs, 3 * N);
+    xcheck(ctx);
+    for (int i = 0; i < N; i++)
+        ck_assert_int_eq(bfc_free(kept[i]), BFC_OK);
+    s = st(ctx);
+    ck_assert_uint_eq(s.bytes_in_use, 0);
+    ck_assert_uint_eq(s.num_frees, 3 * N);
+    ck_assert_int_eq(bfc_ctx_trim(ctx), BFC_OK);
+    ck_assert_uint_eq(st(ctx).bytes_reserved, 0);
+    xcheck(ctx);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
+/*
+ * The exited thread's stream is still busy with the memory its shard frees
+ * (its work outlives the thread, as on a GPU): retiring the shard from
+ * another thread must fence that memory on the exited thread's stream, so
+ * no other stream gets it.  With the stream drained before the exit, the
+ * same memory serves the other stream: the scenario can fail.
+ */
+static void per_thread_exit_busy(bool vmm, bool drained)
+{
+    struct step_thread w;
+    char *pa;
+    bfc_ctx_t *ctx = busy_free_on_other_thread(vmm, &w, &pa);
+    struct pt_step a = {.ctx = ctx};
+    if (drained)
+        step_run(&w, pt_drain, &a);
+    step_stop(&w);
+    ck_assert_uint_eq(st(ctx).num_shards, 1);
+    ck_assert_int_eq(bfc_ctx_trim(ctx), BFC_OK); /* retires the exited thread's shard */
+    ck_assert_uint_eq(st(ctx).num_shards, 0);
+    bfc_stream_t s = new_stream(ctx);
+    char *q = bfc_ctx_alloc(ctx, s, 7 * MiB);
+    if (drained) {
+        ck_assert_msg(q != NULL, "7 MiB on an 8 MiB limit failed once the exited thread's stream was drained: %s",
+                      bfc_err_name(bfc_last_error()));
+    } else {
+        ck_assert_msg(!q || q + 7 * MiB <= pa || q >= pa + 6 * MiB,
+                      "another stream got %p, inside the exited thread's %p, while its stream was busy", (void *)q,
+                      (void *)pa);
+        if (vmm)
+            ck_assert_msg(bfc_sim_mapped(ctx, pa, 6 * MiB) == 1,
+                          "the exited thread's pages were unmapped while its stream was busy");
+    }
+    if (q) {
+        memset(q, 0x5A, 7 * MiB);
+        xfree(ctx, q, s);
+    }
+    xcheck(ctx);
+    bfc_ctx_destroy(ctx);
+}
+
+START_TEST(test_per_thread_exit_busy_classic)
+{
+    per_thread_exit_busy(false, false);
+    per_thread_exit_busy(false, true);
+}
+END_TEST
+
+START_TEST(test_per_thread_exit_busy_vmm)
+{
+    per_thread_exit_busy(true, false);
+    per_thread_exit_busy(true, true);
+}
+END_TEST
+
+/* A thread that outlives its contexts, and one that exits after its
+ * context is gone: the shard and the thread each let go of what they
+ * share, in either order (ASan and LeakSanitizer builds check it). */
+static void pt_contexts(void *v)
+{
+    struct pt_step *x = v;
+    x->status = BFC_OK;
+    for (int i = 0; i < 50; i++) {
+        bfc_ctx_t *c = NULL;
+        bfc_config_t cfg = cfg_grow(16 * MiB);
+        if (bfc_ctx_create(&cfg, &c) != BFC_OK) {
+            x->status = BFC_ENOMEM;
+            return;
+        }
+        void *p = bfc_ctx_alloc(c, PT, 4 * KiB);
+        if (!p || bfc_ctx_free(c, p, PT) != BFC_OK)
+            x->status = BFC_ECORRUPT;
+        if (i % 2)
+            (void)bfc_ctx_stream_release(c, PT);
+        bfc_ctx_destroy(c);
+    }
+}
+
+START_TEST(test_per_thread_exit_after_context)
+{
+    struct step_thread w;
+    step_start(&w);
+    struct pt_step a = {.k = 0};
+    step_run(&w, pt_contexts, &a);
+    ck_assert_int_eq(a.status, BFC_OK);
+    bfc_ctx_t *ctx = ctx_default();
+    struct pt_step b = {.ctx = ctx, .n = 4 * KiB, .k = 2};
+    step_run(&w, pt_alloc, &b);
+    ck_assert_int_eq(b.status, BFC_OK);
+    ck_assert_int_eq(bfc_free(b.v[0]), BFC_OK);
+    ck_assert_int_eq(bfc_free(b.v[1]), BFC_OK);
+    bfc_ctx_destroy(ctx); /* before the thread exits */
+    step_stop(&w);
+}
+END_TEST
+
+/* Threads exit while others make shards and trim: each exited thread's
+ * shard is retired once, and none is left at the end. */
+static void *pt_churn_main(void *v)
+{
+    bfc_ctx_t *ctx = v;
+    for (int i = 0; i < 30; i++) {
+        void *p = bfc_ctx_alloc(ctx, PT, (size_t)(i + 1) * KiB);
+        if (!p || bfc_ctx_free(ctx, p, PT) != BFC_OK)
+            return (void *)1;
+    }
+    return NULL;
+}
+
+START_TEST(test_race_per_thread_exits)
+{
+    bfc_ctx_t *ctx = ctx_default();
+    for (int round = 0; round < 60; round++) {
+        pthread_t t[3];
+        for (int i = 0; i < 3; i++)
+            ck_assert_int_eq(pthread_create(&t[i], NULL, pt_churn_main, ctx), 0);
+        if (round % 3 == 0)
+            ck_assert_int_eq(bfc_ctx_trim(ctx), BFC_OK);
+        for (int i = 0; i < 3; i++) {
+            void *r;
+            ck_assert_int_eq(pthread_join(t[i], &r), 0);
+            ck_assert_ptr_null(r);
+        }
+        /* The threads of this round may not have been retired yet (no
+         * shard was made after they exited); those of earlier rounds were. */
+        ck_assert_uint_le(st(ctx).num_shards, 3);
+    }
+    ck_assert_int_eq(bfc_ctx_trim(ctx), BFC_OK);
+    bfc_stats_t s = st(ctx);
+    ck_assert_uint_eq(s.num_shards, 0);
+    ck_assert_uint_eq(s.bytes_in_use, 0);
+    ck_assert_uint_eq(s.num_allocs, 60 * 3 * 30);
     xcheck(ctx);
     bfc_ctx_destroy(ctx);
 }
@@ -2149,6 +2302,10 @@ static Suite *shards_suite(void)
     tcase_add_test(pt, test_per_thread_departure_vmm);
     tcase_add_test(pt, test_per_thread_oom_report);
     tcase_add_test(pt, test_per_thread_made_up_handle);
+    tcase_add_test(pt, test_per_thread_exit_retires_shard);
+    tcase_add_test(pt, test_per_thread_exit_busy_classic);
+    tcase_add_test(pt, test_per_thread_exit_busy_vmm);
+    tcase_add_test(pt, test_per_thread_exit_after_context);
     suite_add_tcase(s, pt);
 
     TCase *race = tcase_create("races");
@@ -2158,6 +2315,7 @@ static Suite *shards_suite(void)
     tcase_add_test(race, test_race_double_free_spin);
     tcase_add_test(race, test_race_free_vs_alloc_new_stream);
     tcase_add_test(race, test_race_ooms_while_released);
+    tcase_add_test(race, test_race_per_thread_exits);
     tcase_add_test(race, test_fast_paths_wake_waiters);
 #ifndef BFC_TEST_TSAN
     tcase_add_test(race, test_fork_child_allocates);

@@ -2,7 +2,8 @@
  * testutil.h -- what the Check suites share: sizes, SIM contexts and
  * streams, allocations and frees that assert their status, statistics, the
  * invariant check after a test, clocks, a seeded random generator, cheap
- * assertions for tight loops, and main().
+ * assertions for tight loops, a thread that runs steps handed to it, and
+ * main().
  *
  * Header-only: every helper is `static inline` so that a suite which uses
  * only some of them compiles without unused-function warnings.  The
@@ -22,6 +23,7 @@
 #define BFC_TESTUTIL_H
 
 #include <check.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -115,6 +117,71 @@ static inline uint64_t mix64(uint64_t z)
 static inline uint64_t rng_next(uint64_t *x)
 {
     return mix64(*x += 0x9E3779B97F4A7C15ull);
+}
+
+/* ------------------------------------------------- a stepping thread */
+
+/* A thread that runs the functions handed to it one at a time while the
+ * caller waits: for calls that must be made on another thread (its
+ * per-thread stream, its exit) in a sequence the test decides.  Check's
+ * assertions stay on the test's own thread: the function records what it
+ * saw. */
+struct step_thread {
+    pthread_t tid;
+    pthread_mutex_t m;
+    pthread_cond_t c;
+    void (*fn)(void *);
+    void *arg;
+    bool quit;
+};
+
+static inline void *step_thread_main(void *v)
+{
+    struct step_thread *w = v;
+    pthread_mutex_lock(&w->m);
+    for (;;) {
+        while (!w->fn && !w->quit)
+            pthread_cond_wait(&w->c, &w->m);
+        if (w->quit)
+            break;
+        w->fn(w->arg);
+        w->fn = NULL;
+        pthread_cond_broadcast(&w->c);
+    }
+    pthread_mutex_unlock(&w->m);
+    return NULL;
+}
+
+static inline void step_start(struct step_thread *w)
+{
+    memset(w, 0, sizeof *w);
+    ck_assert_int_eq(pthread_mutex_init(&w->m, NULL), 0);
+    ck_assert_int_eq(pthread_cond_init(&w->c, NULL), 0);
+    ck_assert_int_eq(pthread_create(&w->tid, NULL, step_thread_main, w), 0);
+}
+
+/* Runs fn(arg) on the thread and waits for it. */
+static inline void step_run(struct step_thread *w, void (*fn)(void *), void *arg)
+{
+    pthread_mutex_lock(&w->m);
+    w->fn = fn;
+    w->arg = arg;
+    pthread_cond_broadcast(&w->c);
+    while (w->fn)
+        pthread_cond_wait(&w->c, &w->m);
+    pthread_mutex_unlock(&w->m);
+}
+
+/* The thread returns (its thread-exit handlers run) and is joined. */
+static inline void step_stop(struct step_thread *w)
+{
+    pthread_mutex_lock(&w->m);
+    w->quit = true;
+    pthread_cond_broadcast(&w->c);
+    pthread_mutex_unlock(&w->m);
+    ck_assert_int_eq(pthread_join(w->tid, NULL), 0);
+    pthread_cond_destroy(&w->c);
+    pthread_mutex_destroy(&w->m);
 }
 
 /* ------------------------------------------------------------- main */
