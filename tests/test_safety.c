@@ -523,6 +523,15 @@ END_TEST
 
 enum {
     NSTREAM = 4,
+    /* With threads (test_model_threads), three more stream numbers: the
+     * per-thread stream of a worker thread the model drives, the stream of
+     * a worker that exited while that stream was busy (held, not drained
+     * since: at most one at a time), and those of exited workers whose
+     * streams are idle for good. */
+    W_PT = NSTREAM,
+    W_DEAD,
+    W_GONE,
+    NSTREAM_ALL,
     MAXLIVE = 96,
     MAXFREED = 4096, /* freed ranges remembered (guards and history) */
     LOGN = 8192,     /* operations remembered for a failure report */
@@ -548,9 +557,10 @@ struct mfreed {
     uint64_t alloc_op; /* when the block was allocated */
 };
 
-enum evkind { EV_ALLOC, EV_AFAIL, EV_FREE, EV_FFAIL, EV_RECORD, EV_RFAIL, EV_HOLD, EV_DRAIN, EV_RELEASE, EV_TRIM };
+enum evkind { EV_ALLOC, EV_AFAIL, EV_FREE, EV_FFAIL, EV_RECORD, EV_RFAIL, EV_HOLD, EV_DRAIN, EV_RELEASE, EV_TRIM, EV_EXIT };
 static const char *ev_name[] = { "alloc",         "alloc-failed", "free",  "free-failed", "record",
-                                 "record-failed", "hold",         "drain", "release",     "trim" };
+                                 "record-failed", "hold",         "drain", "release",     "trim",
+                                 "thread-exit" };
 
 struct mev {
     uint64_t op;
@@ -564,7 +574,7 @@ struct mev {
 
 struct counters {
     uint64_t runs, ops, allocs, ooms, frees, free_errors, cross_frees, records, holds, drains, releases, trims, checks,
-        moved, moved_guarded, meta_failures, violations;
+        moved, moved_guarded, meta_failures, violations, exits, exits_busy, moved_exited;
 };
 
 /* One model run's whole state. */
@@ -574,9 +584,16 @@ struct model {
     const char *spec;
     bfc_config_t cfg;
     uint64_t seed, rng, op;
-    uint64_t last_release[NSTREAM], last_trim; /* op + 1 of the last one; 0: none */
-    unsigned meta_every;                       /* 0: no fault injection */
+    uint64_t last_release[NSTREAM + 1], last_trim; /* op + 1 of the last one; 0: none */
+    unsigned meta_every;                           /* 0: no fault injection */
     unsigned held;
+    /* test_model_threads: stream W_PT is the per-thread stream of `worker`
+     * (started at its first use); w_handle names it from this thread (a
+     * SIM record, for draining it once the worker has exited: W_DEAD's is
+     * dead_handle). */
+    bool threads, worker_up;
+    struct step_thread worker;
+    bfc_stream_t w_handle, dead_handle;
     struct mlive live[MAXLIVE];
     int nlive;
     struct mfreed *freed;
@@ -613,12 +630,13 @@ static bool range_overlap(uintptr_t a, size_t an, uintptr_t b, size_t bn)
     return a < b + bn && b < a + an;
 }
 
-/* "s0,s2" for a stream mask. */
+/* "s0,s2" for a stream mask; s4 is the worker's per-thread stream, s5
+ * an exited worker's busy one, s6 exited workers' idle ones. */
 static const char *mask_str(unsigned mask, char *buf, size_t len)
 {
     size_t at = 0;
     buf[0] = '\0';
-    for (int k = 0; k < NSTREAM; k++)
+    for (int k = 0; k < NSTREAM_ALL; k++)
         if (mask >> k & 1)
             at += (size_t)snprintf(buf + at, len - at, "%ss%d", at ? "," : "", k);
     return at ? buf : "none";
@@ -695,7 +713,7 @@ __attribute__((format(printf, 6, 7))) static void violation(struct model *m, uin
     fprintf(stderr,
             "  re-run: SHARDBFC_SAFETY_CONF='%s' SHARDBFC_SAFETY_SEED=%" PRIu64
             "%s CK_RUN_CASE=%s ./tests/test_safety\n",
-            m->spec, m->seed, meta, m->meta_every ? "model_faults" : "model");
+            m->spec, m->seed, meta, m->threads ? "model_threads" : m->meta_every ? "model_faults" : "model");
 }
 
 /* Model of a successful free of live[i] on stream f. */
@@ -725,6 +743,183 @@ static void model_drain(struct model *m, int x)
 {
     for (int i = 0; i < m->nfreed; i++)
         m->freed[i].guard &= ~(1u << x);
+}
+
+/* ------------------------------------------ calls on the model's streams
+ *
+ * Streams 0..3 are SIM streams driven from this thread.  W_PT is the
+ * per-thread stream of the worker thread: every call naming it runs there.
+ * An exited worker's blocks (W_DEAD, W_GONE) are freed on their owner's
+ * stream with bfc_free, from this thread. */
+
+enum wkind { WC_ALLOC, WC_FREE, WC_RECORD, WC_HOLD, WC_DRAIN, WC_RELEASE, WC_ID };
+
+struct wcall {
+    enum wkind kind;
+    bfc_ctx_t *ctx;
+    void *p;
+    size_t n;
+    int rc;
+    uint64_t id;
+};
+
+static void wcall_run(void *v)
+{
+    struct wcall *c = v;
+    const bfc_stream_t pt = BFC_SIM_STREAM_PER_THREAD;
+    switch (c->kind) {
+    case WC_ALLOC:
+        c->p = bfc_ctx_alloc(c->ctx, pt, c->n);
+        c->rc = bfc_last_error();
+        break;
+    case WC_FREE:
+        c->rc = bfc_ctx_free(c->ctx, c->p, pt);
+        break;
+    case WC_RECORD:
+        c->rc = bfc_ctx_record_stream(c->ctx, c->p, pt);
+        break;
+    case WC_HOLD:
+        bfc_sim_stream_hold(c->ctx, pt);
+        break;
+    case WC_DRAIN:
+        bfc_sim_stream_drain(c->ctx, pt);
+        break;
+    case WC_RELEASE:
+        c->rc = bfc_ctx_stream_release(c->ctx, pt);
+        break;
+    case WC_ID:
+        c->rc = c->ctx->be->ops->stream_id(c->ctx->be, pt, &c->id);
+        break;
+    }
+}
+
+/* Runs one call on the worker, starting it first if it is not running. */
+static struct wcall on_worker(struct model *m, enum wkind k, void *p, size_t n)
+{
+    if (!m->worker_up) {
+        step_start(&m->worker);
+        m->worker_up = true;
+        struct wcall id = { WC_ID, m->ctx, NULL, 0, 0, 0 };
+        step_run(&m->worker, wcall_run, &id);
+        ck_assert_int_eq(id.rc, BFC_OK);
+        /* From this thread the id reaches the worker's own stream record
+         * (backend.h, stream_for): the handle that drains it after exit. */
+        m->w_handle = m->ctx->be->ops->stream_for(m->ctx->be, BFC_SIM_STREAM_PER_THREAD, id.id);
+        ck_assert_ptr_ne(m->w_handle, BFC_SIM_STREAM_PER_THREAD);
+    }
+    struct wcall c = { k, m->ctx, p, n, 0, 0 };
+    step_run(&m->worker, wcall_run, &c);
+    return c;
+}
+
+static void *m_alloc(struct model *m, int a, size_t n, int *err)
+{
+    if (a == W_PT) {
+        struct wcall c = on_worker(m, WC_ALLOC, NULL, n);
+        *err = c.rc;
+        return c.p;
+    }
+    void *q = bfc_ctx_alloc(m->ctx, m->s[a], n);
+    *err = bfc_last_error();
+    return q;
+}
+
+static int m_free(struct model *m, void *p, int f)
+{
+    if (f == W_PT)
+        return on_worker(m, WC_FREE, p, 0).rc;
+    if (f > W_PT)
+        return bfc_free(p); /* an exited worker's own stream */
+    return bfc_ctx_free(m->ctx, p, m->s[f]);
+}
+
+static int m_record(struct model *m, void *p, int r)
+{
+    return r == W_PT ? on_worker(m, WC_RECORD, p, 0).rc : bfc_ctx_record_stream(m->ctx, p, m->s[r]);
+}
+
+static void m_hold(struct model *m, int x)
+{
+    if (x == W_PT)
+        (void)on_worker(m, WC_HOLD, NULL, 0);
+    else
+        bfc_sim_stream_hold(m->ctx, m->s[x]);
+}
+
+static void m_drain(struct model *m, int x)
+{
+    if (x == W_PT)
+        (void)on_worker(m, WC_DRAIN, NULL, 0);
+    else
+        bfc_sim_stream_drain(m->ctx, m->s[x]);
+}
+
+static int m_release(struct model *m, int x)
+{
+    return x == W_PT ? on_worker(m, WC_RELEASE, NULL, 0).rc : bfc_ctx_stream_release(m->ctx, m->s[x]);
+}
+
+/* Stream `from`'s part in the model -- live blocks it owns, streams it was
+ * recorded on, guards and histories of freed ranges -- becomes `to`'s
+ * (-1: gone, for streams idle for good). */
+static void model_rename(struct model *m, int from, int to)
+{
+    unsigned bit = 1u << from, tobit = to >= 0 ? 1u << to : 0;
+    for (int i = 0; i < m->nlive; i++) {
+        struct mlive *l = &m->live[i];
+        if (l->owner == from)
+            l->owner = to >= 0 ? to : W_GONE;
+        if (l->rec & bit)
+            l->rec = (l->rec & ~bit) | tobit;
+    }
+    for (int i = 0; i < m->nfreed; i++) {
+        struct mfreed *f = &m->freed[i];
+        if (f->owner == from)
+            f->owner = to >= 0 ? to : W_GONE;
+        if (f->freer == from)
+            f->freer = to >= 0 ? to : W_GONE;
+        if (f->guard & bit)
+            f->guard = (f->guard & ~bit) | tobit;
+        if (f->had_guard & bit)
+            f->had_guard = (f->had_guard & ~bit) | (to >= 0 ? tobit : 1u << W_GONE);
+    }
+}
+
+/* The exited worker's busy stream completes its work. */
+static void drain_dead(struct model *m)
+{
+    if (!(m->held >> W_DEAD & 1))
+        return;
+    bfc_sim_stream_drain(m->ctx, m->dead_handle);
+    m->held &= ~(1u << W_DEAD);
+    model_drain(m, W_DEAD);
+    model_rename(m, W_DEAD, -1);
+    m->c.drains++;
+    log_ev(m, EV_DRAIN, W_DEAD, -1, 0, 0, 0, 0);
+}
+
+/* The worker exits without releasing its per-thread stream; its shard is
+ * retired by a later shard creation or trim, on this thread.  Its stream
+ * goes on: busy, it becomes W_DEAD (an earlier W_DEAD drained first, so
+ * that the number stands for one stream); idle, it is idle for good. */
+static void op_exit(struct model *m)
+{
+    if (!m->worker_up)
+        return;
+    bool busy = m->held >> W_PT & 1;
+    if (busy)
+        drain_dead(m);
+    step_stop(&m->worker);
+    m->worker_up = false;
+    model_rename(m, W_PT, busy ? W_DEAD : -1);
+    if (busy) {
+        m->held = (m->held & ~(1u << W_PT)) | 1u << W_DEAD;
+        m->dead_handle = m->w_handle;
+        m->c.exits_busy++;
+    }
+    m->last_release[W_PT] = 0;
+    m->c.exits++;
+    log_ev(m, EV_EXIT, W_PT, -1, 0, 0, 0, 0);
 }
 
 static void tag_write(struct mlive *l)
@@ -787,7 +982,7 @@ static void leave_hint(const struct model *m, const struct mfreed *f, char *buf,
  * own stream, reusable by nobody else), so the run's clean-up balances. */
 static void reject(struct model *m, void *q, int a)
 {
-    int rc = bfc_ctx_free(m->ctx, q, m->s[a]);
+    int rc = m_free(m, q, a);
     if (rc != BFC_OK && m->nviol <= 10)
         fprintf(stderr, "  (the offending block %p could not be freed: %s)\n", q, bfc_err_name(rc));
 }
@@ -797,8 +992,8 @@ static void op_alloc(struct model *m, int a)
     if (m->nlive == MAXLIVE)
         return;
     size_t n = pick_size(m);
-    void *q = bfc_ctx_alloc(m->ctx, m->s[a], n);
-    int e = bfc_last_error();
+    int e;
+    void *q = m_alloc(m, a, n, &e);
     if (!q) {
         log_ev(m, EV_AFAIL, a, -1, e, 0, 0, 0);
         if (e == BFC_ENOMEM)
@@ -839,7 +1034,7 @@ static void op_alloc(struct model *m, int a)
             return;
         }
     }
-    bool moved = false, moved_guarded = false;
+    bool moved = false, moved_guarded = false, moved_exited = false;
     for (int i = 0; i < m->nfreed;) {
         struct mfreed *f = &m->freed[i];
         if (!range_overlap(u, n, f->p, f->n)) {
@@ -862,6 +1057,8 @@ static void op_alloc(struct model *m, int a)
             moved = true;
             if (f->had_guard & ~(1u << a))
                 moved_guarded = true;
+            if (f->owner > W_PT)
+                moved_exited = true;
         }
         if (f->guard) {
             i++; /* a's own guard: stays for the rest of the range */
@@ -872,6 +1069,7 @@ static void op_alloc(struct model *m, int a)
     }
     m->c.moved += moved;
     m->c.moved_guarded += moved_guarded;
+    m->c.moved_exited += moved_exited;
     struct mlive *l = &m->live[m->nlive++];
     *l = (struct mlive){ u, n, asz, a, 0, m->op, (unsigned char)(m->op * 37 + 1) };
     tag_write(l);
@@ -883,16 +1081,18 @@ static void op_free(struct model *m, bool own)
         return;
     int i = (int)rnd_below(m, (uint64_t)m->nlive);
     struct mlive *l = &m->live[i];
+    int ns = m->threads ? NSTREAM + 1 : NSTREAM;
     int f = l->owner;
     if (!own)
-        f = (l->owner + 1 + (int)rnd_below(m, NSTREAM - 1)) % NSTREAM;
+        f = l->owner >= ns ? (int)rnd_below(m, (uint64_t)ns)
+                           : (l->owner + 1 + (int)rnd_below(m, (uint64_t)ns - 1)) % ns;
     if (!tag_ok(l)) {
         violation(m, l->p, l->n, 0, m->op, "live block [%#" PRIxPTR ", +%zu) of s%d lost its tag before its free", l->p,
                   l->n, l->owner);
         if (m->stop)
             return;
     }
-    int rc = bfc_ctx_free(m->ctx, (void *)l->p, m->s[f]);
+    int rc = m_free(m, (void *)l->p, f);
     if (rc != BFC_OK) {
         log_ev(m, EV_FFAIL, f, l->owner, rc, l->p, l->n, 0);
         m->c.free_errors++;
@@ -910,9 +1110,9 @@ static void op_record(struct model *m)
     if (m->nlive == 0)
         return;
     int i = (int)rnd_below(m, (uint64_t)m->nlive);
-    int r = (int)rnd_below(m, NSTREAM);
+    int r = (int)rnd_below(m, m->threads ? NSTREAM + 1 : NSTREAM);
     struct mlive *l = &m->live[i];
-    int rc = bfc_ctx_record_stream(m->ctx, (void *)l->p, m->s[r]);
+    int rc = m_record(m, (void *)l->p, r);
     log_ev(m, rc == BFC_OK ? EV_RECORD : EV_RFAIL, l->owner, r, rc, l->p, l->n, 0);
     if (rc != BFC_OK) {
         if (!m->meta_every)
@@ -938,8 +1138,19 @@ static void model_check(struct model *m)
 
 static void model_step(struct model *m)
 {
+    if (m->threads) {
+        uint64_t t = rnd_below(m, 200);
+        if (t == 0) {
+            op_exit(m);
+            return;
+        }
+        if (t == 1) {
+            drain_dead(m);
+            return;
+        }
+    }
     uint64_t r = rnd_below(m, 100);
-    int x = (int)rnd_below(m, NSTREAM);
+    int x = (int)rnd_below(m, m->threads ? NSTREAM + 1 : NSTREAM);
     if (r < 34) {
         op_alloc(m, x);
     } else if (r < 56) {
@@ -949,18 +1160,18 @@ static void model_step(struct model *m)
     } else if (r < 70) {
         op_record(m);
     } else if (r < 81) {
-        bfc_sim_stream_hold(m->ctx, m->s[x]);
+        m_hold(m, x);
         m->held |= 1u << x;
         m->c.holds++;
         log_ev(m, EV_HOLD, x, -1, 0, 0, 0, 0);
     } else if (r < 94) {
-        bfc_sim_stream_drain(m->ctx, m->s[x]);
+        m_drain(m, x);
         m->held &= ~(1u << x);
         model_drain(m, x);
         m->c.drains++;
         log_ev(m, EV_DRAIN, x, -1, 0, 0, 0, 0);
     } else if (r < 98) {
-        int rc = bfc_ctx_stream_release(m->ctx, m->s[x]);
+        int rc = m_release(m, x);
         log_ev(m, EV_RELEASE, x, -1, rc, 0, 0, 0);
         if (rc == BFC_OK) {
             m->c.releases++;
@@ -983,17 +1194,24 @@ static void model_finish(struct model *m)
     bfc_sim_fail_meta_every(0);
     for (int k = 0; k < NSTREAM; k++)
         bfc_sim_stream_drain(m->ctx, m->s[k]);
+    if (m->worker_up)
+        m_drain(m, W_PT);
+    drain_dead(m);
     m->held = 0;
     while (m->nlive) {
         struct mlive *l = &m->live[m->nlive - 1];
         if (!m->stop && !tag_ok(l))
             violation(m, l->p, l->n, 0, m->op, "live block [%#" PRIxPTR ", +%zu) of s%d lost its tag", l->p, l->n,
                       l->owner);
-        int rc = bfc_ctx_free(m->ctx, (void *)l->p, m->s[l->owner]);
+        int rc = m_free(m, (void *)l->p, l->owner);
         if (rc != BFC_OK)
             violation(m, l->p, l->n, 0, m->op, "clean-up: free of the live block [%#" PRIxPTR ", +%zu) of s%d: %s",
                       l->p, l->n, l->owner, bfc_err_name(rc));
         m->nlive--;
+    }
+    if (m->worker_up) {
+        step_stop(&m->worker); /* exits: the trim below retires its shard */
+        m->worker_up = false;
     }
     int rc = bfc_ctx_trim(m->ctx);
     if (rc != BFC_OK)
@@ -1006,6 +1224,9 @@ static void model_finish(struct model *m)
         violation(m, 0, 0, 0, m->op,
                   "clean-up: %" PRIu64 " bytes in use, %" PRIu64 " pending frees after every block was freed",
                   s.bytes_in_use, s.num_pending_frees);
+    else if (s.num_shards > NSTREAM)
+        violation(m, 0, 0, 0, m->op, "clean-up: %" PRIu64 " live shards after trim: exited workers' were kept",
+                  s.num_shards);
     char buf[512];
     buf[0] = '\0';
     rc = bfc_ctx_check_report(m->ctx, buf, sizeof buf);
@@ -1034,7 +1255,7 @@ static uint64_t model_decay_clock(void)
 
 /* One (configuration, seed) run; returns whether it found a violation. */
 static bool model_run(struct model *m, const char *spec, uint64_t seed, uint64_t ops, unsigned meta_every,
-                      bool keep_going)
+                      bool threads, bool keep_going)
 {
     struct mfreed *freed = m->freed;
     struct mev *log = m->log;
@@ -1047,6 +1268,7 @@ static bool model_run(struct model *m, const char *spec, uint64_t seed, uint64_t
     m->seed = seed;
     m->rng = seed * 0xD1B54A32D192ED03ull + 1;
     m->meta_every = meta_every;
+    m->threads = threads;
     m->keep_going = keep_going;
     static const char tight_va[] = "tight_va,";
     bool va = strncmp(spec, tight_va, sizeof tight_va - 1) == 0;
@@ -1139,7 +1361,7 @@ static int model_configs(char (*out)[160], int max)
 /* Runs every configuration (or the one in SHARDBFC_SAFETY_CONF) over its
  * seeds; fails at the end if any run found a violation, or if the tight
  * configurations never moved memory between streams. */
-static void model_suite(bool faults)
+static void model_suite(bool faults, bool threads)
 {
     static char confs[72][160];
     int nconf;
@@ -1158,6 +1380,8 @@ static void model_suite(bool faults)
         seeds = g_long ? 4 : 1;
         ops = g_long ? 8000 : 2000;
     }
+    if (threads)
+        seeds = g_long ? 3 : 1; /* each worker takes one of SIM's 65,535 streams */
     if (getenv("SHARDBFC_SAFETY_SEED")) {
         seed0 = env_u64("SHARDBFC_SAFETY_SEED", 1);
         seeds = 1;
@@ -1195,7 +1419,7 @@ static void model_suite(bool faults)
             /* Each configuration has seeds of its own (1, 2, ... for the
              * first; 1001, 1002, ... for the second, ...). */
             uint64_t seed = one ? seed0 + k : seed0 + k + (uint64_t)ci * 1000;
-            if (model_run(m, confs[ci], seed, ops, every, keep_going)) {
+            if (model_run(m, confs[ci], seed, ops, every, threads, keep_going)) {
                 if (verdict[0] == '-') {
                     snprintf(verdict, sizeof verdict, "seed %" PRIu64 " op %" PRIu64, seed, m->viol_op);
                     if (!nviol)
@@ -1238,6 +1462,9 @@ static void model_suite(bool faults)
             t->moved_guarded += c->moved_guarded;
             t->meta_failures += c->meta_failures;
             t->violations += c->violations;
+            t->exits += c->exits;
+            t->exits_busy += c->exits_busy;
+            t->moved_exited += c->moved_exited;
         }
     }
     printf("model%s: %d configurations, %" PRIu64 " runs, %" PRIu64 " operations (%" PRIu64 " allocations, %" PRIu64
@@ -1248,6 +1475,10 @@ static void model_suite(bool faults)
            faults ? " under metadata faults" : "", nran, all.runs, all.ops, all.allocs, all.ooms, all.frees,
            all.cross_frees, all.free_errors, all.records, all.releases, all.trims, all.checks, all.moved,
            all.moved_guarded, tight.moved, tight.moved_guarded, all.meta_failures, nviol, now_s() - t0);
+    if (threads)
+        printf("model with a worker thread: %" PRIu64 " worker exits without a release (%" PRIu64
+               " with its stream busy), memory of exited workers' shards moved to another stream %" PRIu64 " times\n",
+               all.exits, all.exits_busy, all.moved_exited);
     fflush(stdout);
     free(m->freed);
     free(m->log);
@@ -1261,18 +1492,34 @@ static void model_suite(bool faults)
                       tight.moved, tight.moved_guarded, tight.releases);
         if (faults)
             ck_assert_msg(all.meta_failures > 0, "no metadata fault was injected");
+        if (threads)
+            ck_assert_msg(all.exits_busy > 0 && all.moved_exited > 0,
+                          "no worker exited busy (%" PRIu64 "), or no exited worker's memory moved (%" PRIu64
+                          "): the test proves nothing",
+                          all.exits_busy, all.moved_exited);
     }
 }
 
 START_TEST(test_model)
 {
-    model_suite(false);
+    model_suite(false, false);
 }
 END_TEST
 
 START_TEST(test_model_faults)
 {
-    model_suite(true);
+    model_suite(true, false);
+}
+END_TEST
+
+/* The model with a fifth stream: a worker thread's per-thread stream.  The
+ * worker now and then exits without releasing it, busy or idle, and its
+ * shard is retired by another thread (the next shard made, or a trim): the
+ * memory it leaves with must wait for the exited thread's stream as for
+ * any other. */
+START_TEST(test_model_threads)
+{
+    model_suite(false, true);
 }
 END_TEST
 
@@ -1322,6 +1569,11 @@ static Suite *safety_suite(void)
     tcase_set_timeout(mf, g_long ? 3600 : 300);
     tcase_add_test(mf, test_model_faults);
     suite_add_tcase(s, mf);
+
+    TCase *mt = tcase_create("model_threads");
+    tcase_set_timeout(mt, g_long ? 3600 : 300);
+    tcase_add_test(mt, test_model_threads);
+    suite_add_tcase(s, mt);
     return s;
 }
 
