@@ -887,7 +887,10 @@ BFC_API int bfc_ctx_snapshot_json(bfc_ctx_t *ctx, FILE *f);
  * not destroy ctx.
  * A non-zero return asks for the allocation to be retried, once: the retry's
  * outcome is final (a second failure calls the callback no more).  Zero:
- * the allocation fails (NULL, BFC_ENOMEM) at once.  num_ooms counts the
+ * the allocation fails (NULL, BFC_ENOMEM) at once.  An allocation of ctx
+ * that fails inside ctx's own callback, on the same thread, fails without
+ * calling it again (it is counted and reported as any failure); one of
+ * another context calls that context's callback.  num_ooms counts the
  * allocation once, when it first fails (so *summary includes it), whatever
  * the retry does.
  */

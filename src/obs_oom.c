@@ -83,9 +83,23 @@ static bool requesting(const struct bfc__oom_report *r, const struct bfc__shard_
     return r->have_id && s->stream_id == r->stream_id && !s->retired;
 }
 
-/* The report the calling thread's OOM callback is about (its own copy). */
-static __thread const bfc_oom_info_t *tls_info;
-static __thread const struct bfc_ctx *tls_info_ctx;
+/* The OOM callbacks the calling thread is inside, innermost first, each
+ * with the report it is about (its own copy): a callback that allocates
+ * and fails calls another context's callback, never its own again. */
+struct oom_frame {
+    const struct bfc_ctx *ctx;
+    const bfc_oom_info_t *info;
+    const struct oom_frame *outer;
+};
+static __thread const struct oom_frame *tls_frame;
+
+static const struct oom_frame *frame_of(const struct bfc_ctx *ctx)
+{
+    const struct oom_frame *f = tls_frame;
+    while (f && f->ctx != ctx)
+        f = f->outer;
+    return f;
+}
 
 static void fmt_bytes(char *buf, size_t len, uint64_t v)
 {
@@ -421,19 +435,20 @@ bool bfc__oom_callback(struct bfc_ctx *ctx, size_t n, bfc_stream_t stream,
     void *arg = ctx->obs.oom_arg;
     bfc__unlock(&ctx->obs.lock);
     report_free(old);
-    if (!fn)
+    /* A failure inside this context's own callback on this thread is
+     * final: calling the callback again would recurse for as long as it
+     * allocates (until the stack ran out). */
+    if (!fn || frame_of(ctx))
         return false;
     bfc_stats_t s;
     (void)stats(ctx, &s);
     /* No lock held: the callback may free (or allocate) on this context,
-     * and may fail again inside (its own report nests). */
-    const bfc_oom_info_t *prev_info = tls_info;
-    const struct bfc_ctx *prev_ctx = tls_info_ctx;
-    tls_info = &info;
-    tls_info_ctx = ctx;
+     * and may fail again inside (that failure's report is the last one;
+     * bfc_ctx_oom_info inside still gives this one). */
+    struct oom_frame frame = {ctx, &info, tls_frame};
+    tls_frame = &frame;
     int retry = fn(ctx, n, stream, &s, arg);
-    tls_info = prev_info;
-    tls_info_ctx = prev_ctx;
+    tls_frame = frame.outer;
     return retry != 0;
 }
 
@@ -441,8 +456,9 @@ int bfc_ctx_oom_info(bfc_ctx_t *ctx, bfc_oom_info_t *out)
 {
     if (!ctx || !out)
         return BFC_EINVAL;
-    if (tls_info && tls_info_ctx == ctx) {
-        *out = *tls_info;
+    const struct oom_frame *f = frame_of(ctx);
+    if (f) {
+        *out = *f->info;
         return BFC_OK;
     }
     memset(out, 0, sizeof(*out));

@@ -569,6 +569,74 @@ START_TEST(test_oom_callback_args_and_no_retry)
 }
 END_TEST
 
+/* A callback that allocates, and fails again: its own context's callback
+ * is not called again (it would recurse until the stack ran out), another
+ * context's is; each failure is counted and reported. */
+struct nest_rec {
+    int calls;
+    bfc_ctx_t *other;   /* NULL: allocate on the callback's own context */
+    size_t inner_size;  /* asked for from inside */
+    void *inner;        /* what the inner allocation returned */
+    int inner_err;
+    uint64_t info_size; /* bfc_ctx_oom_info after the inner failure */
+};
+
+static int nest_cb(bfc_ctx_t *ctx, size_t size, bfc_stream_t stream, const bfc_stats_t *summary, void *arg)
+{
+    (void)size, (void)stream, (void)summary;
+    struct nest_rec *r = arg;
+    if (++r->calls > 8)
+        return 0; /* recursing: the test fails on the count */
+    r->inner = bfc_ctx_alloc(r->other ? r->other : ctx, NULL, r->inner_size);
+    r->inner_err = bfc_last_error();
+    bfc_oom_info_t i;
+    r->info_size = bfc_ctx_oom_info(ctx, &i) == BFC_OK ? i.size : 0;
+    return 1;
+}
+
+START_TEST(test_oom_callback_nested)
+{
+    bfc_ctx_t *a = mkctx("memory_limit=8M,allow_growth=false");
+    bfc_ctx_t *b = mkctx("memory_limit=8M,allow_growth=false");
+    struct nest_rec ra = {.inner_size = 16 * MiB}, rb = {.inner_size = 32 * MiB};
+    ck_assert_int_eq(bfc_ctx_set_oom_callback(a, nest_cb, &ra), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_set_oom_callback(b, nest_cb, &rb), BFC_OK);
+
+    /* a's callback allocates on a, which fails: one call, and the retry. */
+    ck_assert_ptr_null(bfc_ctx_alloc(a, NULL, 9 * MiB));
+    ck_assert_int_eq(bfc_last_error(), BFC_ENOMEM);
+    ck_assert_int_eq(ra.calls, 1);
+    ck_assert_ptr_null(ra.inner);
+    ck_assert_int_eq(ra.inner_err, BFC_ENOMEM);
+    ck_assert_uint_eq(ra.info_size, 9 * MiB); /* the callback's own report */
+    ck_assert_uint_eq(ooms_of(a), 2);         /* the outer and the inner */
+    bfc_oom_info_t i;
+    ck_assert_int_eq(bfc_ctx_oom_info(a, &i), BFC_OK); /* outside: the latest, the inner one */
+    ck_assert_uint_eq(i.size, 16 * MiB);
+
+    /* a's callback allocates on b, whose callback allocates on a: b's is
+     * called once, a's not again. */
+    ra = (struct nest_rec){.other = b, .inner_size = 16 * MiB};
+    rb = (struct nest_rec){.other = a, .inner_size = 32 * MiB};
+    ck_assert_ptr_null(bfc_ctx_alloc(a, NULL, 10 * MiB));
+    ck_assert_int_eq(ra.calls, 1);
+    ck_assert_int_eq(rb.calls, 1);
+    ck_assert_int_eq(ra.inner_err, BFC_ENOMEM);
+    ck_assert_int_eq(rb.inner_err, BFC_ENOMEM);
+    ck_assert_uint_eq(ra.info_size, 10 * MiB);
+    ck_assert_uint_eq(rb.info_size, 16 * MiB);
+    ck_assert_uint_eq(ooms_of(a), 4);
+    ck_assert_uint_eq(ooms_of(b), 1);
+
+    /* Outside any callback, a fresh failure calls it again. */
+    ra = (struct nest_rec){.inner_size = 16 * MiB};
+    ck_assert_ptr_null(bfc_ctx_alloc(a, NULL, 9 * MiB));
+    ck_assert_int_eq(ra.calls, 1);
+    bfc_ctx_destroy(a);
+    bfc_ctx_destroy(b);
+}
+END_TEST
+
 START_TEST(test_oom_callback_frees_and_retry_succeeds)
 {
     bfc_ctx_t *ctx = mkctx("memory_limit=8M,allow_growth=false");
@@ -2228,6 +2296,7 @@ static Suite *obs_suite(void)
     tcase_add_test(tc, test_snapshot_matches_stats);
     tcase_add_test(tc, test_oom_callback_args_and_no_retry);
     tcase_add_test(tc, test_oom_callback_frees_and_retry_succeeds);
+    tcase_add_test(tc, test_oom_callback_nested);
     tcase_add_test(tc, test_oom_dump);
     tcase_add_test(tc, test_oom_dump_shared_path);
     tcase_add_test(tc, test_oom_dump_stale_tmp);
