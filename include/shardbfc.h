@@ -59,6 +59,15 @@
  * that "does not block" waits for no device work, RCU grace period or file
  * itself (a running trace aside); it may still wait for the locks it names.
  *
+ * Thread cancellation: no call acts on a cancellation request (an OOM
+ * callback's own code aside: no lock of the library is held there).  The calls
+ * that write a file or wait while they hold the library's locks (the
+ * allocation slow path, trim, context creation and destruction,
+ * bfc_shutdown, dumps and snapshots, a trace's start, stop and writes)
+ * turn cancellation off until they return, so a thread cancelled while in
+ * one is cancelled at its next cancellation point after it, never with a
+ * lock of the library held.
+ *
  * After fork(): the library's fork handlers take every allocator lock
  * around the fork, so no lock another parent thread held is left locked in
  * the child.  On the SIM backend the child may go on using the library:

@@ -139,6 +139,9 @@ static bfc_ctx_t *ctx_of_device(int dev, int *status)
     /* Registered before the lock: a creation that fails tears down what it
      * made, which may enter RCU (rcu.h, bfc__rcu_register). */
     bfc__rcu_register();
+    /* The backend's open and the context's creation wait under the create
+     * lock (mutex.h). */
+    int cs = bfc__nocancel_begin();
     bfc__lock(&bfc__ctx_create_lock);
     ctx = atomic_load_explicit(&devices[dev], memory_order_relaxed);
     if (!ctx && (bfc__config_refused() || atomic_load_explicit(&dev_refused[dev], memory_order_relaxed))) {
@@ -159,6 +162,7 @@ static bfc_ctx_t *ctx_of_device(int dev, int *status)
             say_no_device(dev);
     }
     bfc__unlock(&bfc__ctx_create_lock);
+    bfc__nocancel_end(cs);
     return ctx;
 }
 
@@ -269,6 +273,7 @@ int bfc_stream_release(bfc_stream_t stream)
 void bfc_shutdown(void)
 {
     bfc__process_init(); /* as in ctx_of_device */
+    int cs = bfc__nocancel_begin(); /* teardown under the create lock (mutex.h) */
     bfc__lock(&bfc__ctx_create_lock);
     for (int i = 0; i < MAX_DEVICES; i++) {
         bfc_ctx_t *ctx = atomic_exchange_explicit(&devices[i], NULL, memory_order_acq_rel);
@@ -277,4 +282,5 @@ void bfc_shutdown(void)
     }
     bfc__unlock(&bfc__ctx_create_lock);
     bfc__host_shutdown();
+    bfc__nocancel_end(cs);
 }

@@ -450,7 +450,18 @@ static void oom_dump(struct bfc_ctx *ctx)
 
 /* Builds a context over an opened backend (which it then owns, also on
  * failure).  cfg has been validated. */
+static int ctx_create_body(bfc_config_t cfg, bfc__backend_t *be, bool host, bfc_ctx_t **out);
+
+/* Cancellation off (mutex.h): creation waits for liburcu under outer locks. */
 static int ctx_create(bfc_config_t cfg, bfc__backend_t *be, bool host, bfc_ctx_t **out)
+{
+    int cs = bfc__nocancel_begin();
+    int st = ctx_create_body(cfg, be, host, out);
+    bfc__nocancel_end(cs);
+    return st;
+}
+
+static int ctx_create_body(bfc_config_t cfg, bfc__backend_t *be, bool host, bfc_ctx_t **out)
 {
     int st;
     struct bfc_ctx *ctx = bfc__meta_zalloc(sizeof(*ctx));
@@ -582,6 +593,9 @@ void bfc_ctx_destroy(bfc_ctx_t *ctx)
 {
     if (!ctx)
         return;
+    /* Teardown waits for grace periods, a trace's writes and the device
+     * under the library's locks: not cancellable (mutex.h). */
+    int cs = bfc__nocancel_begin();
     registry_remove(ctx); /* first: a fork from now on does not touch it */
     ctx->destroying = true;
     obs_fini(ctx); /* the trace gets every event up to here */
@@ -604,6 +618,7 @@ void bfc_ctx_destroy(bfc_ctx_t *ctx)
     bfc__regionmap_forget(ctx); /* its departed ranges: no pointer of it is ours now */
     ctx->be->ops->close(ctx->be);
     bfc__meta_free(ctx, sizeof(*ctx));
+    bfc__nocancel_end(cs);
 }
 
 int bfc_ctx_config(bfc_ctx_t *ctx, bfc_config_t *out)
@@ -981,7 +996,19 @@ static bool tails_help(struct bfc_ctx *ctx, struct bfc__arena *a, size_t rounded
  * a backend error, or BFC__RETRY when the shard was retired meanwhile (the
  * caller looks the stream up again).
  */
+static void *alloc_slow(struct bfc_ctx *ctx, struct bfc__arena *a, size_t n, size_t rounded, int *status);
+
+/* The slow path waits (fences, retry_ms) with locks held or about to be
+ * taken again: not cancellable (mutex.h). */
 void *bfc__ctx_alloc_slow(struct bfc_ctx *ctx, struct bfc__arena *a, size_t n, size_t rounded, int *status)
+{
+    int cs = bfc__nocancel_begin();
+    void *p = alloc_slow(ctx, a, n, rounded, status);
+    bfc__nocancel_end(cs);
+    return p;
+}
+
+static void *alloc_slow(struct bfc_ctx *ctx, struct bfc__arena *a, size_t n, size_t rounded, int *status)
 {
     if (ctx->vmm) /* expandable arenas have their own escalation */
         return expand_alloc_slow(ctx, a, n, rounded, status);
@@ -1715,6 +1742,7 @@ int bfc_ctx_trim(bfc_ctx_t *ctx)
     if (!ctx)
         return BFC_EINVAL;
     bfc__rcu_register(); /* before the arenas lock: releases call call_rcu */
+    int cs = bfc__nocancel_begin(); /* it waits for fences (mutex.h) */
     /* The shards of threads gone without releasing their per-thread
      * streams give back what they can, fenced (shard.c). */
     bfc__shard_retire_exited(ctx);
@@ -1726,6 +1754,7 @@ int bfc_ctx_trim(bfc_ctx_t *ctx)
      * before it frees), so that trim returns what it can. */
     bfc__pool_wait(&ctx->pool, 0, true, fence_wait_ms(ctx));
     bfc__pool_release_free(&ctx->pool);
+    bfc__nocancel_end(cs);
     return BFC_OK;
 }
 

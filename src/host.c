@@ -173,6 +173,9 @@ static bfc_ctx_t *node_ctx(int node, int *status)
     bfc_ctx_t *ctx = atomic_load_explicit(&g_ctx[node], memory_order_acquire);
     if (BFC__LIKELY(ctx != NULL))
         return ctx;
+    /* The backend's open and the context's creation wait (liburcu, the
+     * CUDA runtime) under the host lock (mutex.h). */
+    int cs = bfc__nocancel_begin();
     bfc__lock(&bfc__ctx_host_lock);
     ctx = atomic_load_explicit(&g_ctx[node], memory_order_relaxed);
     if (!ctx) {
@@ -192,6 +195,7 @@ static bfc_ctx_t *node_ctx(int node, int *status)
             *status = st;
     }
     bfc__unlock(&bfc__ctx_host_lock);
+    bfc__nocancel_end(cs);
     return ctx;
 }
 

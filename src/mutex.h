@@ -47,6 +47,29 @@
 #endif
 
 /*
+ * Cancellation.  A thread cancelled at a cancellation point (write, poll,
+ * nanosleep, ...) while it holds a library lock would leave that lock held
+ * for good, and every later caller of it waiting.  The paths that can meet
+ * one with a lock held -- the allocation slow path's waits, trim, context
+ * creation and teardown, dumps and snapshots, a trace's start, stop and
+ * writes -- turn cancellation off for their duration (a request that comes
+ * meanwhile acts at the thread's next cancellation point after the call).
+ * The fast paths meet none.  Nesting is fine: each end restores what its
+ * begin found.
+ */
+static inline int bfc__nocancel_begin(void)
+{
+    int old = PTHREAD_CANCEL_ENABLE;
+    (void)pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &old);
+    return old;
+}
+
+static inline void bfc__nocancel_end(int old)
+{
+    (void)pthread_setcancelstate(old, NULL);
+}
+
+/*
  * A pthread call on a lock the library initialised can only fail if memory
  * was corrupted; there is no state to return to, so it reports and aborts
  * (mutex.c).  Every other failure is a status code.

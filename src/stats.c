@@ -294,6 +294,9 @@ int bfc_ctx_dump(bfc_ctx_t *ctx, FILE *f)
     bfc__rcu_register(); /* before the arenas lock: a drain may call call_rcu */
     bfc_stats_t s;
     bfc_ctx_stats(ctx, &s);
+    /* f is written under arena locks: a cancellation at its write(2) would
+     * leave them held (mutex.h). */
+    int cs = bfc__nocancel_begin();
     fprintf(f, "libshardbfc memory map: backend %s, limit %" PRIu64 ", reserved %" PRIu64 ", in use %" PRIu64
                ", %" PRIu64 " shards, %" PRIu64 " regions\n",
             ctx->be->name, s.bytes_limit, s.bytes_reserved, s.bytes_in_use, s.num_shards, s.num_regions);
@@ -306,6 +309,7 @@ int bfc_ctx_dump(bfc_ctx_t *ctx, FILE *f)
         bfc__unlock(&a->lock);
     }
     bfc__unlock(&ctx->arenas_lock);
+    bfc__nocancel_end(cs);
     const char *sep = "Stats: ";
 #define DUMP_FIELD(name, combine, desc)                                                                     \
     fprintf(f, "%s" #name "%s %" PRIu64, sep, ctx_bound(#name) ? "_bound" : "", s.name);                   \
@@ -416,6 +420,9 @@ int bfc_ctx_snapshot_json(bfc_ctx_t *ctx, FILE *f)
             "\"departures\":%" PRIu64 ",\"fenced_departures\":%" PRIu64 ",\"fence_waits\":%" PRIu64 "}",
             ps.held, ps.peak_held, ps.committed, ps.free_bytes, ps.fenced_bytes, ps.departures, ps.fenced_departures,
             ps.fence_waits);
+    /* The OOM report under obs.lock, then the shards under their locks:
+     * not cancellable while f's write(2)s happen under them (mutex.h). */
+    int cs = bfc__nocancel_begin();
     bfc__oom_json(ctx, f); /* obs.lock only: no allocator lock is held here */
     fprintf(f, ",\"shards\":[");
     bool first = true;
@@ -432,6 +439,7 @@ int bfc_ctx_snapshot_json(bfc_ctx_t *ctx, FILE *f)
         bfc__unlock(&a->lock);
     }
     bfc__unlock(&ctx->arenas_lock);
+    bfc__nocancel_end(cs);
     fprintf(f, "]}\n");
     return ferror(f) ? BFC_EBACKEND : BFC_OK;
 }

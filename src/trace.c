@@ -220,10 +220,14 @@ static void flush_to(struct tbuf *tb, struct bfc__trace *t)
      * parent's: writing it would duplicate the parent's events. */
     if (getpid() != t->pid)
         return;
+    /* Not cancellable while the file's lock (and maybe an arena's) is
+     * held across write(2) (mutex.h). */
+    int cs = bfc__nocancel_begin();
     bfc__lock(&t->flock);
     if (!write_all(t->fd, tb->out, len))
         t->werr = true;
     bfc__unlock(&t->flock);
+    bfc__nocancel_end(cs);
 }
 
 static void unlink_buf(struct tbuf *tb)
@@ -426,6 +430,7 @@ int bfc_ctx_trace_start(bfc_ctx_t *ctx, const char *path)
         bfc__fatal("pthread_once", e);
     if (exit_status != BFC_OK)
         return exit_status; /* a trace that would lose its tail at exit */
+    int cs = bfc__nocancel_begin(); /* open and write under obs.lock (mutex.h) */
     bfc__lock(&ctx->obs.lock);
     int st = BFC_OK;
     if (atomic_load_explicit(&ctx->obs.trace, memory_order_relaxed)) {
@@ -472,6 +477,7 @@ int bfc_ctx_trace_start(bfc_ctx_t *ctx, const char *path)
     bfc__unlock(&reg_lock);
 out:
     bfc__unlock(&ctx->obs.lock);
+    bfc__nocancel_end(cs);
     return st;
 }
 
@@ -479,6 +485,8 @@ int bfc_ctx_trace_stop(bfc_ctx_t *ctx)
 {
     if (!ctx || !ctx->obs.lock_ready)
         return BFC_EINVAL;
+    /* A grace period, the buffers' writes and close under obs.lock (mutex.h). */
+    int cs = bfc__nocancel_begin();
     bfc__lock(&ctx->obs.lock);
     struct bfc__trace *t = atomic_load_explicit(&ctx->obs.trace, memory_order_relaxed);
     if (t) {
@@ -495,6 +503,7 @@ int bfc_ctx_trace_stop(bfc_ctx_t *ctx)
     }
     int st = t ? finish(t) : BFC_ESTATE;
     bfc__unlock(&ctx->obs.lock);
+    bfc__nocancel_end(cs);
     return st;
 }
 

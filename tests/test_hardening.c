@@ -31,6 +31,9 @@
  * library and of liburcu around fork(), so no lock a parent thread held is
  * inherited locked.
  */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* pthread_tryjoin_np */
+#endif
 #include "testutil.h"
 
 #include <shardbfc.h>
@@ -38,6 +41,7 @@
 
 #include <check.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
@@ -1649,6 +1653,141 @@ START_TEST(test_fork_at_first_use)
 }
 END_TEST
 
+/* ------------------------------------------------------- cancellation
+ *
+ * A thread cancelled while the library writes to a file it was given (a
+ * dump into a pipe nobody reads yet, a trace into one) is blocked in
+ * write(2), a cancellation point, under the library's locks.  Cancellation
+ * must wait until the call is done: a thread that died there would leave
+ * its locks held, and every later call waiting on them for good. */
+
+struct cancel_arg {
+    bfc_ctx_t *ctx;
+    bfc_stream_t s;
+    FILE *f;    /* the dump's file (the pipe's write end) */
+    bool trace; /* else a dump */
+};
+
+static void *cancel_victim(void *v)
+{
+    struct cancel_arg *a = v;
+    if (!a->trace) {
+        (void)bfc_ctx_dump(a->ctx, a->f);
+        for (;;)
+            pthread_testcancel();
+    }
+    /* Trace events fill the thread's buffer, whose flush writes to the
+     * pipe under the trace file's lock (sometimes under the arena's). */
+    for (;;) {
+        void *p = bfc_ctx_alloc(a->ctx, a->s, 4096);
+        if (p)
+            (void)bfc_ctx_free(a->ctx, p, a->s);
+        pthread_testcancel();
+    }
+    return NULL;
+}
+
+/* What a later caller does: every lock of the context, the stream's own,
+ * the trace's file. */
+static void *cancel_probe(void *v)
+{
+    struct cancel_arg *a = v;
+    int rc = bfc_ctx_check(a->ctx);
+    void *p = bfc_ctx_alloc(a->ctx, a->s, 4096);
+    if (!p || bfc_ctx_free(a->ctx, p, a->s) != BFC_OK)
+        rc = BFC_ECORRUPT;
+    if (a->trace && bfc_ctx_trace_stop(a->ctx) != BFC_OK)
+        rc = BFC_ECORRUPT;
+    return (void *)(intptr_t)(rc == BFC_OK ? 1 : 2);
+}
+
+/* Reads what is in the pipe (non-blocking); false at end of file. */
+static bool drain_pipe(int fd)
+{
+    char buf[65536];
+    for (;;) {
+        ssize_t n = read(fd, buf, sizeof buf);
+        if (n > 0)
+            continue;
+        return !(n == 0);
+    }
+}
+
+static void cancel_while_writing(bool trace)
+{
+    bfc_ctx_t *ctx = ctx_spec("memory_limit=256M");
+    bfc_stream_t s = new_stream(ctx);
+    /* Enough chunks that the dump is far larger than the pipe. */
+    enum { N = 3000 };
+    static void *v[N];
+    for (int i = 0; i < N; i++)
+        v[i] = xalloc(ctx, s, 256 + (size_t)i % 7 * 256);
+    int fds[2];
+    ck_assert_int_eq(pipe(fds), 0);
+    ck_assert_int_ne(fcntl(fds[0], F_SETFL, O_NONBLOCK), -1);
+    struct cancel_arg a = {.ctx = ctx, .s = s, .trace = trace};
+    if (trace) {
+        char path[64];
+        snprintf(path, sizeof path, "/proc/self/fd/%d", fds[1]);
+        ck_assert_int_eq(bfc_ctx_trace_start(ctx, path), BFC_OK);
+    } else {
+        a.f = fdopen(fds[1], "w");
+        ck_assert_ptr_nonnull(a.f);
+    }
+    pthread_t t;
+    ck_assert_int_eq(pthread_create(&t, NULL, cancel_victim, &a), 0);
+    /* Let the pipe fill: the victim then waits in write(2). */
+    struct timespec ms100 = {0, 100 * 1000 * 1000}, ms1 = {0, 1000 * 1000};
+    nanosleep(&ms100, NULL);
+    ck_assert_int_eq(pthread_cancel(t), 0);
+    nanosleep(&ms100, NULL);
+    /* Now read: a victim that kept its locks finishes its write and is
+     * cancelled after the call; one cancelled inside is gone already. */
+    void *res = NULL;
+    bool joined = false;
+    for (int i = 0; i < 5000 && !joined; i++) {
+        (void)drain_pipe(fds[0]);
+        joined = pthread_tryjoin_np(t, &res) == 0;
+        if (!joined)
+            nanosleep(&ms1, NULL);
+    }
+    ck_assert_msg(joined, "the cancelled thread did not end");
+    ck_assert_ptr_eq(res, PTHREAD_CANCELED);
+    pthread_t probe;
+    ck_assert_int_eq(pthread_create(&probe, NULL, cancel_probe, &a), 0);
+    void *ok = NULL;
+    bool done = false;
+    for (int i = 0; i < 3000 && !done; i++) {
+        (void)drain_pipe(fds[0]);
+        done = pthread_tryjoin_np(probe, &ok) == 0;
+        if (!done)
+            nanosleep(&ms1, NULL);
+    }
+    ck_assert_msg(done, "a later call waited for ever: the cancelled thread left the library's locks held");
+    ck_assert_ptr_eq(ok, (void *)(intptr_t)1);
+    if (a.f)
+        fclose(a.f);
+    else
+        close(fds[1]);
+    close(fds[0]);
+    for (int i = 0; i < N; i++)
+        xfree(ctx, v[i], s);
+    xcheck(ctx);
+    bfc_ctx_destroy(ctx);
+}
+
+START_TEST(test_cancel_in_dump)
+{
+    cancel_while_writing(false);
+}
+END_TEST
+
+START_TEST(test_cancel_in_trace_write)
+{
+    cancel_while_writing(true);
+}
+END_TEST
+
 int main(int argc, char **argv)
 {
     if (argc > 1 && strcmp(argv[1], "first-use-fork") == 0)
@@ -1672,6 +1811,11 @@ int main(int argc, char **argv)
     tcase_add_test(dbg, test_debug_check_fast_paths);
     tcase_add_test(dbg, test_poison_detects_write_after_free);
     suite_add_tcase(s, dbg);
+    TCase *cn = tcase_create("cancel");
+    tcase_set_timeout(cn, 60);
+    tcase_add_test(cn, test_cancel_in_dump);
+    tcase_add_test(cn, test_cancel_in_trace_write);
+    suite_add_tcase(s, cn);
     /* A child forked while other threads hold allocator locks must not
      * inherit them locked (the library's fork handlers take every lock). */
     {
