@@ -1713,6 +1713,19 @@ static bool drain_pipe(int fd)
     }
 }
 
+/* Joins t within about `ms` milliseconds, reading the pipe meanwhile. */
+static bool join_draining(pthread_t t, int fd, int ms, void **res)
+{
+    struct timespec ms1 = {0, 1000 * 1000};
+    for (int i = 0; i < ms; i++) {
+        (void)drain_pipe(fd);
+        if (pthread_tryjoin_np(t, res) == 0)
+            return true;
+        nanosleep(&ms1, NULL);
+    }
+    return false;
+}
+
 static void cancel_while_writing(bool trace)
 {
     bfc_ctx_t *ctx = ctx_spec("memory_limit=256M");
@@ -1737,33 +1750,20 @@ static void cancel_while_writing(bool trace)
     pthread_t t;
     ck_assert_int_eq(pthread_create(&t, NULL, cancel_victim, &a), 0);
     /* Let the pipe fill: the victim then waits in write(2). */
-    struct timespec ms100 = {0, 100 * 1000 * 1000}, ms1 = {0, 1000 * 1000};
+    struct timespec ms100 = {0, 100 * 1000 * 1000};
     nanosleep(&ms100, NULL);
     ck_assert_int_eq(pthread_cancel(t), 0);
     nanosleep(&ms100, NULL);
     /* Now read: a victim that kept its locks finishes its write and is
      * cancelled after the call; one cancelled inside is gone already. */
     void *res = NULL;
-    bool joined = false;
-    for (int i = 0; i < 5000 && !joined; i++) {
-        (void)drain_pipe(fds[0]);
-        joined = pthread_tryjoin_np(t, &res) == 0;
-        if (!joined)
-            nanosleep(&ms1, NULL);
-    }
-    ck_assert_msg(joined, "the cancelled thread did not end");
+    ck_assert_msg(join_draining(t, fds[0], 5000, &res), "the cancelled thread did not end");
     ck_assert_ptr_eq(res, PTHREAD_CANCELED);
     pthread_t probe;
     ck_assert_int_eq(pthread_create(&probe, NULL, cancel_probe, &a), 0);
     void *ok = NULL;
-    bool done = false;
-    for (int i = 0; i < 3000 && !done; i++) {
-        (void)drain_pipe(fds[0]);
-        done = pthread_tryjoin_np(probe, &ok) == 0;
-        if (!done)
-            nanosleep(&ms1, NULL);
-    }
-    ck_assert_msg(done, "a later call waited for ever: the cancelled thread left the library's locks held");
+    ck_assert_msg(join_draining(probe, fds[0], 3000, &ok),
+                  "a later call waited for ever: the cancelled thread left the library's locks held");
     ck_assert_ptr_eq(ok, (void *)(intptr_t)1);
     if (a.f)
         fclose(a.f);
