@@ -23,9 +23,13 @@
  * threads that come and go do not accumulate shards; until then the shard
  * keeps its metadata and its cached memory (other streams still reclaim
  * its free memory under pressure), and its blocks stay valid until freed
- * (bfc_free, from any thread); a block of one thread's per-thread stream freed
- * by another thread on its per-thread stream is a cross-stream free (bfc_free
- * frees on the owner's stream from any thread); and when memory leaves such
+ * (bfc_free, from any thread).  (A thread whose first use of the stream on
+ * a context comes from a thread-specific-data destructor in the last of
+ * the PTHREAD_DESTRUCTOR_ITERATIONS rounds is not seen exiting: that shard
+ * stays until the context goes.)  A block of one thread's per-thread
+ * stream freed by another thread on its per-thread stream is a
+ * cross-stream free (bfc_free frees on the owner's stream from any
+ * thread); and when memory leaves such
  * a shard on another thread's call (reclaim, trim, a stream's release,
  * record_stream), its fence, which that thread cannot record on the owner's
  * stream, is recorded on the legacy default stream, whose work waits for
@@ -514,7 +518,9 @@ BFC_API void *bfc_ctx_alloc(bfc_ctx_t *ctx, bfc_stream_t stream, size_t n);
  * reads so too while its range is remembered).  If the event cannot be
  * recorded, the block is fenced by a full synchronisation of `stream`
  * instead (BFC_OK); if that fails too, BFC_EBACKEND and the block stays
- * allocated (free it again later).
+ * allocated (free it again later).  A cross-stream free that cannot have
+ * the host memory for its fence record returns BFC_ENOMEM, the block
+ * likewise still allocated.
  * Context: thread-safe; lock-free lookup; a same-stream free takes the owner
  * arena's lock; a cross-stream free takes the owner's fence-pool lock for a
  * few instructions (a pooled event), records the event, and enqueues

@@ -149,6 +149,7 @@ struct bfc__arena {
     /* ---- directory, context list, RCU ---- */
     struct cds_lfht_node dir_node;
     struct cds_list_head all;    /* in ctx->arenas; ctx->arenas_lock */
+    struct cds_list_head exit_link; /* with an exit_note: in ctx->exit_arenas; ctx->arenas_lock */
     struct rcu_head rcu;
 };
 

@@ -50,6 +50,7 @@ static int match_id(struct cds_lfht_node *node, const void *key)
 int bfc__shard_dir_init(struct bfc_ctx *ctx)
 {
     CDS_INIT_LIST_HEAD(&ctx->arenas);
+    CDS_INIT_LIST_HEAD(&ctx->exit_arenas);
     ctx->dir = cds_lfht_new(64, 64, 0, CDS_LFHT_AUTO_RESIZE | CDS_LFHT_ACCOUNTING, NULL);
     if (!ctx->dir)
         return BFC_ENOMEM;
@@ -89,7 +90,6 @@ int bfc__shard_dir_init(struct bfc_ctx *ctx)
 struct bfc__thread_exit {
     _Atomic unsigned refs;
     _Atomic bool exited;
-    bool claimed;                  /* a retirement has taken it (ctx->arenas_lock) */
     struct bfc__thread_exit *next; /* the thread's list */
 };
 
@@ -241,6 +241,8 @@ struct bfc__arena *bfc__shard_get_slow(struct bfc_ctx *ctx, bfc_stream_t s, int 
         bfc__lock(&ctx->arenas_lock);
         mine->seq = ctx->arena_seq++;
         cds_list_add(&mine->all, &ctx->arenas);
+        if (mine->exit_note) /* the shards a look for exited threads walks */
+            cds_list_add(&mine->exit_link, &ctx->exit_arenas);
         bfc__unlock(&ctx->arenas_lock);
         atomic_store_explicit(&mine->ready, true, memory_order_release);
         bfc__lock(&bfc__urcu_gate); /* rcu.h: may queue a resize */
@@ -252,6 +254,8 @@ struct bfc__arena *bfc__shard_get_slow(struct bfc_ctx *ctx, bfc_stream_t s, int 
             mine->unlinked = true;
             bfc__lock(&ctx->arenas_lock);
             cds_list_del(&mine->all);
+            if (mine->exit_note)
+                cds_list_del(&mine->exit_link);
             bfc__unlock(&ctx->arenas_lock);
             arena_release(mine);
             a = caa_container_of(got, struct bfc__arena, dir_node);
@@ -291,6 +295,8 @@ static void unlink_locked(struct bfc_ctx *ctx, struct bfc__arena *a)
     if (a->st.largest_alloc > r->largest_alloc)
         r->largest_alloc = a->st.largest_alloc;
     cds_list_del(&a->all);
+    if (a->exit_note)
+        cds_list_del(&a->exit_link);
 }
 
 void bfc__shard_reclaim(struct bfc__arena *a)
@@ -352,8 +358,8 @@ size_t bfc__shard_retire_exited(struct bfc_ctx *ctx)
 {
     /* acquire: pairs with the release increment in thread_exited. */
     uint64_t now = atomic_load_explicit(&thread_exits, memory_order_acquire);
-    /* relaxed: a hint; two threads may both look, the claim keeps each
-     * shard to one of them. */
+    /* relaxed: a hint; two threads may both look (the directory's delete
+     * gives each shard to one of them). */
     if (atomic_load_explicit(&ctx->exits_seen, memory_order_relaxed) == now)
         return 0;
     atomic_store_explicit(&ctx->exits_seen, now, memory_order_relaxed);
@@ -365,11 +371,13 @@ size_t bfc__shard_retire_exited(struct bfc_ctx *ctx)
         bfc__rcu_lock(); /* the arenas stay until it ends, reclaimed or not */
         bfc__lock(&ctx->arenas_lock);
         struct bfc__arena *a;
-        bfc__list_for_each(a, &ctx->arenas, all) {
-            struct bfc__thread_exit *note = a->exit_note;
-            /* acquire: pairs with the release store in thread_exited. */
-            if (note && !note->claimed && atomic_load_explicit(&note->exited, memory_order_acquire)) {
-                note->claimed = true;
+        bfc__list_for_each(a, &ctx->exit_arenas, exit_link) {
+            /* acquire: pairs with the release store in thread_exited; and
+             * with the seq_cst store in bfc__remote_mark_retired (a shard
+             * another look is retiring may be taken twice: its second
+             * retire finds it gone from the directory). */
+            if (atomic_load_explicit(&a->exit_note->exited, memory_order_acquire) &&
+                !atomic_load_explicit(&a->retired, memory_order_acquire)) {
                 got[n++] = a;
                 if (n == EXITED_BATCH)
                     break;
