@@ -63,14 +63,18 @@
  * that "does not block" waits for no device work, RCU grace period or file
  * itself (a running trace aside); it may still wait for the locks it names.
  *
- * Thread cancellation: no call acts on a cancellation request (an OOM
- * callback's own code aside: no lock of the library is held there).  The calls
- * that write a file or wait while they hold the library's locks (the
- * allocation slow path, trim, context creation and destruction,
- * bfc_shutdown, dumps and snapshots, a trace's start, stop and writes)
- * turn cancellation off until they return, so a thread cancelled while in
- * one is cancelled at its next cancellation point after it, never with a
- * lock of the library held.
+ * Thread cancellation (deferred, the default): no call acts on a
+ * cancellation request (an OOM callback's own code aside: no lock of the
+ * library is held there).  The calls that may meet a cancellation point --
+ * those that write a file, report on stderr, wait while they hold the
+ * library's locks (the allocation slow path, trim, context creation and
+ * destruction, bfc_shutdown, dumps and snapshots, a trace's start, stop and
+ * writes) or set the process up -- turn cancellation off until they
+ * return, so a thread cancelled while in one is cancelled at its next
+ * cancellation point after it, never with a lock of the library held nor
+ * with a dump cut short.  Asynchronous cancellation
+ * (PTHREAD_CANCEL_ASYNCHRONOUS) must be off across every call, as POSIX
+ * requires for all but a few functions.
  *
  * After fork(): the library's fork handlers take every allocator lock
  * around the fork, so no lock another parent thread held is left locked in
@@ -905,7 +909,10 @@ BFC_API int bfc_ctx_snapshot_json(bfc_ctx_t *ctx, FILE *f);
  * the allocation fails (NULL, BFC_ENOMEM) at once.  An allocation of ctx
  * that fails inside ctx's own callback, on the same thread, fails without
  * calling it again (it is counted and reported as any failure); one of
- * another context calls that context's callback.  num_ooms counts the
+ * another context calls that context's callback.  The callback must
+ * return: it must not longjmp out of the library nor throw through it
+ * (the library's state for the call would be left behind); a thread
+ * cancelled in it is cancelled cleanly, as at any cancellation point.  num_ooms counts the
  * allocation once, when it first fails (so *summary includes it), whatever
  * the retry does.
  */

@@ -53,7 +53,9 @@ static void env_init(void)
  * before every return. */
 static int service_status(void)
 {
+    int cs = bfc__nocancel_begin(); /* the first reports a bad SHARDBFC_CONF on stderr (mutex.h) */
     int e = pthread_once(&env_once, env_init);
+    bfc__nocancel_end(cs);
     if (e != 0)
         bfc__fatal("pthread_once", e);
     return bfc__config_refused() ? BFC_EINVAL : env_status;

@@ -392,11 +392,14 @@ __attribute__((noinline, cold)) void bfc__arena_poison_verify(struct bfc__arena 
     if (i == c->size)
         return;
     /* relaxed: a statistic; the first increment also elects the reporter. */
-    if (atomic_fetch_add_explicit(a->env->poison_errors, 1, memory_order_relaxed) == 0)
+    if (atomic_fetch_add_explicit(a->env->poison_errors, 1, memory_order_relaxed) == 0) {
+        int cs = bfc__nocancel_begin(); /* under a->lock (mutex.h) */
         fprintf(stderr,
                 "libshardbfc: poison: block %#lx (size %zu) was written after free "
                 "(byte %zu is %#x, expected 0xdb); further reports counted in stats only\n",
                 (unsigned long)c->ptr, c->size, i, (unsigned)m[i]);
+        bfc__nocancel_end(cs);
+    }
 }
 
 /* Expandable arena: the granules under a block about to be handed out are

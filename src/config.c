@@ -42,6 +42,7 @@
  * pthread_once orders the write before every reader's return.
  */
 #include "internal.h"
+#include "mutex.h" /* bfc__nocancel_begin/end */
 
 #include <limits.h>
 #include <pthread.h>
@@ -676,7 +677,9 @@ int bfc__config_from_env(bfc_config_t *out)
 {
     if (out == NULL)
         return BFC_EINVAL;
+    int cs = bfc__nocancel_begin(); /* the first may report on stderr (mutex.h) */
     int rc = pthread_once(&env_once, env_load);
+    bfc__nocancel_end(cs);
     if (rc != 0) {
         /* pthread_once cannot fail on glibc; if it ever does, refuse
          * rather than read a half-initialised cache. */

@@ -450,18 +450,7 @@ static void oom_dump(struct bfc_ctx *ctx)
 
 /* Builds a context over an opened backend (which it then owns, also on
  * failure).  cfg has been validated. */
-static int ctx_create_body(bfc_config_t cfg, bfc__backend_t *be, bool host, bfc_ctx_t **out);
-
-/* Cancellation off (mutex.h): creation waits for liburcu under outer locks. */
 static int ctx_create(bfc_config_t cfg, bfc__backend_t *be, bool host, bfc_ctx_t **out)
-{
-    int cs = bfc__nocancel_begin();
-    int st = ctx_create_body(cfg, be, host, out);
-    bfc__nocancel_end(cs);
-    return st;
-}
-
-static int ctx_create_body(bfc_config_t cfg, bfc__backend_t *be, bool host, bfc_ctx_t **out)
 {
     int st;
     struct bfc_ctx *ctx = bfc__meta_zalloc(sizeof(*ctx));
@@ -552,7 +541,29 @@ fail_be:
     return st;
 }
 
+/* Creation is not cancellable (mutex.h): the process set-up joins a probe
+ * thread, the backend's open reads files (the CUDA runtime's), and the
+ * context's creation waits for liburcu under outer locks. */
+static int create_with_backend(const bfc_config_t *cfg, bfc__backend_t *be, bool host, bfc_ctx_t **out);
+static int create(const bfc_config_t *cfg_in, bfc_ctx_t **out);
+
 int bfc__ctx_create_with_backend(const bfc_config_t *cfg, bfc__backend_t *be, bool host, bfc_ctx_t **out)
+{
+    int cs = bfc__nocancel_begin();
+    int st = create_with_backend(cfg, be, host, out);
+    bfc__nocancel_end(cs);
+    return st;
+}
+
+int bfc_ctx_create(const bfc_config_t *cfg_in, bfc_ctx_t **out)
+{
+    int cs = bfc__nocancel_begin();
+    int st = create(cfg_in, out);
+    bfc__nocancel_end(cs);
+    return st;
+}
+
+static int create_with_backend(const bfc_config_t *cfg, bfc__backend_t *be, bool host, bfc_ctx_t **out)
 {
     *out = NULL;
     if (bfc_config_validate(cfg) != BFC_OK) {
@@ -567,7 +578,7 @@ int bfc__ctx_create_with_backend(const bfc_config_t *cfg, bfc__backend_t *be, bo
     return ctx_create(*cfg, be, host, out);
 }
 
-int bfc_ctx_create(const bfc_config_t *cfg_in, bfc_ctx_t **out)
+static int create(const bfc_config_t *cfg_in, bfc_ctx_t **out)
 {
     if (!out)
         return BFC_EINVAL;

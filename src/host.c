@@ -100,7 +100,9 @@ static void host_init(void)
 
 static int init(void)
 {
+    int cs = bfc__nocancel_begin(); /* hwloc reads /proc and /sys (mutex.h) */
     int e = pthread_once(&g_once, host_init);
+    bfc__nocancel_end(cs);
     if (e != 0)
         bfc__fatal("pthread_once", e);
     return g_status;

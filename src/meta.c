@@ -31,6 +31,7 @@
  * not thread-safe: its owner's lock protects it.
  */
 #include "meta.h"
+#include "mutex.h" /* bfc__nocancel_begin/end */
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -120,7 +121,10 @@ int bfc__meta_init(void)
     /* acquire: pairs with the release store in meta_init_once. */
     if (BFC__LIKELY(atomic_load_explicit(&meta_ready, memory_order_acquire)))
         return BFC_OK;
-    if (pthread_once(&meta_once, meta_init_once) != 0)
+    int cs = bfc__nocancel_begin(); /* jemalloc's set-up reads files (mutex.h) */
+    int e = pthread_once(&meta_once, meta_init_once);
+    bfc__nocancel_end(cs);
+    if (e != 0)
         return BFC_ENOMEM;
     /* pthread_once orders the routine's writes before this read. */
     return meta_init_status;

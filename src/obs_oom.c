@@ -93,6 +93,12 @@ struct oom_frame {
 };
 static __thread const struct oom_frame *tls_frame;
 
+/* A callback left by cancellation: its frame goes with it. */
+static void frame_pop(void *v)
+{
+    tls_frame = ((const struct oom_frame *)v)->outer;
+}
+
 static const struct oom_frame *frame_of(const struct bfc_ctx *ctx)
 {
     const struct oom_frame *f = tls_frame;
@@ -447,8 +453,10 @@ bool bfc__oom_callback(struct bfc_ctx *ctx, size_t n, bfc_stream_t stream,
      * bfc_ctx_oom_info inside still gives this one). */
     struct oom_frame frame = {ctx, &info, tls_frame};
     tls_frame = &frame;
-    int retry = fn(ctx, n, stream, &s, arg);
-    tls_frame = frame.outer;
+    int retry;
+    pthread_cleanup_push(frame_pop, &frame);
+    retry = fn(ctx, n, stream, &s, arg);
+    pthread_cleanup_pop(1);
     return retry != 0;
 }
 

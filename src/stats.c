@@ -295,7 +295,8 @@ int bfc_ctx_dump(bfc_ctx_t *ctx, FILE *f)
     bfc_stats_t s;
     bfc_ctx_stats(ctx, &s);
     /* f is written under arena locks: a cancellation at its write(2) would
-     * leave them held (mutex.h). */
+     * leave them held, and one anywhere else would cut the dump short
+     * (mutex.h). */
     int cs = bfc__nocancel_begin();
     fprintf(f, "libshardbfc memory map: backend %s, limit %" PRIu64 ", reserved %" PRIu64 ", in use %" PRIu64
                ", %" PRIu64 " shards, %" PRIu64 " regions\n",
@@ -309,7 +310,6 @@ int bfc_ctx_dump(bfc_ctx_t *ctx, FILE *f)
         bfc__unlock(&a->lock);
     }
     bfc__unlock(&ctx->arenas_lock);
-    bfc__nocancel_end(cs);
     const char *sep = "Stats: ";
 #define DUMP_FIELD(name, combine, desc)                                                                     \
     fprintf(f, "%s" #name "%s %" PRIu64, sep, ctx_bound(#name) ? "_bound" : "", s.name);                   \
@@ -317,6 +317,7 @@ int bfc_ctx_dump(bfc_ctx_t *ctx, FILE *f)
     BFC_STATS_FIELDS(DUMP_FIELD)
 #undef DUMP_FIELD
     fputc('\n', f);
+    bfc__nocancel_end(cs);
     return ferror(f) ? BFC_EBACKEND : BFC_OK;
 }
 
@@ -406,6 +407,10 @@ int bfc_ctx_snapshot_json(bfc_ctx_t *ctx, FILE *f)
     bfc__pool_stats(&ctx->pool, &ps);
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
+    /* The OOM report under obs.lock, the shards under their locks: not
+     * cancellable while f's write(2)s happen under them, nor anywhere a
+     * cancellation would cut the snapshot short (mutex.h). */
+    int cs = bfc__nocancel_begin();
     fprintf(f,
             "{\"version\":%d,\"time_unix_ns\":%" PRIu64 ",\"backend\":\"%s\",\"host\":%s,\"device\":%d,"
             "\"allow_growth\":%s,\"limit\":%zu,\"initial_region\":%zu,\"large_alloc\":%zu,\"max_internal_frag\":%zu",
@@ -420,9 +425,6 @@ int bfc_ctx_snapshot_json(bfc_ctx_t *ctx, FILE *f)
             "\"departures\":%" PRIu64 ",\"fenced_departures\":%" PRIu64 ",\"fence_waits\":%" PRIu64 "}",
             ps.held, ps.peak_held, ps.committed, ps.free_bytes, ps.fenced_bytes, ps.departures, ps.fenced_departures,
             ps.fence_waits);
-    /* The OOM report under obs.lock, then the shards under their locks:
-     * not cancellable while f's write(2)s happen under them (mutex.h). */
-    int cs = bfc__nocancel_begin();
     bfc__oom_json(ctx, f); /* obs.lock only: no allocator lock is held here */
     fprintf(f, ",\"shards\":[");
     bool first = true;
@@ -439,7 +441,7 @@ int bfc_ctx_snapshot_json(bfc_ctx_t *ctx, FILE *f)
         bfc__unlock(&a->lock);
     }
     bfc__unlock(&ctx->arenas_lock);
-    bfc__nocancel_end(cs);
     fprintf(f, "]}\n");
+    bfc__nocancel_end(cs);
     return ferror(f) ? BFC_EBACKEND : BFC_OK;
 }

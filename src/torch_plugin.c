@@ -166,11 +166,14 @@ void shardbfc_torch_free(void *p, ssize_t size, int device, bfc_stream_t stream)
         return;
     atomic_fetch_add_explicit(&free_errors, 1, memory_order_relaxed);
     /* relaxed: only which caller prints matters, not what it sees. */
-    if (!atomic_exchange_explicit(&free_error_reported, true, memory_order_relaxed))
+    if (!atomic_exchange_explicit(&free_error_reported, true, memory_order_relaxed)) {
+        int cs = bfc__nocancel_begin(); /* no call acts on cancellation (mutex.h) */
         fprintf(stderr,
                 "libshardbfc_torch: free of %p failed: %s (%s); later failures are only "
                 "counted (shardbfc_torch_stat \"free_errors\")\n",
                 p, bfc_err_name(st), bfc_strerror(st));
+        bfc__nocancel_end(cs);
+    }
 }
 
 int shardbfc_torch_record_stream(void *p, bfc_stream_t stream)

@@ -1788,6 +1788,253 @@ START_TEST(test_cancel_in_trace_write)
 }
 END_TEST
 
+/* A call made with a cancellation already pending (requested while the
+ * thread had cancellation off, then turned back on): it must return, the
+ * cancellation acting at the thread's next cancellation point after it. */
+struct pending {
+    void (*call)(struct pending *);
+    bfc_ctx_t *ctx;
+    bfc_stream_t s;
+    FILE *f;
+    void *p;
+    bool returned;
+    /* The OOM callback case: what a thread-specific-data destructor of
+     * the thread saw, once the thread was gone from the library. */
+    bool tsd;
+    int info_rc;
+    size_t info_size;
+    pthread_mutex_t m;
+    pthread_cond_t c;
+    int phase;
+    int old_state; /* not a local: the thread's frame is unwound by the
+                    * cancellation, and AddressSanitizer would keep its
+                    * redzones poisoned for the exit handlers below it */
+};
+
+/* Scribbles over the stack below the caller (a dead frame's bytes); not a
+ * tail call, so each level has a frame of its own. */
+static __attribute__((noinline)) int stack_scribble(int depth)
+{
+    volatile char junk[4096];
+    memset((char *)junk, 0x5A, sizeof junk);
+    return depth > 0 ? stack_scribble(depth - 1) + junk[depth] : junk[0];
+}
+
+/* Runs where the thread's dead frames were: at its exit, from the top of
+ * its stack. */
+static void pending_tsd(void *v)
+{
+    struct pending *x = v;
+    (void)stack_scribble(16);
+    bfc_oom_info_t i;
+    x->info_rc = bfc_ctx_oom_info(x->ctx, &i);
+    x->info_size = i.size;
+}
+
+static pthread_key_t pending_key;
+
+static void pending_key_init(void)
+{
+    ck_assert_int_eq(pthread_key_create(&pending_key, pending_tsd), 0);
+}
+
+static void *pending_main(void *v)
+{
+    struct pending *x = v;
+    (void)pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &x->old_state);
+    pthread_mutex_lock(&x->m);
+    x->phase = 1;
+    pthread_cond_broadcast(&x->c);
+    while (x->phase != 2)
+        pthread_cond_wait(&x->c, &x->m);
+    pthread_mutex_unlock(&x->m);
+    if (x->tsd)
+        (void)pthread_setspecific(pending_key, x);
+    (void)pthread_setcancelstate(PTHREAD_CANCEL_ENABLE, &x->old_state); /* now pending */
+    x->call(x);
+    x->returned = true;
+    pthread_testcancel();
+    return NULL;
+}
+
+/* Runs x->call on a thread with a cancellation pending; true when the
+ * call returned before it acted. */
+static bool call_cancel_pending(struct pending *x)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    ck_assert_int_eq(pthread_once(&once, pending_key_init), 0);
+    ck_assert_int_eq(pthread_mutex_init(&x->m, NULL), 0);
+    ck_assert_int_eq(pthread_cond_init(&x->c, NULL), 0);
+    pthread_t t;
+    ck_assert_int_eq(pthread_create(&t, NULL, pending_main, x), 0);
+    pthread_mutex_lock(&x->m);
+    while (x->phase != 1)
+        pthread_cond_wait(&x->c, &x->m);
+    ck_assert_int_eq(pthread_cancel(t), 0);
+    x->phase = 2;
+    pthread_cond_broadcast(&x->c);
+    pthread_mutex_unlock(&x->m);
+    void *res = NULL;
+    ck_assert_int_eq(pthread_join(t, &res), 0);
+    ck_assert_ptr_eq(res, PTHREAD_CANCELED);
+    pthread_cond_destroy(&x->c);
+    pthread_mutex_destroy(&x->m);
+    return x->returned;
+}
+
+static void call_dump(struct pending *x)
+{
+    (void)bfc_ctx_dump(x->ctx, x->f);
+}
+
+static void call_snapshot(struct pending *x)
+{
+    (void)bfc_ctx_snapshot_json(x->ctx, x->f);
+}
+
+static void call_alloc(struct pending *x)
+{
+    x->p = bfc_ctx_alloc(x->ctx, x->s, 64 * KiB);
+}
+
+static void call_create(struct pending *x)
+{
+    bfc_config_t c;
+    bfc_config_init(&c);
+    c.backend = BFC_BACKEND_SIM;
+    c.memory_limit = 64 * MiB;
+    (void)bfc_ctx_create(&c, &x->ctx);
+}
+
+static void call_destroy(struct pending *x)
+{
+    bfc_ctx_destroy(x->ctx);
+}
+
+/* The whole of what f holds. */
+static char *file_text(FILE *f)
+{
+    long n = ftell(f);
+    ck_assert_int_gt(n, 0);
+    char *t = malloc((size_t)n + 1);
+    ck_assert_ptr_nonnull(t);
+    rewind(f);
+    ck_assert_uint_eq(fread(t, 1, (size_t)n, f), (size_t)n);
+    t[n] = '\0';
+    return t;
+}
+
+/* Dumps and snapshots into an unbuffered file (every line a write(2), a
+ * cancellation point): whole, the cancellation after them. */
+START_TEST(test_cancel_pending_dump_snapshot)
+{
+    bfc_ctx_t *ctx = ctx_spec("memory_limit=64M");
+    bfc_stream_t s = new_stream(ctx);
+    void *p = xalloc(ctx, s, 4096);
+    for (int snap = 0; snap <= 1; snap++) {
+        struct pending x = {.call = snap ? call_snapshot : call_dump, .ctx = ctx};
+        x.f = tmpfile();
+        ck_assert_ptr_nonnull(x.f);
+        setvbuf(x.f, NULL, _IONBF, 0);
+        ck_assert_msg(call_cancel_pending(&x), "%s acted on the pending cancellation", snap ? "snapshot" : "dump");
+        char *t = file_text(x.f);
+        size_t n = strlen(t);
+        if (snap)
+            ck_assert_msg(n >= 3 && strcmp(t + n - 3, "]}\n") == 0, "the snapshot was cut short: ...%s",
+                          t + (n > 40 ? n - 40 : 0));
+        else
+            ck_assert_msg(strstr(t, "\nStats: ") && t[n - 1] == '\n', "the dump was cut short");
+        free(t);
+        fclose(x.f);
+    }
+    xfree(ctx, p, s);
+    xcheck(ctx);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
+/* poison=true: an allocation that finds its block written after free
+ * reports on stderr (a write(2)) under the arena's lock. */
+START_TEST(test_cancel_pending_poison_report)
+{
+    bfc_ctx_t *ctx = ctx_spec("memory_limit=64M,poison=true,vmm=off");
+    bfc_stream_t s = new_stream(ctx);
+    char *p = xalloc(ctx, s, 64 * KiB);
+    xfree(ctx, p, s);
+    p[100] = 1; /* written after free */
+    struct pending x = {.call = call_alloc, .ctx = ctx, .s = s};
+    ck_assert_msg(call_cancel_pending(&x), "the allocation acted on the pending cancellation in its poison report");
+    ck_assert_ptr_eq(x.p, p);
+    ck_assert_uint_eq(st(ctx).num_poison_errors, 1);
+    xfree(ctx, x.p, s);
+    xcheck(ctx); /* every lock: none was left held */
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
+/* The slow path's retry_ms sleeps (nanosleep, a cancellation point). */
+START_TEST(test_cancel_pending_slow_path)
+{
+    bfc_ctx_t *ctx = ctx_spec("memory_limit=4M,allow_growth=false,retry_ms=30");
+    bfc_stream_t s = new_stream(ctx);
+    void *big = xalloc(ctx, s, 4 * MiB);
+    struct pending x = {.call = call_alloc, .ctx = ctx, .s = s};
+    ck_assert_msg(call_cancel_pending(&x), "the slow path acted on the pending cancellation");
+    ck_assert_ptr_null(x.p);
+    xfree(ctx, big, s);
+    xcheck(ctx);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
+/* The process's first context (its set-up joins a probe thread) and a
+ * destroy with a trace running (a grace period, the trace's writes). */
+START_TEST(test_cancel_pending_create_destroy)
+{
+    struct pending x = {.call = call_create};
+    ck_assert_msg(call_cancel_pending(&x), "bfc_ctx_create acted on the pending cancellation");
+    ck_assert_ptr_nonnull(x.ctx);
+    bfc_stream_t s = new_stream(x.ctx);
+    ck_assert_int_eq(bfc_ctx_trace_start(x.ctx, "/dev/null"), BFC_OK);
+    void *p = xalloc(x.ctx, s, 4096);
+    xfree(x.ctx, p, s);
+    struct pending y = {.call = call_destroy, .ctx = x.ctx};
+    ck_assert_msg(call_cancel_pending(&y), "bfc_ctx_destroy acted on the pending cancellation");
+}
+END_TEST
+
+/* A callback cancelled at its own cancellation point: the thread's exit
+ * handlers may still ask for the report (the callback's frame, gone with
+ * it, must not be the library's any more). */
+static int oom_cb_writes(bfc_ctx_t *ctx, size_t size, bfc_stream_t stream, const bfc_stats_t *summary, void *arg)
+{
+    (void)ctx, (void)size, (void)stream, (void)summary, (void)arg;
+    int fd = open("/dev/null", O_WRONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        (void)!write(fd, "x", 1); /* the pending cancellation acts here */
+        close(fd);
+    }
+    return 0;
+}
+
+START_TEST(test_cancel_in_oom_callback)
+{
+    bfc_ctx_t *ctx = ctx_spec("memory_limit=4M,allow_growth=false");
+    bfc_stream_t s = new_stream(ctx);
+    void *big = xalloc(ctx, s, 4 * MiB);
+    ck_assert_int_eq(bfc_ctx_set_oom_callback(ctx, oom_cb_writes, NULL), BFC_OK);
+    struct pending x = {.call = call_alloc, .ctx = ctx, .s = s, .tsd = true, .info_rc = -1};
+    ck_assert_msg(!call_cancel_pending(&x), "the callback's write did not act on the cancellation");
+    ck_assert_int_eq(x.info_rc, BFC_OK);
+    ck_assert_uint_eq(x.info_size, 64 * KiB);
+    /* The next failure on this thread calls the callback as usual. */
+    ck_assert_int_eq(bfc_ctx_set_oom_callback(ctx, NULL, NULL), BFC_OK);
+    xfree(ctx, big, s);
+    xcheck(ctx);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
 int main(int argc, char **argv)
 {
     if (argc > 1 && strcmp(argv[1], "first-use-fork") == 0)
@@ -1815,6 +2062,11 @@ int main(int argc, char **argv)
     tcase_set_timeout(cn, 60);
     tcase_add_test(cn, test_cancel_in_dump);
     tcase_add_test(cn, test_cancel_in_trace_write);
+    tcase_add_test(cn, test_cancel_pending_dump_snapshot);
+    tcase_add_test(cn, test_cancel_pending_poison_report);
+    tcase_add_test(cn, test_cancel_pending_slow_path);
+    tcase_add_test(cn, test_cancel_pending_create_destroy);
+    tcase_add_test(cn, test_cancel_in_oom_callback);
     suite_add_tcase(s, cn);
     /* A child forked while other threads hold allocator locks must not
      * inherit them locked (the library's fork handlers take every lock). */
