@@ -359,10 +359,11 @@ size_t bfc__shard_retire_exited(struct bfc_ctx *ctx)
     /* acquire: pairs with the release increment in thread_exited. */
     uint64_t now = atomic_load_explicit(&thread_exits, memory_order_acquire);
     /* relaxed: a hint; two threads may both look (the directory's delete
-     * gives each shard to one of them). */
+     * gives each shard to one of them).  Stored once the look is done: a
+     * fork in the middle leaves the child's count unseen, so that the
+     * child's next look retires what this one had not yet. */
     if (atomic_load_explicit(&ctx->exits_seen, memory_order_relaxed) == now)
         return 0;
-    atomic_store_explicit(&ctx->exits_seen, now, memory_order_relaxed);
     size_t retired = 0, n;
     do {
         struct bfc__arena *got[EXITED_BATCH];
@@ -393,6 +394,7 @@ size_t bfc__shard_retire_exited(struct bfc_ctx *ctx)
             if (dead[i])
                 bfc__shard_reclaim(got[i]);
     } while (n == EXITED_BATCH);
+    atomic_store_explicit(&ctx->exits_seen, now, memory_order_relaxed);
     return retired;
 }
 
