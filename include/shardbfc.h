@@ -72,7 +72,9 @@
  * writes) or set the process up -- turn cancellation off until they
  * return, so a thread cancelled while in one is cancelled at its next
  * cancellation point after it, never with a lock of the library held nor
- * with a dump cut short.  Asynchronous cancellation
+ * with a dump cut short.  The library's fork handlers and its exit handler
+ * (which stops running traces) do the same, so fork() and exit() from such
+ * a thread complete.  Asynchronous cancellation
  * (PTHREAD_CANCEL_ASYNCHRONOUS) must be off across every call, as POSIX
  * requires for all but a few functions.
  *

@@ -51,13 +51,19 @@ static void env_init(void)
 
 /* BFC_OK when the service may run; pthread_once orders env_init's writes
  * before every return. */
+static atomic_bool env_done; /* env_init has run: the common path's one test */
+
 static int service_status(void)
 {
-    int cs = bfc__nocancel_begin(); /* the first reports a bad SHARDBFC_CONF on stderr (mutex.h) */
-    int e = pthread_once(&env_once, env_init);
-    bfc__nocancel_end(cs);
-    if (e != 0)
-        bfc__fatal("pthread_once", e);
+    /* acquire: pairs with the release store below, after env_init. */
+    if (BFC__UNLIKELY(!atomic_load_explicit(&env_done, memory_order_acquire))) {
+        int cs = bfc__nocancel_begin(); /* the first reports a bad SHARDBFC_CONF on stderr (mutex.h) */
+        int e = pthread_once(&env_once, env_init);
+        bfc__nocancel_end(cs);
+        if (e != 0)
+            bfc__fatal("pthread_once", e);
+        atomic_store_explicit(&env_done, true, memory_order_release);
+    }
     return bfc__config_refused() ? BFC_EINVAL : env_status;
 }
 

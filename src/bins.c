@@ -68,6 +68,7 @@
  * arena's fast path; the functions of the same names here call them.
  */
 #include "bins_inline.h"
+#include "mutex.h" /* bfc__nocancel_begin */
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -99,6 +100,7 @@ static inline struct bfc__chunk *bins_next(struct bfc__chunk *n)
 
 void bfc__bins_bug(const char *what, const struct bfc__chunk *c)
 {
+    (void)bfc__nocancel_begin(); /* the report, then the abort (mutex.h) */
     fprintf(stderr,
             "shardbfc: internal error in bins: %s (chunk %p ptr 0x%" PRIxPTR
             " size %zu slot %" PRIu32 ")\n",

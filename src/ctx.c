@@ -152,9 +152,19 @@ static void wfcq_cut(struct cds_wfcq_node *head, struct cds_wfcq_tail *t)
     }
 }
 
+/* The forking thread's cancellation state, from prepare to the after-fork
+ * handler (the child's thread is the same thread, with the same
+ * thread-locals). */
+static __thread int fork_cancel_state;
+
 static void before_fork(void)
 {
     struct bfc__arena *a;
+    /* Not cancellable until the after-fork handler is done: liburcu's
+     * hooks wait for its threads in poll(), a cancellation point, and a
+     * cancellation acting there would leave every lock taken so far held
+     * (mutex.h). */
+    fork_cancel_state = bfc__nocancel_begin();
     /* Outer, in rank order (mutex.h): the locks of one rank across every
      * context before those of the next rank.  First, no thread registering
      * with urcu-bp (rcu.h: its init_lock is no fork hook's). */
@@ -233,6 +243,7 @@ static void after_fork_parent(void)
     rcu_bp_after_fork_parent();
     call_rcu_after_fork_parent();
     release_outer();
+    bfc__nocancel_end(fork_cancel_state);
 }
 
 static void after_fork_child(void)
@@ -241,6 +252,7 @@ static void after_fork_child(void)
     rcu_bp_after_fork_child();
     call_rcu_after_fork_child();
     release_outer();
+    bfc__nocancel_end(fork_cancel_state);
 }
 
 static pthread_once_t process_once = PTHREAD_ONCE_INIT, handlers_once = PTHREAD_ONCE_INIT;
@@ -649,6 +661,7 @@ static void debug_check(struct bfc_ctx *ctx)
 {
     char buf[512];
     if (bfc_ctx_check_report(ctx, buf, sizeof(buf)) != BFC_OK) {
+        (void)bfc__nocancel_begin(); /* the report, then the abort (mutex.h) */
         fprintf(stderr, "libshardbfc: debug_check: %s\n", buf);
         abort();
     }

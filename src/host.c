@@ -98,13 +98,19 @@ static void host_init(void)
     g_status = bfc__backend_host_threads_init();
 }
 
+static atomic_bool g_init_done; /* host_init has run: the common path's one test */
+
 static int init(void)
 {
-    int cs = bfc__nocancel_begin(); /* hwloc reads /proc and /sys (mutex.h) */
-    int e = pthread_once(&g_once, host_init);
-    bfc__nocancel_end(cs);
-    if (e != 0)
-        bfc__fatal("pthread_once", e);
+    /* acquire: pairs with the release store below, after host_init. */
+    if (BFC__UNLIKELY(!atomic_load_explicit(&g_init_done, memory_order_acquire))) {
+        int cs = bfc__nocancel_begin(); /* hwloc reads /proc and /sys (mutex.h) */
+        int e = pthread_once(&g_once, host_init);
+        bfc__nocancel_end(cs);
+        if (e != 0)
+            bfc__fatal("pthread_once", e);
+        atomic_store_explicit(&g_init_done, true, memory_order_release);
+    }
     return g_status;
 }
 

@@ -25,6 +25,7 @@
 
 void bfc__fatal(const char *what, int err)
 {
+    (void)bfc__nocancel_begin(); /* the report, then the abort */
     fprintf(stderr, "libshardbfc: fatal: %s failed: %s\n", what, strerror(err));
     abort();
 }

@@ -390,6 +390,9 @@ static void stop_all_at_exit(void)
 {
     struct bfc__trace *mine = NULL, *last = NULL;
     pid_t self = getpid();
+    /* A grace period and the files' writes and closes: exit() (or
+     * dlclose) must not end here on a pending cancellation (mutex.h). */
+    int cs = bfc__nocancel_begin();
     bfc__lock(&reg_lock);
     for (struct bfc__trace *t = running, *next; t; t = next) {
         next = t->run_next;
@@ -407,6 +410,7 @@ static void stop_all_at_exit(void)
     }
     bfc__unlock(&reg_lock);
     (void)finish(mine); /* nothing left to report a write error to */
+    bfc__nocancel_end(cs);
 }
 
 static void exit_register(void)

@@ -1801,6 +1801,7 @@ struct pending {
     /* The OOM callback case: what a thread-specific-data destructor of
      * the thread saw, once the thread was gone from the library. */
     bool tsd;
+    pid_t pid; /* the fork case's child */
     int info_rc;
     size_t info_size;
     pthread_mutex_t m;
@@ -2035,6 +2036,105 @@ START_TEST(test_cancel_in_oom_callback)
 }
 END_TEST
 
+/* fork() from a thread with a cancellation pending: the library's prepare
+ * handler waits for liburcu's threads in poll(), a cancellation point,
+ * with the library's locks taken; fork must return, and every lock with
+ * it. */
+static void call_fork(struct pending *x)
+{
+    x->pid = fork();
+    if (x->pid == 0)
+        _exit(bfc_ctx_check(x->ctx) == BFC_OK ? 0 : 1);
+}
+
+static void *fork_probe(void *v)
+{
+    bfc_ctx_t *ctx = v;
+    bool ok = bfc_ctx_check(ctx) == BFC_OK;
+    bfc_ctx_t *c2 = NULL;
+    bfc_config_t c;
+    bfc_config_init(&c);
+    c.backend = BFC_BACKEND_SIM;
+    ok = ok && bfc_ctx_create(&c, &c2) == BFC_OK;
+    if (c2)
+        bfc_ctx_destroy(c2);
+    return (void *)(intptr_t)(ok ? 1 : 2);
+}
+
+START_TEST(test_cancel_pending_fork)
+{
+    bfc_ctx_t *ctx = ctx_spec("memory_limit=64M");
+    bfc_stream_t s = new_stream(ctx);
+    void *p = xalloc(ctx, s, 4096);
+    struct pending x = {.call = call_fork, .ctx = ctx, .pid = -1};
+    ck_assert_msg(call_cancel_pending(&x), "fork() acted on the pending cancellation in the library's fork handler");
+    ck_assert_int_gt(x.pid, 0);
+    int status;
+    ck_assert_int_eq(waitpid(x.pid, &status, 0), x.pid);
+    ck_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    /* Every lock the handlers took is free again. */
+    pthread_t t;
+    ck_assert_int_eq(pthread_create(&t, NULL, fork_probe, ctx), 0);
+    void *ok = NULL;
+    struct timespec deadline;
+    clock_gettime(CLOCK_REALTIME, &deadline);
+    deadline.tv_sec += 10;
+    ck_assert_msg(pthread_timedjoin_np(t, &ok, &deadline) == 0, "a later call waited for ever: fork left locks held");
+    ck_assert_ptr_eq(ok, (void *)(intptr_t)1);
+    xfree(ctx, p, s);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
+/* exit() from a thread with a cancellation pending, a trace running: the
+ * library's exit handler stops the trace (a grace period, the file's
+ * close); the process must exit, the trace complete. */
+static void call_exit(struct pending *x)
+{
+    (void)x;
+    exit(7);
+}
+
+START_TEST(test_cancel_pending_exit_with_trace)
+{
+    char path[] = "/tmp/shardbfc-cancel-exit-XXXXXX";
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        bfc_config_t c;
+        bfc_config_init(&c);
+        c.backend = BFC_BACKEND_SIM;
+        bfc_ctx_t *ctx = NULL;
+        if (bfc_ctx_create(&c, &ctx) != BFC_OK || bfc_ctx_trace_start(ctx, path) != BFC_OK)
+            _exit(2);
+        for (int i = 0; i < 10; i++) {
+            void *q = bfc_ctx_alloc(ctx, NULL, 4096);
+            if (!q || bfc_ctx_free(ctx, q, NULL) != BFC_OK)
+                _exit(2);
+        }
+        struct pending x = {.call = call_exit, .ctx = ctx};
+        (void)call_cancel_pending(&x); /* returns only if exit() was cut short */
+        _exit(3);
+    }
+    int status;
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 7,
+                  "exit() did not end the process (status %#x): the exit handler acted on the cancellation", status);
+    FILE *f = fopen(path, "r");
+    ck_assert_ptr_nonnull(f);
+    char line[256];
+    int rows = 0;
+    while (fgets(line, sizeof line, f))
+        rows++;
+    fclose(f);
+    unlink(path);
+    ck_assert_int_ge(rows, 1 + 20); /* the header, 10 allocations and 10 frees (and growth) */
+}
+END_TEST
+
 int main(int argc, char **argv)
 {
     if (argc > 1 && strcmp(argv[1], "first-use-fork") == 0)
@@ -2067,6 +2167,8 @@ int main(int argc, char **argv)
     tcase_add_test(cn, test_cancel_pending_slow_path);
     tcase_add_test(cn, test_cancel_pending_create_destroy);
     tcase_add_test(cn, test_cancel_in_oom_callback);
+    tcase_add_test(cn, test_cancel_pending_fork);
+    tcase_add_test(cn, test_cancel_pending_exit_with_trace);
     suite_add_tcase(s, cn);
     /* A child forked while other threads hold allocator locks must not
      * inherit them locked (the library's fork handlers take every lock). */
