@@ -49,10 +49,10 @@ static void env_init(void)
 #endif
 }
 
-/* BFC_OK when the service may run; pthread_once orders env_init's writes
- * before every return. */
 static atomic_bool env_done; /* env_init has run: the common path's one test */
 
+/* BFC_OK when the service may run; pthread_once (or env_done's acquire)
+ * orders env_init's writes before every return. */
 static int service_status(void)
 {
     /* acquire: pairs with the release store below, after env_init. */
