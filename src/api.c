@@ -57,9 +57,7 @@ static int service_status(void)
 {
     /* acquire: pairs with the release store below, after env_init. */
     if (BFC__UNLIKELY(!atomic_load_explicit(&env_done, memory_order_acquire))) {
-        int cs = bfc__nocancel_begin(); /* the first reports a bad SHARDBFC_CONF on stderr (mutex.h) */
-        int e = pthread_once(&env_once, env_init);
-        bfc__nocancel_end(cs);
+        int e = bfc__once(&env_once, env_init); /* may report a bad SHARDBFC_CONF */
         if (e != 0)
             bfc__fatal("pthread_once", e);
         atomic_store_explicit(&env_done, true, memory_order_release);

@@ -677,9 +677,7 @@ int bfc__config_from_env(bfc_config_t *out)
 {
     if (out == NULL)
         return BFC_EINVAL;
-    int cs = bfc__nocancel_begin(); /* the first may report on stderr (mutex.h) */
-    int rc = pthread_once(&env_once, env_load);
-    bfc__nocancel_end(cs);
+    int rc = bfc__once(&env_once, env_load); /* may report on stderr */
     if (rc != 0) {
         /* pthread_once cannot fail on glibc; if it ever does, refuse
          * rather than read a half-initialised cache. */

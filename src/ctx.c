@@ -430,8 +430,7 @@ static void oom_dump(struct bfc_ctx *ctx)
      * locks). */
     static _Atomic unsigned dump_seq;
     char tmp[sizeof(ctx->cfg.oom_dump) + 40];
-    int cancel_state;
-    (void)pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel_state);
+    int cancel_state = bfc__nocancel_begin();
     /* A name taken already (left by a killed process that had our pid: a
      * restarted container's pid 1) is someone else's: the next number. */
     int fd = -1;
@@ -452,7 +451,7 @@ static void oom_dump(struct bfc_ctx *ctx)
         if (!written || rename(tmp, ctx->cfg.oom_dump) != 0)
             (void)unlink(tmp);
     }
-    (void)pthread_setcancelstate(cancel_state, NULL);
+    bfc__nocancel_end(cancel_state);
     bfc__lock(&ctx->obs.lock);
     ctx->obs.dumping = false;
     bfc__unlock(&ctx->obs.lock);

@@ -104,9 +104,7 @@ static int init(void)
 {
     /* acquire: pairs with the release store below, after host_init. */
     if (BFC__UNLIKELY(!atomic_load_explicit(&g_init_done, memory_order_acquire))) {
-        int cs = bfc__nocancel_begin(); /* hwloc reads /proc and /sys (mutex.h) */
-        int e = pthread_once(&g_once, host_init);
-        bfc__nocancel_end(cs);
+        int e = bfc__once(&g_once, host_init); /* hwloc reads /proc and /sys */
         if (e != 0)
             bfc__fatal("pthread_once", e);
         atomic_store_explicit(&g_init_done, true, memory_order_release);

@@ -121,9 +121,7 @@ int bfc__meta_init(void)
     /* acquire: pairs with the release store in meta_init_once. */
     if (BFC__LIKELY(atomic_load_explicit(&meta_ready, memory_order_acquire)))
         return BFC_OK;
-    int cs = bfc__nocancel_begin(); /* jemalloc's set-up reads files (mutex.h) */
-    int e = pthread_once(&meta_once, meta_init_once);
-    bfc__nocancel_end(cs);
+    int e = bfc__once(&meta_once, meta_init_once); /* jemalloc's set-up reads files */
     if (e != 0)
         return BFC_ENOMEM;
     /* pthread_once orders the routine's writes before this read. */

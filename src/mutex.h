@@ -69,6 +69,17 @@ static inline void bfc__nocancel_end(int old)
     (void)pthread_setcancelstate(old, NULL);
 }
 
+/* pthread_once with cancellation off: a once routine that reads files or
+ * reports on stderr (set-up of the process, of host memory, of the
+ * metadata arena; SHARDBFC_CONF's parse) must not end half done. */
+static inline int bfc__once(pthread_once_t *once, void (*fn)(void))
+{
+    int cs = bfc__nocancel_begin();
+    int e = pthread_once(once, fn);
+    bfc__nocancel_end(cs);
+    return e;
+}
+
 /*
  * A pthread call on a lock the library initialised can only fail if memory
  * was corrupted; there is no state to return to, so it reports and aborts
