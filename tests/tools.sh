@@ -13,7 +13,10 @@
 #   shardbfc-stat    --help / -h, an unknown option is a usage error (not a
 #                    file name), a missing file is exit 1, and so is a
 #                    report it could not write (stdout closed, /dev/full);
-#   shardbfc-view    --help, a missing -o is a usage error.
+#   shardbfc-view    --help, a missing -o and an unknown option are usage
+#                    errors; a bad snapshot is exit 1 and leaves what -o
+#                    names as it was (an older page, a device), a good one
+#                    writes the page; a page it could not write is exit 1.
 set -u
 
 fail() { echo "tools.sh: $*" >&2; exit 1; }
@@ -192,4 +195,28 @@ fi
 grep -q '^usage: shardbfc-view' "$tmp/out" || fail "shardbfc-view --help prints no usage"
 "$view" "$tmp/none.json" >/dev/null 2>&1
 [ $? -eq 2 ] || fail "shardbfc-view without -o is not a usage error"
+"$view" --bogus -o "$tmp/page.html" >/dev/null 2>&1
+[ $? -eq 2 ] || fail "shardbfc-view --bogus is not a usage error"
+[ ! -e "$tmp/page.html" ] || fail "shardbfc-view --bogus wrote a page"
+"$view" "$tmp/empty.json" -o "$tmp/page.html" 2>"$tmp/err" || { cat "$tmp/err" >&2; fail "shardbfc-view on a snapshot with no shards fails"; }
+grep -q '</html>' "$tmp/page.html" || fail "shardbfc-view wrote no whole page"
+# A bad snapshot must not cost the page already there.
+echo 'an older page' >"$tmp/page.html"
+printf '{"version":1,"shards":' >"$tmp/cut.json"
+"$view" "$tmp/cut.json" -o "$tmp/page.html" >/dev/null 2>&1
+[ $? -eq 1 ] || fail "shardbfc-view on a cut snapshot does not exit 1"
+[ "$(cat "$tmp/page.html" 2>/dev/null)" = 'an older page' ] ||
+    fail "shardbfc-view on a cut snapshot removed or changed the page -o names"
+"$view" "$tmp/cut.json" -o "$tmp/new.html" >/dev/null 2>&1
+[ ! -e "$tmp/new.html" ] || fail "shardbfc-view on a cut snapshot made a page"
+# Through a link, so that a regression removes the link, not the device.
+if [ -c /dev/full ] && ln -s /dev/full "$tmp/full"; then
+    "$view" "$tmp/cut.json" -o "$tmp/full" >/dev/null 2>&1
+    [ -L "$tmp/full" ] || fail "shardbfc-view on a cut snapshot removed the device -o names"
+    "$view" "$tmp/empty.json" -o "$tmp/full" >/dev/null 2>&1
+    [ $? -eq 1 ] || fail "shardbfc-view writing to a full device does not exit 1"
+    [ -L "$tmp/full" ] || fail "shardbfc-view after a write error removed what -o names"
+fi
+"$view" "$tmp/empty.json" -o - >&- 2>/dev/null
+[ $? -eq 1 ] || fail "shardbfc-view with its output closed does not exit 1"
 echo "tools.sh: ok"

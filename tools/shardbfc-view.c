@@ -44,6 +44,8 @@ int main(int argc, char **argv)
         }
         if (strcmp(argv[i], "-o") == 0 && i + 1 < argc)
             outp = argv[++i];
+        else if (argv[i][0] == '-' && argv[i][1] != '\0')
+            in = NULL, i = argc; /* an unknown option: usage */
         else if (!in)
             in = argv[i];
         else
@@ -66,24 +68,42 @@ int main(int argc, char **argv)
         fprintf(stderr, "shardbfc-view: cannot read %s\n", in);
         return 1;
     }
-    FILE *out = strcmp(outp, "-") == 0 ? stdout : fopen(outp, "w");
-    if (!out) {
-        perror(outp);
+    /* The page is made in memory first, and PAGE.html opened only once it
+     * is whole: a bad snapshot leaves an older page (or whatever -o names,
+     * a device included) as it was.  A write error is reported; what was
+     * written stays, as with any program's output. */
+    char *page = NULL;
+    size_t page_len = 0;
+    FILE *mem = open_memstream(&page, &page_len);
+    if (!mem) {
+        perror("shardbfc-view");
         free(json);
         return 1;
     }
     char err[300], title[512];
     snprintf(title, sizeof(title), "libshardbfc memory map: %s", in);
-    int rc = bfc_view_write_html(json, len, title, out, err, sizeof(err));
+    int rc = bfc_view_write_html(json, len, title, mem, err, sizeof(err));
     free(json);
-    if (out != stdout && fclose(out) != 0 && rc == 0) {
-        snprintf(err, sizeof(err), "write error");
+    if (fclose(mem) != 0 && rc == 0) {
+        snprintf(err, sizeof(err), "out of memory");
         rc = -1;
     }
     if (rc != 0) {
         fprintf(stderr, "shardbfc-view: %s: %s\n", in, err);
-        if (out != stdout)
-            remove(outp);
+        free(page);
+        return 1;
+    }
+    FILE *out = strcmp(outp, "-") == 0 ? stdout : fopen(outp, "w");
+    if (!out) {
+        perror(outp);
+        free(page);
+        return 1;
+    }
+    int bad = fwrite(page, 1, page_len, out) != page_len;
+    free(page);
+    bad |= out == stdout ? fflush(out) != 0 : fclose(out) != 0;
+    if (bad) {
+        fprintf(stderr, "shardbfc-view: %s: write error\n", outp);
         return 1;
     }
     return 0;
