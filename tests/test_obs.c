@@ -1914,7 +1914,7 @@ START_TEST(test_view_html)
     (void)cp;
 
     /* A string that would close the script element is escaped. */
-    const char *evil = "{\"shards\":[],\"backend\":\"</script><script>alert(1)</script>\"}";
+    const char *evil = "{\"version\":2,\"shards\":[],\"backend\":\"</script><script>alert(1)</script>\"}";
     html = NULL;
     f = open_memstream(&html, &hlen);
     ck_assert_int_eq(bfc_view_write_html(evil, strlen(evil), NULL, f, err, sizeof err), 0);
@@ -1930,6 +1930,27 @@ START_TEST(test_view_html)
     ck_assert_ptr_nonnull(strstr(err, "JSON"));
     ck_assert_int_eq(bfc_view_write_html("{\"x\":1}", 7, NULL, f, err, sizeof err), -1);
     ck_assert_ptr_nonnull(strstr(err, "snapshot"));
+    /* Shaped wrong where the page's script walks it (it would stop on a
+     * null shard or a number where an array belongs): refused, the place
+     * named. */
+    static const char *const wrong[][2] = {
+        {"{\"shards\":[]}", "version"},
+        {"{\"version\":0,\"shards\":[]}", "version"},
+        {"{\"version\":2,\"shards\":[1,\"x\",null]}", "shards[0] is not an object"},
+        {"{\"version\":2,\"shards\":[{},null]}", "shards[1] is not an object"},
+        {"{\"version\":2,\"shards\":[{\"regions\":5}]}", "shards[0].regions is not an array"},
+        {"{\"version\":2,\"shards\":[{\"regions\":[{\"chunks\":[7]}]}]}", "shards[0].regions[0].chunks[0]"},
+        {"{\"version\":2,\"shards\":[{\"stats\":[]}]}", "shards[0].stats is not an object"},
+        {"{\"version\":2,\"shards\":[],\"totals\":3}", "\"totals\" is not an object"},
+        {"{\"version\":2,\"shards\":[],\"oom\":{\"pool_spans\":{}}}", "oom.pool_spans is not an array"},
+    };
+    for (size_t i = 0; i < sizeof wrong / sizeof wrong[0]; i++) {
+        ck_assert_int_eq(bfc_view_write_html(wrong[i][0], strlen(wrong[i][0]), NULL, f, err, sizeof err), -1);
+        ck_assert_msg(strstr(err, wrong[i][1]), "%s: \"%s\" does not name %s", wrong[i][0], err, wrong[i][1]);
+    }
+    /* The same with every optional member at null or missing: a snapshot. */
+    const char *bare = "{\"version\":2,\"shards\":[{\"regions\":null}],\"oom\":null}";
+    ck_assert_int_eq(bfc_view_write_html(bare, strlen(bare), NULL, f, err, sizeof err), 0);
     fclose(f);
     free(html);
     free(json);

@@ -9,10 +9,16 @@
 #                    per-thread batches out of time order are replayed in
 #                    time order (nothing skipped); a two-stream trace's
 #                    measures (peak requested, reserved, allocated,
-#                    overhead) equal figures worked out by hand;
+#                    overhead) equal figures worked out by hand; --json
+#                    stays a list when a configuration is refused and
+#                    when a spec holds bytes that are not UTF-8; signed
+#                    or white-space-led numbers are malformed rows, and
+#                    live sizes past 2^64 - 1 an error, not a wrapped sum;
 #   shardbfc-stat    --help / -h, an unknown option is a usage error (not a
 #                    file name), a missing file is exit 1, and so is a
-#                    report it could not write (stdout closed, /dev/full);
+#                    report it could not write (stdout closed, /dev/full),
+#                    and a file shaped wrong (no version, a shard that is
+#                    not an object, regions that are not an array);
 #   shardbfc-view    --help, a missing -o and an unknown option are usage
 #                    errors; a bad snapshot is exit 1 and leaves what -o
 #                    names as it was (an older page, a device), a good one
@@ -134,6 +140,40 @@ printf 'Thread,Time,Action,Pointer,Size,Stream\n' >"$tmp/header.csv"
     { cat "$tmp/out" "$tmp/err" >&2; fail "replay of a trace with no events failed"; }
 grep -q '"peak_requested":0' "$tmp/out" || { cat "$tmp/out" >&2; fail "an empty trace's peak is not 0"; }
 
+# --json stays JSON when a run fails: a configuration the context refuses
+# (exit 1, the reason on stderr) prints nothing, not a stray comma; a
+# spec's bytes that are not UTF-8 (an oom_dump path) are written as U+FFFD.
+"$replay" --json --compare memory_limit=1M,vmm=on vmm=off "$tmp/header.csv" >"$tmp/out" 2>"$tmp/err"
+[ $? -eq 1 ] || fail "replay with a configuration the context refuses does not exit 1"
+grep -q 'memory_limit=1M,vmm=on' "$tmp/err" || { cat "$tmp/err" >&2; fail "replay does not name the refused configuration"; }
+[ "$(cut -c1-20 "$tmp/out")" = '[{"config":"vmm=off"' ] ||
+    { cat "$tmp/out" >&2; fail "--json after a refused first configuration is not a list"; }
+"$replay" --json --config "oom_dump=$tmp/$(printf 'a\377b\303\251').json" "$tmp/header.csv" >"$tmp/out" 2>"$tmp/err" ||
+    { cat "$tmp/out" "$tmp/err" >&2; fail "replay with a non-UTF-8 oom_dump path failed"; }
+grep -q "a\\\\ufffdb$(printf '\303\251').json\"" "$tmp/out" ||
+    { cat "$tmp/out" >&2; fail "--json copies a spec's non-UTF-8 bytes raw"; }
+
+# Numbers are digits: a size after a vertical tab with a sign (strtoull
+# skips the one and takes the other), a signed H:M:S time, and an hour past
+# what 64-bit ns hold are malformed rows, not huge values; live sizes whose
+# sum passes 2^64 - 1 are refused, not wrapped.
+hdr='Thread,Time,Action,Pointer,Size,Stream'
+printf '%s\n1,10,allocate,0x1000,\v-5,0x0\n' "$hdr" >"$tmp/vt.csv"
+printf '%s\n1,-1:00:00,allocate,0x1000,100,0x0\n' "$hdr" >"$tmp/negtime.csv"
+printf '%s\n1,9999999:00:00,allocate,0x1000,100,0x0\n' "$hdr" >"$tmp/bighour.csv"
+for f in vt:Size negtime:Time bighour:Time; do
+    "$replay" "$tmp/${f%%:*}.csv" >/dev/null 2>"$tmp/err"
+    [ $? -eq 1 ] || fail "replay of ${f%%:*}.csv does not exit 1"
+    grep -q "malformed ${f#*:}" "$tmp/err" || { cat "$tmp/err" >&2; fail "${f%%:*}.csv: no malformed ${f#*:}"; }
+done
+printf '%s\n1,01:02:03.5,allocate,0x1000,100,0x0\n1,01:02:04,free,0x1000,100,0x0\n' "$hdr" >"$tmp/hms.csv"
+"$replay" --json "$tmp/hms.csv" >"$tmp/out" 2>"$tmp/err" || { cat "$tmp/err" >&2; fail "replay of an H:M:S trace failed"; }
+grep -q '"peak_requested":100,' "$tmp/out" || { cat "$tmp/out" >&2; fail "an H:M:S trace's peak is not 100"; }
+printf '%s\n1,10,allocate,0x1000,9223372036854775808,0x0\n1,11,allocate,0x2000,9223372036854775808,0x0\n' "$hdr" >"$tmp/wrap.csv"
+"$replay" --json "$tmp/wrap.csv" >"$tmp/out" 2>"$tmp/err"
+[ $? -eq 1 ] || { cat "$tmp/out" >&2; fail "replay of live sizes past 2^64 does not exit 1"; }
+grep -q 'pass 2^64' "$tmp/err" || { cat "$tmp/err" >&2; fail "replay does not say the live sizes pass 2^64"; }
+
 # -------------------------------------------------------------- stat
 # An expandable shard's free figures in the OOM report are bounds, and are
 # printed as such, with the exact largest block it could take unmapped; a
@@ -183,6 +223,15 @@ printf '{"version":2,"backend":"sim","totals":{"num_shards":1},"shards":[{"strea
 "$stat" --summary "$tmp/retired.json" >"$tmp/out" 2>&1 || { cat "$tmp/out" >&2; fail "shardbfc-stat on a retired shard fails"; }
 grep -q ', 1 shards and 1 retired (released by their streams, kept by live blocks)$' "$tmp/out" ||
     { cat "$tmp/out" >&2; fail "shardbfc-stat counts a retired shard as a shard"; }
+# Near-garbage is not a snapshot: exit 1, the fault named (what the page's
+# script would stop on; test_obs tries each shape through the viewer).
+printf '{"shards":[1,"x",null]}\n' >"$tmp/garbage.json"
+printf '{"version":2,"shards":[{"regions":5}]}\n' >"$tmp/regions5.json"
+for f in garbage:version regions5:'shards\[0\]\.regions is not an array'; do
+    "$stat" "$tmp/${f%%:*}.json" >/dev/null 2>"$tmp/err"
+    [ $? -eq 1 ] || fail "shardbfc-stat on ${f%%:*}.json does not exit 1"
+    grep -q "${f#*:}" "$tmp/err" || { cat "$tmp/err" >&2; fail "shardbfc-stat on ${f%%:*}.json does not say what is wrong"; }
+done
 "$stat" "$tmp/empty.json" >&- 2>/dev/null
 [ $? -eq 1 ] || fail "shardbfc-stat with its output closed does not exit 1"
 if [ -c /dev/full ]; then

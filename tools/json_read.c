@@ -161,3 +161,77 @@ bool bfc_json_bool(const json_object *obj, const char *key, bool dflt)
     const json_object *v = bfc_json_get(obj, key);
     return json_object_is_type(v, json_type_boolean) ? json_object_get_boolean(v) : dflt;
 }
+
+/* A member that, where present and not null, must be of type t. */
+static bool member_ok(const json_object *obj, const char *key, json_type t)
+{
+    const json_object *m = bfc_json_get(obj, key);
+    return !m || json_object_is_type(m, t);
+}
+
+/* obj[key], where present, an array whose elements are all objects; on a
+ * fault, its place ("shards[3].regions[0]") in err. */
+static bool objects_ok(const json_object *obj, const char *key, const char *where, char *err, size_t errlen)
+{
+    const json_object *a = bfc_json_get(obj, key);
+    if (!a)
+        return true;
+    if (!json_object_is_type(a, json_type_array)) {
+        snprintf(err, errlen, "%s%s is not an array", where, key);
+        return false;
+    }
+    for (size_t i = 0; i < bfc_json_len(a); i++)
+        if (!json_object_is_type(bfc_json_at(a, i), json_type_object)) {
+            snprintf(err, errlen, "%s%s[%zu] is not an object", where, key, i);
+            return false;
+        }
+    return true;
+}
+
+int bfc_json_snapshot_check(const json_object *v, char *err, size_t errlen)
+{
+    if (!json_object_is_type(v, json_type_object)) {
+        snprintf(err, errlen, "not a libshardbfc snapshot (not a JSON object)");
+        return -1;
+    }
+    const json_object *ver = bfc_json_get(v, "version");
+    if (!json_object_is_type(ver, json_type_int) || json_object_get_int64(ver) < 1) {
+        snprintf(err, errlen, "not a libshardbfc snapshot (no integer \"version\" >= 1)");
+        return -1;
+    }
+    if (!json_object_is_type(bfc_json_get(v, "shards"), json_type_array)) {
+        snprintf(err, errlen, "not a libshardbfc snapshot (no \"shards\" array)");
+        return -1;
+    }
+    static const char *const objs[] = {"totals", "pool", "oom"};
+    for (size_t i = 0; i < sizeof(objs) / sizeof(objs[0]); i++)
+        if (!member_ok(v, objs[i], json_type_object)) {
+            snprintf(err, errlen, "\"%s\" is not an object", objs[i]);
+            return -1;
+        }
+    if (!objects_ok(v, "shards", "", err, errlen))
+        return -1;
+    const json_object *oom = bfc_json_get(v, "oom");
+    if (!objects_ok(oom, "shards", "oom.", err, errlen) || !objects_ok(oom, "pool_spans", "oom.", err, errlen))
+        return -1;
+    const json_object *shards = bfc_json_get(v, "shards");
+    for (size_t i = 0; i < bfc_json_len(shards); i++) {
+        const json_object *sh = bfc_json_at(shards, i);
+        char where[48];
+        snprintf(where, sizeof where, "shards[%zu].", i);
+        if (!member_ok(sh, "stats", json_type_object)) {
+            snprintf(err, errlen, "%sstats is not an object", where);
+            return -1;
+        }
+        if (!objects_ok(sh, "regions", where, err, errlen) || !objects_ok(sh, "bins", where, err, errlen))
+            return -1;
+        const json_object *regions = bfc_json_get(sh, "regions");
+        for (size_t j = 0; j < bfc_json_len(regions); j++) {
+            char rwhere[80];
+            snprintf(rwhere, sizeof rwhere, "shards[%zu].regions[%zu].", i, j);
+            if (!objects_ok(bfc_json_at(regions, j), "chunks", rwhere, err, errlen))
+                return -1;
+        }
+    }
+    return 0;
+}

@@ -47,4 +47,15 @@ double bfc_json_num(const json_object *obj, const char *key, double dflt);
 const char *bfc_json_str(const json_object *obj, const char *key, const char *dflt);
 bool bfc_json_bool(const json_object *obj, const char *key, bool dflt);
 
+/* Whether v has a libshardbfc snapshot's shape (doc/snapshot.md), as far
+ * as a reader walks it: an object with an integer version >= 1 and a
+ * shards array; totals and pool objects, oom an object or null, where
+ * present; every element of shards (and of oom.shards, oom.pool_spans) an
+ * object; a shard's stats an object, its regions and bins arrays of
+ * objects, a region's chunks an array of objects.  Figures are not checked
+ * one by one: a member of another type reads as the caller's default.
+ * Returns 0, or -1 with what is wrong ("shards[3] is not an object") in
+ * err. */
+int bfc_json_snapshot_check(const json_object *v, char *err, size_t errlen);
+
 #endif /* SHARDBFC_JSON_READ_H */

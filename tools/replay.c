@@ -184,6 +184,10 @@ int bfc_replay_peak_requested(const bfc_trace_event_t *ev, size_t n, const size_
                 free(pm.s);
                 return -1;
             }
+            if (e->size > UINT64_MAX - live) {
+                free(pm.s);
+                return -2; /* more than 2^64 - 1 bytes live: not a real trace */
+            }
             live += e->size;
             if (live > *peak)
                 *peak = live;
@@ -240,9 +244,13 @@ int bfc_replay_run(const bfc_trace_event_t *ev, size_t n, const char *spec, cons
     }
     sm = calloc(1, sizeof(*sm));
     order = malloc((n ? n : 1) * sizeof(*order));
-    if (!sm || !order || bfc_trace_order(ev, n, order) < 0 ||
-        bfc_replay_peak_requested(ev, n, order, &out->peak_requested) < 0) {
+    if (!sm || !order || bfc_trace_order(ev, n, order) < 0) {
         set_err(err, errlen, "out of memory");
+        goto done;
+    }
+    int prc = bfc_replay_peak_requested(ev, n, order, &out->peak_requested);
+    if (prc < 0) {
+        set_err(err, errlen, prc == -2 ? "the trace's live requested bytes pass 2^64 - 1" : "out of memory");
         goto done;
     }
 

@@ -60,7 +60,8 @@ typedef struct bfc_replay_result {
  * allocation's, an allocate of a pointer already live replaces it (its free
  * row is missing), failure rows and frees of unknown pointers count nothing.
  * Independent of any configuration: what the program needed.
- * Returns 0, or -1 when out of memory.
+ * Returns 0, -1 when out of memory, or -2 when the live bytes would pass
+ * 2^64 - 1 (sizes no real trace holds; the sum is not wrapped).
  */
 int bfc_replay_peak_requested(const bfc_trace_event_t *ev, size_t n, const size_t *order, uint64_t *peak);
 

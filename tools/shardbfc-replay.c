@@ -75,17 +75,64 @@ static void help(void)
            "(share/doc/shardbfc).\n");
 }
 
-static void json_string(const char *s)
+/* Length of the well-formed UTF-8 sequence at s (RFC 3629: no overlong
+ * forms, no surrogates, nothing past U+10FFFF), or 0. */
+static size_t utf8_len(const unsigned char *s)
 {
+    unsigned char c = s[0];
+    size_t n;
+    unsigned lo = 0x80, hi = 0xbf;
+    if (c >= 0xc2 && c <= 0xdf)
+        n = 2;
+    else if (c >= 0xe0 && c <= 0xef) {
+        n = 3;
+        if (c == 0xe0)
+            lo = 0xa0;
+        else if (c == 0xed)
+            hi = 0x9f;
+    } else if (c >= 0xf0 && c <= 0xf4) {
+        n = 4;
+        if (c == 0xf0)
+            lo = 0x90;
+        else if (c == 0xf4)
+            hi = 0x8f;
+    } else
+        return 0;
+    if (s[1] < lo || s[1] > hi)
+        return 0;
+    for (size_t i = 2; i < n; i++)
+        if (s[i] < 0x80 || s[i] > 0xbf)
+            return 0;
+    return n;
+}
+
+/* A JSON string: a spec is the user's bytes (an oom_dump path, say), and a
+ * byte that is not part of well-formed UTF-8 is written as U+FFFD, so the
+ * list stays JSON whatever the spec holds. */
+static void json_string(const char *str)
+{
+    const unsigned char *s = (const unsigned char *)str;
     putchar('"');
-    for (; *s; s++) {
-        unsigned char c = (unsigned char)*s;
+    while (*s) {
+        unsigned char c = *s;
         if (c == '"' || c == '\\')
             printf("\\%c", c);
         else if (c < 0x20)
             printf("\\u%04x", c);
-        else
+        else if (c < 0x80)
             putchar(c);
+        else {
+            size_t n = utf8_len(s);
+            if (n == 0) {
+                printf("\\ufffd");
+                s++;
+                continue;
+            }
+            fwrite(s, 1, n, stdout);
+            s += n;
+            continue;
+        }
+        s++;
     }
     putchar('"');
 }
@@ -195,6 +242,7 @@ int main(int argc, char **argv)
         printf("%-40s %14s %14s %14s %8s %8s %8s %8s %8s %9s %9s\n", "config", "peak_requested", "peak_reserved",
                "peak_allocated", "overhead", "frag", "ooms", "skipped", "maps/1k", "unmaps/1k", "seconds");
     uint64_t unmatched_max = 0;
+    size_t shown = 0; /* runs printed: a failed run prints nothing */
     for (size_t i = 0; i < nspecs; i++) {
         bfc_replay_result_t r;
         if (bfc_replay_run(ev, n, specs[i], trace_out, &r, err, sizeof(err)) != 0) {
@@ -205,7 +253,7 @@ int main(int argc, char **argv)
         if (r.unmatched_frees > unmatched_max)
             unmatched_max = r.unmatched_frees;
         if (json) {
-            printf("%s{\"config\":", i ? "," : "");
+            printf("%s{\"config\":", shown ? "," : "");
             json_string(specs[i]);
             printf(",\"peak_requested\":%" PRIu64 ",\"peak_reserved\":%" PRIu64 ",\"peak_allocated\":%" PRIu64
                    ",\"overhead\":",
@@ -230,6 +278,7 @@ int main(int argc, char **argv)
                    specs[i][0] ? specs[i] : "(defaults)", r.peak_requested, r.peak_reserved, r.peak_allocated, ovh,
                    r.fragmentation, r.ooms, r.skipped, r.maps_per_1k, r.unmaps_per_1k, r.seconds);
         }
+        shown++;
     }
     if (json)
         printf("]\n");

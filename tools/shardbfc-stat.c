@@ -164,12 +164,14 @@ int main(int argc, char **argv)
     json_object *v;
     int rc = bfc_json_parse(buf, n, &v, err, sizeof(err));
     free(buf);
-    const json_object *shards = bfc_json_get(v, "shards");
-    if (rc != 0 || !json_object_is_type(shards, json_type_array)) {
-        fprintf(stderr, "shardbfc-stat: %s: %s\n", in, rc != 0 ? err : "not a libshardbfc snapshot");
+    if (rc == 0)
+        rc = bfc_json_snapshot_check(v, err, sizeof(err));
+    if (rc != 0) {
+        fprintf(stderr, "shardbfc-stat: %s: %s\n", in, err);
         json_object_put(v);
         return 1;
     }
+    const json_object *shards = bfc_json_get(v, "shards");
     /* The shards listed include retired ones (kept by live blocks), which
      * the totals' num_shards does not count: say how many. */
     size_t retired = 0;

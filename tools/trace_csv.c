@@ -86,10 +86,12 @@ static size_t split(char *line, char **fields, size_t max)
     return n;
 }
 
-/* Parses a whole string as an unsigned number in base; false on junk. */
+/* Parses a whole string as an unsigned number in base; false on junk.  It
+ * must start with a digit: strtoull would skip white space (a vertical tab,
+ * which trim keeps) and then take a sign, reading "\v-5" as 2^64 - 5. */
 static bool parse_u64(const char *s, int base, uint64_t *v)
 {
-    if (*s == '\0' || *s == '-' || *s == '+')
+    if (base == 16 ? !isxdigit((unsigned char)*s) : !isdigit((unsigned char)*s))
         return false;
     char *end;
     errno = 0;
@@ -131,12 +133,24 @@ static bool parse_time(const char *s, uint64_t *v)
     }
     if (!strchr(s, ':'))
         return parse_u64(s, 10, v);
-    unsigned h, m, sec;
-    int off = 0;
-    if (sscanf(s, "%u:%u:%u%n", &h, &m, &sec, &off) != 3)
-        return false;
-    uint64_t ns = ((uint64_t)h * 3600u + (uint64_t)m * 60u + sec) * 1000000000u;
-    const char *f = s + off;
+    /* H:M:S as digits only (sscanf's %u would take a sign, white space and
+     * numbers past UINT_MAX), each at most 10^6, so that ns cannot wrap. */
+    uint64_t hms[3];
+    const char *f = s;
+    for (int i = 0; i < 3; i++) {
+        if (i > 0 && *f++ != ':')
+            return false;
+        if (!isdigit((unsigned char)*f))
+            return false;
+        uint64_t x = 0;
+        for (; isdigit((unsigned char)*f); f++) {
+            x = x * 10u + (uint64_t)(*f - '0');
+            if (x > 1000000u) /* 114 years of hours: junk, and ns stays below 2^64 */
+                return false;
+        }
+        hms[i] = x;
+    }
+    uint64_t ns = (hms[0] * 3600u + hms[1] * 60u + hms[2]) * 1000000000u;
     if (*f == '.' || *f == ':') {
         /* RMM's documentation calls the separator ':'; its logger writes '.'. */
         f++;

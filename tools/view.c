@@ -288,12 +288,10 @@ int bfc_view_write_html(const char *json, size_t len, const char *title, FILE *o
         set_err(err, errlen, "not valid JSON: %s", jerr);
         return -1;
     }
-    bool ok = json_object_is_type(bfc_json_get(v, "shards"), json_type_array);
+    int bad = bfc_json_snapshot_check(v, err, errlen);
     json_object_put(v);
-    if (!ok) {
-        set_err(err, errlen, "not a libshardbfc snapshot (no \"shards\" array)");
+    if (bad)
         return -1;
-    }
     fputs(page_head, out);
     write_escaped_text(out, title ? title : "libshardbfc memory map");
     fputs(page_style, out);
