@@ -42,6 +42,7 @@
 #include <check.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
@@ -1628,6 +1629,10 @@ static int first_use_child(void)
     return bad;
 }
 
+/* This program's own file, from argv[0] (/proc/self/exe is valgrind's
+ * tool under `make valgrind`, which cannot be run by itself). */
+static char self_exe[PATH_MAX] = "/proc/self/exe";
+
 START_TEST(test_fork_at_first_use)
 {
 #if defined(HARD_TSAN) || defined(HARD_ASAN)
@@ -1641,7 +1646,7 @@ START_TEST(test_fork_at_first_use)
         pid_t pid = fork();
         ck_assert_int_ge(pid, 0);
         if (pid == 0) {
-            execl("/proc/self/exe", "test_hardening", "first-use-fork", (char *)NULL);
+            execl(self_exe, "test_hardening", "first-use-fork", (char *)NULL);
             _exit(127);
         }
         int status = 0;
@@ -2139,6 +2144,8 @@ int main(int argc, char **argv)
 {
     if (argc > 1 && strcmp(argv[1], "first-use-fork") == 0)
         return first_use_child();
+    if (argc > 0 && strchr(argv[0], '/') && !realpath(argv[0], self_exe))
+        snprintf(self_exe, sizeof self_exe, "/proc/self/exe");
     /* Before anything reads it (the service reads it once). */
     setenv("SHARDBFC_CONF", ENV_CONF, 1);
     Suite *s = suite_create("hardening");

@@ -158,12 +158,16 @@ static bool bool_of(const json_object *obj, const char *key)
     return json_object_get_boolean(b);
 }
 
-/* The snapshot of ctx, parsed (and checked by jq when available). */
+/* The snapshot of ctx, parsed (and checked by jq when available).  Its file
+ * is its own: callers need not have made the test's directory (a test
+ * without one wrote /snap.json, and under CK_FORK=no it found the
+ * directory an earlier test had removed). */
 static json_object *snapshot(bfc_ctx_t *ctx)
 {
-    char path[400];
-    tmp_path(path, sizeof path, "snap.json");
-    FILE *f = fopen(path, "w");
+    char path[64] = "/tmp/test_obs_snap_XXXXXX";
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    FILE *f = fdopen(fd, "w");
     ck_assert_ptr_nonnull(f);
     ck_assert_int_eq(bfc_ctx_snapshot_json(ctx, f), BFC_OK);
     ck_assert_int_eq(fclose(f), 0);
