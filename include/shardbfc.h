@@ -933,12 +933,17 @@ typedef int (*bfc_oom_fn)(bfc_ctx_t *ctx, size_t size, bfc_stream_t stream,
  *                       expandable arenas), but the device (or the SIM
  *                       ceiling) refused the memory;
  *   BFC_OOM_TRANSIENT   by the time the report looked, memory this stream
- *                       could use was free (freed concurrently): a retry
- *                       may succeed;
+ *                       could use was free (freed concurrently; wholly
+ *                       free, unfenced pool segments count as above): a
+ *                       retry may succeed;
  *   BFC_OOM_HELD        memory free but held by other streams: another
  *                       shard has a free chunk large enough, or pool spans
  *                       or pending frees large enough are still fenced by
- *                       streams whose work may be running;
+ *                       streams whose work may be running (with
+ *                       allow_growth and garbage_collection, wholly free
+ *                       pool segments count together with the unreserved
+ *                       bytes: given back to the device they make room, so
+ *                       four fenced 16 MiB segments hold a 32 MiB request);
  *   BFC_OOM_FRAGMENTED  enough bytes are free in total, but no free piece
  *                       (chunk, pool span, unreserved limit) is large enough;
  *                       with expandable arenas also (tested before

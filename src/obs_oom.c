@@ -23,10 +23,17 @@
  *   R > limit                                     too large
  *   in use + R > limit                            limit reached
  *   limit - reserved >= R                         the backend refused
- *   own largest chunk or an unfenced span >= R    memory was freed meanwhile
+ *   own largest chunk or an unfenced span >= R,
+ *     or limit - reserved + W >= R                memory was freed meanwhile
  *   another shard's largest chunk, a fenced span
- *     or the pending bytes >= R                   held by other streams
+ *     or the pending bytes >= R, or
+ *     limit - reserved + W + fenced W >= R         held by other streams
  *   otherwise                                     too fragmented
+ * where W is the pool's wholly free, unfenced segments with allow_growth
+ * and garbage collection (fenced W: those still fenced): the slow path
+ * gives them back to the backend to make room, so they are room, not
+ * pieces (four 16 MiB large blocks' segments, freed on a stream still
+ * busy, are what a 32 MiB request waits for, not fragments).
  * The last case is sound because limit - in use = unreserved + free in
  * shards + pending + free in the pool: when none of the pieces is as large
  * as R but their sum is, the bytes exist, only not in one piece.
@@ -229,8 +236,20 @@ static void diagnose(struct bfc_ctx *ctx, struct bfc__oom_report *r)
         }
     }
     uint64_t open_largest = 0, fenced_largest = 0, fenced_stream = 0;
+    /* Whole free segments (allow_growth with garbage collection) are not
+     * pieces of a fixed size: the slow path gives them back to the backend
+     * to make room for a segment as large as the request, so they count
+     * with the unreserved bytes -- those still fenced once their fence
+     * completes. */
+    uint64_t whole_open = 0, whole_fenced = 0, whole_stream = 0;
     for (size_t i = 0; i < r->nspans; i++) {
         const struct bfc__span_info *s = &r->spans[i];
+        if (s->whole && s->fenced) {
+            whole_fenced += s->size;
+            whole_stream = s->stream_id;
+        } else if (s->whole) {
+            whole_open += s->size;
+        }
         in->pool_free += s->size;
         if (s->size > in->pool_largest_span)
             in->pool_largest_span = s->size;
@@ -252,6 +271,7 @@ static void diagnose(struct bfc_ctx *ctx, struct bfc__oom_report *r)
     const uint64_t gran = ctx->vmm ? ctx->be->vmm_granule : 0;
     const uint64_t RG = !gran ? R : R > UINT64_MAX - gran ? UINT64_MAX : (R + gran - 1) / gran * gran;
     const uint64_t LG = gran ? in->bytes_limit / gran * gran : in->bytes_limit;
+    const uint64_t unreserved = LG > held ? LG - held : 0;
     char need[32], lim[32], a[32], b[32], c[32], d[32], e[32];
     fmt_bytes(need, sizeof need, R);
     fmt_bytes(lim, sizeof lim, in->bytes_limit);
@@ -293,7 +313,7 @@ static void diagnose(struct bfc_ctx *ctx, struct bfc__oom_report *r)
                  "%s), though the limit may have room; freeing blocks between its holes, or "
                  "bfc_ctx_stream_release once it holds none, gives them back",
                  need, a);
-    } else if ((LG > held ? LG - held : 0) >= RG) {
+    } else if (unreserved >= RG) {
         in->cause = BFC_OOM_BACKEND;
         fmt_bytes(a, sizeof a, in->bytes_unreserved);
         snprintf(o, len,
@@ -307,7 +327,16 @@ static void diagnose(struct bfc_ctx *ctx, struct bfc__oom_report *r)
                  "memory was freed meanwhile: %s in one piece is usable by this stream now; a retry may "
                  "succeed",
                  a);
-    } else if (in->other_largest_free >= R || fenced_largest >= R || in->bytes_pending >= R) {
+    } else if (unreserved + whole_open >= RG) {
+        in->cause = BFC_OOM_TRANSIENT;
+        fmt_bytes(a, sizeof a, whole_open);
+        fmt_bytes(b, sizeof b, unreserved);
+        snprintf(o, len,
+                 "memory was freed meanwhile: wholly free pool segments (%s) and the unreserved %s make "
+                 "room for %s once given back to the device; a retry may succeed",
+                 a, b, need);
+    } else if (in->other_largest_free >= R || fenced_largest >= R || in->bytes_pending >= R ||
+               unreserved + whole_open + whole_fenced >= RG) {
         in->cause = BFC_OOM_HELD;
         int w = snprintf(o, len, "memory free but held by other streams:");
         const char *sep = " ";
@@ -323,6 +352,13 @@ static void diagnose(struct bfc_ctx *ctx, struct bfc__oom_report *r)
             fmt_bytes(a, sizeof a, fenced_largest);
             w += snprintf(o + w, len - (size_t)w, "%sa pool span of %s is still fenced by stream id %" PRIu64,
                           sep, a, fenced_stream);
+            sep = "; ";
+        } else if (fenced_largest < R && unreserved + whole_open + whole_fenced >= RG && (size_t)w < len) {
+            fmt_bytes(a, sizeof a, whole_fenced);
+            w += snprintf(o + w, len - (size_t)w,
+                          "%swholly free pool segments of %s, still fenced (stream id %" PRIu64
+                          " among others), make room for %s once their fences complete",
+                          sep, a, whole_stream, need);
             sep = "; ";
         }
         if (in->bytes_pending >= R && (size_t)w < len) {

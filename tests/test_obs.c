@@ -1202,6 +1202,25 @@ START_TEST(test_oom_report_pool_spans)
 }
 END_TEST
 
+/* A 64 MiB context (large_alloc=16M, plus spec) whose stream *a allocated
+ * four 16 MiB large blocks and freed them while held: their segments sit
+ * in the pool, fenced by *a.  *b is a second stream. */
+static bfc_ctx_t *four_large_freed_busy(const char *spec, bfc_stream_t *a, bfc_stream_t *b)
+{
+    char full[128];
+    snprintf(full, sizeof full, "memory_limit=64M,large_alloc=16M,%s", spec);
+    bfc_ctx_t *ctx = mkctx(full);
+    *a = bfc_sim_stream_create(ctx);
+    *b = bfc_sim_stream_create(ctx);
+    void *l[4];
+    for (int k = 0; k < 4; k++)
+        l[k] = xalloc(ctx, *a, 16 * MiB);
+    bfc_sim_stream_hold(ctx, *a);
+    for (int k = 0; k < 4; k++)
+        xfree(ctx, l[k], *a);
+    return ctx;
+}
+
 START_TEST(test_oom_report_held_and_backend)
 {
     /* Stream a's one region (8 MiB) holds a small live block after a free
@@ -1225,6 +1244,33 @@ START_TEST(test_oom_report_held_and_backend)
     xfree(ctx, keep, a);
     bfc_sim_stream_destroy(ctx, a);
     bfc_sim_stream_destroy(ctx, b);
+    bfc_ctx_destroy(ctx);
+
+    /* Large blocks' segments (allow_growth, garbage collection), freed on a
+     * stream still busy: four 16 MiB pieces in the pool, fenced.  They are
+     * what a 32 MiB request on another stream waits for -- once their fence
+     * completes the slow path gives them back to the device and takes one
+     * segment of 32 MiB -- so the cause is HELD, not FRAGMENTED. */
+    ctx = four_large_freed_busy("garbage_collection=true", &a, &b);
+    ck_assert_ptr_null(bfc_ctx_alloc(ctx, b, 32 * MiB));
+    i = oom_info(ctx, BFC_OOM_HELD);
+    ck_assert_uint_eq(i.pool_fenced, 64 * MiB);
+    ck_assert_uint_eq(i.pool_largest_span, 16 * MiB);
+    ck_assert_msg(strstr(i.diagnosis, "wholly free pool segments of 64.0 MiB, still fenced"), "%s", i.diagnosis);
+    bfc_sim_stream_drain(ctx, a);
+    void *l32 = bfc_ctx_alloc(ctx, b, 32 * MiB);
+    ck_assert_ptr_nonnull(l32); /* what the report said */
+    xfree(ctx, l32, b);
+    /* Without garbage collection the pool keeps its segments (TensorFlow's
+     * semantics): the same request fails after the drain too, and the
+     * pieces are what they are, FRAGMENTED. */
+    bfc_ctx_destroy(ctx);
+    ctx = four_large_freed_busy("garbage_collection=false", &a, &b);
+    ck_assert_ptr_null(bfc_ctx_alloc(ctx, b, 32 * MiB));
+    oom_info(ctx, BFC_OOM_FRAGMENTED);
+    bfc_sim_stream_drain(ctx, a);
+    ck_assert_ptr_null(bfc_ctx_alloc(ctx, b, 32 * MiB));
+    oom_info(ctx, BFC_OOM_FRAGMENTED);
     bfc_ctx_destroy(ctx);
 
     /* The limit has room but the device does not. */
