@@ -326,6 +326,9 @@ struct perf_run_cfg {
                                (the arena workloads: a pair's cost alone) */
     bool lock_pair;         /* a free followed by an allocation into the same
                                slot goes through ops->pair when it has one */
+    bool bracket;           /* each call between two clock reads (time inside
+                               the call only), not chained: cross on one
+                               thread, timed as the pipeline times its calls */
     /* Called by the main thread, while the threads run, once every thread
      * has opened its window (end false) and just before the window closes
      * (end true); NULL: not called. */

@@ -14,7 +14,9 @@
  * clock read per call: the call's latency is the time since the previous
  * read), so a latency includes ~20 ns of clock read and loop overhead, the
  * same for every allocator; in the cross pipeline each call is bracketed by
- * two reads, so waits on the ring are not counted.  Each thread records
+ * two reads, so waits on the ring are not counted, and so is every call of
+ * cross on one thread (cfg->bracket), whose per-call rates are compared
+ * with the pipeline's.  Each thread records
  * into its own histograms (hist.h, no lock); the main thread merges them
  * after joining.  With cfg->count_only (the arena workloads) no clock is
  * read inside a batch: the calls are only counted, so ops/s is the
@@ -198,7 +200,7 @@ struct worker {
     pthread_t tid;
     unsigned idx;
     bool pin;
-    bool count_only, lock_pair;
+    bool count_only, lock_pair, bracket;
     struct perf_allocator *a;
     const struct perf_prog *prog;
     struct shared *sh;
@@ -244,7 +246,8 @@ static bool do_free(struct worker *w, void **live, uint64_t *lsize, bfc_stream_t
 }
 
 /* BATCH events with a clock read after each call (latencies); false on a
- * failure.  *prev is the previous clock read. */
+ * failure.  *prev is the previous clock read (w->bracket: one more read
+ * before each call, so a latency is the call's own time). */
 static bool batch_timed(struct worker *w, void **live, uint64_t *lsize, bfc_stream_t *streams,
                         size_t *pos, int64_t *cur, uint64_t *nalloc, uint64_t *prev)
 {
@@ -256,6 +259,8 @@ static bool batch_timed(struct worker *w, void **live, uint64_t *lsize, bfc_stre
     for (unsigned b = 0; b < BATCH; b++) {
         const struct perf_ev *e = &pg->ev[*pos];
         uint64_t now;
+        if (w->bracket)
+            *prev = perf_now_ns();
         if (e->op == PERF_OP_ALLOC) {
             void *p = ops->alloc(a, w->idx, streams[e->stream], e->size);
             now = perf_now_ns();
@@ -553,6 +558,7 @@ int perf_run_prog(struct perf_allocator *a, struct perf_prog *const *prog,
         w[i].pin = cfg->pin;
         w[i].count_only = cfg->count_only;
         w[i].lock_pair = cfg->lock_pair;
+        w[i].bracket = cfg->bracket;
         perf_check(pthread_create(&w[i].tid, NULL, prog_main, &w[i]), "pthread_create");
     }
     drive(sh, cfg, chunks_at_ready, &before);
