@@ -993,7 +993,9 @@ typedef struct bfc_oom_info {
     uint64_t other_free;          /* free chunk bytes of every other shard */
     uint64_t other_largest_free;  /* the largest free chunk of any other shard */
     bfc_stream_t other_largest_stream; /* the stream of that shard */
-    uint64_t pool_free;           /* free spans of the region pool (lent to no shard) */
+    uint64_t pool_free;           /* free spans of the region pool (lent to no shard), and
+                                     the granules that released expandable shards left
+                                     mapped behind their fence */
     uint64_t pool_largest_span;   /* its largest span */
     uint64_t pool_fenced;         /* pool bytes free but still fenced by a stream */
     uint64_t num_pool_spans;

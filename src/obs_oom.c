@@ -242,6 +242,13 @@ static void diagnose(struct bfc_ctx *ctx, struct bfc__oom_report *r)
      * with the unreserved bytes -- those still fenced once their fence
      * completes. */
     uint64_t whole_open = 0, whole_fenced = 0, whole_stream = 0;
+    /* So do the mapped granules of reservations that released expandable
+     * shards left in the pool's keeping: unmapped once their fence
+     * completes, they are room under the limit (they are pool memory free
+     * for no shard: in pool_free, and in pool_fenced while fenced). */
+    const uint64_t gone_fenced = ps.gone_fenced, gone_all = ps.gone_fenced + ps.gone_open;
+    in->pool_free += gone_all;
+    in->pool_fenced += gone_fenced;
     for (size_t i = 0; i < r->nspans; i++) {
         const struct bfc__span_info *s = &r->spans[i];
         if (s->whole && s->fenced) {
@@ -327,16 +334,16 @@ static void diagnose(struct bfc_ctx *ctx, struct bfc__oom_report *r)
                  "memory was freed meanwhile: %s in one piece is usable by this stream now; a retry may "
                  "succeed",
                  a);
-    } else if (unreserved + whole_open >= RG) {
+    } else if (unreserved + whole_open + ps.gone_open >= RG) {
         in->cause = BFC_OOM_TRANSIENT;
-        fmt_bytes(a, sizeof a, whole_open);
+        fmt_bytes(a, sizeof a, whole_open + ps.gone_open);
         fmt_bytes(b, sizeof b, unreserved);
         snprintf(o, len,
-                 "memory was freed meanwhile: wholly free pool segments (%s) and the unreserved %s make "
-                 "room for %s once given back to the device; a retry may succeed",
+                 "memory was freed meanwhile: wholly free pool segments or released reservations (%s) and "
+                 "the unreserved %s make room for %s once given back to the device; a retry may succeed",
                  a, b, need);
     } else if (in->other_largest_free >= R || fenced_largest >= R || in->bytes_pending >= R ||
-               unreserved + whole_open + whole_fenced >= RG) {
+               unreserved + whole_open + whole_fenced + gone_all >= RG) {
         in->cause = BFC_OOM_HELD;
         int w = snprintf(o, len, "memory free but held by other streams:");
         const char *sep = " ";
@@ -353,12 +360,21 @@ static void diagnose(struct bfc_ctx *ctx, struct bfc__oom_report *r)
             w += snprintf(o + w, len - (size_t)w, "%sa pool span of %s is still fenced by stream id %" PRIu64,
                           sep, a, fenced_stream);
             sep = "; ";
-        } else if (fenced_largest < R && unreserved + whole_open + whole_fenced >= RG && (size_t)w < len) {
-            fmt_bytes(a, sizeof a, whole_fenced);
-            w += snprintf(o + w, len - (size_t)w,
-                          "%swholly free pool segments of %s, still fenced (stream id %" PRIu64
-                          " among others), make room for %s once their fences complete",
-                          sep, a, whole_stream, need);
+        } else if (fenced_largest < R && unreserved + whole_open + whole_fenced + gone_all >= RG &&
+                   (size_t)w < len) {
+            if (gone_fenced) {
+                fmt_bytes(a, sizeof a, gone_fenced);
+                w += snprintf(o + w, len - (size_t)w,
+                              "%sreleased streams' reservations with %s mapped, still fenced (stream id %" PRIu64
+                              "'s the largest), make room for %s once their fences complete",
+                              sep, a, ps.gone_stream, need);
+            } else {
+                fmt_bytes(a, sizeof a, whole_fenced);
+                w += snprintf(o + w, len - (size_t)w,
+                              "%swholly free pool segments of %s, still fenced (stream id %" PRIu64
+                              " among others), make room for %s once their fences complete",
+                              sep, a, whole_stream, need);
+            }
             sep = "; ";
         }
         if (in->bytes_pending >= R && (size_t)w < len) {

@@ -624,6 +624,18 @@ void bfc__pool_stats(struct bfc__pool *p, struct bfc__pool_stats *out)
     out->vmm_maps = p->vmm_maps;
     out->vmm_unmaps = p->vmm_unmaps;
     out->vmm_adoptions = p->vmm_adoptions;
+    size_t gone_largest = 0;
+    for (struct bfc__vmm_gone *g = p->vmm_gone; g; g = g->next) {
+        if (!g->fence) {
+            out->gone_open += g->mapped;
+            continue;
+        }
+        out->gone_fenced += g->mapped;
+        if (g->mapped > gone_largest) {
+            gone_largest = g->mapped;
+            out->gone_stream = g->sid;
+        }
+    }
     bfc__unlock(&p->lock);
 }
 

@@ -217,6 +217,11 @@ struct bfc__pool_stats {
     size_t spans, segments;
     uint64_t departures, fenced_departures, fence_waits;
     uint64_t vmm_maps, vmm_unmaps, vmm_adoptions;
+    /* Departed reservations' mapped bytes (released once their fence
+     * completes, at the next poll): with a fence not yet seen complete,
+     * and without (gone_stream: the stream fencing the largest). */
+    size_t gone_fenced, gone_open;
+    uint64_t gone_stream;
 };
 void bfc__pool_stats(struct bfc__pool *p, struct bfc__pool_stats *out);
 void bfc__pool_clear_peak(struct bfc__pool *p);

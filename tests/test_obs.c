@@ -1273,6 +1273,32 @@ START_TEST(test_oom_report_held_and_backend)
     oom_info(ctx, BFC_OOM_FRAGMENTED);
     bfc_ctx_destroy(ctx);
 
+    /* An expandable shard released while its stream is busy leaves its
+     * mapped granules in the pool's keeping behind the stream's fence:
+     * pool memory, fenced, which the report counted nowhere (it said
+     * FRAGMENTED with 4 MiB free, where 60 MiB is held).  After the drain
+     * the request succeeds. */
+    ctx = mkctx("memory_limit=64M,vmm=on");
+    a = bfc_sim_stream_create(ctx);
+    b = bfc_sim_stream_create(ctx);
+    void *p60 = xalloc(ctx, a, 60 * MiB);
+    bfc_sim_stream_hold(ctx, a);
+    xfree(ctx, p60, a);
+    ck_assert_int_eq(bfc_ctx_stream_release(ctx, a), BFC_OK);
+    ck_assert_ptr_null(bfc_ctx_alloc(ctx, b, 40 * MiB));
+    i = oom_info(ctx, BFC_OOM_HELD);
+    ck_assert_uint_eq(i.pool_free, 60 * MiB);
+    ck_assert_uint_eq(i.pool_fenced, 60 * MiB);
+    ck_assert_uint_eq(i.bytes_limit - i.bytes_in_use,
+                      i.bytes_unreserved + i.stream_free + i.other_free + i.bytes_pending + i.pool_free);
+    ck_assert_msg(strstr(i.diagnosis, "released streams' reservations with 60.0 MiB mapped, still fenced"), "%s",
+                  i.diagnosis);
+    bfc_sim_stream_drain(ctx, a);
+    void *p40 = bfc_ctx_alloc(ctx, b, 40 * MiB);
+    ck_assert_ptr_nonnull(p40);
+    xfree(ctx, p40, b);
+    bfc_ctx_destroy(ctx);
+
     /* The limit has room but the device does not. */
     ctx = mkctx("memory_limit=64M,initial_region=1M");
     void *p = xalloc(ctx, NULL, 512 * KiB);
