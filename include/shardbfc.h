@@ -424,7 +424,9 @@ BFC_API int bfc_config_validate(const bfc_config_t *cfg);
  *     default threshold is 0, as cudaMemPoolAttrReleaseThreshold's: the
  *     slack, not the threshold, keeps frees that cycle memory from
  *     unmapping it, and a larger threshold makes a shard keep more (a
- *     higher peak: 5 to 8% on the traces of tests/traces at 64 MiB).  An
+ *     higher peak: at 64 MiB, overhead 1.012 -> 1.265 on server2 of
+ *     tests/traces, +7% and +5% on detect_frcnn and train_resnet18, no
+ *     change on the other three).  An
  *     allocation that lands on a granule waiting for its event takes it
  *     back at no cost.  So one stream's peak never keeps
  *     another stream out: a request succeeds when the limit minus what is
