@@ -1056,8 +1056,9 @@ BFC_API int bfc_ctx_set_oom_callback(bfc_ctx_t *ctx, bfc_oom_fn fn, void *arg);
  * bfc_ctx_create.  With no trace running the allocation paths test one
  * flag.
  * bfc_ctx_trace_start: BFC_OK, BFC_EBUSY (a trace is already running),
- * BFC_EINVAL (path cannot be created), BFC_ENOMEM (no memory, or the exit
- * handler could not be registered).
+ * BFC_EINVAL (path cannot be created), BFC_EBACKEND (its header line could
+ * not be written: a full disk), BFC_ENOMEM (no memory, or the exit handler
+ * could not be registered).
  * bfc_ctx_trace_stop: BFC_OK, BFC_ESTATE (no trace running), BFC_EBACKEND
  * (a write to the file failed: the trace is incomplete).
  * Context: thread-safe; start/stop serialise on a per-context lock (the

@@ -457,11 +457,14 @@ int bfc_ctx_trace_start(bfc_ctx_t *ctx, const char *path)
         t->fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
     while (t->fd < 0 && errno == EINTR);
     if (t->fd < 0 || !write_all(t->fd, header, sizeof header - 1)) {
+        /* A path that cannot be opened is the caller's; a header that
+         * cannot be written (a full disk) is the file system's, as a
+         * failed write is at bfc_ctx_trace_stop. */
+        st = t->fd < 0 ? BFC_EINVAL : BFC_EBACKEND;
         if (t->fd >= 0)
             (void)close(t->fd);
         bfc__mutex_destroy(&t->flock);
         bfc__meta_free(t, sizeof(*t));
-        st = BFC_EINVAL;
         goto out;
     }
     t->pid = getpid();
