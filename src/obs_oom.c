@@ -33,7 +33,9 @@
  * and garbage collection (fenced W: those still fenced): the slow path
  * gives them back to the backend to make room, so they are room, not
  * pieces (four 16 MiB large blocks' segments, freed on a stream still
- * busy, are what a 32 MiB request waits for, not fragments).
+ * busy, are what a 32 MiB request waits for, not fragments).  W also holds
+ * the granules released expandable shards left mapped, which go back to
+ * the backend once their fence completes, whatever the configuration.
  * The last case is sound because limit - in use = unreserved + free in
  * shards + pending + free in the pool: when none of the pieces is as large
  * as R but their sum is, the bytes exist, only not in one piece.
