@@ -805,6 +805,12 @@ void *bfc__arena_fit_locked(struct bfc__arena *a, size_t n, size_t rounded)
     return c ? take_chunk(a, c, rounded, n) : NULL;
 }
 
+void *bfc__arena_fit_mapped_locked(struct bfc__arena *a, size_t n, size_t rounded)
+{
+    struct bfc__chunk *c = a->x ? bfc__expand_mapped_fit(a, rounded) : NULL;
+    return c ? take_chunk(a, c, rounded, n) : NULL;
+}
+
 void *bfc__arena_grow_locked(struct bfc__arena *a, size_t n, size_t rounded, bool large, int *status)
 {
     if (large)

@@ -208,6 +208,9 @@ void bfc__arena_free(struct bfc__arena *a);
  *         regions still in use -- back to the pool, fenced on our stream;
  *         returns the bytes given back. */
 void *bfc__arena_fit_locked(struct bfc__arena *a, size_t n, size_t rounded);
+/* Expandable arenas: a block from mapped memory only (bfc__expand_mapped_fit),
+ * the last resort when best fit's chunk needs a map the limit refuses. */
+void *bfc__arena_fit_mapped_locked(struct bfc__arena *a, size_t n, size_t rounded);
 /* What shed with tails would give back: the free tails of our regions
  * still in use, and our fully free classic regions whole (a region may
  * become one between a shed of the fully free ones and this look, when its

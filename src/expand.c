@@ -474,6 +474,37 @@ size_t bfc__expand_largest_mapped_free(const struct bfc__arena *a)
     return m.best;
 }
 
+struct mapped_fit {
+    const struct bfc__expand *x;
+    size_t rounded;
+    struct bfc__chunk *found;
+};
+
+static int mapped_fit(struct bfc__chunk *c, void *arg)
+{
+    struct mapped_fit *m = arg;
+    const struct bfc__expand *x = m->x;
+    if (c->size < m->rounded)
+        return 0;
+    size_t g = (c->ptr - x->base) >> x->shift;
+    uintptr_t p = x->base + (first_clear(x->mapped, x->ngran, g) << x->shift);
+    if (p < c->ptr + m->rounded)
+        return 0;
+    m->found = c;
+    return 1;
+}
+
+struct bfc__chunk *bfc__expand_mapped_fit(const struct bfc__arena *a, size_t rounded)
+{
+    struct mapped_fit m = { a->x, rounded, NULL };
+    /* Bins from the request's up, each in (size, address) order: the
+     * first chunk found is the smallest, the lowest address among equals. */
+    for (uint32_t i = bfc__bin_for_size(rounded); i < BFC__NUM_BINS && !m.found; i++)
+        if (bfc__bins_slots_of(&a->bins, i))
+            (void)bfc__bins_walk(&a->bins, i, mapped_fit, &m);
+    return m.found;
+}
+
 static void publish_one(_Atomic size_t *h, size_t *mine, size_t v)
 {
     if (v > *mine)

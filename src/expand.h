@@ -109,6 +109,11 @@ size_t bfc__expand_idle_bytes(const struct bfc__arena *a);
  * free chunks, the longest front whose granules are all mapped (exact; the
  * OOM report's own-stream figure).  Walks the bins: slow paths only. */
 size_t bfc__expand_largest_mapped_free(const struct bfc__arena *a);
+/* The smallest free chunk (lowest address among equals) whose front of
+ * `rounded` bytes lies in mapped granules: a block the arena can hand out
+ * with no map, for when best fit chose a chunk that needs one and the
+ * limit refused it.  NULL if none.  Walks the bins: slow paths only. */
+struct bfc__chunk *bfc__expand_mapped_fit(const struct bfc__arena *a, size_t rounded);
 /* Another shard grows within the limit: releases, without waiting, the
  * free granules beyond what this shard keeps (threshold and churn slack),
  * on the churn book of a release at a free -- and, when a loan of the

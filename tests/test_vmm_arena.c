@@ -728,6 +728,39 @@ START_TEST(test_oom_report_not_transient)
 }
 END_TEST
 
+/* Best fit lands on a chunk whose granule must be mapped and the limit is
+ * full, while a larger free chunk -- the free tail past a live block -- has
+ * the block's bytes mapped already: the request is served from the tail
+ * (it failed on every retry, beside 2 MiB - 256 mapped and free, and the
+ * report called it transient). */
+START_TEST(test_mapped_fit_when_map_refused)
+{
+    bfc_ctx_t *ctx = ctx_spec("memory_limit=8M,vmm=on", 0);
+    bfc_stream_t a = bfc_sim_stream_create(ctx), b = bfc_sim_stream_create(ctx);
+    char *x0 = touch_alloc(ctx, a, MiB), *x1 = touch_alloc(ctx, a, 3 * MiB), *x2 = touch_alloc(ctx, a, 256);
+    ck_assert_int_eq(bfc_ctx_free(ctx, x1, a), BFC_OK); /* granule 1 wholly free: unmapped */
+    char *y = touch_alloc(ctx, b, 4 * MiB);
+    ck_assert_uint_eq(reserved(ctx), 8 * MiB);
+    char *p = bfc_ctx_alloc(ctx, a, 3 * MiB / 2);
+    ck_assert_ptr_eq(p, x2 + 256); /* the tail, mapped */
+    ck_assert_uint_eq(reserved(ctx), 8 * MiB);
+    memset(p, 1, 3 * MiB / 2);
+    check_ok(ctx);
+    /* Nothing mapped is left that fits another: that one fails, and is
+     * not called transient. */
+    ck_assert_ptr_null(bfc_ctx_alloc(ctx, a, 3 * MiB / 2));
+    bfc_oom_info_t i;
+    ck_assert_int_eq(bfc_ctx_oom_info(ctx, &i), BFC_OK);
+    ck_assert_int_ne(i.cause, BFC_OOM_TRANSIENT);
+    char *all[] = { x0, x2, p };
+    for (int k = 0; k < 3; k++)
+        ck_assert_int_eq(bfc_ctx_free(ctx, all[k], a), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_free(ctx, y, b), BFC_OK);
+    check_ok(ctx);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
 /* A shard whose range holds just the limit (the address space refused
  * twice it: SIM's ceiling): three blocks of 20 MiB in 64 MiB, the outer two
  * freed, leave holes of 20 and 24 MiB, and 30 MiB fails with 20 MiB
@@ -1730,6 +1763,7 @@ static Suite *vmm_suite(void)
     tcase_add_test(tc, test_release_same_stream_late);
     tcase_add_test(tc, test_oom_report_counts_mapped);
     tcase_add_test(tc, test_oom_report_not_transient);
+    tcase_add_test(tc, test_mapped_fit_when_map_refused);
     tcase_add_test(tc, test_oom_report_addresses);
     tcase_add_test(tc, test_oom_report_whole_granules);
     tcase_add_test(tc, test_churn);
