@@ -25,12 +25,14 @@
  *   limit - reserved >= R                         the backend refused
  *   own largest chunk or an unfenced span >= R,
  *     or limit - reserved + W >= R                memory was freed meanwhile
- *   another shard's largest chunk, a fenced span
- *     or the pending bytes >= R, or
+ *   another shard's largest chunk, a fenced run
+ *     of adjacent spans, or the pending bytes >= R, or
  *     limit - reserved + W + fenced W >= R         held by other streams
  *   otherwise                                     too fragmented
- * where W is the pool's wholly free, unfenced segments with allow_growth
- * and garbage collection (fenced W: those still fenced): the slow path
+ * where W is the pool's wholly free segments with no fenced span, with
+ * allow_growth and garbage collection (fenced W: those with one; a segment
+ * may be free as several spans, and a run of adjacent spans with a fenced
+ * one is one piece once the fences complete): the slow path
  * gives them back to the backend to make room, so they are room, not
  * pieces (four 16 MiB large blocks' segments, freed on a stream still
  * busy, are what a 32 MiB request waits for, not fragments).  W also holds
@@ -238,12 +240,15 @@ static void diagnose(struct bfc_ctx *ctx, struct bfc__oom_report *r)
         }
     }
     uint64_t open_largest = 0, fenced_largest = 0, fenced_stream = 0;
+    size_t fenced_spans = 0; /* in the fenced_largest run */
     /* Whole free segments (allow_growth with garbage collection) are not
      * pieces of a fixed size: the slow path gives them back to the backend
      * to make room for a segment as large as the request, so they count
-     * with the unreserved bytes -- those still fenced once their fence
-     * completes. */
+     * with the unreserved bytes -- those with a fenced span once their
+     * fences complete.  A segment may be free as several spans (fenced by
+     * different streams, or one fenced beside an open one). */
     uint64_t whole_open = 0, whole_fenced = 0, whole_stream = 0;
+    const bool whole_rule = ctx->pool.growth && ctx->pool.recycle;
     /* So do the mapped granules of reservations that released expandable
      * shards left in the pool's keeping: unmapped once their fence
      * completes, they are room under the limit (they are pool memory free
@@ -251,26 +256,53 @@ static void diagnose(struct bfc_ctx *ctx, struct bfc__oom_report *r)
     const uint64_t gone_fenced = ps.gone_fenced, gone_all = ps.gone_fenced + ps.gone_open;
     in->pool_free += gone_all;
     in->pool_fenced += gone_fenced;
-    for (size_t i = 0; i < r->nspans; i++) {
-        const struct bfc__span_info *s = &r->spans[i];
-        if (s->whole && s->fenced) {
-            whole_fenced += s->size;
-            whole_stream = s->stream_id;
-        } else if (s->whole) {
-            whole_open += s->size;
-        }
-        in->pool_free += s->size;
-        if (s->size > in->pool_largest_span)
-            in->pool_largest_span = s->size;
-        if (s->fenced) {
-            in->pool_fenced += s->size;
-            if (s->size > fenced_largest) {
-                fenced_largest = s->size;
-                fenced_stream = s->stream_id;
+    /* Spans of one segment, in address order: adjacent ones merge as their
+     * fences complete, so a run of them with a fenced span is one fenced
+     * piece (fenced_largest); an open span is usable now (open spans that
+     * touch have merged already). */
+    for (size_t i = 0; i < r->nspans;) {
+        const uintptr_t seg = r->spans[i].seg_base;
+        uint64_t seg_free = 0, run = 0, run_sid = 0, seg_sid = 0;
+        uintptr_t run_end = 0;
+        size_t run_n = 0;
+        bool seg_fenced = false, run_fenced = false;
+        size_t j = i;
+        for (; j < r->nspans && r->spans[j].seg_base == seg; j++) {
+            const struct bfc__span_info *s = &r->spans[j];
+            in->pool_free += s->size;
+            if (s->size > in->pool_largest_span)
+                in->pool_largest_span = s->size;
+            if (s->fenced) {
+                in->pool_fenced += s->size;
+                seg_fenced = true;
+                seg_sid = s->stream_id;
+            } else if (s->size > open_largest) {
+                open_largest = s->size;
             }
-        } else if (s->size > open_largest) {
-            open_largest = s->size;
+            seg_free += s->size;
+            if (run && s->base == run_end) {
+                run += s->size;
+                run_n++;
+            } else {
+                if (run_fenced && run > fenced_largest)
+                    fenced_largest = run, fenced_stream = run_sid, fenced_spans = run_n;
+                run = s->size;
+                run_n = 1;
+                run_fenced = false;
+            }
+            if (s->fenced && !run_fenced)
+                run_fenced = true, run_sid = s->stream_id;
+            run_end = s->base + s->size;
         }
+        if (run_fenced && run > fenced_largest)
+            fenced_largest = run, fenced_stream = run_sid, fenced_spans = run_n;
+        if (whole_rule && seg_free == r->spans[i].seg_size) {
+            if (seg_fenced)
+                whole_fenced += seg_free, whole_stream = seg_sid;
+            else
+                whole_open += seg_free;
+        }
+        i = j;
     }
 
     const uint64_t R = in->rounded;
@@ -359,8 +391,14 @@ static void diagnose(struct bfc_ctx *ctx, struct bfc__oom_report *r)
         }
         if (fenced_largest >= R && (size_t)w < len) {
             fmt_bytes(a, sizeof a, fenced_largest);
-            w += snprintf(o + w, len - (size_t)w, "%sa pool span of %s is still fenced by stream id %" PRIu64,
-                          sep, a, fenced_stream);
+            if (fenced_spans > 1)
+                w += snprintf(o + w, len - (size_t)w,
+                              "%s%zu adjacent pool spans, %s in all, one piece once the fences of stream id %" PRIu64
+                              " and any others complete",
+                              sep, fenced_spans, a, fenced_stream);
+            else
+                w += snprintf(o + w, len - (size_t)w, "%sa pool span of %s is still fenced by stream id %" PRIu64,
+                              sep, a, fenced_stream);
             sep = "; ";
         } else if (fenced_largest < R && unreserved + whole_open + whole_fenced + gone_all >= RG &&
                    (size_t)w < len) {

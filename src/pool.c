@@ -667,8 +667,8 @@ size_t bfc__pool_spans(struct bfc__pool *p, struct bfc__span_info *out, size_t m
     bfc__lock(&p->lock);
     for (struct bfc__span *s = p->spans; s; s = s->next, n++)
         if (n < max)
-            out[n] = (struct bfc__span_info){ s->base, s->size, s->fence != NULL, s->sid,
-                                              p->growth && p->recycle && s->size == s->seg->size };
+            out[n] = (struct bfc__span_info){ s->base, s->size, s->fence != NULL, s->sid, s->seg->base,
+                                              s->seg->size };
     bfc__unlock(&p->lock);
     return n;
 }

@@ -244,9 +244,8 @@ struct bfc__span_info {
     size_t size;
     bool fenced;                 /* behind an incomplete departure fence */
     uint64_t stream_id;          /* ... of this stream's shard */
-    bool whole;                  /* all of its segment, with allow_growth and garbage
-                                    collection: room under the limit once given back
-                                    (when unfenced), not a piece of fixed size */
+    uintptr_t seg_base;          /* its segment (one backend allocation): spans of one */
+    size_t seg_size;             /* segment are adjacent in the list, in address order */
 };
 size_t bfc__pool_spans(struct bfc__pool *p, struct bfc__span_info *out, size_t max);
 

@@ -1273,6 +1273,66 @@ START_TEST(test_oom_report_held_and_backend)
     oom_info(ctx, BFC_OOM_FRAGMENTED);
     bfc_ctx_destroy(ctx);
 
+    /* The same segments free as halves fenced by two streams (large_alloc
+     * 8M: each 16 MiB segment re-carved for a and b, freed while both are
+     * busy): spans with different fences do not merge, but the segments
+     * are wholly free all the same -- HELD, as with one stream. */
+    ctx = mkctx("memory_limit=64M,large_alloc=8M,garbage_collection=true");
+    a = bfc_sim_stream_create(ctx);
+    b = bfc_sim_stream_create(ctx);
+    bfc_stream_t c = bfc_sim_stream_create(ctx);
+    void *h[8];
+    for (int k = 0; k < 4; k++)
+        h[k] = xalloc(ctx, c, 16 * MiB);
+    for (int k = 0; k < 4; k++)
+        xfree(ctx, h[k], c);
+    for (int k = 0; k < 8; k++)
+        h[k] = xalloc(ctx, k & 1 ? b : a, 8 * MiB);
+    bfc_sim_stream_hold(ctx, a);
+    bfc_sim_stream_hold(ctx, b);
+    for (int k = 0; k < 8; k++)
+        xfree(ctx, h[k], k & 1 ? b : a);
+    ck_assert_ptr_null(bfc_ctx_alloc(ctx, c, 32 * MiB));
+    i = oom_info(ctx, BFC_OOM_HELD);
+    ck_assert_uint_eq(i.num_pool_spans, 8);
+    ck_assert_msg(strstr(i.diagnosis, "still fenced"), "%s", i.diagnosis);
+    bfc_sim_stream_drain(ctx, a);
+    bfc_sim_stream_drain(ctx, b);
+    l32 = bfc_ctx_alloc(ctx, c, 32 * MiB);
+    ck_assert_ptr_nonnull(l32);
+    xfree(ctx, l32, c);
+    bfc_ctx_destroy(ctx);
+
+    /* One 32 MiB segment, half fenced by a busy stream, half open, the
+     * other 32 MiB of the limit in use: the two spans make one piece once
+     * the fence completes (the pool serves runs of adjacent spans), with
+     * or without garbage collection -- HELD, not FRAGMENTED. */
+    for (int gc = 0; gc < 2; gc++) {
+        ctx = mkctx(gc ? "memory_limit=64M,large_alloc=16M,garbage_collection=true"
+                       : "memory_limit=64M,large_alloc=16M,garbage_collection=false");
+        a = bfc_sim_stream_create(ctx);
+        b = bfc_sim_stream_create(ctx);
+        c = bfc_sim_stream_create(ctx);
+        bfc_stream_t d = bfc_sim_stream_create(ctx);
+        void *x = xalloc(ctx, c, 32 * MiB);
+        xfree(ctx, x, c);
+        ck_assert_int_eq(bfc_ctx_stream_release(ctx, c), BFC_OK);
+        void *half = xalloc(ctx, a, 16 * MiB);
+        bfc_sim_stream_hold(ctx, a);
+        xfree(ctx, half, a);
+        ck_assert_int_eq(bfc_ctx_stream_release(ctx, a), BFC_OK);
+        void *other = xalloc(ctx, d, 32 * MiB);
+        ck_assert_ptr_null(bfc_ctx_alloc(ctx, b, 32 * MiB));
+        i = oom_info(ctx, BFC_OOM_HELD);
+        ck_assert_msg(strstr(i.diagnosis, "adjacent pool spans, 32.0 MiB in all"), "%s", i.diagnosis);
+        bfc_sim_stream_drain(ctx, a);
+        l32 = bfc_ctx_alloc(ctx, b, 32 * MiB);
+        ck_assert_ptr_nonnull(l32);
+        xfree(ctx, l32, b);
+        xfree(ctx, other, d);
+        bfc_ctx_destroy(ctx);
+    }
+
     /* An expandable shard released while its stream is busy leaves its
      * mapped granules in the pool's keeping behind the stream's fence:
      * pool memory, fenced, which the report counted nowhere (it said
