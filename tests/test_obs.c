@@ -2082,6 +2082,11 @@ START_TEST(test_view_html)
         {"{\"version\":2,\"shards\":[{\"stats\":[]}]}", "shards[0].stats is not an object"},
         {"{\"version\":2,\"shards\":[],\"totals\":3}", "\"totals\" is not an object"},
         {"{\"version\":2,\"shards\":[],\"oom\":{\"pool_spans\":{}}}", "oom.pool_spans is not an array"},
+        /* the page orders regions by address, as numbers */
+        {"{\"version\":2,\"shards\":[{\"regions\":[{\"size\":1}]}]}", "shards[0].regions[0].base is not an address"},
+        {"{\"version\":2,\"shards\":[{\"regions\":[{\"base\":\"0x10\"},{\"base\":\"zz\"}]}]}",
+         "shards[0].regions[1].base is not an address"},
+        {"{\"version\":2,\"shards\":[{\"regions\":[{\"base\":2.5}]}]}", "regions[0].base is not an address"},
     };
     for (size_t i = 0; i < sizeof wrong / sizeof wrong[0]; i++) {
         ck_assert_int_eq(bfc_view_write_html(wrong[i][0], strlen(wrong[i][0]), NULL, f, err, sizeof err), -1);
@@ -2441,6 +2446,20 @@ START_TEST(test_json_oracle_strict)
     ck_assert_uint_eq(bfc_json_u64(v, "m", 7), 7); /* negative: not a u64 */
     ck_assert_str_eq(json_object_get_string(bfc_json_at(a, 6)), "\xc3\xa9\xf0\x9f\x98\x80/");
     ck_assert_uint_eq(bfc_json_u64(v, "n", 0), UINT64_MAX);
+    json_object_put(v);
+
+    /* The tools' reader itself refuses what json-c's strict mode takes but
+     * a browser's JSON.parse does not (the viewer's page would stop on it):
+     * a single-quoted string, a raw tab or newline inside a string. */
+    const char *lexical[] = {"{'a':1}", "[\"a\tb\"]", "[\"a\nb\"]", "{\"a\":'x'}"};
+    for (size_t i = 0; i < sizeof lexical / sizeof lexical[0]; i++) {
+        ck_assert_msg(bfc_json_parse(lexical[i], strlen(lexical[i]), &v, why, sizeof why) != 0,
+                      "bfc_json_parse accepted '%s'", lexical[i]);
+        ck_assert_ptr_null(v);
+    }
+    const char *quoted = "[\"it's \\\"fine\\\"\\t\"]"; /* quotes and escapes inside a string */
+    ck_assert_msg(bfc_json_parse(quoted, strlen(quoted), &v, why, sizeof why) == 0, "%s: %s", quoted, why);
+    ck_assert_str_eq(json_object_get_string(bfc_json_at(v, 0)), "it's \"fine\"\t");
     json_object_put(v);
 }
 END_TEST

@@ -15,6 +15,7 @@
  */
 #include "json_read.h"
 
+#include <ctype.h>
 #include <limits.h>
 #include <math.h>
 #include <regex.h>
@@ -64,11 +65,45 @@ static bool not_strict(json_object *v, const regex_t *number, char *err, size_t 
     }
 }
 
+/* What json-c's strict mode still lets through at the level of characters:
+ * a single-quoted string, and a raw control character inside a string
+ * (RFC 8259 wants them escaped; a browser's JSON.parse refuses both).  The
+ * offset of the first, or len. */
+static size_t lexical_fault(const char *text, size_t len, const char **what)
+{
+    bool in = false;
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)text[i];
+        if (in) {
+            if (c == '\\')
+                i++;
+            else if (c == '"')
+                in = false;
+            else if (c < 0x20) {
+                *what = "a control character in a string";
+                return i;
+            }
+        } else if (c == '"') {
+            in = true;
+        } else if (c == '\'') {
+            *what = "a single quote";
+            return i;
+        }
+    }
+    return len;
+}
+
 int bfc_json_parse(const char *text, size_t len, json_object **out, char *err, size_t errlen)
 {
     *out = NULL;
     if (len >= INT_MAX) {
         set_err(err, errlen, "%zu bytes: too large", len);
+        return -1;
+    }
+    const char *what = NULL;
+    size_t at = lexical_fault(text, len, &what);
+    if (at < len) {
+        set_err(err, errlen, "offset %zu: %s", at, what);
         return -1;
     }
     json_tokener *tok = json_tokener_new_ex(MAX_DEPTH);
@@ -188,6 +223,17 @@ static bool objects_ok(const json_object *obj, const char *key, const char *wher
     return true;
 }
 
+/* "0x" and 1 to 16 hex digits. */
+static bool is_address(const char *s)
+{
+    if (s[0] != '0' || (s[1] != 'x' && s[1] != 'X'))
+        return false;
+    size_t n = 0;
+    for (s += 2; isxdigit((unsigned char)*s); s++)
+        n++;
+    return *s == '\0' && n >= 1 && n <= 16;
+}
+
 int bfc_json_snapshot_check(const json_object *v, char *err, size_t errlen)
 {
     if (!json_object_is_type(v, json_type_object)) {
@@ -229,8 +275,14 @@ int bfc_json_snapshot_check(const json_object *v, char *err, size_t errlen)
         for (size_t j = 0; j < bfc_json_len(regions); j++) {
             char rwhere[80];
             snprintf(rwhere, sizeof rwhere, "shards[%zu].regions[%zu].", i, j);
-            if (!objects_ok(bfc_json_at(regions, j), "chunks", rwhere, err, errlen))
+            const json_object *r = bfc_json_at(regions, j);
+            if (!objects_ok(r, "chunks", rwhere, err, errlen))
                 return -1;
+            /* The page orders regions by address, as numbers. */
+            if (!is_address(bfc_json_str(r, "base", ""))) {
+                snprintf(err, errlen, "%sbase is not an address (\"0x\" and hex digits)", rwhere);
+                return -1;
+            }
         }
     }
     return 0;

@@ -7,7 +7,8 @@
  * bfc_json_parse is json-c's parser made strict (RFC 8259): json-c's
  * strict mode and its UTF-8 check, one value filling the whole text, and
  * on top of them what that mode still lets through -- numbers that are not
- * JSON (NaN, Infinity, "1.", 1e400) and strings with a NUL.  The lookups
+ * JSON (NaN, Infinity, "1.", 1e400), strings with a NUL, single-quoted
+ * strings and raw control characters inside strings.  The lookups
  * read a tree that json-c owns: a missing member, a member of another
  * type and JSON null all give the caller's default.
  *
@@ -52,8 +53,9 @@ bool bfc_json_bool(const json_object *obj, const char *key, bool dflt);
  * shards array; totals and pool objects, oom an object or null, where
  * present; every element of shards (and of oom.shards, oom.pool_spans) an
  * object; a shard's stats an object, its regions and bins arrays of
- * objects, a region's chunks an array of objects.  Figures are not checked
- * one by one: a member of another type reads as the caller's default.
+ * objects, a region's chunks an array of objects and its base an address
+ * ("0x" and hex digits).  Figures are not checked one by one: a member of
+ * another type reads as the caller's default.
  * Returns 0, or -1 with what is wrong ("shards[3] is not an object") in
  * err. */
 int bfc_json_snapshot_check(const json_object *v, char *err, size_t errlen);
