@@ -945,7 +945,10 @@ typedef int (*bfc_oom_fn)(bfc_ctx_t *ctx, size_t size, bfc_stream_t stream,
  *                       allow_growth and garbage_collection, wholly free
  *                       pool segments count together with the unreserved
  *                       bytes: given back to the device they make room, so
- *                       four fenced 16 MiB segments hold a 32 MiB request);
+ *                       four fenced 16 MiB segments hold a 32 MiB request;
+ *                       the diagnosis says "held by this stream's own
+ *                       queued work" where the requesting stream's own
+ *                       fence is all that holds them);
  *   BFC_OOM_FRAGMENTED  enough bytes are free in total, but no free piece
  *                       (chunk, pool span, unreserved limit) is large enough;
  *                       with expandable arenas also (tested before

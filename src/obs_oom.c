@@ -214,7 +214,7 @@ static void diagnose(struct bfc_ctx *ctx, struct bfc__oom_report *r)
     in->bytes_unreserved = ctx->limit > held ? ctx->limit - held : 0;
     in->num_shards = r->nshards_live;
     in->num_pool_spans = r->nspans_total;
-    uint64_t own_pending = 0, own_range = 0;
+    uint64_t own_pending = 0, own_range = 0, own_sid = UINT64_MAX;
     bool own = false;
     for (size_t i = 0; i < r->nshards; i++) {
         const struct bfc__shard_free *s = &r->shards[i];
@@ -230,6 +230,7 @@ static void diagnose(struct bfc_ctx *ctx, struct bfc__oom_report *r)
             if (s->largest_range > own_range)
                 own_range = s->largest_range;
             own = true;
+            own_sid = s->stream_id;
             own_pending += s->pending_bytes;
         } else {
             in->other_free += s->free_bytes;
@@ -248,6 +249,7 @@ static void diagnose(struct bfc_ctx *ctx, struct bfc__oom_report *r)
      * fences complete.  A segment may be free as several spans (fenced by
      * different streams, or one fenced beside an open one). */
     uint64_t whole_open = 0, whole_fenced = 0, whole_stream = 0;
+    uint64_t whole_others = 0; /* of whole_fenced: fenced by other than the requesting stream */
     const bool whole_rule = ctx->pool.growth && ctx->pool.recycle;
     /* So do the mapped granules of reservations that released expandable
      * shards left in the pool's keeping: unmapped once their fence
@@ -265,7 +267,7 @@ static void diagnose(struct bfc_ctx *ctx, struct bfc__oom_report *r)
         uint64_t seg_free = 0, run = 0, run_sid = 0, seg_sid = 0;
         uintptr_t run_end = 0;
         size_t run_n = 0;
-        bool seg_fenced = false, run_fenced = false;
+        bool seg_fenced = false, run_fenced = false, seg_others = false;
         size_t j = i;
         for (; j < r->nspans && r->spans[j].seg_base == seg; j++) {
             const struct bfc__span_info *s = &r->spans[j];
@@ -276,6 +278,7 @@ static void diagnose(struct bfc_ctx *ctx, struct bfc__oom_report *r)
                 in->pool_fenced += s->size;
                 seg_fenced = true;
                 seg_sid = s->stream_id;
+                seg_others |= s->stream_id != own_sid;
             } else if (s->size > open_largest) {
                 open_largest = s->size;
             }
@@ -297,10 +300,13 @@ static void diagnose(struct bfc_ctx *ctx, struct bfc__oom_report *r)
         if (run_fenced && run > fenced_largest)
             fenced_largest = run, fenced_stream = run_sid, fenced_spans = run_n;
         if (whole_rule && seg_free == r->spans[i].seg_size) {
-            if (seg_fenced)
+            if (seg_fenced) {
                 whole_fenced += seg_free, whole_stream = seg_sid;
-            else
+                if (seg_others)
+                    whole_others += seg_free;
+            } else {
                 whole_open += seg_free;
+            }
         }
         i = j;
     }
@@ -379,7 +385,13 @@ static void diagnose(struct bfc_ctx *ctx, struct bfc__oom_report *r)
     } else if (in->other_largest_free >= R || fenced_largest >= R || in->bytes_pending >= R ||
                unreserved + whole_open + whole_fenced + gone_all >= RG) {
         in->cause = BFC_OOM_HELD;
-        int w = snprintf(o, len, "memory free but held by other streams:");
+        /* Segments fenced by the requesting stream alone: its own queued
+         * work holds them (it may take them as they are, but not give them
+         * back to make one piece before that work is done). */
+        bool own_work = in->other_largest_free < R && fenced_largest < R && in->bytes_pending < R &&
+                        gone_fenced == 0 && whole_fenced && whole_stream == own_sid && whole_others == 0;
+        int w = snprintf(o, len, own_work ? "memory free but held by this stream's own queued work:"
+                                          : "memory free but held by other streams:");
         const char *sep = " ";
         if (in->other_largest_free >= R) {
             fmt_bytes(a, sizeof a, in->other_largest_free);
@@ -412,8 +424,8 @@ static void diagnose(struct bfc_ctx *ctx, struct bfc__oom_report *r)
                 fmt_bytes(a, sizeof a, whole_fenced);
                 w += snprintf(o + w, len - (size_t)w,
                               "%swholly free pool segments of %s, still fenced (stream id %" PRIu64
-                              " among others), make room for %s once their fences complete",
-                              sep, a, whole_stream, need);
+                              "%s), make room for %s once their fences complete",
+                              sep, a, whole_stream, own_work ? ", this stream" : " among others", need);
             }
             sep = "; ";
         }

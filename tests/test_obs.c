@@ -1257,6 +1257,11 @@ START_TEST(test_oom_report_held_and_backend)
     ck_assert_uint_eq(i.pool_fenced, 64 * MiB);
     ck_assert_uint_eq(i.pool_largest_span, 16 * MiB);
     ck_assert_msg(strstr(i.diagnosis, "wholly free pool segments of 64.0 MiB, still fenced"), "%s", i.diagnosis);
+    ck_assert_msg(strstr(i.diagnosis, "held by other streams"), "%s", i.diagnosis);
+    /* Asked on a itself, whose own queued work fences them: said so. */
+    ck_assert_ptr_null(bfc_ctx_alloc(ctx, a, 32 * MiB));
+    i = oom_info(ctx, BFC_OOM_HELD);
+    ck_assert_msg(strstr(i.diagnosis, "memory free but held by this stream's own queued work"), "%s", i.diagnosis);
     bfc_sim_stream_drain(ctx, a);
     void *l32 = bfc_ctx_alloc(ctx, b, 32 * MiB);
     ck_assert_ptr_nonnull(l32); /* what the report said */
