@@ -164,7 +164,9 @@ static bool bool_of(const json_object *obj, const char *key)
  * directory an earlier test had removed). */
 static json_object *snapshot(bfc_ctx_t *ctx)
 {
-    char path[64] = "/tmp/test_obs_snap_XXXXXX";
+    char path[400];
+    const char *dir = getenv("TMPDIR");
+    snprintf(path, sizeof path, "%s/test_obs_snap_XXXXXX", dir && *dir ? dir : "/tmp");
     int fd = mkstemp(path);
     ck_assert_int_ge(fd, 0);
     FILE *f = fdopen(fd, "w");

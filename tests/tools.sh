@@ -161,7 +161,8 @@ hdr='Thread,Time,Action,Pointer,Size,Stream'
 printf '%s\n1,10,allocate,0x1000,\v-5,0x0\n' "$hdr" >"$tmp/vt.csv"
 printf '%s\n1,-1:00:00,allocate,0x1000,100,0x0\n' "$hdr" >"$tmp/negtime.csv"
 printf '%s\n1,9999999:00:00,allocate,0x1000,100,0x0\n' "$hdr" >"$tmp/bighour.csv"
-for f in vt:Size negtime:Time bighour:Time; do
+printf '%s\n1,01:02:03.,allocate,0x1000,100,0x0\n' "$hdr" >"$tmp/nofrac.csv"
+for f in vt:Size negtime:Time bighour:Time nofrac:Time; do
     "$replay" "$tmp/${f%%:*}.csv" >/dev/null 2>"$tmp/err"
     [ $? -eq 1 ] || fail "replay of ${f%%:*}.csv does not exit 1"
     grep -q "malformed ${f#*:}" "$tmp/err" || { cat "$tmp/err" >&2; fail "${f%%:*}.csv: no malformed ${f#*:}"; }

@@ -154,6 +154,8 @@ static bool parse_time(const char *s, uint64_t *v)
     if (*f == '.' || *f == ':') {
         /* RMM's documentation calls the separator ':'; its logger writes '.'. */
         f++;
+        if (!isdigit((unsigned char)*f))
+            return false; /* a separator with no fraction after it */
         uint64_t scale = 100000000u;
         for (; isdigit((unsigned char)*f); f++) {
             ns += (uint64_t)(*f - '0') * scale;
