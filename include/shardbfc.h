@@ -948,7 +948,12 @@ typedef int (*bfc_oom_fn)(bfc_ctx_t *ctx, size_t size, bfc_stream_t stream,
  *                       four fenced 16 MiB segments hold a 32 MiB request;
  *                       the diagnosis says "held by this stream's own
  *                       queued work" where the requesting stream's own
- *                       fence is all that holds them);
+ *                       fence is all that holds them; with expandable
+ *                       arenas the granules under free and pending chunks
+ *                       of every shard count so too, since they can be
+ *                       unmapped and mapped again anywhere; and the
+ *                       requesting shard's pending frees with the free
+ *                       chunks beside them are one piece);
  *   BFC_OOM_FRAGMENTED  enough bytes are free in total, but no free piece
  *                       (chunk, pool span, unreserved limit) is large enough;
  *                       with expandable arenas also (tested before

@@ -505,6 +505,40 @@ struct bfc__chunk *bfc__expand_mapped_fit(const struct bfc__arena *a, size_t rou
     return m.found;
 }
 
+/* Mapped granules of [lo, hi) that lie wholly inside it. */
+static size_t mapped_within(const struct bfc__expand *x, uintptr_t lo, uintptr_t hi)
+{
+    size_t ga = (lo - x->base + GRAN(x) - 1) >> x->shift, gb = (hi - x->base) >> x->shift, bytes = 0;
+    if (gb > x->map_top)
+        gb = x->map_top;
+    for (size_t g = ga; g < gb; g++)
+        if (bit(x->mapped, g))
+            bytes += GRAN(x);
+    return bytes;
+}
+
+size_t bfc__expand_free_granule_bytes(const struct bfc__arena *a)
+{
+    const struct bfc__expand *x = a->x;
+    size_t bytes = 0;
+    uintptr_t run = 0; /* start of the current run of free or pending chunks, 0: none */
+    for (struct bfc__chunk *c = bfc__region_handle(x->region, x->base); c; c = c->next) {
+        /* relaxed: under a's lock; the one move made without it, INUSE ->
+         * FREEING, is "in use" on both sides. */
+        uint32_t st = atomic_load_explicit(&c->state, memory_order_relaxed);
+        if (st == BFC__CHUNK_FREE || st == BFC__CHUNK_PENDING) {
+            if (!run)
+                run = c->ptr;
+        } else if (run) {
+            bytes += mapped_within(x, run, c->ptr);
+            run = 0;
+        }
+        if (!c->next && run)
+            bytes += mapped_within(x, run, c->ptr + c->size);
+    }
+    return bytes;
+}
+
 static void publish_one(_Atomic size_t *h, size_t *mine, size_t v)
 {
     if (v > *mine)

@@ -114,6 +114,11 @@ size_t bfc__expand_largest_mapped_free(const struct bfc__arena *a);
  * with no map, for when best fit chose a chunk that needs one and the
  * limit refused it.  NULL if none.  Walks the bins: slow paths only. */
 struct bfc__chunk *bfc__expand_mapped_fit(const struct bfc__arena *a, size_t rounded);
+/* Mapped granules wholly inside runs of adjacent free and pending chunks,
+ * in bytes (exact): what unmapping could give the limit once the fences of
+ * the shard's stream and of its pending frees allow.  Walks the
+ * reservation's chunks: slow paths only (the OOM report). */
+size_t bfc__expand_free_granule_bytes(const struct bfc__arena *a);
 /* Another shard grows within the limit: releases, without waiting, the
  * free granules beyond what this shard keeps (threshold and churn slack),
  * on the churn book of a release at a free -- and, when a loan of the

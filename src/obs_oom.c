@@ -27,7 +27,9 @@
  *     or limit - reserved + W >= R                memory was freed meanwhile
  *   another shard's largest chunk, a fenced run
  *     of adjacent spans, or the pending bytes >= R, or
- *     limit - reserved + W + fenced W >= R         held by other streams
+ *     limit - reserved + W + fenced W >= R, or
+ *     our run of free and pending chunks >= R, or
+ *     (vmm) that + free and pending granules >= R  held by other streams
  *   otherwise                                     too fragmented
  * where W is the pool's wholly free segments with no fenced span, with
  * allow_growth and garbage collection (fenced W: those with one; a segment
@@ -214,12 +216,16 @@ static void diagnose(struct bfc_ctx *ctx, struct bfc__oom_report *r)
     in->bytes_unreserved = ctx->limit > held ? ctx->limit - held : 0;
     in->num_shards = r->nshards_live;
     in->num_pool_spans = r->nspans_total;
-    uint64_t own_pending = 0, own_range = 0, own_sid = UINT64_MAX;
+    uint64_t own_pending = 0, own_range = 0, own_sid = UINT64_MAX, own_run = 0, granule_room = 0;
     bool own = false;
     for (size_t i = 0; i < r->nshards; i++) {
         const struct bfc__shard_free *s = &r->shards[i];
         in->bytes_in_use += s->in_use;
         in->bytes_pending += s->pending_bytes;
+        /* Expandable shards' whole free granules are room, not pieces:
+         * unmapped, they can be mapped under any block (the escalation
+         * takes them, once the fences of their streams allow). */
+        granule_room += s->free_granules;
         if (requesting(r, s)) {
             /* What this stream could take with no map: an expandable
              * shard's bound (largest_free) counts mapped bytes scattered
@@ -231,6 +237,8 @@ static void diagnose(struct bfc_ctx *ctx, struct bfc__oom_report *r)
                 own_range = s->largest_range;
             own = true;
             own_sid = s->stream_id;
+            if (s->largest_run > own_run)
+                own_run = s->largest_run;
             own_pending += s->pending_bytes;
         } else {
             in->other_free += s->free_bytes;
@@ -383,7 +391,8 @@ static void diagnose(struct bfc_ctx *ctx, struct bfc__oom_report *r)
                  "the unreserved %s make room for %s once given back to the device; a retry may succeed",
                  a, b, need);
     } else if (in->other_largest_free >= R || fenced_largest >= R || in->bytes_pending >= R ||
-               unreserved + whole_open + whole_fenced + gone_all >= RG) {
+               unreserved + whole_open + whole_fenced + gone_all >= RG || own_run >= R ||
+               (ctx->vmm && unreserved + whole_open + whole_fenced + gone_all + granule_room >= RG)) {
         in->cause = BFC_OOM_HELD;
         /* Segments fenced by the requesting stream alone: its own queued
          * work holds them (it may take them as they are, but not give them
@@ -427,6 +436,23 @@ static void diagnose(struct bfc_ctx *ctx, struct bfc__oom_report *r)
                               "%s), make room for %s once their fences complete",
                               sep, a, whole_stream, own_work ? ", this stream" : " among others", need);
             }
+            sep = "; ";
+        }
+        if (own_run >= R && in->bytes_pending < R && (size_t)w < len) {
+            fmt_bytes(a, sizeof a, own_run);
+            w += snprintf(o + w, len - (size_t)w,
+                          "%sthis stream's pending frees and the free memory beside them make %s in one piece once "
+                          "their fences complete",
+                          sep, a);
+            sep = "; ";
+        }
+        if (ctx->vmm && in->other_largest_free < R && fenced_largest < R && in->bytes_pending < R && own_run < R &&
+            unreserved + whole_open + whole_fenced + gone_all < RG && (size_t)w < len) {
+            fmt_bytes(a, sizeof a, granule_room);
+            w += snprintf(o + w, len - (size_t)w,
+                          "%sgranules of %s under free and pending chunks of the shards can be unmapped and mapped "
+                          "again for it once the work of their streams completes",
+                          sep, a);
             sep = "; ";
         }
         if (in->bytes_pending >= R && (size_t)w < len) {

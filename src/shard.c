@@ -497,6 +497,29 @@ void bfc__shard_dir_fini(struct bfc_ctx *ctx)
 
 /* ------------------------------------------------------- OOM report */
 
+/* The largest run of adjacent chunks, free or pending, of a's regions. */
+static size_t largest_free_or_pending_run(struct bfc__arena *a)
+{
+    size_t best = 0;
+    struct bfc__region *r;
+    bfc__list_for_each(r, &a->regions, alink) {
+        size_t run = 0;
+        for (struct bfc__chunk *c = bfc__region_handle(r, r->base); c; c = c->next) {
+            /* relaxed: under a's lock; the one move made without it,
+             * INUSE -> FREEING, is "not free" on both sides. */
+            uint32_t st = atomic_load_explicit(&c->state, memory_order_relaxed);
+            if (st == BFC__CHUNK_FREE || st == BFC__CHUNK_PENDING) {
+                run += c->size;
+                if (run > best)
+                    best = run;
+            } else {
+                run = 0;
+            }
+        }
+    }
+    return best;
+}
+
 size_t bfc__shard_free_info(struct bfc_ctx *ctx, struct bfc__shard_free *out, size_t max, size_t *live)
 {
     size_t n = 0, nlive = 0;
@@ -509,8 +532,11 @@ size_t bfc__shard_free_info(struct bfc_ctx *ctx, struct bfc__shard_free *out, si
         if (!a->dead) {
             bfc__arena_drain_locked(a, true);
             size_t free_bytes = bfc__arena_free_bytes(a), largest = bfc__bins_largest(&a->bins);
-            size_t range = largest, ready = largest;
+            size_t range = largest, ready = largest, granules = 0, run = 0;
+            if (!a->x)
+                run = largest_free_or_pending_run(a);
             if (a->x) {
+                granules = bfc__expand_free_granule_bytes(a);
                 /* An expandable shard's free chunks are mostly address
                  * space: only its mapped granules are memory. */
                 free_bytes = bfc__expand_idle_bytes(a);
@@ -529,6 +555,8 @@ size_t bfc__shard_free_info(struct bfc_ctx *ctx, struct bfc__shard_free *out, si
                     .largest_free = largest,
                     .largest_ready = ready,
                     .largest_range = range,
+                    .free_granules = granules,
+                    .largest_run = run,
                     .pending_bytes = a->st.pending_bytes,
                     .in_use = a->st.bytes_in_use,
                     .reserved = a->st.bytes_reserved,

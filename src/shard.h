@@ -98,6 +98,10 @@ struct bfc__shard_free {
     size_t largest_free;    /* its largest free chunk (expandable: above) */
     size_t largest_ready;   /* expandable: above */
     size_t largest_range;   /* expandable: above */
+    size_t free_granules;   /* expandable: mapped granules wholly in runs of free and
+                               pending chunks (exact) */
+    size_t largest_run;     /* classic: the largest run of adjacent free and pending
+                               chunks of one region, one piece once the fences complete */
     size_t pending_bytes;   /* freed blocks still waiting for their fences */
     size_t in_use;          /* live chunk bytes */
     size_t reserved;        /* its regions */

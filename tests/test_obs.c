@@ -1340,6 +1340,44 @@ START_TEST(test_oom_report_held_and_backend)
         bfc_ctx_destroy(ctx);
     }
 
+    /* Expandable arenas: stream b's free granules, b still busy, are room
+     * once b's work completes (the escalation unmaps them for a), not
+     * pieces: HELD, and the request succeeds after b drains. */
+    ctx = mkctx("memory_limit=8M,vmm=on");
+    a = bfc_sim_stream_create(ctx);
+    b = bfc_sim_stream_create(ctx);
+    void *p4 = xalloc(ctx, b, 4 * MiB);
+    bfc_sim_stream_hold(ctx, b);
+    xfree(ctx, p4, b);
+    ck_assert_ptr_null(bfc_ctx_alloc(ctx, a, 6 * MiB));
+    i = oom_info(ctx, BFC_OOM_HELD);
+    ck_assert_msg(strstr(i.diagnosis, "granules of 4.0 MiB under free and pending chunks"), "%s", i.diagnosis);
+    bfc_sim_stream_drain(ctx, b);
+    void *p6 = bfc_ctx_alloc(ctx, a, 6 * MiB);
+    ck_assert_ptr_nonnull(p6);
+    xfree(ctx, p6, a);
+    bfc_ctx_destroy(ctx);
+
+    /* One region (allow_growth=false): this stream's free 2 MiB beside a
+     * block another stream freed while busy, pending: one 4 MiB piece once
+     * that fence completes -- HELD, not FRAGMENTED. */
+    ctx = mkctx("memory_limit=4M,allow_growth=false,initial_region=4M");
+    a = bfc_sim_stream_create(ctx);
+    b = bfc_sim_stream_create(ctx);
+    void *q0 = xalloc(ctx, a, 2 * MiB), *q1 = xalloc(ctx, a, 2 * MiB);
+    bfc_sim_stream_hold(ctx, b);
+    xfree(ctx, q0, b);
+    xfree(ctx, q1, a);
+    ck_assert_ptr_null(bfc_ctx_alloc(ctx, a, 3 * MiB));
+    i = oom_info(ctx, BFC_OOM_HELD);
+    ck_assert_msg(strstr(i.diagnosis, "this stream's pending frees and the free memory beside them make 4.0 MiB"), "%s",
+                  i.diagnosis);
+    bfc_sim_stream_drain(ctx, b);
+    void *q3 = bfc_ctx_alloc(ctx, a, 3 * MiB);
+    ck_assert_ptr_nonnull(q3);
+    xfree(ctx, q3, a);
+    bfc_ctx_destroy(ctx);
+
     /* An expandable shard released while its stream is busy leaves its
      * mapped granules in the pool's keeping behind the stream's fence:
      * pool memory, fenced, which the report counted nowhere (it said
