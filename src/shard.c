@@ -533,16 +533,16 @@ size_t bfc__shard_free_info(struct bfc_ctx *ctx, struct bfc__shard_free *out, si
             bfc__arena_drain_locked(a, true);
             size_t free_bytes = bfc__arena_free_bytes(a), largest = bfc__bins_largest(&a->bins);
             size_t range = largest, ready = largest, granules = 0, run = 0;
-            if (!a->x)
-                run = largest_free_or_pending_run(a);
             if (a->x) {
-                granules = bfc__expand_free_granule_bytes(a);
                 /* An expandable shard's free chunks are mostly address
                  * space: only its mapped granules are memory. */
                 free_bytes = bfc__expand_idle_bytes(a);
                 if (largest > free_bytes)
                     largest = free_bytes;
                 ready = bfc__expand_largest_mapped_free(a);
+                granules = bfc__expand_free_granule_bytes(a);
+            } else {
+                run = largest_free_or_pending_run(a);
             }
             /* acquire: pairs with the seq_cst store in bfc__remote_mark_retired. */
             bool retired = atomic_load_explicit(&a->retired, memory_order_acquire);
