@@ -895,6 +895,16 @@ static void *expand_escalate(struct bfc_ctx *ctx, struct bfc__arena *a, size_t n
             return p;
         if (st != BFC_ENOMEM)
             goto fail;
+        /* Last resort before waiting: best fit chose a chunk whose granules
+         * need a map the limit refuses, while a larger free chunk has the
+         * block's bytes mapped already (a free tail past a live block,
+         * say).  Off best fit, but memory the shard holds: the OOM report
+         * counts it as ready (limit 8 MiB, a 3 MiB hole unmapped between
+         * live blocks, the limit taken by another stream: 1.5 MiB failed on
+         * every retry beside 2 MiB - 256 mapped and free).  Before
+         * retry_ms's wait, which would only delay it. */
+        if ((p = bfc__arena_fit_mapped_locked(a, n, rounded)))
+            return p;
         if (!retry_wait(ctx, a, &deadline))
             break;
         if ((p = expand_retry(a, n, rounded, &st)))
@@ -902,15 +912,6 @@ static void *expand_escalate(struct bfc_ctx *ctx, struct bfc__arena *a, size_t n
         if (st != BFC_ENOMEM)
             goto fail;
     }
-    /* Last resort: best fit chose a chunk whose granules need a map the
-     * limit refuses, while a larger free chunk has the block's bytes mapped
-     * already (a free tail past a live block, say).  Off best fit, but
-     * memory the shard holds: the OOM report counts it as ready (limit
-     * 8 MiB, a 3 MiB hole unmapped between live blocks, the limit taken by
-     * another stream: 1.5 MiB failed on every retry beside 2 MiB - 256
-     * mapped and free). */
-    if ((p = bfc__arena_fit_mapped_locked(a, n, rounded)))
-        return p;
 fail:
     *status = st;
     count_oom(ctx, a, st);
