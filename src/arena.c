@@ -373,6 +373,21 @@ size_t bfc__arena_idle_region_bytes(const struct bfc__arena *a)
     return idle;
 }
 
+size_t bfc__arena_largest_idle_run(struct bfc__arena *a)
+{
+    size_t best = 0;
+    struct bfc__region *r;
+    bfc__list_for_each(r, &a->regions, alink) {
+        size_t run = 0;
+        for (struct bfc__chunk *c = bfc__region_handle(r, r->base); c; c = c->next) {
+            run = bfc__chunk_idle(c) ? run + c->size : 0;
+            if (run > best)
+                best = run;
+        }
+    }
+    return best;
+}
+
 /* ------------------------------------------------------------- chunks */
 
 /*

@@ -224,6 +224,9 @@ size_t bfc__arena_shed_locked(struct bfc__arena *a, bool tails);
 /* The bytes of a's classic regions with nothing live: what
  * bfc__arena_shed_locked(a, false) would give the pool.  Under a's lock. */
 size_t bfc__arena_idle_region_bytes(const struct bfc__arena *a);
+/* The largest run of adjacent idle chunks (bfc__chunk_idle) of one of a's
+ * regions, in bytes.  Under a's lock; walks every chunk: OOM report only. */
+size_t bfc__arena_largest_idle_run(struct bfc__arena *a);
 /* Makes a an expandable arena (expand.c): the reservation (at least `need`
  * bytes), then its one region (nothing mapped), one free chunk covering it,
  * published in the region map.  BFC_OK, BFC_ENOMEM or the backend's error;

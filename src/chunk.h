@@ -51,4 +51,14 @@ struct bfc__chunk {
     struct bfc__recorded *recorded;/* streams named by record_stream */
 };
 
+/* Free or pending: held by no block, and one piece with idle neighbours
+ * once the pending fences complete (the OOM report's runs).  Under the
+ * owning arena's lock.  relaxed: the one move made without that lock,
+ * INUSE -> FREEING, is "not idle" on both sides. */
+static inline bool bfc__chunk_idle(const struct bfc__chunk *c)
+{
+    uint32_t st = atomic_load_explicit(&c->state, memory_order_relaxed);
+    return st == BFC__CHUNK_FREE || st == BFC__CHUNK_PENDING;
+}
+
 #endif /* BFC_CHUNK_H */

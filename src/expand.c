@@ -523,10 +523,7 @@ size_t bfc__expand_free_granule_bytes(const struct bfc__arena *a)
     size_t bytes = 0;
     uintptr_t run = 0; /* start of the current run of free or pending chunks, 0: none */
     for (struct bfc__chunk *c = bfc__region_handle(x->region, x->base); c; c = c->next) {
-        /* relaxed: under a's lock; the one move made without it, INUSE ->
-         * FREEING, is "in use" on both sides. */
-        uint32_t st = atomic_load_explicit(&c->state, memory_order_relaxed);
-        if (st == BFC__CHUNK_FREE || st == BFC__CHUNK_PENDING) {
+        if (bfc__chunk_idle(c)) {
             if (!run)
                 run = c->ptr;
         } else if (run) {

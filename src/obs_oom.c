@@ -62,6 +62,7 @@
  */
 #include <inttypes.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -204,6 +205,108 @@ static void gather(struct bfc_ctx *ctx, struct bfc__oom_report *r, struct bfc__s
         r->spans = fb_spans;
 }
 
+/* What the pool's free spans make, beside the figures they add to r->info
+ * (pool_free, pool_largest_span, pool_fenced). */
+struct pool_pieces {
+    uint64_t open_largest;   /* largest unfenced span: usable now (touching ones have merged) */
+    uint64_t fenced_largest; /* largest run of adjacent spans of one segment with a fenced one */
+    uint64_t fenced_stream;  /* a stream fencing it */
+    size_t fenced_spans;     /* its spans */
+    /* Whole free segments (allow_growth with garbage collection) are not
+     * pieces of a fixed size: the slow path gives them back to the backend
+     * to make room for a segment as large as the request, so they count
+     * with the unreserved bytes -- those with a fenced span once their
+     * fences complete.  A segment may be free as several spans (fenced by
+     * different streams, or one fenced beside an open one). */
+    uint64_t whole_open, whole_fenced;
+    uint64_t whole_stream;   /* a stream fencing whole_fenced */
+    uint64_t whole_others;   /* of whole_fenced: fenced by other than own_sid */
+};
+
+static void run_end(struct pool_pieces *pp, uint64_t run, bool fenced, uint64_t sid, size_t spans)
+{
+    if (fenced && run > pp->fenced_largest) {
+        pp->fenced_largest = run;
+        pp->fenced_stream = sid;
+        pp->fenced_spans = spans;
+    }
+}
+
+/* The spans of one segment are adjacent in the list, in address order;
+ * adjacent ones merge as their fences complete. */
+static void pool_pieces(struct bfc__oom_report *r, uint64_t own_sid, bool whole_rule, struct pool_pieces *pp)
+{
+    bfc_oom_info_t *in = &r->info;
+    memset(pp, 0, sizeof(*pp));
+    for (size_t i = 0, j; i < r->nspans; i = j) {
+        uint64_t seg_free = 0, seg_sid = 0, run = 0, run_sid = 0;
+        uintptr_t end = 0;
+        size_t run_n = 0;
+        bool seg_fenced = false, seg_others = false, run_fenced = false;
+        for (j = i; j < r->nspans && r->spans[j].seg_base == r->spans[i].seg_base; j++) {
+            const struct bfc__span_info *s = &r->spans[j];
+            in->pool_free += s->size;
+            if (s->size > in->pool_largest_span)
+                in->pool_largest_span = s->size;
+            if (s->fenced) {
+                in->pool_fenced += s->size;
+                seg_fenced = true;
+                seg_sid = s->stream_id;
+                seg_others |= s->stream_id != own_sid;
+            } else if (s->size > pp->open_largest) {
+                pp->open_largest = s->size;
+            }
+            seg_free += s->size;
+            if (run_n && s->base != end) {
+                run_end(pp, run, run_fenced, run_sid, run_n);
+                run = 0, run_n = 0, run_fenced = false;
+            }
+            run += s->size;
+            run_n++;
+            if (s->fenced && !run_fenced)
+                run_fenced = true, run_sid = s->stream_id;
+            end = s->base + s->size;
+        }
+        run_end(pp, run, run_fenced, run_sid, run_n);
+        if (!whole_rule || seg_free != r->spans[i].seg_size)
+            continue;
+        if (!seg_fenced) {
+            pp->whole_open += seg_free;
+            continue;
+        }
+        pp->whole_fenced += seg_free;
+        pp->whole_stream = seg_sid;
+        if (seg_others)
+            pp->whole_others += seg_free;
+    }
+}
+
+/* The diagnosis line, built a clause at a time: "; " between clauses,
+ * nothing past its end. */
+struct line {
+    char *o;
+    size_t len;
+    size_t w;
+    const char *sep;
+};
+
+static void clause(struct line *l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void clause(struct line *l, const char *fmt, ...)
+{
+    if (l->w >= l->len)
+        return;
+    int n = snprintf(l->o + l->w, l->len - l->w, "%s", l->sep);
+    l->w += n > 0 ? (size_t)n : 0;
+    if (l->w >= l->len)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    n = vsnprintf(l->o + l->w, l->len - l->w, fmt, ap);
+    va_end(ap);
+    l->w += n > 0 ? (size_t)n : 0;
+    l->sep = "; ";
+}
+
 /* The figures of r->info from the lists, and the diagnosis. */
 static void diagnose(struct bfc_ctx *ctx, struct bfc__oom_report *r)
 {
@@ -216,7 +319,9 @@ static void diagnose(struct bfc_ctx *ctx, struct bfc__oom_report *r)
     in->bytes_unreserved = ctx->limit > held ? ctx->limit - held : 0;
     in->num_shards = r->nshards_live;
     in->num_pool_spans = r->nspans_total;
-    uint64_t own_pending = 0, own_range = 0, own_sid = UINT64_MAX, own_run = 0, granule_room = 0;
+    /* The requesting stream's id: pool memory it fences is its own work's. */
+    const uint64_t own_sid = r->have_id ? r->stream_id : UINT64_MAX;
+    uint64_t own_pending = 0, own_range = 0, own_run = 0, granule_room = 0;
     bool own = false;
     for (size_t i = 0; i < r->nshards; i++) {
         const struct bfc__shard_free *s = &r->shards[i];
@@ -236,7 +341,6 @@ static void diagnose(struct bfc_ctx *ctx, struct bfc__oom_report *r)
             if (s->largest_range > own_range)
                 own_range = s->largest_range;
             own = true;
-            own_sid = s->stream_id;
             if (s->largest_run > own_run)
                 own_run = s->largest_run;
             own_pending += s->pending_bytes;
@@ -248,17 +352,6 @@ static void diagnose(struct bfc_ctx *ctx, struct bfc__oom_report *r)
             }
         }
     }
-    uint64_t open_largest = 0, fenced_largest = 0, fenced_stream = 0;
-    size_t fenced_spans = 0; /* in the fenced_largest run */
-    /* Whole free segments (allow_growth with garbage collection) are not
-     * pieces of a fixed size: the slow path gives them back to the backend
-     * to make room for a segment as large as the request, so they count
-     * with the unreserved bytes -- those with a fenced span once their
-     * fences complete.  A segment may be free as several spans (fenced by
-     * different streams, or one fenced beside an open one). */
-    uint64_t whole_open = 0, whole_fenced = 0, whole_stream = 0;
-    uint64_t whole_others = 0; /* of whole_fenced: fenced by other than the requesting stream */
-    const bool whole_rule = ctx->pool.growth && ctx->pool.recycle;
     /* So do the mapped granules of reservations that released expandable
      * shards left in the pool's keeping: unmapped once their fence
      * completes, they are room under the limit (they are pool memory free
@@ -266,58 +359,8 @@ static void diagnose(struct bfc_ctx *ctx, struct bfc__oom_report *r)
     const uint64_t gone_fenced = ps.gone_fenced, gone_all = ps.gone_fenced + ps.gone_open;
     in->pool_free += gone_all;
     in->pool_fenced += gone_fenced;
-    /* Spans of one segment, in address order: adjacent ones merge as their
-     * fences complete, so a run of them with a fenced span is one fenced
-     * piece (fenced_largest); an open span is usable now (open spans that
-     * touch have merged already). */
-    for (size_t i = 0; i < r->nspans;) {
-        const uintptr_t seg = r->spans[i].seg_base;
-        uint64_t seg_free = 0, run = 0, run_sid = 0, seg_sid = 0;
-        uintptr_t run_end = 0;
-        size_t run_n = 0;
-        bool seg_fenced = false, run_fenced = false, seg_others = false;
-        size_t j = i;
-        for (; j < r->nspans && r->spans[j].seg_base == seg; j++) {
-            const struct bfc__span_info *s = &r->spans[j];
-            in->pool_free += s->size;
-            if (s->size > in->pool_largest_span)
-                in->pool_largest_span = s->size;
-            if (s->fenced) {
-                in->pool_fenced += s->size;
-                seg_fenced = true;
-                seg_sid = s->stream_id;
-                seg_others |= s->stream_id != own_sid;
-            } else if (s->size > open_largest) {
-                open_largest = s->size;
-            }
-            seg_free += s->size;
-            if (run && s->base == run_end) {
-                run += s->size;
-                run_n++;
-            } else {
-                if (run_fenced && run > fenced_largest)
-                    fenced_largest = run, fenced_stream = run_sid, fenced_spans = run_n;
-                run = s->size;
-                run_n = 1;
-                run_fenced = false;
-            }
-            if (s->fenced && !run_fenced)
-                run_fenced = true, run_sid = s->stream_id;
-            run_end = s->base + s->size;
-        }
-        if (run_fenced && run > fenced_largest)
-            fenced_largest = run, fenced_stream = run_sid, fenced_spans = run_n;
-        if (whole_rule && seg_free == r->spans[i].seg_size) {
-            if (seg_fenced) {
-                whole_fenced += seg_free, whole_stream = seg_sid;
-                if (seg_others)
-                    whole_others += seg_free;
-            } else {
-                whole_open += seg_free;
-            }
-        }
-        i = j;
-    }
+    struct pool_pieces pp;
+    pool_pieces(r, own_sid, ctx->pool.growth && ctx->pool.recycle, &pp);
 
     const uint64_t R = in->rounded;
     /* Expandable arenas map whole granules: a request takes them whole, and
@@ -327,6 +370,11 @@ static void diagnose(struct bfc_ctx *ctx, struct bfc__oom_report *r)
     const uint64_t RG = !gran ? R : R > UINT64_MAX - gran ? UINT64_MAX : (R + gran - 1) / gran * gran;
     const uint64_t LG = gran ? in->bytes_limit / gran * gran : in->bytes_limit;
     const uint64_t unreserved = LG > held ? LG - held : 0;
+    /* What holds the request, each once (the HELD rules, above). */
+    const uint64_t room = unreserved + pp.whole_open + pp.whole_fenced + gone_all;
+    const bool held_chunk = in->other_largest_free >= R, held_span = pp.fenced_largest >= R,
+               held_pending = in->bytes_pending >= R, held_room = room >= RG, held_run = own_run >= R,
+               held_granules = ctx->vmm && room + granule_room >= RG;
     char need[32], lim[32], a[32], b[32], c[32], d[32], e[32];
     fmt_bytes(need, sizeof need, R);
     fmt_bytes(lim, sizeof lim, in->bytes_limit);
@@ -375,98 +423,79 @@ static void diagnose(struct bfc_ctx *ctx, struct bfc__oom_report *r)
                  "the device refused: %s of the limit is unreserved, but the backend could not provide a "
                  "region for %s (device memory taken by others?)",
                  a, need);
-    } else if (in->stream_largest_free >= R || open_largest >= R) {
+    } else if (in->stream_largest_free >= R || pp.open_largest >= R) {
         in->cause = BFC_OOM_TRANSIENT;
-        fmt_bytes(a, sizeof a, in->stream_largest_free > open_largest ? in->stream_largest_free : open_largest);
+        fmt_bytes(a, sizeof a, in->stream_largest_free > pp.open_largest ? in->stream_largest_free : pp.open_largest);
         snprintf(o, len,
                  "memory was freed meanwhile: %s in one piece is usable by this stream now; a retry may "
                  "succeed",
                  a);
-    } else if (unreserved + whole_open + ps.gone_open >= RG) {
+    } else if (unreserved + pp.whole_open + ps.gone_open >= RG) {
         in->cause = BFC_OOM_TRANSIENT;
-        fmt_bytes(a, sizeof a, whole_open + ps.gone_open);
+        fmt_bytes(a, sizeof a, pp.whole_open + ps.gone_open);
         fmt_bytes(b, sizeof b, unreserved);
         snprintf(o, len,
                  "memory was freed meanwhile: wholly free pool segments or released reservations (%s) and "
                  "the unreserved %s make room for %s once given back to the device; a retry may succeed",
                  a, b, need);
-    } else if (in->other_largest_free >= R || fenced_largest >= R || in->bytes_pending >= R ||
-               unreserved + whole_open + whole_fenced + gone_all >= RG || own_run >= R ||
-               (ctx->vmm && unreserved + whole_open + whole_fenced + gone_all + granule_room >= RG)) {
+    } else if (held_chunk || held_span || held_pending || held_room || held_run || held_granules) {
         in->cause = BFC_OOM_HELD;
         /* Segments fenced by the requesting stream alone: its own queued
          * work holds them (it may take them as they are, but not give them
          * back to make one piece before that work is done). */
-        bool own_work = in->other_largest_free < R && fenced_largest < R && in->bytes_pending < R &&
-                        gone_fenced == 0 && whole_fenced && whole_stream == own_sid && whole_others == 0;
+        bool own_work = held_room && !held_chunk && !held_span && !held_pending && !held_run && gone_fenced == 0 &&
+                        pp.whole_others == 0;
         int w = snprintf(o, len, own_work ? "memory free but held by this stream's own queued work:"
                                           : "memory free but held by other streams:");
-        const char *sep = " ";
-        if (in->other_largest_free >= R) {
+        struct line l = {o, len, w > 0 ? (size_t)w : 0, " "};
+        if (held_chunk) {
             fmt_bytes(a, sizeof a, in->other_largest_free);
             fmt_bytes(b, sizeof b, in->other_free);
-            w += snprintf(o + w, len > (size_t)w ? len - (size_t)w : 0,
-                          "%sstream %p's shard has a free chunk of %s (%s free in other shards)", sep,
-                          (void *)in->other_largest_stream, a, b);
-            sep = "; ";
+            clause(&l, "stream %p's shard has a free chunk of %s (%s free in other shards)",
+                   (void *)in->other_largest_stream, a, b);
         }
-        if (fenced_largest >= R && (size_t)w < len) {
-            fmt_bytes(a, sizeof a, fenced_largest);
-            if (fenced_spans > 1)
-                w += snprintf(o + w, len - (size_t)w,
-                              "%s%zu adjacent pool spans, %s in all, one piece once the fences of stream id %" PRIu64
-                              " and any others complete",
-                              sep, fenced_spans, a, fenced_stream);
+        if (held_span) {
+            fmt_bytes(a, sizeof a, pp.fenced_largest);
+            if (pp.fenced_spans > 1)
+                clause(&l, "%zu adjacent pool spans, %s in all, one piece once the fences of stream id %" PRIu64
+                           " and any others complete",
+                       pp.fenced_spans, a, pp.fenced_stream);
             else
-                w += snprintf(o + w, len - (size_t)w, "%sa pool span of %s is still fenced by stream id %" PRIu64,
-                              sep, a, fenced_stream);
-            sep = "; ";
-        } else if (fenced_largest < R && unreserved + whole_open + whole_fenced + gone_all >= RG &&
-                   (size_t)w < len) {
-            if (gone_fenced) {
-                fmt_bytes(a, sizeof a, gone_fenced);
-                w += snprintf(o + w, len - (size_t)w,
-                              "%sreleased streams' reservations with %s mapped, still fenced (stream id %" PRIu64
-                              "'s the largest), make room for %s once their fences complete",
-                              sep, a, ps.gone_stream, need);
-            } else {
-                fmt_bytes(a, sizeof a, whole_fenced);
-                w += snprintf(o + w, len - (size_t)w,
-                              "%swholly free pool segments of %s, still fenced (stream id %" PRIu64
-                              "%s), make room for %s once their fences complete",
-                              sep, a, whole_stream, own_work ? ", this stream" : " among others", need);
-            }
-            sep = "; ";
+                clause(&l, "a pool span of %s is still fenced by stream id %" PRIu64, a, pp.fenced_stream);
+        } else if (held_room && gone_fenced) {
+            fmt_bytes(a, sizeof a, gone_fenced);
+            clause(&l,
+                   "released streams' reservations with %s mapped, still fenced (stream id %" PRIu64
+                   "'s the largest), make room for %s once their fences complete",
+                   a, ps.gone_stream, need);
+        } else if (held_room) {
+            fmt_bytes(a, sizeof a, pp.whole_fenced);
+            clause(&l,
+                   "wholly free pool segments of %s, still fenced (stream id %" PRIu64
+                   "%s), make room for %s once their fences complete",
+                   a, pp.whole_stream, own_work ? ", this stream" : " among others", need);
         }
-        if (own_run >= R && in->bytes_pending < R && (size_t)w < len) {
+        if (held_run && !held_pending) {
             fmt_bytes(a, sizeof a, own_run);
-            w += snprintf(o + w, len - (size_t)w,
-                          "%sthis stream's pending frees and the free memory beside them make %s in one piece once "
-                          "their fences complete",
-                          sep, a);
-            sep = "; ";
+            clause(&l, "this stream's pending frees and the free memory beside them make %s in one piece once "
+                       "their fences complete",
+                   a);
         }
-        if (ctx->vmm && in->other_largest_free < R && fenced_largest < R && in->bytes_pending < R && own_run < R &&
-            unreserved + whole_open + whole_fenced + gone_all < RG && (size_t)w < len) {
+        if (held_granules && !held_chunk && !held_span && !held_pending && !held_run && !held_room) {
             fmt_bytes(a, sizeof a, granule_room);
-            w += snprintf(o + w, len - (size_t)w,
-                          "%sgranules of %s under free and pending chunks of the shards can be unmapped and mapped "
-                          "again for it once the work of their streams completes",
-                          sep, a);
-            sep = "; ";
+            clause(&l, "granules of %s under free and pending chunks of the shards can be unmapped and mapped "
+                       "again for it once the work of their streams completes",
+                   a);
         }
-        if (in->bytes_pending >= R && (size_t)w < len) {
+        if (held_pending) {
             fmt_bytes(a, sizeof a, in->bytes_pending);
             fmt_bytes(b, sizeof b, own_pending);
-            w += snprintf(o + w, len - (size_t)w,
-                          "%s%s of freed blocks wait for other streams' work to finish (%s of it in this "
-                          "stream's shard)",
-                          sep, a, b);
+            clause(&l, "%s of freed blocks wait for other streams' work to finish (%s of it in this stream's shard)",
+                   a, b);
         }
-        if ((size_t)w < len) {
-            fmt_bytes(a, sizeof a, in->stream_largest_free);
-            snprintf(o + w, len - (size_t)w, "; this stream's largest free chunk is %s, %s needed", a, need);
-        }
+        fmt_bytes(a, sizeof a, in->stream_largest_free);
+        l.sep = "; ";
+        clause(&l, "this stream's largest free chunk is %s, %s needed", a, need);
     } else {
         in->cause = BFC_OOM_FRAGMENTED;
         uint64_t largest = in->stream_largest_free;

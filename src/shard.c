@@ -497,29 +497,6 @@ void bfc__shard_dir_fini(struct bfc_ctx *ctx)
 
 /* ------------------------------------------------------- OOM report */
 
-/* The largest run of adjacent chunks, free or pending, of a's regions. */
-static size_t largest_free_or_pending_run(struct bfc__arena *a)
-{
-    size_t best = 0;
-    struct bfc__region *r;
-    bfc__list_for_each(r, &a->regions, alink) {
-        size_t run = 0;
-        for (struct bfc__chunk *c = bfc__region_handle(r, r->base); c; c = c->next) {
-            /* relaxed: under a's lock; the one move made without it,
-             * INUSE -> FREEING, is "not free" on both sides. */
-            uint32_t st = atomic_load_explicit(&c->state, memory_order_relaxed);
-            if (st == BFC__CHUNK_FREE || st == BFC__CHUNK_PENDING) {
-                run += c->size;
-                if (run > best)
-                    best = run;
-            } else {
-                run = 0;
-            }
-        }
-    }
-    return best;
-}
-
 size_t bfc__shard_free_info(struct bfc_ctx *ctx, struct bfc__shard_free *out, size_t max, size_t *live)
 {
     size_t n = 0, nlive = 0;
@@ -542,7 +519,7 @@ size_t bfc__shard_free_info(struct bfc_ctx *ctx, struct bfc__shard_free *out, si
                 ready = bfc__expand_largest_mapped_free(a);
                 granules = bfc__expand_free_granule_bytes(a);
             } else {
-                run = largest_free_or_pending_run(a);
+                run = bfc__arena_largest_idle_run(a);
             }
             /* acquire: pairs with the seq_cst store in bfc__remote_mark_retired. */
             bool retired = atomic_load_explicit(&a->retired, memory_order_acquire);

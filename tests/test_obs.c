@@ -1223,6 +1223,24 @@ static bfc_ctx_t *four_large_freed_busy(const char *spec, bfc_stream_t *a, bfc_s
     return ctx;
 }
 
+/* A request on s that fails, reported HELD, the diagnosis naming want. */
+static bfc_oom_info_t expect_held(bfc_ctx_t *ctx, bfc_stream_t s, size_t n, const char *want)
+{
+    ck_assert_ptr_null(bfc_ctx_alloc(ctx, s, n));
+    bfc_oom_info_t i = oom_info(ctx, BFC_OOM_HELD);
+    ck_assert_msg(strstr(i.diagnosis, want), "%s", i.diagnosis);
+    return i;
+}
+
+/* ... which was so: once `busy` drains, the same request succeeds. */
+static void succeeds_after_drain(bfc_ctx_t *ctx, bfc_stream_t busy, bfc_stream_t s, size_t n)
+{
+    bfc_sim_stream_drain(ctx, busy);
+    void *p = bfc_ctx_alloc(ctx, s, n);
+    ck_assert_ptr_nonnull(p);
+    xfree(ctx, p, s);
+}
+
 START_TEST(test_oom_report_held_and_backend)
 {
     /* Stream a's one region (8 MiB) holds a small live block after a free
@@ -1254,20 +1272,13 @@ START_TEST(test_oom_report_held_and_backend)
      * completes the slow path gives them back to the device and takes one
      * segment of 32 MiB -- so the cause is HELD, not FRAGMENTED. */
     ctx = four_large_freed_busy("garbage_collection=true", &a, &b);
-    ck_assert_ptr_null(bfc_ctx_alloc(ctx, b, 32 * MiB));
-    i = oom_info(ctx, BFC_OOM_HELD);
+    i = expect_held(ctx, b, 32 * MiB, "wholly free pool segments of 64.0 MiB, still fenced");
     ck_assert_uint_eq(i.pool_fenced, 64 * MiB);
     ck_assert_uint_eq(i.pool_largest_span, 16 * MiB);
-    ck_assert_msg(strstr(i.diagnosis, "wholly free pool segments of 64.0 MiB, still fenced"), "%s", i.diagnosis);
     ck_assert_msg(strstr(i.diagnosis, "held by other streams"), "%s", i.diagnosis);
     /* Asked on a itself, whose own queued work fences them: said so. */
-    ck_assert_ptr_null(bfc_ctx_alloc(ctx, a, 32 * MiB));
-    i = oom_info(ctx, BFC_OOM_HELD);
-    ck_assert_msg(strstr(i.diagnosis, "memory free but held by this stream's own queued work"), "%s", i.diagnosis);
-    bfc_sim_stream_drain(ctx, a);
-    void *l32 = bfc_ctx_alloc(ctx, b, 32 * MiB);
-    ck_assert_ptr_nonnull(l32); /* what the report said */
-    xfree(ctx, l32, b);
+    expect_held(ctx, a, 32 * MiB, "memory free but held by this stream's own queued work");
+    succeeds_after_drain(ctx, a, b, 32 * MiB); /* what the report said */
     /* Without garbage collection the pool keeps its segments (TensorFlow's
      * semantics): the same request fails after the drain too, and the
      * pieces are what they are, FRAGMENTED. */
@@ -1299,15 +1310,10 @@ START_TEST(test_oom_report_held_and_backend)
     bfc_sim_stream_hold(ctx, b);
     for (int k = 0; k < 8; k++)
         xfree(ctx, h[k], k & 1 ? b : a);
-    ck_assert_ptr_null(bfc_ctx_alloc(ctx, c, 32 * MiB));
-    i = oom_info(ctx, BFC_OOM_HELD);
+    i = expect_held(ctx, c, 32 * MiB, "still fenced");
     ck_assert_uint_eq(i.num_pool_spans, 8);
-    ck_assert_msg(strstr(i.diagnosis, "still fenced"), "%s", i.diagnosis);
     bfc_sim_stream_drain(ctx, a);
-    bfc_sim_stream_drain(ctx, b);
-    l32 = bfc_ctx_alloc(ctx, c, 32 * MiB);
-    ck_assert_ptr_nonnull(l32);
-    xfree(ctx, l32, c);
+    succeeds_after_drain(ctx, b, c, 32 * MiB);
     bfc_ctx_destroy(ctx);
 
     /* One 32 MiB segment, half fenced by a busy stream, half open, the
@@ -1329,13 +1335,8 @@ START_TEST(test_oom_report_held_and_backend)
         xfree(ctx, half, a);
         ck_assert_int_eq(bfc_ctx_stream_release(ctx, a), BFC_OK);
         void *other = xalloc(ctx, d, 32 * MiB);
-        ck_assert_ptr_null(bfc_ctx_alloc(ctx, b, 32 * MiB));
-        i = oom_info(ctx, BFC_OOM_HELD);
-        ck_assert_msg(strstr(i.diagnosis, "adjacent pool spans, 32.0 MiB in all"), "%s", i.diagnosis);
-        bfc_sim_stream_drain(ctx, a);
-        l32 = bfc_ctx_alloc(ctx, b, 32 * MiB);
-        ck_assert_ptr_nonnull(l32);
-        xfree(ctx, l32, b);
+        expect_held(ctx, b, 32 * MiB, "adjacent pool spans, 32.0 MiB in all");
+        succeeds_after_drain(ctx, a, b, 32 * MiB);
         xfree(ctx, other, d);
         bfc_ctx_destroy(ctx);
     }
@@ -1349,13 +1350,8 @@ START_TEST(test_oom_report_held_and_backend)
     void *p4 = xalloc(ctx, b, 4 * MiB);
     bfc_sim_stream_hold(ctx, b);
     xfree(ctx, p4, b);
-    ck_assert_ptr_null(bfc_ctx_alloc(ctx, a, 6 * MiB));
-    i = oom_info(ctx, BFC_OOM_HELD);
-    ck_assert_msg(strstr(i.diagnosis, "granules of 4.0 MiB under free and pending chunks"), "%s", i.diagnosis);
-    bfc_sim_stream_drain(ctx, b);
-    void *p6 = bfc_ctx_alloc(ctx, a, 6 * MiB);
-    ck_assert_ptr_nonnull(p6);
-    xfree(ctx, p6, a);
+    expect_held(ctx, a, 6 * MiB, "granules of 4.0 MiB under free and pending chunks");
+    succeeds_after_drain(ctx, b, a, 6 * MiB);
     bfc_ctx_destroy(ctx);
 
     /* One region (allow_growth=false): this stream's free 2 MiB beside a
@@ -1368,14 +1364,8 @@ START_TEST(test_oom_report_held_and_backend)
     bfc_sim_stream_hold(ctx, b);
     xfree(ctx, q0, b);
     xfree(ctx, q1, a);
-    ck_assert_ptr_null(bfc_ctx_alloc(ctx, a, 3 * MiB));
-    i = oom_info(ctx, BFC_OOM_HELD);
-    ck_assert_msg(strstr(i.diagnosis, "this stream's pending frees and the free memory beside them make 4.0 MiB"), "%s",
-                  i.diagnosis);
-    bfc_sim_stream_drain(ctx, b);
-    void *q3 = bfc_ctx_alloc(ctx, a, 3 * MiB);
-    ck_assert_ptr_nonnull(q3);
-    xfree(ctx, q3, a);
+    expect_held(ctx, a, 3 * MiB, "this stream's pending frees and the free memory beside them make 4.0 MiB");
+    succeeds_after_drain(ctx, b, a, 3 * MiB);
     bfc_ctx_destroy(ctx);
 
     /* An expandable shard released while its stream is busy leaves its
@@ -1390,18 +1380,12 @@ START_TEST(test_oom_report_held_and_backend)
     bfc_sim_stream_hold(ctx, a);
     xfree(ctx, p60, a);
     ck_assert_int_eq(bfc_ctx_stream_release(ctx, a), BFC_OK);
-    ck_assert_ptr_null(bfc_ctx_alloc(ctx, b, 40 * MiB));
-    i = oom_info(ctx, BFC_OOM_HELD);
+    i = expect_held(ctx, b, 40 * MiB, "released streams' reservations with 60.0 MiB mapped, still fenced");
     ck_assert_uint_eq(i.pool_free, 60 * MiB);
     ck_assert_uint_eq(i.pool_fenced, 60 * MiB);
     ck_assert_uint_eq(i.bytes_limit - i.bytes_in_use,
                       i.bytes_unreserved + i.stream_free + i.other_free + i.bytes_pending + i.pool_free);
-    ck_assert_msg(strstr(i.diagnosis, "released streams' reservations with 60.0 MiB mapped, still fenced"), "%s",
-                  i.diagnosis);
-    bfc_sim_stream_drain(ctx, a);
-    void *p40 = bfc_ctx_alloc(ctx, b, 40 * MiB);
-    ck_assert_ptr_nonnull(p40);
-    xfree(ctx, p40, b);
+    succeeds_after_drain(ctx, a, b, 40 * MiB);
     bfc_ctx_destroy(ctx);
 
     /* The limit has room but the device does not. */
