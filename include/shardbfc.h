@@ -581,6 +581,11 @@ BFC_API int bfc_ctx_stream_release(bfc_ctx_t *ctx, bfc_stream_t stream);
  * memory of a held stream stays cached in the pool until a later trim.
  * First it retires the shards of threads that exited without releasing
  * their per-thread streams (see the top of this file).
+ * BFC_OK, BFC_EINVAL (ctx NULL), or BFC_EBACKEND when the device refused to
+ * take some of it back (a runtime failure): that memory stays held and
+ * counted in bytes_reserved and against the limit, the allocator may use
+ * it again, and a later trim (or the context's destruction) offers it
+ * back once more.
  * Context: thread-safe; takes each arena lock in turn and the pool lock;
  * blocks while it waits for device work (CUDA) and in the backend.
  */

@@ -77,7 +77,7 @@ static void *worker_main(void *arg)
         uintptr_t at = base + (size_t)(i % (RANGE_GRANULES / w->granules)) * run;
         st = w->be->ops->va_map(w->be, at, run);
         if (st == BFC_OK)
-            st = w->be->ops->va_unmap(w->be, at, run);
+            st = w->be->ops->va_unmap(w->be, at, run, NULL);
     }
     w->seconds = now_s() - t0;
     if (base && w->be->ops->va_release(w->be, base, RANGE_GRANULES * g) != BFC_OK && st == BFC_OK)
@@ -171,7 +171,7 @@ int main(int argc, char **argv)
 
     bfc_config_init(&cfg);
     cfg.backend = BFC_BACKEND_SIM;
-    for (int i = 1; i < argc; i++) {
+    for (int i = 1; i < argc; i += 2) { /* OPTION VALUE pairs */
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         char *end = NULL;
         if (!v)
@@ -199,7 +199,6 @@ int main(int argc, char **argv)
         } else {
             return usage();
         }
-        i++;
     }
     int st = bfc__backend_open(&cfg, &probe);
     if (st != BFC_OK) {

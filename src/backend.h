@@ -122,11 +122,13 @@ struct bfc__backend_ops {
     int (*va_map)(bfc__backend_t *be, uintptr_t addr, size_t size);
     /* va_unmap: gives the memory of [addr, addr + size), every granule of
      * which must be mapped, back to the device; the addresses stay reserved
-     * and must not be touched until mapped again (SIM: they fault).  On
-     * BFC_EBACKEND (the driver refused part way) leading granules of the
-     * range may be unmapped already: the book records it, va_release frees
-     * the rest, and the caller should not use the range again. */
-    int (*va_unmap)(bfc__backend_t *be, uintptr_t addr, size_t size);
+     * and must not be touched until mapped again (SIM: they fault).
+     * *done (done may be NULL) says how much of the range, from addr, was
+     * unmapped: size on BFC_OK, 0 on BFC_EINVAL.  On BFC_EBACKEND (the
+     * driver refused part way) the granules from addr + *done on are still
+     * mapped, as the book says, hold their memory and may be used or
+     * unmapped again. */
+    int (*va_unmap)(bfc__backend_t *be, uintptr_t addr, size_t size, size_t *done);
     void (*close)(bfc__backend_t *be);
 };
 
@@ -175,6 +177,7 @@ void bfc__sim_stream_hold(bfc__backend_t *be, bfc_stream_t s);
 void bfc__sim_stream_drain(bfc__backend_t *be, bfc_stream_t s);
 void bfc__sim_fail_alloc_every(bfc__backend_t *be, unsigned n);
 void bfc__sim_fail_event_every(bfc__backend_t *be, unsigned n);
+void bfc__sim_fail_free_every(bfc__backend_t *be, unsigned n);
 void bfc__sim_set_alloc_ceiling(bfc__backend_t *be, size_t bytes);
 /* Tests: va_reserve refuses (BFC_ENOMEM) a reservation that would take the
  * bytes of the backend's live reservations past `bytes` -- an address space

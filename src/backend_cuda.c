@@ -756,13 +756,15 @@ out:
     return st;
 }
 
-static int cuda_va_unmap(bfc__backend_t *be, uintptr_t addr, size_t size)
+static int cuda_va_unmap(bfc__backend_t *be, uintptr_t addr, size_t size, size_t *donep)
 {
     struct cuda_backend *b = cuda_of(be);
     struct bfc__vmm_res *r;
     size_t done = 0;
     int saved, st;
 
+    if (donep)
+        *donep = 0;
     if (be->vmm_granule == 0)
         return BFC_EINVAL;
     bfc__lock(&b->book.lock);
@@ -774,6 +776,8 @@ static int cuda_va_unmap(bfc__backend_t *be, uintptr_t addr, size_t size)
         /* On failure the leading granules are gone: the book says so. */
         bfc__vmm_book_mark(&b->book, r, addr, done, false);
         st = vmm_leave(saved, st);
+        if (donep)
+            *donep = done;
     }
     bfc__unlock(&b->book.lock);
     return st;

@@ -278,6 +278,13 @@ static int host_va_range(bfc__backend_t *be, uintptr_t addr, size_t size)
     return BFC_EINVAL;
 }
 
+static int host_va_unmap(bfc__backend_t *be, uintptr_t addr, size_t size, size_t *done)
+{
+    if (done)
+        *done = 0;
+    return host_va_range(be, addr, size);
+}
+
 static void host_close(bfc__backend_t *be)
 {
     struct host_backend *h = hb(be);
@@ -303,7 +310,7 @@ static const struct bfc__backend_ops host_ops = {
     .va_reserve = host_va_reserve,
     .va_release = host_va_range,
     .va_map = host_va_range,
-    .va_unmap = host_va_range,
+    .va_unmap = host_va_unmap,
     .close = host_close,
 };
 

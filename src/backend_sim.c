@@ -123,6 +123,10 @@ struct sim_backend {
     alignas(BFC__CACHELINE) atomic_uint fail_event_every;
     atomic_uint event_calls;
 
+    /* Counters bumped by every device free and every granule unmapped. */
+    alignas(BFC__CACHELINE) atomic_uint fail_free_every;
+    atomic_uint free_calls;
+
     /* Reservations and mapped granules, under book.lock; so are the bytes
      * of live reservations and their ceiling (bfc__sim_set_va_ceiling). */
     alignas(BFC__CACHELINE) bfc__vmm_book_t book;
@@ -351,6 +355,11 @@ static int sim_mem_free(bfc__backend_t *be, void *p, size_t size)
         return BFC_OK;
     if (size == 0 || ((uintptr_t)p & (BFC__MIN_ALLOC - 1)) != 0)
         return BFC_EINVAL;
+    if (every_nth(&b->fail_free_every, &b->free_calls)) {
+        /* relaxed: a statistic. */
+        atomic_fetch_add_explicit(&b->failures, 1, memory_order_relaxed);
+        return BFC_EBACKEND; /* the memory stays, held */
+    }
     if (munmap(p, sim_map_size(size)) != 0)
         return BFC_EBACKEND;
     atomic_fetch_sub_explicit(&b->held, size, memory_order_relaxed);
@@ -508,9 +517,10 @@ out:
     return st;
 }
 
-static int sim_va_unmap(bfc__backend_t *be, uintptr_t addr, size_t size)
+static int sim_va_unmap(bfc__backend_t *be, uintptr_t addr, size_t size, size_t *donep)
 {
     struct sim_backend *b = sim_of(be);
+    size_t g = be->vmm_granule, done = 0, len = size;
     struct bfc__vmm_res *r;
     int st;
 
@@ -519,21 +529,35 @@ static int sim_va_unmap(bfc__backend_t *be, uintptr_t addr, size_t size)
     if (st != BFC_OK)
         goto out;
     driver_cost(be, b, size);
-    /*
-     * Drop the pages first: if the mprotect below failed, the granules
-     * would still be mapped (fresh zero pages), as the book says.  The
-     * other order could leave inaccessible pages the book calls mapped.
-     */
-    if (madvise((void *)addr, size, MADV_DONTNEED) != 0 ||
-        mprotect((void *)addr, size, PROT_NONE) != 0) {
-        st = BFC_EBACKEND;
-        goto out;
+    /* With free faults injected the granules go one at a time, as a
+     * driver's do, so that a refusal can come part way. */
+    if (atomic_load_explicit(&b->fail_free_every, memory_order_relaxed) != 0)
+        len = g;
+    while (done < size) {
+        if (len == g && every_nth(&b->fail_free_every, &b->free_calls)) {
+            atomic_fetch_add_explicit(&b->failures, 1, memory_order_relaxed);
+            st = BFC_EBACKEND;
+            break;
+        }
+        /*
+         * Drop the pages first: if the mprotect below failed, the granules
+         * would still be mapped (fresh zero pages), as the book says.  The
+         * other order could leave inaccessible pages the book calls mapped.
+         */
+        if (madvise((void *)(addr + done), len, MADV_DONTNEED) != 0 ||
+            mprotect((void *)(addr + done), len, PROT_NONE) != 0) {
+            st = BFC_EBACKEND;
+            break;
+        }
+        done += len;
     }
-    bfc__vmm_book_mark(&b->book, r, addr, size, false);
+    bfc__vmm_book_mark(&b->book, r, addr, done, false);
     /* relaxed: a byte count (see sim_take). */
-    atomic_fetch_sub_explicit(&b->held, size, memory_order_relaxed);
+    atomic_fetch_sub_explicit(&b->held, done, memory_order_relaxed);
 out:
     bfc__unlock(&b->book.lock);
+    if (donep)
+        *donep = done;
     return st;
 }
 
@@ -823,6 +847,14 @@ void bfc__sim_fail_event_every(bfc__backend_t *be, unsigned n)
     atomic_store_explicit(&sim_of(be)->fail_event_every, n, memory_order_relaxed);
 }
 
+void bfc__sim_fail_free_every(bfc__backend_t *be, unsigned n)
+{
+    if (!is_sim(be))
+        return;
+    atomic_store_explicit(&sim_of(be)->free_calls, 0, memory_order_relaxed);
+    atomic_store_explicit(&sim_of(be)->fail_free_every, n, memory_order_relaxed);
+}
+
 void bfc__sim_set_va_ceiling(bfc__backend_t *be, size_t bytes)
 {
     if (!is_sim(be))
@@ -962,6 +994,8 @@ int bfc__backend_sim_open(const bfc_config_t *cfg, bfc__backend_t **out)
     atomic_init(&b->allocs, 0);
     atomic_init(&b->failures, 0);
     atomic_init(&b->fail_event_every, 0);
+    atomic_init(&b->fail_free_every, 0);
+    atomic_init(&b->free_calls, 0);
     atomic_init(&b->event_calls, 0);
     *out = &b->base;
     return BFC_OK;

@@ -1776,6 +1776,7 @@ int bfc_ctx_trim(bfc_ctx_t *ctx)
         return BFC_EINVAL;
     bfc__rcu_register(); /* before the arenas lock: releases call call_rcu */
     int cs = bfc__nocancel_begin(); /* it waits for fences (mutex.h) */
+    uint64_t refused = bfc__pool_refusals(&ctx->pool);
     /* The shards of threads gone without releasing their per-thread
      * streams give back what they can, fenced (shard.c). */
     bfc__shard_retire_exited(ctx);
@@ -1787,8 +1788,11 @@ int bfc_ctx_trim(bfc_ctx_t *ctx)
      * before it frees), so that trim returns what it can. */
     bfc__pool_wait(&ctx->pool, 0, true, fence_wait_ms(ctx));
     bfc__pool_release_free(&ctx->pool);
+    /* Another thread's refusal meanwhile counts too: the device refused
+     * memory back while trim ran. */
+    int st = bfc__pool_refusals(&ctx->pool) == refused ? BFC_OK : BFC_EBACKEND;
     bfc__nocancel_end(cs);
-    return BFC_OK;
+    return st;
 }
 
 /* ------------------------------------------------------- SIM controls */
@@ -1847,6 +1851,13 @@ void bfc_sim_fail_event_every(bfc_ctx_t *ctx, unsigned n)
     bfc__backend_t *be = sim_be(ctx);
     if (be)
         bfc__sim_fail_event_every(be, n);
+}
+
+void bfc_sim_fail_free_every(bfc_ctx_t *ctx, unsigned n)
+{
+    bfc__backend_t *be = sim_be(ctx);
+    if (be)
+        bfc__sim_fail_free_every(be, n);
 }
 
 void bfc_sim_fail_meta_every(unsigned n)

@@ -784,20 +784,21 @@ static size_t unmap_leaving(struct bfc__arena *a)
         while (e < x->ngran && bit(x->mapped, e) && !bit(x->ready, e))
             e++;
         uintptr_t addr = x->base + (g << x->shift);
-        size_t len = (e - g) << x->shift;
-        /* On failure the range is given up all the same (pool.c): it is
-         * free, and a later map of it fails rather than hand out memory
-         * that might not be there. */
-        (void)bfc__pool_vmm_unmap(env->pool, addr, len);
+        size_t len = (e - g) << x->shift, done;
+        /* Granules the device refuses to take back stay mapped and held:
+         * ready again, as if an allocation had taken them back, so that
+         * they serve this shard and a later release offers them again. */
+        (void)bfc__pool_vmm_unmap(env->pool, addr, len, &done);
+        size_t gd = g + (done >> x->shift);
         for (size_t i = g; i < e; i++)
-            set_bit(x->mapped, i, false);
-        x->mapped_bytes -= len;
+            set_bit(i < gd ? x->mapped : x->ready, i, i >= gd);
+        x->mapped_bytes -= done;
         x->leaving_bytes -= len;
         a->st.vmm_unmaps++;
-        a->st.bytes_reserved -= len;
-        freed += len;
-        if (bfc__tracing(env->obs))
-            bfc__trace_event(env->obs, BFC__TR_RELEASE, addr, len, a->stream);
+        a->st.bytes_reserved -= done;
+        freed += done;
+        if (done && bfc__tracing(env->obs))
+            bfc__trace_event(env->obs, BFC__TR_RELEASE, addr, done, a->stream);
         g = e;
     }
     x->armed = false;

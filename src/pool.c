@@ -189,12 +189,21 @@ static void vmm_gone_poll_locked(struct bfc__pool *p, bool all)
             pp = &g->next;
             continue;
         }
-        *pp = g->next;
-        /* On failure the backend's book keeps what it could not unmap; the
-         * memory is lost to the limit's accounting either way. */
-        (void)p->be->ops->va_release(p->be, g->base, g->size);
+        int st = p->be->ops->va_release(p->be, g->base, g->size);
         if (g->fence)
             fcache_put_locked(p, g->fence);
+        g->fence = NULL;
+        if (st != BFC_OK && !all) {
+            /* The device refused part way; its book keeps what it still
+             * holds.  All of g stays charged (a bound until the retry: some
+             * granules may be gone, so no shard adopts it), and the next
+             * poll offers it again. */
+            g->refused = true;
+            p->refusals++;
+            pp = &g->next;
+            continue;
+        }
+        *pp = g->next;
         p->vmm_mapped -= g->mapped;
         p->held -= g->mapped;
         size_t committed = atomic_load_explicit(&p->committed, memory_order_relaxed);
@@ -372,10 +381,16 @@ static size_t release_free_locked(struct bfc__pool *p)
             pp = &seg->next;
             continue;
         }
+        /* A segment the device refuses to take back stays, held and
+         * counted, and is offered again at the next release. */
+        if (p->be->ops->mem_free(p->be, (void *)seg->base, seg->size) != BFC_OK) {
+            p->refusals++;
+            pp = &seg->next;
+            continue;
+        }
         span_unlink(p, s);
         bfc__meta_free(s, sizeof(*s));
         *pp = seg->next;
-        (void)p->be->ops->mem_free(p->be, (void *)seg->base, seg->size);
         p->held -= seg->size;
         p->backend_frees++;
         released += seg->size;
@@ -425,6 +440,8 @@ void bfc__pool_fini(struct bfc__pool *p)
     while (p->segs) {
         struct bfc__segment *seg = p->segs;
         p->segs = seg->next;
+        /* The last try: what the device refuses here stays lost to the
+         * process. */
         (void)p->be->ops->mem_free(p->be, (void *)seg->base, seg->size);
         bfc__meta_free(seg, sizeof(*seg));
     }
@@ -594,6 +611,14 @@ size_t bfc__pool_largest(struct bfc__pool *p, uint64_t sid)
     size_t left = committed < p->limit ? p->limit - committed : 0;
     bfc__unlock(&p->lock);
     return (most < left ? most : left) & ~(size_t)(BFC__MIN_ALLOC - 1);
+}
+
+uint64_t bfc__pool_refusals(struct bfc__pool *p)
+{
+    bfc__lock(&p->lock);
+    uint64_t n = p->refusals;
+    bfc__unlock(&p->lock);
+    return n;
 }
 
 size_t bfc__pool_release_free(struct bfc__pool *p)
@@ -798,23 +823,26 @@ int bfc__pool_vmm_map(struct bfc__pool *p, uintptr_t addr, size_t size)
     return st == BFC_OK || st == BFC_ENOMEM ? st : BFC_EBACKEND;
 }
 
-int bfc__pool_vmm_unmap(struct bfc__pool *p, uintptr_t addr, size_t size)
+int bfc__pool_vmm_unmap(struct bfc__pool *p, uintptr_t addr, size_t size, size_t *done)
 {
-    int st = p->be->ops->va_unmap(p->be, addr, size);
+    size_t gone = 0;
+    int st = p->be->ops->va_unmap(p->be, addr, size, &gone);
     bfc__lock(&p->lock);
-    /* Uncharged even on failure: the caller never uses the range again
-     * before mapping it anew, and the backend's book keeps what it could
-     * not unmap until the reservation is released. */
-    vmm_charge_locked(p, size, false);
+    /* Only what the device took back is uncharged: granules it refused
+     * stay mapped, held against the limit, and the caller keeps them. */
+    vmm_charge_locked(p, gone, false);
     p->vmm_unmaps++;
+    if (st != BFC_OK)
+        p->refusals++;
     bfc__unlock(&p->lock);
-    return st;
+    *done = gone;
+    return st == BFC_OK || st == BFC_EINVAL ? st : BFC_EBACKEND;
 }
 
 void bfc__pool_vmm_depart(struct bfc__pool *p, struct bfc__vmm_gone *rec, uintptr_t base, size_t size,
                           size_t mapped, struct bfc__fence *fence, uint64_t sid, uint64_t *bits, size_t words)
 {
-    *rec = (struct bfc__vmm_gone){ base, size, mapped, fence, sid, bits, words, NULL };
+    *rec = (struct bfc__vmm_gone){ base, size, mapped, fence, sid, bits, words, false, NULL };
     bfc__lock(&p->lock);
     rec->next = p->vmm_gone;
     p->vmm_gone = rec;
@@ -828,7 +856,7 @@ void bfc__pool_vmm_depart(struct bfc__pool *p, struct bfc__vmm_gone *rec, uintpt
 /* May a new shard of stream sid needing min bytes take g back? */
 static bool adoptable(const struct bfc__vmm_gone *g, uint64_t sid, size_t min)
 {
-    return g->sid == sid && g->mapped && g->size >= min;
+    return g->sid == sid && g->mapped && g->size >= min && !g->refused;
 }
 
 struct bfc__vmm_gone *bfc__pool_vmm_adopt(struct bfc__pool *p, uint64_t sid, size_t min)

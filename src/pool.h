@@ -60,6 +60,8 @@ struct bfc__vmm_gone {
     uint64_t sid;                /* the stream whose shard it left */
     uint64_t *bits;              /* its mapped granules, one bit each (freed with it) */
     size_t words;                /* of bits */
+    bool refused;                /* the device refused its release part way:
+                                    never adopted, offered again at each poll */
     struct bfc__vmm_gone *next;
 };
 
@@ -83,6 +85,8 @@ struct bfc__pool {
     size_t fenced_bytes;         /* free bytes still behind a departure fence */
     struct bfc__fence *fcache;   /* departure fence records ready for reuse */
     uint64_t backend_allocs, backend_frees;
+    uint64_t refusals;           /* frees, unmaps and releases the device
+                                    refused (the memory stays, held) */
     uint64_t departures, fenced_departures, fence_waits;
     /* Expandable arenas: bytes mapped (counted in held and committed, so
      * the limit covers them), reservations waiting for their fences, and
@@ -167,6 +171,9 @@ size_t bfc__pool_largest(struct bfc__pool *p, uint64_t sid);
 /* Gives wholly free, unfenced segments back to the backend (growth mode
  * only); returns the bytes released. */
 size_t bfc__pool_release_free(struct bfc__pool *p);
+/* How many frees, unmaps and releases the device has refused so far (the
+ * memory stays held and counted): trim compares it across its work. */
+uint64_t bfc__pool_refusals(struct bfc__pool *p);
 
 /*
  * Expandable arenas (expand.c).  The pool does their limit accounting and
@@ -178,6 +185,8 @@ size_t bfc__pool_release_free(struct bfc__pool *p);
  *              fences completed), then maps them; the charge is undone when
  *              the backend refuses (its status is returned);
  * vmm_unmap    unmaps and uncharges (the caller has waited for the fences);
+ *              *done: the bytes from addr that the device took back (on
+ *              BFC_EBACKEND the rest stays mapped and charged);
  * vmm_depart   a whole reservation leaves its arena with `mapped` bytes
  *              still mapped (`bits`, `words`: which granules): released at
  *              once without fence, else once the fence completes (polled
@@ -202,7 +211,7 @@ size_t bfc__pool_release_free(struct bfc__pool *p);
 int bfc__pool_vmm_reserve(struct bfc__pool *p, size_t size, uintptr_t *base);
 void bfc__pool_vmm_unreserve(struct bfc__pool *p, uintptr_t base, size_t size);
 int bfc__pool_vmm_map(struct bfc__pool *p, uintptr_t addr, size_t size);
-int bfc__pool_vmm_unmap(struct bfc__pool *p, uintptr_t addr, size_t size);
+int bfc__pool_vmm_unmap(struct bfc__pool *p, uintptr_t addr, size_t size, size_t *done);
 void bfc__pool_vmm_depart(struct bfc__pool *p, struct bfc__vmm_gone *rec, uintptr_t base, size_t size,
                           size_t mapped, struct bfc__fence *fence, uint64_t sid, uint64_t *bits, size_t words);
 struct bfc__vmm_gone *bfc__pool_vmm_adopt(struct bfc__pool *p, uint64_t sid, size_t min);

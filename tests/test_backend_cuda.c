@@ -336,7 +336,7 @@ static bool footprint_ok(bfc__backend_t *be, uintptr_t va, size_t n, size_t g)
         ck_assert_int_eq(be->ops->mem_info(be, &f0, &t), BFC_OK);
         ck_assert_int_eq(be->ops->va_map(be, va, n * g), BFC_OK);
         ck_assert_int_eq(be->ops->mem_info(be, &f1, &t), BFC_OK);
-        ck_assert_int_eq(be->ops->va_unmap(be, va, n * g), BFC_OK);
+        ck_assert_int_eq(be->ops->va_unmap(be, va, n * g, NULL), BFC_OK);
         ck_assert_int_eq(be->ops->mem_info(be, &f2, &t), BFC_OK);
         /* (a granule of slack for the driver's own use) */
         if (f1 + n * g <= f0 + g && f2 + g >= f1 + n * g)
@@ -397,7 +397,7 @@ START_TEST(test_cuda_vmm)
     ck_assert(device_fill_check(base + 2 * g, 4 * g, 0x5A));
 
     /* One granule out of the middle, its neighbours intact, then back. */
-    ck_assert_int_eq(be->ops->va_unmap(be, base + 3 * g, g), BFC_OK);
+    ck_assert_int_eq(be->ops->va_unmap(be, base + 3 * g, g, NULL), BFC_OK);
     ck_assert(device_fill_check(base + 2 * g, g, 0x11));
     ck_assert(device_fill_check(base + 4 * g, 2 * g, 0x22));
     ck_assert_int_eq(be->ops->va_map(be, base + 3 * g, g), BFC_OK);
@@ -408,11 +408,11 @@ START_TEST(test_cuda_vmm)
     ck_assert_int_eq(be->ops->va_map(be, base + g, 2 * g), BFC_EINVAL);
     ck_assert_int_eq(be->ops->va_map(be, base + 1, g), BFC_EINVAL);
     ck_assert_int_eq(be->ops->va_map(be, base + 63 * g, 2 * g), BFC_EINVAL);
-    ck_assert_int_eq(be->ops->va_unmap(be, base, g), BFC_EINVAL);
+    ck_assert_int_eq(be->ops->va_unmap(be, base, g, NULL), BFC_EINVAL);
     ck_assert_int_eq(be->ops->va_release(be, base, 32 * g), BFC_EINVAL);
 
     /* Unmap across what were two maps. */
-    ck_assert_int_eq(be->ops->va_unmap(be, base + 2 * g, 3 * g), BFC_OK);
+    ck_assert_int_eq(be->ops->va_unmap(be, base + 2 * g, 3 * g, NULL), BFC_OK);
     ck_assert(device_fill_check(base + 5 * g, g, 0x44));
 
     /* More than the device has: refused, and nothing of it stays mapped

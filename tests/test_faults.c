@@ -662,6 +662,68 @@ START_TEST(test_threads_under_faults)
 }
 END_TEST
 
+/* --------------------------------------------------- device free faults */
+
+/* The device refuses to take memory back (a region's free, or granules'
+ * unmap part way through a range): that memory stays held and counted --
+ * bytes_reserved is what the device holds, the limit still covers it --
+ * trim says BFC_EBACKEND, the allocator serves from it, and a later trim
+ * gives it back.  Loop: classic regions, expandable arenas. */
+START_TEST(test_fail_free_kept)
+{
+    const bool vmm = _i == 1;
+    const size_t limit = 64 * MiB;
+    bfc_config_t c = cfg_sim(limit);
+    c.vmm = vmm ? BFC_VMM_ON : BFC_VMM_OFF;
+    c.large_alloc = 0;
+    bfc_ctx_t *ctx;
+    ck_assert_int_eq(bfc_ctx_create(&c, &ctx), BFC_OK);
+    bfc_stream_t s = bfc_sim_stream_create(ctx);
+    /* A live block: an expandable shard with nothing live would hand its
+     * whole reservation over instead of unmapping granules. */
+    void *keep = bfc_ctx_alloc(ctx, s, 4 * KiB);
+    ck_assert_ptr_nonnull(keep);
+    enum { N = 6 };
+    void *v[N];
+    for (int round = 0; round < 2; round++) {
+        for (int i = 0; i < N; i++) {
+            v[i] = bfc_ctx_alloc(ctx, s, 8 * MiB);
+            ck_assert_msg(v[i] != NULL, "round %d: alloc %d: %s", round, i, bfc_err_name(bfc_last_error()));
+            memset(v[i], i, 8 * MiB);
+        }
+        bfc_stats_t full = st(ctx);
+        ck_assert_uint_le(full.bytes_reserved, limit);
+        ck_assert_uint_eq(full.bytes_reserved, bfc_sim_backend_bytes_held(ctx));
+        /* Every free refused (regions); every third granule (vmm: the
+         * first two of each run go, the rest stays), from the frees on:
+         * an expandable shard may unmap at a free already. */
+        bfc_sim_fail_free_every(ctx, vmm ? 3 : 1);
+        for (int i = 0; i < N; i++)
+            ck_assert_int_eq(bfc_ctx_free(ctx, v[i], s), BFC_OK);
+        ck_assert_uint_eq(st(ctx).bytes_reserved, bfc_sim_backend_bytes_held(ctx));
+        ck_assert_int_eq(bfc_ctx_trim(ctx), BFC_EBACKEND);
+        bfc_stats_t after = st(ctx);
+        ck_assert_uint_eq(after.bytes_reserved, bfc_sim_backend_bytes_held(ctx));
+        ck_assert_uint_gt(after.bytes_reserved, 16 * MiB);
+        xcheck(ctx);
+        /* The second round allocates as much again, with the refused
+         * memory still held: the limit holds, the counts stay exact. */
+        bfc_sim_fail_free_every(ctx, 0);
+    }
+    ck_assert_int_eq(bfc_ctx_trim(ctx), BFC_OK);
+    bfc_stats_t t = st(ctx);
+    ck_assert_uint_eq(t.bytes_reserved, bfc_sim_backend_bytes_held(ctx));
+    ck_assert_uint_le(t.bytes_reserved, vmm ? 2 * MiB : 2 * MiB);
+    ck_assert_int_eq(bfc_ctx_free(ctx, keep, s), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_trim(ctx), BFC_OK);
+    ck_assert_uint_eq(st(ctx).bytes_reserved, 0);
+    ck_assert_uint_eq(bfc_sim_backend_bytes_held(ctx), 0);
+    xcheck(ctx);
+    bfc_sim_stream_destroy(ctx, s);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("faults");
@@ -676,6 +738,7 @@ int main(void)
     tcase_add_loop_test(tc, test_fail_meta_every, 0, (int)(sizeof meta_every / sizeof meta_every[0]));
     tcase_add_test(tc, test_threads_under_faults);
     tcase_add_test(tc, test_meta_failure_counted);
+    tcase_add_loop_test(tc, test_fail_free_kept, 0, 2);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_ENV);

@@ -145,7 +145,7 @@ START_TEST(test_round_trip)
     ck_assert(all_are(base + 3 * G, 2 * G, 0xA5));
 
     /* Unmap: not held, not mapped. */
-    ck_assert_int_eq(be->ops->va_unmap(be, base + 3 * G, 2 * G), BFC_OK);
+    ck_assert_int_eq(be->ops->va_unmap(be, base + 3 * G, 2 * G, NULL), BFC_OK);
     ck_assert_uint_eq(bfc__sim_bytes_held(be), held0);
     ck_assert_int_eq(mapped(be, base + 3 * G, 1), 0);
     ck_assert_int_eq(mapped(be, base + 4 * G, G), 0);
@@ -153,13 +153,13 @@ START_TEST(test_round_trip)
     /* Map again at the same addresses: fresh pages, zero. */
     ck_assert_int_eq(be->ops->va_map(be, base + 3 * G, 2 * G), BFC_OK);
     ck_assert(all_are(base + 3 * G, 2 * G, 0));
-    ck_assert_int_eq(be->ops->va_unmap(be, base + 3 * G, 2 * G), BFC_OK);
+    ck_assert_int_eq(be->ops->va_unmap(be, base + 3 * G, 2 * G, NULL), BFC_OK);
 
     /* The whole range, first and last granules included. */
     ck_assert_int_eq(be->ops->va_map(be, base, 16 * G), BFC_OK);
     ck_assert_int_eq(mapped(be, base, 16 * G), 1);
     fill(base, 16 * G, 1);
-    ck_assert_int_eq(be->ops->va_unmap(be, base, 16 * G), BFC_OK);
+    ck_assert_int_eq(be->ops->va_unmap(be, base, 16 * G, NULL), BFC_OK);
     ck_assert_int_eq(be->ops->va_release(be, base, 16 * G), BFC_OK);
     ck_assert_uint_eq(bfc__sim_bytes_held(be), held0);
     /* Released: nothing of it is known any more. */
@@ -181,7 +181,7 @@ START_TEST(test_subranges)
     ck_assert_int_eq(be->ops->va_map(be, base, 8 * G), BFC_OK);
     for (size_t i = 0; i < 8; i++)
         fill(base + i * G, G, (unsigned char)(i + 1));
-    ck_assert_int_eq(be->ops->va_unmap(be, base + 2 * G, 3 * G), BFC_OK);
+    ck_assert_int_eq(be->ops->va_unmap(be, base + 2 * G, 3 * G, NULL), BFC_OK);
     ck_assert_uint_eq(bfc__sim_bytes_held(be), 5 * G);
     ck_assert_int_eq(mapped(be, base, 2 * G), 1);
     ck_assert_int_eq(mapped(be, base + 5 * G, 3 * G), 1);
@@ -197,7 +197,7 @@ START_TEST(test_subranges)
     ck_assert(all_are(base + 2 * G, 3 * G, 0));
     ck_assert(all_are(base + 5 * G, G, 6));
     /* Unmap across what were separate maps. */
-    ck_assert_int_eq(be->ops->va_unmap(be, base + G, 6 * G), BFC_OK);
+    ck_assert_int_eq(be->ops->va_unmap(be, base + G, 6 * G, NULL), BFC_OK);
     ck_assert_int_eq(mapped(be, base, G), 1);
     ck_assert_int_eq(mapped(be, base + 7 * G, G), 1);
     ck_assert(all_are(base, G, 1));
@@ -240,7 +240,7 @@ START_TEST(test_held_and_ceiling)
     ck_assert_int_eq(be->ops->mem_free(be, blk, G), BFC_OK);
     ck_assert_int_eq(be->ops->va_map(be, base + 3 * G, G), BFC_OK);
     /* Unmapping makes room again. */
-    ck_assert_int_eq(be->ops->va_unmap(be, base, 2 * G), BFC_OK);
+    ck_assert_int_eq(be->ops->va_unmap(be, base, 2 * G, NULL), BFC_OK);
     ck_assert_uint_eq(bfc__sim_bytes_held(be), 2 * G);
     ck_assert_int_eq(be->ops->va_map(be, base + 10 * G, 2 * G), BFC_OK);
     ck_assert_int_eq(be->ops->va_release(be, base, 64 * G), BFC_OK);
@@ -285,7 +285,7 @@ START_TEST(test_fault_injection)
     ck_assert_int_eq(refused, 20);
     ck_assert_uint_eq(bfc__sim_bytes_held(be), (size_t)(3 + ok) * G);
     /* Unmap is never refused. */
-    ck_assert_int_eq(be->ops->va_unmap(be, base, 3 * G), BFC_OK);
+    ck_assert_int_eq(be->ops->va_unmap(be, base, 3 * G, NULL), BFC_OK);
     bfc__sim_fail_alloc_every(be, 0);
     ck_assert_int_eq(be->ops->va_release(be, base, 64 * G), BFC_OK);
     ck_assert_uint_eq(bfc__sim_bytes_held(be), 0);
@@ -340,12 +340,12 @@ START_TEST(test_bad_arguments)
     ck_assert_int_eq(be->ops->va_map(be, a + 7 * G, 2 * G), BFC_EINVAL);
 
     /* Unmap: the same, and granules that are not all mapped. */
-    ck_assert_int_eq(be->ops->va_unmap(be, a, G), BFC_EINVAL);
-    ck_assert_int_eq(be->ops->va_unmap(be, a + G, 2 * G), BFC_EINVAL);
-    ck_assert_int_eq(be->ops->va_unmap(be, a + 2 * G, 3 * G), BFC_EINVAL);
-    ck_assert_int_eq(be->ops->va_unmap(be, a + 2 * G + 4096, G), BFC_EINVAL);
-    ck_assert_int_eq(be->ops->va_unmap(be, a + 2 * G, 0), BFC_EINVAL);
-    ck_assert_int_eq(be->ops->va_unmap(be, b, G), BFC_EINVAL);
+    ck_assert_int_eq(be->ops->va_unmap(be, a, G, NULL), BFC_EINVAL);
+    ck_assert_int_eq(be->ops->va_unmap(be, a + G, 2 * G, NULL), BFC_EINVAL);
+    ck_assert_int_eq(be->ops->va_unmap(be, a + 2 * G, 3 * G, NULL), BFC_EINVAL);
+    ck_assert_int_eq(be->ops->va_unmap(be, a + 2 * G + 4096, G, NULL), BFC_EINVAL);
+    ck_assert_int_eq(be->ops->va_unmap(be, a + 2 * G, 0, NULL), BFC_EINVAL);
+    ck_assert_int_eq(be->ops->va_unmap(be, b, G, NULL), BFC_EINVAL);
 
     /* Release: only a whole reservation, as reserved. */
     ck_assert_int_eq(be->ops->va_release(be, a, 4 * G), BFC_EINVAL);
@@ -509,7 +509,7 @@ START_TEST(test_model)
         if (map)
             st = be->ops->va_map(be, base + lo * pg, len * pg);
         else
-            st = be->ops->va_unmap(be, base + lo * pg, len * pg);
+            st = be->ops->va_unmap(be, base + lo * pg, len * pg, NULL);
         ck_assert_int_eq(st, allow ? BFC_OK : BFC_EINVAL);
         if (!allow)
             continue;
@@ -573,7 +573,7 @@ static void *racer(void *arg)
         ck_assert_int_eq(be->ops->va_map(be, own + i * G, 2 * G), BFC_OK);
         *(volatile int *)(own + i * G) = r->id;
         ck_assert_int_eq(*(volatile int *)(own + i * G), r->id);
-        ck_assert_int_eq(be->ops->va_unmap(be, own + i * G, 2 * G), BFC_OK);
+        ck_assert_int_eq(be->ops->va_unmap(be, own + i * G, 2 * G, NULL), BFC_OK);
     }
     for (size_t k = 0; k < SHARED; k++) {
         int st = be->ops->va_map(be, r->shared + k * G, G);
@@ -662,7 +662,7 @@ START_TEST(test_ctx_mapped)
     ck_assert_int_eq(bfc_sim_mapped(ctx, (void *)(base + be->vmm_granule + 300), 1000), 1);
     ck_assert_int_eq(bfc_sim_mapped(ctx, (void *)base, 2 * be->vmm_granule), 0);
     ck_assert_int_eq(bfc_sim_mapped(ctx, (void *)(base + be->vmm_granule), 0), 0);
-    ck_assert_int_eq(be->ops->va_unmap(be, base + be->vmm_granule, be->vmm_granule),
+    ck_assert_int_eq(be->ops->va_unmap(be, base + be->vmm_granule, be->vmm_granule, NULL),
                      BFC_OK);
     ck_assert_int_eq(bfc_sim_mapped(ctx, (void *)(base + be->vmm_granule),
                                     2 * be->vmm_granule),
@@ -738,7 +738,7 @@ START_TEST(test_driver_cost)
     ck_assert_int_eq(a->be->ops->va_map(a->be, ra + 2 * G, 3 * G), BFC_OK);
     ck_assert_uint_ge(now_ns() - t, 3ull * COST_NS);
     t = now_ns();
-    ck_assert_int_eq(a->be->ops->va_unmap(a->be, ra + 3 * G, 2 * G), BFC_OK);
+    ck_assert_int_eq(a->be->ops->va_unmap(a->be, ra + 3 * G, 2 * G, NULL), BFC_OK);
     ck_assert_uint_ge(now_ns() - t, 2ull * COST_NS);
     ck_assert_int_eq(mapped(a->be, ra + 2 * G, G), 1);
     ck_assert_int_eq(mapped(a->be, ra + 3 * G, 2 * G), 0);
@@ -793,7 +793,7 @@ START_TEST(test_host_backend)
     ck_assert_int_eq(be->ops->va_reserve(be, 2 * BFC__MiB, &x), BFC_EINVAL);
     ck_assert_uint_eq(x, 0);
     ck_assert_int_eq(be->ops->va_map(be, 0, 2 * BFC__MiB), BFC_EINVAL);
-    ck_assert_int_eq(be->ops->va_unmap(be, 0, 2 * BFC__MiB), BFC_EINVAL);
+    ck_assert_int_eq(be->ops->va_unmap(be, 0, 2 * BFC__MiB, NULL), BFC_EINVAL);
     ck_assert_int_eq(be->ops->va_release(be, 0, 2 * BFC__MiB), BFC_EINVAL);
     ck_assert_int_eq(bfc__sim_mapped(be, &x, 1), 0); /* not SIM itself */
     be->ops->close(be);
