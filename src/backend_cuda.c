@@ -144,7 +144,13 @@ static bool no_device_error(cudaError_t err)
     }
 }
 
-/* Maps a failed cudart call to a status and clears the last-error slot. */
+/*
+ * Maps a failed cudart call to a status and clears the last-error slot.
+ * Once a backend is open its device exists, so a "no device" error from a
+ * later call is a runtime failure like any other (BFC_EBACKEND): the
+ * callers' contracts (an allocation fails with BFC_ENOMEM or
+ * BFC_EBACKEND) know no BFC_ENODEV.
+ */
 static int cuda_status(cudaError_t err)
 {
     if (err == cudaSuccess)
@@ -152,31 +158,41 @@ static int cuda_status(cudaError_t err)
     (void)cudaGetLastError(); /* clears non-sticky errors; result is err */
     if (err == cudaErrorMemoryAllocation)
         return BFC_ENOMEM;
-    if (no_device_error(err))
-        return BFC_ENODEV;
     return BFC_EBACKEND;
+}
+
+/* cuda_status for the calls that find or open a device: there the "no
+ * usable device" errors say BFC_ENODEV. */
+static int device_status(cudaError_t err)
+{
+    int st = cuda_status(err);
+
+    return st == BFC_EBACKEND && no_device_error(err) ? BFC_ENODEV : st;
 }
 
 /*
  * Makes `dev` current, saving the caller's device in *saved (-1 when no
- * switch was needed).  Paired with dev_leave.
+ * switch was needed).  Paired with dev_leave.  Returns the runtime's error
+ * (not yet cleared: map it with cuda_status or device_status).
  */
-static int dev_enter(int dev, int *saved)
+static cudaError_t dev_enter_err(int dev, int *saved)
 {
     int cur = -1;
     cudaError_t err;
 
     *saved = -1;
     err = cudaGetDevice(&cur);
-    if (err != cudaSuccess)
-        return cuda_status(err);
-    if (cur == dev)
-        return BFC_OK;
+    if (err != cudaSuccess || cur == dev)
+        return err;
     err = cudaSetDevice(dev);
-    if (err != cudaSuccess)
-        return cuda_status(err);
-    *saved = cur;
-    return BFC_OK;
+    if (err == cudaSuccess)
+        *saved = cur;
+    return err;
+}
+
+static int dev_enter(int dev, int *saved)
+{
+    return cuda_status(dev_enter_err(dev, saved));
 }
 
 /* Restores the caller's device; returns the first of `status` and its own. */
@@ -218,7 +234,7 @@ int bfc__cuda_stream_device(bfc_stream_t s, int *dev)
         err = cudaGetDevice(dev);
     else
         err = cudaStreamGetDevice(s, dev);
-    return cuda_status(err);
+    return device_status(err);
 }
 
 static int cuda_mem_alloc(bfc__backend_t *be, size_t size, void **out)
@@ -851,21 +867,21 @@ int bfc__backend_cuda_open(const bfc_config_t *cfg, bfc__backend_t **out)
      * runtime that fails, e.g. a context broken by an earlier kernel fault
      * (BFC_EBACKEND). */
     count = 0;
-    st = cuda_status(cudaGetDeviceCount(&count));
+    st = device_status(cudaGetDeviceCount(&count));
     if (st != BFC_OK)
         return st;
     if (cfg->device < 0 || cfg->device >= count)
         return BFC_ENODEV;
 
     memset(&prop, 0, sizeof(prop));
-    st = cuda_status(cudaGetDeviceProperties(&prop, cfg->device));
+    st = device_status(cudaGetDeviceProperties(&prop, cfg->device));
     if (st != BFC_OK)
         return st;
     /* cudaMemGetInfo also creates the device's primary context. */
-    st = dev_enter(cfg->device, &saved);
+    st = device_status(dev_enter_err(cfg->device, &saved));
     if (st != BFC_OK)
         return st;
-    st = cuda_status(cudaMemGetInfo(&free_b, &total_b));
+    st = device_status(cudaMemGetInfo(&free_b, &total_b));
     st = dev_leave(saved, st);
     if (st != BFC_OK)
         return st;
