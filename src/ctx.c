@@ -1162,17 +1162,24 @@ fail:
  * has one (so that its num_ooms, like every other failure's, is the
  * stream's and the context's figure is the sum of its shards'), else on
  * the context.  No shard is made for a request that could never be
- * served. */
-static __attribute__((noinline, cold)) void count_too_large(struct bfc_ctx *ctx, bfc_stream_t stream)
+ * served.  A stream the backend refuses is refused first (BFC_EINVAL),
+ * whatever the size, and nothing is counted. */
+static __attribute__((noinline, cold)) int count_too_large(struct bfc_ctx *ctx, bfc_stream_t stream)
 {
+    uint64_t id;
     bfc__rcu_lock();
     struct bfc__arena *a = bfc__shard_find(ctx, stream);
-    if (a)
-        bfc__lock(&a->lock);
-    count_oom(ctx, a, BFC_ENOMEM);
-    if (a)
-        bfc__unlock(&a->lock);
+    int st = a ? BFC_OK : bfc__shard_stream_id(ctx, stream, &id);
+    if (st == BFC_OK) {
+        if (a)
+            bfc__lock(&a->lock);
+        count_oom(ctx, a, BFC_ENOMEM);
+        if (a)
+            bfc__unlock(&a->lock);
+        st = BFC_ENOMEM;
+    }
     bfc__rcu_unlock();
+    return st;
 }
 
 /* One attempt: NULL with *status on failure. */
@@ -1181,8 +1188,7 @@ static inline __attribute__((always_inline)) void *alloc_once(struct bfc_ctx *ct
 {
     size_t rounded = bfc__round256(n);
     if (BFC__UNLIKELY(rounded == 0 || rounded > ctx->limit)) {
-        count_too_large(ctx, stream);
-        *status = BFC_ENOMEM;
+        *status = count_too_large(ctx, stream);
         return NULL;
     }
     void *p = NULL;

@@ -566,6 +566,11 @@ static void expect_refused(bfc_ctx_t *ctx, bfc_stream_t bad, void *live)
     ck_assert_int_eq(bfc_ctx_stats(ctx, &before), BFC_OK);
     ck_assert_ptr_null(bfc_ctx_alloc(ctx, bad, 4096));
     ck_assert_int_eq(bfc_last_error(), BFC_EINVAL);
+    /* Refused whatever the size: one above the limit is no OOM here. */
+    ck_assert_ptr_null(bfc_ctx_alloc(ctx, bad, (size_t)before.bytes_limit + 1));
+    ck_assert_int_eq(bfc_last_error(), BFC_EINVAL);
+    ck_assert_ptr_null(bfc_ctx_alloc(ctx, bad, SIZE_MAX));
+    ck_assert_int_eq(bfc_last_error(), BFC_EINVAL);
     ck_assert_int_eq(bfc_ctx_free(ctx, live, bad), BFC_EINVAL);
     ck_assert_int_eq(bfc_ctx_record_stream(ctx, live, bad), BFC_EINVAL);
     ck_assert_int_eq(bfc_ctx_stream_release(ctx, bad), BFC_EINVAL);
@@ -575,6 +580,7 @@ static void expect_refused(bfc_ctx_t *ctx, bfc_stream_t bad, void *live)
     ck_assert_uint_eq(after.num_allocs, before.num_allocs);
     ck_assert_uint_eq(after.num_frees, before.num_frees);
     ck_assert_uint_eq(after.num_shards, before.num_shards);
+    ck_assert_uint_eq(after.num_ooms, before.num_ooms);
     /* The block is still live and whole. */
     ck_assert_uint_eq(bfc_ctx_requested_size(ctx, live), 1000);
     ck_assert_int_eq(bfc_ctx_check(ctx), BFC_OK);
