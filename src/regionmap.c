@@ -76,8 +76,9 @@ static size_t upper_bound(const struct bfc__rmap *m, uintptr_t p)
 
 /* Departed ranges (regionmap.h): a sorted array of disjoint ranges,
  * published with RCU as the map is, copied by writers under wlock.  Ranges
- * never overlap: a region inserted over one erases it first (the memory
- * given out again), and a departure's range was a live region's.  `seq`
+ * never overlap: a region inserted over one is cut out of it first (the
+ * memory given out again: cut_gone), and a departure's range was a live
+ * region's.  `seq`
  * orders departures: when the array is full, the oldest goes.  An entry
  * is erased in place by emptying it (end = base), which needs no copy. */
 struct gone_range {
@@ -162,6 +163,62 @@ static void forget_where(uintptr_t base, uintptr_t end, const void *tag)
         if (tag ? e->tag == tag : (e->base < end && base < e->end))
             __atomic_store_n(&e->end, e->base, __ATOMIC_RELEASE);
     }
+}
+
+/*
+ * Under wlock: [base, end) is given out again (a region inserted over it).
+ * A copy of the set is published with that range cut out of every entry:
+ * the parts of an entry on either side of it stay (the lower one only, for
+ * a large block's entry, whose base is all it answers for, and when a split
+ * would take the set past BFC__GONE_MAX).  Returns the old set for the
+ * caller to retire once it has dropped wlock (NULL: none overlapped).
+ * Without metadata for the copy, the entries it overlaps are erased in
+ * place: their blocks' second frees then read as foreign pointers.
+ */
+static struct gone_set *cut_gone(uintptr_t base, uintptr_t end)
+{
+    struct gone_set *old = atomic_load_explicit(&gone_cur, memory_order_relaxed);
+    size_t n = 0, hit = 0;
+    for (size_t k = 0; old && k < old->n; k++) {
+        const struct gone_range *g = &old->g[k];
+        if (gone_empty(g))
+            continue;
+        n++;
+        /* relaxed: under wlock, which every writer of `end` holds. */
+        hit += g->base < end && base < __atomic_load_n(&g->end, __ATOMIC_RELAXED);
+    }
+    if (hit == 0)
+        return NULL;
+    struct gone_set *next = bfc__meta_alloc(sizeof(*next) + (n + 1) * sizeof(next->g[0]));
+    if (!next) {
+        forget_where(base, end, NULL);
+        return NULL;
+    }
+    size_t m = 0;
+    for (size_t k = 0; k < old->n; k++) {
+        if (gone_empty(&old->g[k]))
+            continue;
+        struct gone_range e = old->g[k];
+        e.end = __atomic_load_n(&old->g[k].end, __ATOMIC_RELAXED);
+        if (!(e.base < end && base < e.end)) {
+            next->g[m++] = e;
+            continue;
+        }
+        struct gone_range lo = e, hi = e;
+        lo.end = base;
+        hi.base = end;
+        /* Only an entry wholly around [base, end) splits (one at most: the
+         * entries are disjoint), which the copy has the slot for. */
+        bool has_lo = lo.base < lo.end, has_hi = hi.base < hi.end && !e.one_block;
+        if (has_lo)
+            next->g[m++] = lo;
+        if (has_hi && (!has_lo || n < BFC__GONE_MAX))
+            next->g[m++] = hi;
+    }
+    next->n = m;
+    /* release: as in note_gone. */
+    atomic_store_explicit(&gone_cur, next, memory_order_release);
+    return old;
 }
 
 int bfc__regionmap_gone(uintptr_t p, const void *owner, const void **tag)
@@ -284,10 +341,11 @@ int bfc__regionmap_insert(struct bfc__region *r)
     }
     struct bfc__rmap_entry add = { r->base, r->base + r->size, r };
     copy_entries(next, old, NULL, &add);
-    forget_where(add.base, add.end, NULL);
+    struct gone_set *old_gone = cut_gone(add.base, add.end);
     publish(next);
     bfc__unlock(&wlock);
     retire(old ? &old->rcu : NULL);
+    retire(old_gone ? &old_gone->rcu : NULL);
     return BFC_OK;
 }
 

@@ -91,8 +91,9 @@ void bfc__regionmap_shrink(struct bfc__region *r, bool used);
  * are not kept), BFC_EDOUBLEFREE with *tag (if tag is not NULL) set to its
  * context -- only if that is `owner`, unless owner is NULL; else
  * BFC_ENOTOWNED.  Lock-free (rcu_read_lock inside; one load when nothing
- * ever departed).  A region inserted over a departed range (the memory
- * given out again) erases it; bfc__regionmap_forget erases a context's
+ * ever departed).  A region inserted over part of a departed range (the
+ * memory given out again) cuts that part out of it, the rest stays;
+ * bfc__regionmap_forget erases a context's
  * (its destruction).  Memory the library gave back to the device and that
  * someone else has obtained since reads as a double free while its range
  * is remembered: the library cannot see it change hands.

@@ -430,20 +430,46 @@ START_TEST(test_departed)
     ck_assert_int_eq(gone_of(t.base + 4 * MiB - 256, &tag), BFC_EDOUBLEFREE);
     bfc__regionmap_remove(&t, false);
 
-    /* Given out again: erased; departed again, the newer record decides. */
+    /* Given out again: what is given out leaves the record, the rest of it
+     * stays; departed again, the newer record decides. */
     rgn_init(&again, BASE, 1 * MiB, CTX_B);
     xinsert(&again);
-    ck_assert_int_eq(gone_of(a.base + 1 * MiB, &tag), BFC_ENOTOWNED); /* a's record is gone whole */
+    ck_assert_int_eq(gone_of(a.base + 256, &tag), BFC_ENOTOWNED); /* given out */
+    ck_assert_int_eq(gone_of(a.base + 1 * MiB, &tag), BFC_EDOUBLEFREE); /* not given out */
+    ck_assert_ptr_eq(tag, CTX_A);
     again.large = true;
     bfc__regionmap_remove(&again, true);
     ck_assert_int_eq(gone_of(a.base, &tag), BFC_EDOUBLEFREE);
     ck_assert_ptr_eq(tag, CTX_B);
     ck_assert_int_eq(gone_of(a.base + 256, &tag), BFC_ENOTOWNED);
+    ck_assert_int_eq(gone_of(a.base + 2 * MiB - 256, &tag), BFC_EDOUBLEFREE);
+    ck_assert_ptr_eq(tag, CTX_A);
+
+    /* A region inside a departed range splits it; inside a large block's,
+     * only the part holding the block's start answers. */
+    struct bfc__region mid, bmid;
+    rgn_init(&mid, a.base + 1 * MiB + 256 * 1024, 256 * 1024, CTX_B);
+    xinsert(&mid);
+    ck_assert_int_eq(gone_of(a.base + 1 * MiB, &tag), BFC_EDOUBLEFREE);
+    ck_assert_int_eq(gone_of(mid.base, &tag), BFC_ENOTOWNED);
+    ck_assert_int_eq(gone_of(mid.base + mid.size, &tag), BFC_EDOUBLEFREE);
+    ck_assert_ptr_eq(tag, CTX_A);
+    bfc__regionmap_remove(&mid, false);
+    ck_assert_int_eq(gone_of(mid.base, &tag), BFC_ENOTOWNED); /* given out, never used */
+    rgn_init(&bmid, big.base + 4 * MiB, 4 * MiB, CTX_A);
+    xinsert(&bmid);
+    ck_assert_int_eq(gone_of(big.base, &tag), BFC_EDOUBLEFREE);
+    ck_assert_ptr_eq(tag, CTX_B);
+    bfc__regionmap_remove(&bmid, false);
+    rgn_init(&bmid, big.base, 4 * MiB, CTX_A);
+    xinsert(&bmid);
+    bfc__regionmap_remove(&bmid, false);
+    ck_assert_int_eq(gone_of(big.base, &tag), BFC_ENOTOWNED); /* its start given out */
 
     /* Forgotten with its context. */
     bfc__regionmap_forget(CTX_B);
-    ck_assert_int_eq(gone_of(big.base, &tag), BFC_ENOTOWNED);
     ck_assert_int_eq(gone_of(a.base, &tag), BFC_ENOTOWNED);
+    ck_assert_int_eq(gone_of(a.base + 1 * MiB, &tag), BFC_EDOUBLEFREE); /* CTX_A's stays */
     ck_assert_int_eq(gone_of(t.base + 1 * MiB, &tag), BFC_EDOUBLEFREE); /* CTX_A's stays */
 
     /* The ring: BFC__GONE_MAX departures later, the oldest is forgotten. */
@@ -454,7 +480,7 @@ START_TEST(test_departed)
         bfc__regionmap_remove(&r, true);
     }
     ck_assert_int_eq(gone_of(t.base + 1 * MiB, &tag), BFC_ENOTOWNED);
-    ck_assert_int_eq(gone_of(BASE + 256 * MiB, &tag), BFC_EDOUBLEFREE); /* the oldest of the last 1,024 */
+    ck_assert_int_eq(gone_of(BASE + 256 * MiB, &tag), BFC_EDOUBLEFREE); /* the oldest kept */
     ck_assert_int_eq(gone_of(BASE + 256 * MiB + (BFC__GONE_MAX - 1) * 2 * MiB, &tag), BFC_EDOUBLEFREE);
     bfc__regionmap_forget(CTX_A);
     bfc__regionmap_forget(CTX_B);
