@@ -150,6 +150,8 @@ struct bfc__arena {
     struct cds_lfht_node dir_node;
     struct cds_list_head all;    /* in ctx->arenas; ctx->arenas_lock */
     struct cds_list_head exit_link; /* with an exit_note: in ctx->exit_arenas; ctx->arenas_lock */
+    struct cds_list_head zombie_link; /* retired, not yet dead: in ctx->zombies; ctx->arenas_lock */
+    bool zombie;                 /* in ctx->zombies; ctx->arenas_lock */
     struct rcu_head rcu;
 };
 

@@ -30,6 +30,8 @@ struct bfc_ctx {
     bfc__mutex_t arenas_lock;  /* the arena list: shard create/reclaim, stats, slow path */
     struct cds_list_head arenas; /* bfc__arena.all, newest first */
     struct cds_list_head exit_arenas; /* those with an exit note (shard.c), bfc__arena.exit_link */
+    struct cds_list_head zombies; /* retired, not yet dead (shard.c), bfc__arena.zombie_link */
+    _Atomic size_t nzombies;     /* their number: written under arenas_lock, read relaxed */
     uint64_t arena_seq;
     _Atomic uint64_t ooms;       /* rejected before any shard was involved */
     struct bfc__astats retired;  /* cumulative counters of reclaimed shards (arenas_lock) */

@@ -31,6 +31,8 @@ _Atomic uint64_t bfc__dir_epoch = 1;
 
 __thread struct bfc__shard_cache bfc__shard_last BFC__TLS_IE;
 
+static void reap(struct bfc_ctx *ctx);
+
 static unsigned long hash_id(uint64_t x)
 {
     /* splitmix64 finaliser: SIM ids are small consecutive integers. */
@@ -51,6 +53,8 @@ int bfc__shard_dir_init(struct bfc_ctx *ctx)
 {
     CDS_INIT_LIST_HEAD(&ctx->arenas);
     CDS_INIT_LIST_HEAD(&ctx->exit_arenas);
+    CDS_INIT_LIST_HEAD(&ctx->zombies);
+    atomic_init(&ctx->nzombies, 0);
     ctx->dir = cds_lfht_new(64, 64, 0, CDS_LFHT_AUTO_RESIZE | CDS_LFHT_ACCOUNTING, NULL);
     if (!ctx->dir)
         return BFC_ENOMEM;
@@ -228,9 +232,11 @@ struct bfc__arena *bfc__shard_get_slow(struct bfc_ctx *ctx, bfc_stream_t s, int 
     struct bfc__arena *a = lookup(ctx, id);
     if (!a) {
         /* A shard is being made: the moment to retire those of threads
-         * that have exited (the epoch moves if any goes). */
+         * that have exited (the epoch moves if any goes), and to reclaim
+         * retired ones that hold nothing more. */
         if (bfc__shard_retire_exited(ctx))
             epoch = atomic_load_explicit(&bfc__dir_epoch, memory_order_acquire);
+        reap(ctx);
         struct bfc__arena *mine = bfc__arena_new(&ctx->env, s, id);
         if (!mine) {
             *status = BFC_ENOMEM;
@@ -297,6 +303,63 @@ static void unlink_locked(struct bfc_ctx *ctx, struct bfc__arena *a)
     cds_list_del(&a->all);
     if (a->exit_note)
         cds_list_del(&a->exit_link);
+    if (a->zombie) {
+        cds_list_del(&a->zombie_link);
+        a->zombie = false;
+        /* relaxed: see reap(). */
+        atomic_store_explicit(&ctx->nzombies, atomic_load_explicit(&ctx->nzombies, memory_order_relaxed) - 1,
+                              memory_order_relaxed);
+    }
+}
+
+/* ------------------------------------------------------------- zombies
+ *
+ * A retired shard that still holds something -- a live block, or a freed
+ * one whose fence has not completed -- is reclaimed by whoever sees it hold
+ * nothing more: the free of its last live block (ctx.c, remote.c).  A
+ * fence is seen completed only when someone looks, though, and a block
+ * freed while the freeing stream was busy (the common case on a device) is
+ * still pending at that free.  Nothing else looks at a retired shard but
+ * trim and the OOM path, so streams or threads that come and go would each
+ * leave one behind (70 KB of metadata and its address range).  So every
+ * retired shard that is not dead at once goes on ctx->zombies, and reap()
+ * -- at each shard creation and retirement, when shards come and go --
+ * reclaims those that hold nothing more.  Its walk takes arenas_lock and
+ * each zombie's lock in turn: only where shards are made or retired.
+ */
+
+/* a was retired and is not dead: noted as a zombie.  Inside the read
+ * section that found it (a stays allocated). */
+static void note_zombie(struct bfc_ctx *ctx, struct bfc__arena *a)
+{
+    bfc__lock(&ctx->arenas_lock);
+    if (!a->unlinked && !a->zombie) {
+        a->zombie = true;
+        cds_list_add_tail(&a->zombie_link, &ctx->zombies);
+        atomic_store_explicit(&ctx->nzombies, atomic_load_explicit(&ctx->nzombies, memory_order_relaxed) + 1,
+                              memory_order_relaxed);
+    }
+    bfc__unlock(&ctx->arenas_lock);
+}
+
+/* Reclaims the zombies that hold nothing more (their fences completed). */
+static void reap(struct bfc_ctx *ctx)
+{
+    /* relaxed: a hint; a zombie noted meanwhile waits for the next look. */
+    if (atomic_load_explicit(&ctx->nzombies, memory_order_relaxed) == 0)
+        return;
+    bfc__lock(&ctx->arenas_lock);
+    struct bfc__arena *a;
+    bfc__list_for_each_safe(a, &ctx->zombies, zombie_link) {
+        bfc__lock(&a->lock);
+        bool dead = bfc__arena_maybe_dead_locked(a);
+        bfc__unlock(&a->lock);
+        if (dead) {
+            unlink_locked(ctx, a);
+            bfc__call_rcu(&a->rcu, arena_free_cb);
+        }
+    }
+    bfc__unlock(&ctx->arenas_lock);
 }
 
 void bfc__shard_reclaim(struct bfc__arena *a)
@@ -344,9 +407,12 @@ int bfc__shard_retire(struct bfc_ctx *ctx, bfc_stream_t s)
     struct bfc__arena *a = ctx->be->ops->stream_id(ctx->be, s, &id) == BFC_OK ? lookup(ctx, id) : NULL;
     bool dead = false;
     int st = a ? retire(ctx, a, &dead) : BFC_EINVAL;
+    if (st == BFC_OK && !dead)
+        note_zombie(ctx, a);
     bfc__rcu_unlock();
     if (dead)
         bfc__shard_reclaim(a);
+    reap(ctx);
     return st;
 }
 
@@ -387,7 +453,11 @@ size_t bfc__shard_retire_exited(struct bfc_ctx *ctx)
         bfc__unlock(&ctx->arenas_lock);
         for (size_t i = 0; i < n; i++) {
             dead[i] = false;
-            retired += retire(ctx, got[i], &dead[i]) == BFC_OK;
+            if (retire(ctx, got[i], &dead[i]) == BFC_OK) {
+                retired++;
+                if (!dead[i])
+                    note_zombie(ctx, got[i]);
+            }
         }
         bfc__rcu_unlock();
         for (size_t i = 0; i < n; i++)
