@@ -893,6 +893,9 @@ BFC_API int bfc_ctx_check_report(bfc_ctx_t *ctx, char *buf, size_t len);
  * Human-readable memory map (regions, chunks in address order with state,
  * size, requested size; bin summary), like TensorFlow's memory log; and a
  * machine-readable JSON snapshot (schema in doc/snapshot.md).
+ * BFC_OK; BFC_EINVAL (ctx or f NULL); BFC_EBACKEND when a write to f
+ * failed: f is flushed at the end, so that a full disk is reported here,
+ * and its error indicator is left set.
  * Context: thread-safe; as bfc_ctx_stats, then writes to f while it holds
  * each arena lock in turn, so a write that blocks (a pipe, a slow disk)
  * also holds up that shard's stream; bfc_ctx_snapshot_json also writes the

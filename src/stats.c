@@ -318,7 +318,9 @@ int bfc_ctx_dump(bfc_ctx_t *ctx, FILE *f)
 #undef DUMP_FIELD
     fputc('\n', f);
     bfc__nocancel_end(cs);
-    return ferror(f) ? BFC_EBACKEND : BFC_OK;
+    /* Flushed, with no lock held: a write that fails in the buffer's last
+     * flush (a full disk) is this call's to report. */
+    return fflush(f) != 0 || ferror(f) ? BFC_EBACKEND : BFC_OK;
 }
 
 double bfc_stats_fragmentation(const bfc_stats_t *s)
@@ -443,5 +445,5 @@ int bfc_ctx_snapshot_json(bfc_ctx_t *ctx, FILE *f)
     bfc__unlock(&ctx->arenas_lock);
     fprintf(f, "]}\n");
     bfc__nocancel_end(cs);
-    return ferror(f) ? BFC_EBACKEND : BFC_OK;
+    return fflush(f) != 0 || ferror(f) ? BFC_EBACKEND : BFC_OK; /* as bfc_ctx_dump */
 }

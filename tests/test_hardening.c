@@ -575,6 +575,15 @@ START_TEST(test_null_arguments)
     ck_assert_int_eq(bfc_ctx_dump(ctx, NULL), BFC_EINVAL);
     ck_assert_int_eq(bfc_ctx_snapshot_json(NULL, stderr), BFC_EINVAL);
     ck_assert_int_eq(bfc_ctx_snapshot_json(ctx, NULL), BFC_EINVAL);
+    /* A file that takes no write: reported even when all of it would fit
+     * in the stream's buffer (the last flush is the call's). */
+    FILE *full = fopen("/dev/full", "w");
+    if (full) {
+        ck_assert_int_eq(bfc_ctx_dump(ctx, full), BFC_EBACKEND);
+        clearerr(full);
+        ck_assert_int_eq(bfc_ctx_snapshot_json(ctx, full), BFC_EBACKEND);
+        fclose(full);
+    }
     /* Process-wide and host calls with NULL pointers. */
     ck_assert_int_eq(bfc_free(NULL), BFC_OK);
     ck_assert_int_eq(bfc_stream_free(NULL, s), BFC_OK);
