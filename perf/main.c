@@ -518,8 +518,8 @@ static void print_params(const struct opts *o, const struct perf_prog *replay, c
         static const char *const what[PERF_BASE_N] = {
             "alu = a register-only chain of integer multiply, add, shift, xor per thread",
             "mem = a word of every 64-byte line of 1 MiB per thread, read and written",
-            "ports = alu's step on eight independent chains per thread (as fast as a core"
-            " issues them: CPUs sharing a core gain less here than in alu)",
+            ("ports = alu's step on eight independent chains per thread (as fast as a core"
+             " issues them: CPUs sharing a core gain less here than in alu)"),
         };
         const char *sep = "";
         printf("  baselines: timed at every thread count of every workload, just before its"

@@ -14,6 +14,11 @@
 #      (shardbfc-stat, shardbfc-view) and a trace (shardbfc-replay);
 #   5. nm -D of the installed library: bfc_ names only.
 #
+# Which libraries there must be comes from the build's libtool script
+# (build_libtool_libs, build_old_libs): under --disable-shared steps 2 and 5
+# are skipped and the static link of step 3 must work; under
+# --disable-static step 3 is.
+#
 # Needs MAKE, CC and abs_top_builddir from the test environment (Makefile.am
 # exports them).  Exit 77 (skip) when pkg-config is missing.
 set -u
@@ -27,6 +32,12 @@ cc=${CC:-cc}
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/shardbfc-install.XXXXXX") || exit 1
 trap 'rm -rf "$tmp"' EXIT
 prefix=$tmp/prefix
+
+lt_var() { sed -n "s/^$1=//p" "$builddir/libtool" | head -n 1; }
+[ -f "$builddir/libtool" ] || fail "$builddir/libtool not found"
+shared=$(lt_var build_libtool_libs)
+static=$(lt_var build_old_libs)
+[ "$shared" = yes ] || [ "$static" = yes ] || fail "libtool builds neither a shared nor a static library"
 
 # --------------------------------------------------------------- 1. install
 # MAKEFLAGS from the outer make (-j, the jobserver, -k) is left out: this is
@@ -42,7 +53,11 @@ libdir=$prefix/lib
 export PKG_CONFIG_PATH="$libdir/pkgconfig"
 pc_libdir=$(pkg-config --variable=libdir shardbfc) || fail "pkg-config does not find shardbfc.pc"
 [ "$pc_libdir" = "$libdir" ] || fail "shardbfc.pc says libdir=$pc_libdir, installed in $libdir"
-for f in "$prefix/include/shardbfc.h" "$prefix/include/shardbfc_sim.h" "$libdir/libshardbfc.so" \
+want_lib=
+[ "$shared" = yes ] && want_lib="$libdir/libshardbfc.so"
+[ "$static" = yes ] && want_lib="$want_lib $libdir/libshardbfc.a"
+# shellcheck disable=SC2086
+for f in "$prefix/include/shardbfc.h" "$prefix/include/shardbfc_sim.h" $want_lib \
          "$prefix/share/doc/shardbfc/trace.md" "$prefix/share/doc/shardbfc/snapshot.md" \
          "$prefix/share/doc/shardbfc/PERFORMANCE.md"; do
     [ -f "$f" ] || fail "$f not installed"
@@ -105,6 +120,7 @@ libs=$(pkg-config --libs shardbfc) || fail "pkg-config --libs shardbfc"
 echo "pkg-config --cflags --libs shardbfc: $cflags $libs"
 # The build's own CFLAGS/LDFLAGS: a sanitizer build's library needs its
 # runtime in the program too.
+if [ "$shared" = yes ]; then
 # shellcheck disable=SC2086
 $cc ${BFC_TEST_CFLAGS:-} $cflags "$tmp/prog.c" ${BFC_TEST_LDFLAGS:-} $libs -o "$tmp/prog" 2>"$tmp/cc.log" ||
     { cat "$tmp/cc.log" >&2; fail "cannot build a program with pkg-config --cflags --libs shardbfc"; }
@@ -116,6 +132,9 @@ grep -q 'held by other streams' "$tmp/prog.out" || fail "no OOM diagnosis from t
 $cc ${BFC_TEST_CFLAGS:-} $cflags "$tmp/prog.c" ${BFC_TEST_LDFLAGS:-} $libs -Wl,-rpath,"$pc_libdir" \
     -o "$tmp/prog-rpath" 2>"$tmp/cc.log" || { cat "$tmp/cc.log" >&2; fail "cannot build with an rpath"; }
 "$tmp/prog-rpath" >/dev/null 2>&1 || fail "the program with an rpath to the install failed"
+else
+    echo "libshardbfc.so not built (--disable-shared): the program is linked statically below"
+fi
 
 # --------------------------------------------------------- 3. static link
 static_libs=$(pkg-config --static --libs shardbfc) || fail "pkg-config --static --libs shardbfc"
@@ -123,7 +142,7 @@ echo "pkg-config --static --libs shardbfc: $static_libs"
 case " $static_libs " in
     *" -ludev "*) fail "pkg-config --static pulls -ludev (hwloc's private library)";;
 esac
-if [ -f "$libdir/libshardbfc.a" ]; then
+if [ "$static" = yes ]; then
     # libshardbfc.a itself, then everything else --static names (its own
     # -lshardbfc left out, so that the shared library cannot stand in).
     static_deps=$(echo " $static_libs " | sed 's/ -lshardbfc / /')
@@ -137,11 +156,15 @@ if [ -f "$libdir/libshardbfc.a" ]; then
         readelf -d "$tmp/prog-static" | grep -q 'NEEDED.*libshardbfc'; then
         fail "the statically linked program needs libshardbfc.so"
     fi
-    "$tmp/prog-static" >"$tmp/static.out" 2>&1 ||
+    # Without a shared library, this program leaves step 4 its files.
+    set --
+    [ "$shared" = yes ] || set -- "$tmp/oom.json" "$tmp/trace.csv"
+    "$tmp/prog-static" "$@" >"$tmp/static.out" 2>&1 ||
         { cat "$tmp/static.out" >&2; fail "the statically linked program failed"; }
+    grep -q 'held by other streams' "$tmp/static.out" || fail "no OOM diagnosis from libshardbfc.a"
     echo "static link against libshardbfc.a: ok"
 else
-    echo "libshardbfc.a not installed (--disable-static): static link not tried"
+    echo "libshardbfc.a not built (--disable-static): static link not tried"
 fi
 
 # ------------------------------------------------------------- 4. the tools
@@ -176,7 +199,7 @@ grep -q 'skipped' "$tmp/replay.out" || fail "shardbfc-replay prints no skipped c
 echo "tools on the program's oom_dump and trace: ok"
 
 # ----------------------------------------------------------- 5. exports
-if command -v nm >/dev/null 2>&1; then
+if [ "$shared" = yes ] && command -v nm >/dev/null 2>&1; then
     bad=$(nm -D --defined-only "$libdir/libshardbfc.so" | awk '$2 ~ /^[TDBRVW]$/ {print $3}' |
           grep -v -E '^bfc_[a-z]' | grep -v -E '^(_init|_fini|_edata|_end|__bss_start)$' || true)
     [ -z "$bad" ] || fail "the installed library exports non-bfc_ symbols: $bad"
