@@ -317,10 +317,12 @@ int bfc_ctx_dump(bfc_ctx_t *ctx, FILE *f)
     BFC_STATS_FIELDS(DUMP_FIELD)
 #undef DUMP_FIELD
     fputc('\n', f);
+    /* Flushed: a write that fails in the buffer's last flush (a full disk)
+     * is this call's to report.  Before cancellation is on again: no call
+     * acts on a cancellation request (shardbfc.h). */
+    int st = fflush(f) != 0 || ferror(f) ? BFC_EBACKEND : BFC_OK;
     bfc__nocancel_end(cs);
-    /* Flushed, with no lock held: a write that fails in the buffer's last
-     * flush (a full disk) is this call's to report. */
-    return fflush(f) != 0 || ferror(f) ? BFC_EBACKEND : BFC_OK;
+    return st;
 }
 
 double bfc_stats_fragmentation(const bfc_stats_t *s)
@@ -444,6 +446,7 @@ int bfc_ctx_snapshot_json(bfc_ctx_t *ctx, FILE *f)
     }
     bfc__unlock(&ctx->arenas_lock);
     fprintf(f, "]}\n");
+    int st = fflush(f) != 0 || ferror(f) ? BFC_EBACKEND : BFC_OK; /* as bfc_ctx_dump */
     bfc__nocancel_end(cs);
-    return fflush(f) != 0 || ferror(f) ? BFC_EBACKEND : BFC_OK; /* as bfc_ctx_dump */
+    return st;
 }

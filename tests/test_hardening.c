@@ -1680,6 +1680,7 @@ struct cancel_arg {
     bfc_stream_t s;
     FILE *f;    /* the dump's file (the pipe's write end) */
     bool trace; /* else a dump */
+    atomic_bool returned; /* the dump returned: the call did not act on the request */
 };
 
 static void *cancel_victim(void *v)
@@ -1687,6 +1688,7 @@ static void *cancel_victim(void *v)
     struct cancel_arg *a = v;
     if (!a->trace) {
         (void)bfc_ctx_dump(a->ctx, a->f);
+        atomic_store(&a->returned, true);
         for (;;)
             pthread_testcancel();
     }
@@ -1773,6 +1775,9 @@ static void cancel_while_writing(bool trace)
     void *res = NULL;
     ck_assert_msg(join_draining(t, fds[0], 5000, &res), "the cancelled thread did not end");
     ck_assert_ptr_eq(res, PTHREAD_CANCELED);
+    /* No call acts on a cancellation request (shardbfc.h): the dump
+     * returned, its last flush included, and the thread ended after it. */
+    ck_assert(trace || atomic_load(&a.returned));
     pthread_t probe;
     ck_assert_int_eq(pthread_create(&probe, NULL, cancel_probe, &a), 0);
     void *ok = NULL;
