@@ -58,8 +58,9 @@ want_lib=
 [ "$static" = yes ] && want_lib="$want_lib $libdir/libshardbfc.a"
 # shellcheck disable=SC2086
 for f in "$prefix/include/shardbfc.h" "$prefix/include/shardbfc_sim.h" $want_lib \
-         "$prefix/share/doc/shardbfc/trace.md" "$prefix/share/doc/shardbfc/snapshot.md" \
-         "$prefix/share/doc/shardbfc/PERFORMANCE.md"; do
+         "$prefix/share/doc/shardbfc/README.md" "$prefix/share/doc/shardbfc/doc/trace.md" \
+         "$prefix/share/doc/shardbfc/doc/snapshot.md" "$prefix/share/doc/shardbfc/doc/PERFORMANCE.md" \
+         "$prefix/share/doc/shardbfc/doc/ARCHITECTURE.md"; do
     [ -f "$f" ] || fail "$f not installed"
 done
 

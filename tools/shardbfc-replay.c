@@ -72,7 +72,7 @@ static void help(void)
            "\n"
            "Exit status: 0; 1 when a run failed (bad SPEC, unreadable trace); 2 on a\n"
            "usage error.  See shardbfc-replay(1) and trace.md\n"
-           "(share/doc/shardbfc).\n");
+           "(share/doc/shardbfc/doc).\n");
 }
 
 /* Length of the well-formed UTF-8 sequence at s (RFC 3629: no overlong

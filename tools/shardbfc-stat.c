@@ -77,7 +77,7 @@ static void help(void)
            "\n"
            "SNAPSHOT.json may be \"-\" (standard input).  Exit status: 0; 1 on a bad\n"
            "input; 2 on a usage error.  See shardbfc-stat(1) and snapshot.md\n"
-           "(share/doc/shardbfc).\n");
+           "(share/doc/shardbfc/doc).\n");
 }
 
 /* The OOM report of an oom_dump file (or any snapshot after a failure). */

@@ -31,7 +31,7 @@ static void help(void)
            "\n"
            "SNAPSHOT.json may be \"-\" (standard input).  Exit status: 0; 1 on a bad\n"
            "input or a write error; 2 on a usage error.  See shardbfc-view(1) and\n"
-           "snapshot.md (share/doc/shardbfc).\n");
+           "snapshot.md (share/doc/shardbfc/doc).\n");
 }
 
 int main(int argc, char **argv)
