@@ -164,10 +164,13 @@ static int host_mem_alloc(bfc__backend_t *be, size_t size, void **out)
 static int host_mem_free(bfc__backend_t *be, void *p, size_t size)
 {
     struct host_backend *h = hb(be);
+    /* Still registered, the pages stay mapped: the driver may still reach
+     * them.  The region pool keeps a segment whose free failed and offers
+     * it again. */
     int st = h->inner->ops->host_unregister(h->inner, p);
-    if (munmap(p, size) != 0)
-        return BFC_EBACKEND;
-    return st;
+    if (st != BFC_OK)
+        return st;
+    return munmap(p, size) == 0 ? BFC_OK : BFC_EBACKEND;
 }
 
 static int host_event_create(bfc__backend_t *be, bfc__event_t *out)
@@ -337,6 +340,11 @@ int bfc__backend_host_open(const bfc_config_t *cfg, void *topo, int node, bool b
     snprintf(h->base.name, sizeof(h->base.name), "host-node%d/%.32s", node, h->inner->name);
     *out = &h->base;
     return BFC_OK;
+}
+
+bfc__backend_t *bfc__backend_host_inner(bfc__backend_t *be)
+{
+    return hb(be)->inner;
 }
 
 uint64_t bfc__backend_host_bind_failures(bfc__backend_t *be)

@@ -40,5 +40,8 @@ bool bfc__backend_host_thread_id(bfc_stream_t s, uint64_t *id);
 int bfc__backend_host_open(const bfc_config_t *cfg, void *topo, int node, bool bind, size_t limit,
                            bfc__backend_t **out);
 uint64_t bfc__backend_host_bind_failures(bfc__backend_t *be);
+/* The device backend it registers memory with (tests: SIM's fault
+ * injection). */
+bfc__backend_t *bfc__backend_host_inner(bfc__backend_t *be);
 
 #endif /* BFC_BACKEND_HOST_H */

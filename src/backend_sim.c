@@ -388,8 +388,15 @@ static int sim_host_register(bfc__backend_t *be, void *p, size_t n)
 
 static int sim_host_unregister(bfc__backend_t *be, void *p)
 {
-    (void)be;
+    struct sim_backend *b = sim_of(be);
+
     (void)p;
+    /* A device free too, for fault injection: a driver that will not let
+     * go of a registration. */
+    if (every_nth(&b->fail_free_every, &b->free_calls)) {
+        atomic_fetch_add_explicit(&b->failures, 1, memory_order_relaxed);
+        return BFC_EBACKEND;
+    }
     return BFC_OK;
 }
 

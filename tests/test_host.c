@@ -332,6 +332,28 @@ START_TEST(test_synthetic_two_nodes)
 }
 END_TEST
 
+/* A registration the driver will not let go of: the pages stay mapped
+ * (the driver may still reach them), the free fails, and a later free,
+ * once the driver lets go, returns them. */
+START_TEST(test_unregister_refused)
+{
+    bfc_config_t c;
+    bfc_config_init(&c);
+    c.backend = BFC_BACKEND_SIM;
+    bfc__backend_t *be;
+    ck_assert_int_eq(bfc__backend_host_open(&c, NULL, 0, false, 64 * BFC__MiB, &be), BFC_OK);
+    void *p = NULL;
+    ck_assert_int_eq(be->ops->mem_alloc(be, 2 * BFC__MiB, &p), BFC_OK);
+    memset(p, 1, 2 * BFC__MiB);
+    bfc__sim_fail_free_every(bfc__backend_host_inner(be), 1);
+    ck_assert_int_eq(be->ops->mem_free(be, p, 2 * BFC__MiB), BFC_EBACKEND);
+    memset(p, 2, 2 * BFC__MiB); /* still mapped */
+    bfc__sim_fail_free_every(bfc__backend_host_inner(be), 0);
+    ck_assert_int_eq(be->ops->mem_free(be, p, 2 * BFC__MiB), BFC_OK);
+    be->ops->close(be);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("host");
@@ -346,6 +368,7 @@ int main(void)
     tcase_add_test(tc, test_bad_input);
     tcase_add_test(tc, test_host_numa_config);
     tcase_add_test(tc, test_synthetic_two_nodes);
+    tcase_add_test(tc, test_unregister_refused);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_ENV);
