@@ -548,8 +548,11 @@ BFC_API int bfc_ctx_free(bfc_ctx_t *ctx, void *p, bfc_stream_t stream);
  * Declares that p is also used by `stream`: when p is freed, its reuse is
  * fenced on the work queued on `stream` up to the free, too (PyTorch's
  * recordStream).  Recording the owner stream is a no-op.
- * BFC_ENOTOWNED / BFC_EDOUBLEFREE as for bfc_ctx_free; BFC_ENOMEM if the
- * record cannot be stored.
+ * BFC_OK; BFC_ENOTOWNED / BFC_EDOUBLEFREE as for bfc_ctx_free; BFC_EINVAL
+ * (ctx or p NULL, or a stream the backend refuses); BFC_ENOMEM if the
+ * record cannot be stored; BFC_EBACKEND if the runtime fails to name the
+ * stream (cudaStreamGetId, or making the stream's device current).  On any
+ * failure nothing is recorded.
  * Context: thread-safe; takes the owner arena's lock; does not block.
  */
 BFC_API int bfc_ctx_record_stream(bfc_ctx_t *ctx, void *p, bfc_stream_t stream);
