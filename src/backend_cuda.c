@@ -709,6 +709,11 @@ static int cuda_va_release(bfc__backend_t *be, uintptr_t base, size_t size)
     return st;
 }
 
+static size_t cuda_va_mapped(bfc__backend_t *be, uintptr_t base, size_t size)
+{
+    return be->vmm_granule ? bfc__vmm_book_res_mapped(&cuda_of(be)->book, base, size) : 0;
+}
+
 static int cuda_va_map(bfc__backend_t *be, uintptr_t addr, size_t size)
 {
     struct cuda_backend *b = cuda_of(be);
@@ -841,6 +846,7 @@ static const struct bfc__backend_ops cuda_ops = {
     .host_unregister = cuda_host_unregister,
     .va_reserve = cuda_va_reserve,
     .va_release = cuda_va_release,
+    .va_mapped = cuda_va_mapped,
     .va_map = cuda_va_map,
     .va_unmap = cuda_va_unmap,
     .close = cuda_close,

@@ -281,6 +281,14 @@ static int host_va_range(bfc__backend_t *be, uintptr_t addr, size_t size)
     return BFC_EINVAL;
 }
 
+static size_t host_va_mapped(bfc__backend_t *be, uintptr_t base, size_t size)
+{
+    (void)be;
+    (void)base;
+    (void)size;
+    return 0;
+}
+
 static int host_va_unmap(bfc__backend_t *be, uintptr_t addr, size_t size, size_t *done)
 {
     if (done)
@@ -312,6 +320,7 @@ static const struct bfc__backend_ops host_ops = {
     .host_unregister = host_unregister,
     .va_reserve = host_va_reserve,
     .va_release = host_va_range,
+    .va_mapped = host_va_mapped,
     .va_map = host_va_range,
     .va_unmap = host_va_unmap,
     .close = host_close,

@@ -490,6 +490,11 @@ static int sim_va_release(bfc__backend_t *be, uintptr_t base, size_t size)
     return st;
 }
 
+static size_t sim_va_mapped(bfc__backend_t *be, uintptr_t base, size_t size)
+{
+    return bfc__vmm_book_res_mapped(&sim_of(be)->book, base, size);
+}
+
 static int sim_va_map(bfc__backend_t *be, uintptr_t addr, size_t size)
 {
     struct sim_backend *b = sim_of(be);
@@ -964,6 +969,7 @@ static const struct bfc__backend_ops sim_ops = {
     .host_unregister = sim_host_unregister,
     .va_reserve = sim_va_reserve,
     .va_release = sim_va_release,
+    .va_mapped = sim_va_mapped,
     .va_map = sim_va_map,
     .va_unmap = sim_va_unmap,
     .close = sim_close,

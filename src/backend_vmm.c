@@ -176,6 +176,15 @@ struct bfc__vmm_res *bfc__vmm_book_exact(bfc__vmm_book_t *bk, uintptr_t base, si
     return r && r->base == base && r->size == size ? r : NULL;
 }
 
+size_t bfc__vmm_book_res_mapped(bfc__vmm_book_t *bk, uintptr_t base, size_t size)
+{
+    bfc__lock(&bk->lock);
+    struct bfc__vmm_res *r = bfc__vmm_book_exact(bk, base, size);
+    size_t n = r ? r->n_mapped * bk->granule : 0;
+    bfc__unlock(&bk->lock);
+    return n;
+}
+
 void bfc__vmm_book_remove(bfc__vmm_book_t *bk, struct bfc__vmm_res *r)
 {
     size_t i = (size_t)(r - bk->res);

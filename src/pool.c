@@ -178,6 +178,25 @@ static void span_insert_locked(struct bfc__pool *p, uintptr_t base, size_t size,
     }
 }
 
+/* Mapped bytes charged against the limit (add) or given back. */
+static void vmm_charge_locked(struct bfc__pool *p, size_t size, bool add)
+{
+    size_t committed = atomic_load_explicit(&p->committed, memory_order_relaxed);
+    /* relaxed: see carve_locked. */
+    atomic_store_explicit(&p->committed, add ? committed + size : committed - size, memory_order_relaxed);
+    if (add) {
+        p->vmm_mapped += size;
+        p->held += size;
+        if (p->held > p->peak_held) {
+            p->peak_held = p->held;
+            p->peak_rise_maps = p->vmm_maps; /* this map's number, counted from 0 */
+        }
+    } else {
+        p->vmm_mapped -= size;
+        p->held -= size;
+    }
+}
+
 /* Departed reservations whose fences completed (all: every one, teardown)
  * go back to the backend. */
 static void vmm_gone_poll_locked(struct bfc__pool *p, bool all)
@@ -194,21 +213,21 @@ static void vmm_gone_poll_locked(struct bfc__pool *p, bool all)
             fcache_put_locked(p, g->fence);
         g->fence = NULL;
         if (st != BFC_OK && !all) {
-            /* The device refused part way; its book keeps what it still
-             * holds.  All of g stays charged (a bound until the retry: some
-             * granules may be gone, so no shard adopts it), and the next
-             * poll offers it again. */
+            /* The device refused part way; its book says what it still
+             * holds, which stays charged.  No shard adopts g (its bits are
+             * stale), and the next poll offers it again. */
+            size_t still = p->be->ops->va_mapped(p->be, g->base, g->size);
+            if (still < g->mapped) {
+                vmm_charge_locked(p, g->mapped - still, false);
+                g->mapped = still;
+            }
             g->refused = true;
             p->refusals++;
             pp = &g->next;
             continue;
         }
         *pp = g->next;
-        p->vmm_mapped -= g->mapped;
-        p->held -= g->mapped;
-        size_t committed = atomic_load_explicit(&p->committed, memory_order_relaxed);
-        /* relaxed: see carve_locked. */
-        atomic_store_explicit(&p->committed, committed - g->mapped, memory_order_relaxed);
+        vmm_charge_locked(p, g->mapped, false);
         if (g->mapped)
             p->vmm_unmaps++;
         bfc__meta_free(g->bits, g->words * sizeof(uint64_t));
@@ -777,24 +796,6 @@ int bfc__pool_vmm_reserve(struct bfc__pool *p, size_t size, uintptr_t *base)
 void bfc__pool_vmm_unreserve(struct bfc__pool *p, uintptr_t base, size_t size)
 {
     (void)p->be->ops->va_release(p->be, base, size);
-}
-
-static void vmm_charge_locked(struct bfc__pool *p, size_t size, bool add)
-{
-    size_t committed = atomic_load_explicit(&p->committed, memory_order_relaxed);
-    /* relaxed: see carve_locked. */
-    atomic_store_explicit(&p->committed, add ? committed + size : committed - size, memory_order_relaxed);
-    if (add) {
-        p->vmm_mapped += size;
-        p->held += size;
-        if (p->held > p->peak_held) {
-            p->peak_held = p->held;
-            p->peak_rise_maps = p->vmm_maps; /* this map's number, counted from 0 */
-        }
-    } else {
-        p->vmm_mapped -= size;
-        p->held -= size;
-    }
 }
 
 int bfc__pool_vmm_map(struct bfc__pool *p, uintptr_t addr, size_t size)
