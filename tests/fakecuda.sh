@@ -2,10 +2,11 @@
 # fakecuda.sh -- `make check`: the CUDA backend's GPU tests on the fake
 # runtime (tests/fakecuda/libcudart.so.13, fake_cudart.c), with or without
 # a GPU: tests/test_backend_cuda as built, and tests/test_gpu_streams.c
-# built with host kernels (tests/fakecuda/test_gpu_streams_host).
+# built with host kernels (tests/fakecuda/test_gpu_streams_host), and
+# tests/fakecuda/test_cuda_faults (the runtime's refusals, injected).
 #
 #   - the fake defines, under the version node libcudart.so.13, every
-#     cudart symbol the two programs import (nm -D), so none of them can
+#     cudart symbol the programs import (nm -D), so none of them can
 #     resolve to the real runtime nor be missing at a call;
 #   - each program runs with the fake's directory first on LD_LIBRARY_PATH
 #     (the programs' RUNPATH to the toolkit comes after it) and LD_DEBUG=libs:
@@ -48,7 +49,7 @@ fakedir=$(cd "$top/tests/fakecuda" 2>/dev/null && pwd) || {
     exit 1
 }
 fake=$fakedir/libcudart.so.13
-progs="tests/test_backend_cuda tests/fakecuda/test_gpu_streams_host"
+progs="tests/test_backend_cuda tests/fakecuda/test_gpu_streams_host tests/fakecuda/test_cuda_faults"
 for p in $fake $progs; do
     case $p in /*) f=$p ;; *) f=$top/$p ;; esac
     [ -f "$f" ] || { echo "fakecuda: $f is not built (make check builds it)"; exit 1; }
@@ -126,6 +127,7 @@ run() { # name program
 # cannot start on anything but the fake either) write logs of their own.
 run backend_cuda tests/test_backend_cuda
 run gpu_streams tests/fakecuda/test_gpu_streams_host
+run cuda_faults tests/fakecuda/test_cuda_faults
 
-[ $fail -eq 0 ] && echo "fakecuda: both GPU test programs passed on the fake runtime"
+[ $fail -eq 0 ] && echo "fakecuda: the GPU test programs passed on the fake runtime"
 exit $fail
