@@ -139,6 +139,25 @@ static bfc_ctx_t *ctx_from(const char *spec)
     return ctx;
 }
 
+/* ctx_from for an expandable row: NULL when vmm=on is refused, by the
+ * parser (a build without virtual-memory arenas) or at creation (a device
+ * without virtual memory management). */
+static bfc_ctx_t *ctx_vmm(const char *spec)
+{
+    bfc_config_t cfg;
+    bfc_ctx_t *ctx = NULL;
+
+    bfc_config_init(&cfg);
+    ck_assert_int_eq(bfc_config_parse(&cfg, "backend=cuda"), BFC_OK);
+    if (bfc_config_parse(&cfg, spec) != BFC_OK)
+        return NULL;
+    int st = bfc_ctx_create(&cfg, &ctx);
+    if (st == BFC_EINVAL)
+        return NULL;
+    ck_assert_msg(st == BFC_OK, "%s: %s", spec, bfc_err_name(st));
+    return ctx;
+}
+
 /* Words of [p, p+n) not holding tag's pattern (after a full
  * synchronisation); ULLONG_MAX when the device calls fail.  Asserts
  * nothing, so it may run where an assertion must not unwind. */
@@ -249,7 +268,7 @@ struct path {
  * asserted; an early unmap shows as a fault of A's late fill, a wrong remap
  * as corrupted data. */
 #define VTIGHT "memory_limit=32M,retry_ms=20000,vmm=on,release_threshold=0"
-#define NOVMM "this build has no virtual-memory arenas (vmm=on refused)"
+#define NOVMM "no virtual-memory arenas here (vmm=on refused: the build or the device)"
 #define TIGHT_SET {16 * MiB, 4 * MiB, MiB}
 
 static const struct path paths[] = {
@@ -288,7 +307,6 @@ static const struct path paths[] = {
 
 static void run_path(const struct path *pt)
 {
-    bfc_config_t cfg;
     bfc_ctx_t *ctx;
     cudaStream_t a, b = new_stream(), c = new_stream(), t;
     cudaEvent_t a_done;
@@ -298,14 +316,13 @@ static void run_path(const struct path *pt)
     bfc_stats_t st;
     double t0, waited;
 
-    bfc_config_init(&cfg);
-    if (pt->skip_if_refused && bfc_config_parse(&cfg, pt->conf) != BFC_OK) {
+    ctx = pt->skip_if_refused ? ctx_vmm(pt->conf) : ctx_from(pt->conf);
+    if (!ctx) {
         printf("test_gpu_streams: %s: SKIP: %s\n", pt->name, pt->skip_if_refused);
         CUDA_OK(cudaStreamDestroy(b));
         CUDA_OK(cudaStreamDestroy(c));
         return;
     }
-    ctx = ctx_from(pt->conf);
     a = pt->owner_legacy ? cudaStreamLegacy : new_stream();
     t = pt->take == TAKE_OWNER ? a : c;
     while (nb < MAXB && pt->sizes[nb]) {
@@ -551,7 +568,6 @@ static void *pt_owner_main(void *arg)
 
 static void per_thread_departure(const char *conf, bool vmm, bool exits)
 {
-    bfc_config_t cfg;
     bfc_ctx_t *ctx;
     pthread_barrier_t bar;
     pthread_t th;
@@ -562,13 +578,12 @@ static void per_thread_departure(const char *conf, bool vmm, bool exits)
     int fails = 0;
     cudaStream_t c = new_stream();
 
-    bfc_config_init(&cfg);
-    if (vmm && bfc_config_parse(&cfg, conf) != BFC_OK) {
+    ctx = vmm ? ctx_vmm(conf) : ctx_from(conf);
+    if (!ctx) {
         printf("test_gpu_streams: per-thread departure%s (vmm): SKIP: %s\n", exits ? ", owner exited" : "", NOVMM);
         CUDA_OK(cudaStreamDestroy(c));
         return;
     }
-    ctx = ctx_from(conf);
     memset(&o, 0, sizeof o);
     o.ctx = ctx;
     o.bar = &bar;
