@@ -563,7 +563,9 @@ BFC_API int bfc_ctx_record_stream(bfc_ctx_t *ctx, void *p, bfc_stream_t stream);
  * recorded on `stream` now (other streams get that memory once the work
  * queued on `stream` so far has completed), its live blocks stay valid and
  * are freed normally later (the arena is reclaimed after its last block,
- * after an RCU grace period).  Call it before destroying the stream.  A later
+ * after an RCU grace period; when that block's free was fenced on work
+ * still queued, at the next shard made or released once that work has
+ * ended).  Call it before destroying the stream.  A later
  * allocation on the same stream creates a new shard, which may take back at
  * once what the old one left fenced on the stream (its later work runs
  * after the earlier), without waiting for that work.
