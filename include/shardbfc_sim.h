@@ -93,8 +93,9 @@ BFC_API void bfc_sim_stream_drain(bfc_ctx_t *ctx, bfc_stream_t s);
  * memory allocation / every Nth event record or query / every Nth device
  * free of ctx's SIM backend fails (0 turns it off).  A refused free keeps
  * its memory held, as a driver's would: a region's free, or the unmap of
- * one granule (with this injection on, unmaps go a granule at a time, so
- * that a refusal can come part way through a range).  The allocator must
+ * one granule (with this injection on, unmaps and the release of a
+ * reservation go a granule at a time, so that a refusal can come part way
+ * through a range).  The allocator must
  * go on counting what the device still holds, and may offer it again.
  * bfc_sim_set_alloc_ceiling: device allocations succeed only while the
  * backend holds at most `bytes` (SIZE_MAX = off).

@@ -474,6 +474,28 @@ static int sim_va_release(bfc__backend_t *be, uintptr_t base, size_t size)
 
     bfc__lock(&b->book.lock);
     r = bfc__vmm_book_exact(&b->book, base, size);
+    /* With free faults injected the mapped granules go one at a time
+     * first, as a driver's do, so that a refusal can come part way: the
+     * reservation then stays in the book with the rest. */
+    if (r && atomic_load_explicit(&b->fail_free_every, memory_order_relaxed) != 0) {
+        size_t g = b->book.granule, len;
+        uintptr_t a = base;
+        while (r && bfc__vmm_book_next_run(&b->book, r, &a, &len)) {
+            if (every_nth(&b->fail_free_every, &b->free_calls)) {
+                atomic_fetch_add_explicit(&b->failures, 1, memory_order_relaxed);
+                r = NULL;
+                st = BFC_EBACKEND;
+                break;
+            }
+            if (madvise((void *)a, g, MADV_DONTNEED) != 0 || mprotect((void *)a, g, PROT_NONE) != 0) {
+                r = NULL;
+                st = BFC_EBACKEND;
+                break;
+            }
+            bfc__vmm_book_mark(&b->book, r, a, g, false);
+            atomic_fetch_sub_explicit(&b->held, g, memory_order_relaxed);
+        }
+    }
     if (r) {
         size_t mapped = r->n_mapped * b->book.granule;
 

@@ -833,7 +833,9 @@ int bfc__pool_vmm_unmap(struct bfc__pool *p, uintptr_t addr, size_t size, size_t
      * stay mapped, held against the limit, and the caller keeps them. */
     vmm_charge_locked(p, gone, false);
     p->vmm_unmaps++;
-    if (st != BFC_OK)
+    /* A refusal is memory the device kept: a failure after the unmap (the
+     * caller's device not restored) leaves none. */
+    if (gone < size)
         p->refusals++;
     bfc__unlock(&p->lock);
     *done = gone;

@@ -668,21 +668,26 @@ END_TEST
  * unmap part way through a range): that memory stays held and counted --
  * bytes_reserved is what the device holds, the limit still covers it --
  * trim says BFC_EBACKEND, the allocator serves from it, and a later trim
- * gives it back.  Loop: classic regions, expandable arenas. */
+ * gives it back.  Loop: classic regions, expandable arenas, and expandable
+ * arenas whose stream is released with nothing live (its reservation
+ * departs with its granules mapped, and its release is refused part way:
+ * the pool keeps charging what is still mapped). */
 START_TEST(test_fail_free_kept)
 {
-    const bool vmm = _i == 1;
+    const bool vmm = _i >= 1, depart = _i == 2;
     const size_t limit = 64 * MiB;
     bfc_config_t c = cfg_sim(limit);
     c.vmm = vmm ? BFC_VMM_ON : BFC_VMM_OFF;
     c.large_alloc = 0;
+    if (depart)
+        c.release_threshold = limit; /* the frees unmap nothing */
     bfc_ctx_t *ctx;
     ck_assert_int_eq(bfc_ctx_create(&c, &ctx), BFC_OK);
     bfc_stream_t s = bfc_sim_stream_create(ctx);
     /* A live block: an expandable shard with nothing live would hand its
      * whole reservation over instead of unmapping granules. */
-    void *keep = bfc_ctx_alloc(ctx, s, 4 * KiB);
-    ck_assert_ptr_nonnull(keep);
+    void *keep = depart ? NULL : bfc_ctx_alloc(ctx, s, 4 * KiB);
+    ck_assert(depart || keep);
     enum { N = 6 };
     void *v[N];
     for (int round = 0; round < 2; round++) {
@@ -701,6 +706,15 @@ START_TEST(test_fail_free_kept)
         for (int i = 0; i < N; i++)
             ck_assert_int_eq(bfc_ctx_free(ctx, v[i], s), BFC_OK);
         ck_assert_uint_eq(st(ctx).bytes_reserved, bfc_sim_backend_bytes_held(ctx));
+        if (depart) {
+            /* The release comes at once (no work queued): refused there. */
+            ck_assert_int_eq(bfc_ctx_stream_release(ctx, s), BFC_OK);
+            ck_assert_uint_eq(st(ctx).bytes_reserved, bfc_sim_backend_bytes_held(ctx));
+            ck_assert_uint_gt(st(ctx).bytes_reserved, 16 * MiB);
+            bfc_sim_fail_free_every(ctx, 0);
+            xcheck(ctx);
+            continue;
+        }
         ck_assert_int_eq(bfc_ctx_trim(ctx), BFC_EBACKEND);
         bfc_stats_t after = st(ctx);
         ck_assert_uint_eq(after.bytes_reserved, bfc_sim_backend_bytes_held(ctx));
@@ -738,7 +752,7 @@ int main(void)
     tcase_add_loop_test(tc, test_fail_meta_every, 0, (int)(sizeof meta_every / sizeof meta_every[0]));
     tcase_add_test(tc, test_threads_under_faults);
     tcase_add_test(tc, test_meta_failure_counted);
-    tcase_add_loop_test(tc, test_fail_free_kept, 0, 2);
+    tcase_add_loop_test(tc, test_fail_free_kept, 0, 3);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_ENV);
