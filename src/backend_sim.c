@@ -292,6 +292,17 @@ static bool every_nth(atomic_uint *every, atomic_uint *calls)
     return c % n == 0;
 }
 
+/* True when the free-fault injector refuses this free (counted as a
+ * failure): a region's free, a granule's unmap, a host unregistration. */
+static bool free_refused(struct sim_backend *b)
+{
+    if (!every_nth(&b->fail_free_every, &b->free_calls))
+        return false;
+    /* relaxed: a statistic. */
+    atomic_fetch_add_explicit(&b->failures, 1, memory_order_relaxed);
+    return true;
+}
+
 /*
  * Counts `size` more bytes held, unless the fault injector fires or the
  * ceiling would be passed (true: refused, counted as a failure).  Shared by
@@ -355,11 +366,8 @@ static int sim_mem_free(bfc__backend_t *be, void *p, size_t size)
         return BFC_OK;
     if (size == 0 || ((uintptr_t)p & (BFC__MIN_ALLOC - 1)) != 0)
         return BFC_EINVAL;
-    if (every_nth(&b->fail_free_every, &b->free_calls)) {
-        /* relaxed: a statistic. */
-        atomic_fetch_add_explicit(&b->failures, 1, memory_order_relaxed);
+    if (free_refused(b))
         return BFC_EBACKEND; /* the memory stays, held */
-    }
     if (munmap(p, sim_map_size(size)) != 0)
         return BFC_EBACKEND;
     atomic_fetch_sub_explicit(&b->held, size, memory_order_relaxed);
@@ -393,11 +401,7 @@ static int sim_host_unregister(bfc__backend_t *be, void *p)
     (void)p;
     /* A device free too, for fault injection: a driver that will not let
      * go of a registration. */
-    if (every_nth(&b->fail_free_every, &b->free_calls)) {
-        atomic_fetch_add_explicit(&b->failures, 1, memory_order_relaxed);
-        return BFC_EBACKEND;
-    }
-    return BFC_OK;
+    return free_refused(b) ? BFC_EBACKEND : BFC_OK;
 }
 
 /* ------------------------------------------------------ virtual memory */
@@ -466,6 +470,43 @@ static int sim_va_reserve(bfc__backend_t *be, size_t size, uintptr_t *base)
     return BFC_OK;
 }
 
+/*
+ * Unmaps [addr, addr + size), mapped granules of r, under the book's lock:
+ * the pages go back to the kernel, the range faults again, the book and
+ * the held count follow.  *done: the bytes unmapped from addr.  With free
+ * faults injected the granules go one at a time, as a driver's do, so
+ * that a refusal can come part way (BFC_EBACKEND).
+ */
+static int unmap_locked(struct sim_backend *b, struct bfc__vmm_res *r, uintptr_t addr, size_t size,
+                        size_t *done)
+{
+    size_t g = b->book.granule, len = size;
+    int st = BFC_OK;
+
+    if (atomic_load_explicit(&b->fail_free_every, memory_order_relaxed) != 0)
+        len = g;
+    for (*done = 0; *done < size; *done += len) {
+        if (len == g && free_refused(b)) {
+            st = BFC_EBACKEND;
+            break;
+        }
+        /*
+         * Drop the pages first: if the mprotect below failed, the granules
+         * would still be mapped (fresh zero pages), as the book says.  The
+         * other order could leave inaccessible pages the book calls mapped.
+         */
+        if (madvise((void *)(addr + *done), len, MADV_DONTNEED) != 0 ||
+            mprotect((void *)(addr + *done), len, PROT_NONE) != 0) {
+            st = BFC_EBACKEND;
+            break;
+        }
+    }
+    bfc__vmm_book_mark(&b->book, r, addr, *done, false);
+    /* relaxed: a byte count (see sim_take). */
+    atomic_fetch_sub_explicit(&b->held, *done, memory_order_relaxed);
+    return st;
+}
+
 static int sim_va_release(bfc__backend_t *be, uintptr_t base, size_t size)
 {
     struct sim_backend *b = sim_of(be);
@@ -474,27 +515,17 @@ static int sim_va_release(bfc__backend_t *be, uintptr_t base, size_t size)
 
     bfc__lock(&b->book.lock);
     r = bfc__vmm_book_exact(&b->book, base, size);
-    /* With free faults injected the mapped granules go one at a time
-     * first, as a driver's do, so that a refusal can come part way: the
-     * reservation then stays in the book with the rest. */
+    /* With free faults injected the mapped runs are unmapped first, as a
+     * driver's are, so that a refusal can come part way: the reservation
+     * then stays in the book with the rest. */
     if (r && atomic_load_explicit(&b->fail_free_every, memory_order_relaxed) != 0) {
-        size_t g = b->book.granule, len;
         uintptr_t a = base;
-        while (r && bfc__vmm_book_next_run(&b->book, r, &a, &len)) {
-            if (every_nth(&b->fail_free_every, &b->free_calls)) {
-                atomic_fetch_add_explicit(&b->failures, 1, memory_order_relaxed);
+        size_t len, done;
+        while (bfc__vmm_book_next_run(&b->book, r, &a, &len))
+            if ((st = unmap_locked(b, r, a, len, &done)) != BFC_OK) {
                 r = NULL;
-                st = BFC_EBACKEND;
                 break;
             }
-            if (madvise((void *)a, g, MADV_DONTNEED) != 0 || mprotect((void *)a, g, PROT_NONE) != 0) {
-                r = NULL;
-                st = BFC_EBACKEND;
-                break;
-            }
-            bfc__vmm_book_mark(&b->book, r, a, g, false);
-            atomic_fetch_sub_explicit(&b->held, g, memory_order_relaxed);
-        }
     }
     if (r) {
         size_t mapped = r->n_mapped * b->book.granule;
@@ -554,41 +585,16 @@ out:
 static int sim_va_unmap(bfc__backend_t *be, uintptr_t addr, size_t size, size_t *donep)
 {
     struct sim_backend *b = sim_of(be);
-    size_t g = be->vmm_granule, done = 0, len = size;
+    size_t done = 0;
     struct bfc__vmm_res *r;
     int st;
 
     bfc__lock(&b->book.lock);
     st = bfc__vmm_book_check(&b->book, addr, size, true, &r);
-    if (st != BFC_OK)
-        goto out;
-    driver_cost(be, b, size);
-    /* With free faults injected the granules go one at a time, as a
-     * driver's do, so that a refusal can come part way. */
-    if (atomic_load_explicit(&b->fail_free_every, memory_order_relaxed) != 0)
-        len = g;
-    while (done < size) {
-        if (len == g && every_nth(&b->fail_free_every, &b->free_calls)) {
-            atomic_fetch_add_explicit(&b->failures, 1, memory_order_relaxed);
-            st = BFC_EBACKEND;
-            break;
-        }
-        /*
-         * Drop the pages first: if the mprotect below failed, the granules
-         * would still be mapped (fresh zero pages), as the book says.  The
-         * other order could leave inaccessible pages the book calls mapped.
-         */
-        if (madvise((void *)(addr + done), len, MADV_DONTNEED) != 0 ||
-            mprotect((void *)(addr + done), len, PROT_NONE) != 0) {
-            st = BFC_EBACKEND;
-            break;
-        }
-        done += len;
+    if (st == BFC_OK) {
+        driver_cost(be, b, size);
+        st = unmap_locked(b, r, addr, size, &done);
     }
-    bfc__vmm_book_mark(&b->book, r, addr, done, false);
-    /* relaxed: a byte count (see sim_take). */
-    atomic_fetch_sub_explicit(&b->held, done, memory_order_relaxed);
-out:
     bfc__unlock(&b->book.lock);
     if (donep)
         *donep = done;

@@ -790,8 +790,10 @@ static size_t unmap_leaving(struct bfc__arena *a)
          * they serve this shard and a later release offers them again. */
         (void)bfc__pool_vmm_unmap(env->pool, addr, len, &done);
         size_t gd = g + (done >> x->shift);
-        for (size_t i = g; i < e; i++)
-            set_bit(i < gd ? x->mapped : x->ready, i, i >= gd);
+        for (size_t i = g; i < gd; i++)
+            set_bit(x->mapped, i, false);
+        for (size_t i = gd; i < e; i++)
+            set_bit(x->ready, i, true);
         x->mapped_bytes -= done;
         x->leaving_bytes -= len;
         a->st.vmm_unmaps++;
