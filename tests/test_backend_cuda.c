@@ -94,6 +94,12 @@ END_TEST
  * no usable device, so CUDA is BFC_ENODEV (as without a driver) and AUTO
  * falls back to SIM.  Checked in a child started with the stub first on
  * LD_LIBRARY_PATH, which works on a machine with a real driver as well.
+ * Then the toolkit's library folder (the stub's parent: its runtime,
+ * ahead of any other libcudart, such as the fake one tests/fakecuda.sh
+ * puts first), then the inherited path: this program's own dependencies
+ * may be found only there (the GPU machine's run unpacks liburcu and
+ * jemalloc into a private prefix), and an exec that cannot load them
+ * fails with status 127 before the check runs.
  */
 static int stub_child(void)
 {
@@ -148,7 +154,9 @@ static void find_stub(char *out, size_t n)
 START_TEST(test_stub_driver)
 {
     char stub[PATH_MAX], dir[] = "/tmp/test_backend_cuda_XXXXXX", link[PATH_MAX], self[PATH_MAX];
-    char env[PATH_MAX + 32];
+    char toolkit[PATH_MAX];
+    const char *inherited = getenv("LD_LIBRARY_PATH");
+    char *env;
     ssize_t len;
     pid_t pid;
     int status;
@@ -164,7 +172,12 @@ START_TEST(test_stub_driver)
     len = readlink("/proc/self/exe", self, sizeof self - 1);
     ck_assert_int_gt(len, 0);
     self[len] = '\0';
-    snprintf(env, sizeof env, "LD_LIBRARY_PATH=%s", dir);
+    snprintf(toolkit, sizeof toolkit, "%s", stub);
+    *strrchr(toolkit, '/') = '\0'; /* .../lib64/stubs */
+    *strrchr(toolkit, '/') = '\0'; /* .../lib64 */
+    ck_assert_int_gt(asprintf(&env, "LD_LIBRARY_PATH=%s:%s%s%s", dir, toolkit,
+                              inherited && inherited[0] ? ":" : "", inherited ? inherited : ""),
+                     0);
     pid = fork();
     ck_assert_int_ge(pid, 0);
     if (pid == 0) {
@@ -174,6 +187,7 @@ START_TEST(test_stub_driver)
         _exit(127);
     }
     ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    free(env);
     unlink(link);
     rmdir(dir);
     ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the stub-driver child failed (status %d)",
