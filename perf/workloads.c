@@ -42,10 +42,15 @@
  * Peak requested bytes: each thread publishes its running total of
  * requested-and-live bytes in its own cache line (relaxed store, written
  * only by that thread); with one thread that total is the exact peak, with
- * more every 16th allocation of each thread sums all lines and raises a
- * shared maximum (CAS).  Sampling can miss a short peak, so the figure is a
- * lower bound and overhead = reserved / requested errs high, never in
- * the allocator's favour.  A counted run publishes once per batch instead:
+ * N every (16 x N)th allocation of each thread sums all N lines and raises
+ * a shared maximum (CAS).  So the process as a whole samples once per 16
+ * allocations at any thread count, and each allocation pays 1/16 of a line
+ * written by another core, not N/16: every 16th allocation of each thread
+ * read 16 such lines at 16 threads, and that cost 15% of the churn
+ * workload's CPU time on 16 cores (perf record, 1% at one thread), which
+ * the allocator's scaling figure then carried.  Sampling can miss a short
+ * peak, so the figure is a lower bound and overhead = reserved / requested
+ * errs high, never in the allocator's favour.  A counted run publishes once per batch instead:
  * its thread keeps its own peak in a register (exact with one thread) and
  * raises the shared maximum to the sum of the lines.
  *
@@ -79,6 +84,7 @@ struct shared {
     pthread_barrier_t closed; /* program runs: loops stopped / clean-up may start */
     bool two_phase;         /* program runs: `ready` is passed twice (see drive) */
     unsigned nthreads;
+    uint64_t track_every; /* track_publish: 1 with one thread, else TRACK_EVERY x nthreads */
     struct track_line line[2 * PERF_MAX_THREADS];
     _Alignas(64) _Atomic uint64_t peak;
 };
@@ -86,7 +92,8 @@ struct shared {
 static void track_publish(struct shared *sh, unsigned idx, int64_t cur, uint64_t *nalloc)
 {
     atomic_store_explicit(&sh->line[idx].cur, cur, memory_order_relaxed);
-    if (sh->nthreads == 1 || (++*nalloc % TRACK_EVERY) == 0) {
+    if (++*nalloc >= sh->track_every) {
+        *nalloc = 0;
         int64_t sum = 0;
         uint64_t old;
         for (unsigned i = 0; i < sh->nthreads; i++)
@@ -182,6 +189,7 @@ static void shared_init(struct shared *sh, unsigned nthreads, unsigned parties,
     for (unsigned i = 0; i < 2 * PERF_MAX_THREADS; i++)
         atomic_init(&sh->line[i].cur, 0);
     sh->nthreads = nthreads;
+    sh->track_every = nthreads == 1 ? 1 : (uint64_t)TRACK_EVERY * nthreads;
     perf_check(pthread_barrier_init(&sh->ready, NULL, parties), "pthread_barrier_init");
     if (two_phase)
         perf_check(pthread_barrier_init(&sh->closed, NULL, parties), "pthread_barrier_init");
