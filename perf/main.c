@@ -690,13 +690,14 @@ static void report_targets(const struct perf_report *rp, const struct opts *o)
             break;
         }
     /* Sixteen threads on sixteen cores (the GPU machine's): at least 12x one
-     * thread, where the run measured both (SIM: the allocator alone). */
+     * thread, where the run measured both (SIM: the allocator alone; arena
+     * without a clock read per call). */
     if (!o->backend_cuda)
         for (unsigned i = 0; i < rp->nres; i++) {
             const struct perf_result *r = &rp->res[i];
             if (r->threads != 16 || strncmp(r->allocator, "shardbfc", 8) != 0 ||
                 (strcmp(r->workload, "churn") != 0 && strcmp(r->workload, "cross") != 0 &&
-                 strcmp(r->workload, "inference") != 0))
+                 strcmp(r->workload, "inference") != 0 && strcmp(r->workload, "arena") != 0))
                 continue;
             if (isfinite(r->ports_speedup))
                 snprintf(name, sizeof(name),
