@@ -42,11 +42,13 @@
  * Peak requested bytes: each thread publishes its running total of
  * requested-and-live bytes in its own cache line (relaxed store, written
  * only by that thread); with one thread that total is the exact peak, with
- * N every (16 x N)th allocation of each thread sums all N lines and raises
- * a shared maximum (CAS).  So the process as a whole samples once per 16
- * allocations at any thread count, and each allocation pays 1/16 of a line
- * written by another core, not N/16: every 16th allocation of each thread
- * read 16 such lines at 16 threads, and that cost 15% of the churn
+ * N every (16 x P)th allocation of each of the P threads that allocate
+ * (P = N, or the N/2 producers of cross, whose consumers only lower their
+ * own lines) sums all N lines and raises a shared maximum (CAS).  So the
+ * process as a whole samples once per 16 allocations at any thread count,
+ * and an allocation reads N / (16 x P) lines written by other cores on
+ * average (1/16 of one; 1/8 in cross), not N/16: every 16th allocation of
+ * each thread read 16 such lines at 16 threads, and that cost 15% of the churn
  * workload's CPU time on 16 cores (perf record, 1% at one thread), which
  * the allocator's scaling figure then carried.  Sampling can miss a short
  * peak, so the figure is a lower bound and overhead = reserved / requested
@@ -84,7 +86,7 @@ struct shared {
     pthread_barrier_t closed; /* program runs: loops stopped / clean-up may start */
     bool two_phase;         /* program runs: `ready` is passed twice (see drive) */
     unsigned nthreads;
-    uint64_t track_every; /* track_publish: 1 with one thread, else TRACK_EVERY x nthreads */
+    uint64_t track_every; /* track_publish: 1 with one thread, else TRACK_EVERY x publishers */
     struct track_line line[2 * PERF_MAX_THREADS];
     _Alignas(64) _Atomic uint64_t peak;
 };
@@ -177,8 +179,10 @@ static void window_close(struct window *wd, struct shared *sh, double *window_ns
     }
 }
 
-static void shared_init(struct shared *sh, unsigned nthreads, unsigned parties,
-                        bool two_phase)
+/* publishers: the threads that call track_publish (cross: the producers
+ * alone; their consumers only lower their own lines). */
+static void shared_init(struct shared *sh, unsigned nthreads, unsigned publishers,
+                        unsigned parties, bool two_phase)
 {
     memset(sh, 0, sizeof(*sh));
     sh->two_phase = two_phase;
@@ -189,7 +193,7 @@ static void shared_init(struct shared *sh, unsigned nthreads, unsigned parties,
     for (unsigned i = 0; i < 2 * PERF_MAX_THREADS; i++)
         atomic_init(&sh->line[i].cur, 0);
     sh->nthreads = nthreads;
-    sh->track_every = nthreads == 1 ? 1 : (uint64_t)TRACK_EVERY * nthreads;
+    sh->track_every = nthreads == 1 ? 1 : (uint64_t)TRACK_EVERY * publishers;
     perf_check(pthread_barrier_init(&sh->ready, NULL, parties), "pthread_barrier_init");
     if (two_phase)
         perf_check(pthread_barrier_init(&sh->closed, NULL, parties), "pthread_barrier_init");
@@ -557,7 +561,7 @@ int perf_run_prog(struct perf_allocator *a, struct perf_prog *const *prog,
     uint64_t ops = 0, vcsw = 0;
     int rc = 0;
 
-    shared_init(sh, n, n + 1, true);
+    shared_init(sh, n, n, n + 1, true);
     for (unsigned i = 0; i < n; i++) {
         w[i].idx = i;
         w[i].a = a;
@@ -747,7 +751,7 @@ int perf_run_cross(struct perf_allocator *a, const uint64_t *sizes, unsigned nsi
         atomic_init(&rings[i].head, 0);
         atomic_init(&rings[i].tail, 0);
     }
-    shared_init(sh, n, n + 1, false);
+    shared_init(sh, n, pairs, n + 1, false);
     for (unsigned i = 0; i < n; i++) {
         w[i].pair = i / 2;
         w[i].producer = (i % 2) == 0;
@@ -906,7 +910,7 @@ int perf_run_base(unsigned kind, const struct perf_run_cfg *cfg, struct perf_bas
         return -1;
     w = perf_xcalloc(n, sizeof(*w));
     sh = perf_xmalloc(sizeof(*sh));
-    shared_init(sh, n, n + 1, false);
+    shared_init(sh, n, n, n + 1, false);
     for (unsigned i = 0; i < n; i++) {
         w[i].kind = kind;
         w[i].sh = sh;
