@@ -49,8 +49,11 @@ cp "$path" "$tmp/$new" || exit 1
 sed "s/$lib/$new/g" "$prog" >"$tmp/test_backend_cuda" || exit 1
 chmod +x "$tmp/test_backend_cuda"
 
-# Without the folder on the path the copy must not start.
-(cd "$tmp" && env -u LD_LIBRARY_PATH ./test_backend_cuda >"$tmp/without.out" 2>&1)
+# Without the folder on the path the copy must not start.  Both runs keep
+# the inherited path (behind the folder): the program's other libraries may
+# be found only there, as on the GPU machine, where libsubunit and json-c
+# come from the private prefix too.
+(cd "$tmp" && ./test_backend_cuda >"$tmp/without.out" 2>&1)
 rc=$?
 if [ $rc -ne 127 ] || ! grep -q "$new" "$tmp/without.out"; then
     echo "stub_path: the copy started without $new on the path (exit $rc): the test would prove nothing"
@@ -58,8 +61,8 @@ if [ $rc -ne 127 ] || ! grep -q "$new" "$tmp/without.out"; then
     exit 1
 fi
 
-(cd "$tmp" && LD_LIBRARY_PATH="$tmp" CK_RUN_CASE=selection CK_VERBOSITY=normal \
-    ./test_backend_cuda >"$tmp/with.out" 2>&1)
+(cd "$tmp" && LD_LIBRARY_PATH="$tmp${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" CK_RUN_CASE=selection \
+    CK_VERBOSITY=normal ./test_backend_cuda >"$tmp/with.out" 2>&1)
 rc=$?
 cat "$tmp/with.out"
 if grep -q 'no stub libcuda found' "$tmp/with.out"; then
