@@ -705,7 +705,9 @@ st_scaling() {
     cat "$work/steady.log" >>"$out/perf.log"
     cap_log "$out/perf.log"
     [ $rc -eq 0 ] || { note="$note; steady state: shardbfc-perf exit $rc (perf.log)"; return 1; }
-    note="$note; after a warm-up of ${sargs[3]} s: $(scaling_note "$work/steady.log")"
+    local steady
+    steady=$(scaling_note "$work/steady.log")
+    [ -z "$steady" ] || note="$note; after a warm-up of ${sargs[3]} s: $steady"
     return 0
 }
 
