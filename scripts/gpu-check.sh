@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # gpu-check.sh -- libshardbfc on a GPU machine in one command.
 #
-#   scripts/gpu-check.sh pack [--dir DIR] [--build DIR]
+#   scripts/gpu-check.sh pack [--dir DIR] [--build DIR] [--with-perf]
 #   scripts/gpu-check.sh run  [--dir DIR] [--out DIR] [--work DIR] [--jobs N]
 #                             [--skip STEP,...] [--budget SECONDS] [--sim]
 #                             [--quick --build DIR]
@@ -16,7 +16,9 @@
 # hwloc, check, subunit -- and of the few things a stock GPU image may lack
 # (libudev1 for hwloc, pkgconf, make), all into one folder, gpu-pack/ by
 # default, which git ignores and which must stay under 64 MiB.  MANIFEST in
-# it lists every file with its size and checksum.
+# it lists every file with its size and checksum.  --with-perf adds
+# Debian's perf with the libraries it loads (gpu-pack/perf/, about 28 MiB)
+# for the profile step.
 #
 # run (there): unpack the .debs with `dpkg -x` (or ar + tar where dpkg is
 # missing) into a private prefix -- the optional ones only when the machine
@@ -46,6 +48,11 @@
 #              and 16 threads, against cudaMalloc, cudaMallocAsync and
 #              PyTorch's allocator; then libshardbfc alone at 16 threads
 #              after a 3 s warm-up (the steady state, past the growth)
+#   profile    perf record (cpu-clock) of churn and arena, a context per
+#              thread, at 1 thread and at the core count: each symbol's
+#              share, and each source line's in bfc_ctx_alloc/free
+#              (perf.log); needs `pack --with-perf` (the GPU image has no
+#              perf), SKIP otherwise
 #   racecheck  compute-sanitizer --tool racecheck over both (last: the test
 #              kernels share no memory, so it guards against little)
 #
@@ -72,6 +79,7 @@
 # unpacking and pkg-config rewriting on the pack folder when there is one,
 # and the steps over an existing build tree instead of a fresh tarball
 # build (no build, no suite: make check is running those).
+# shellcheck disable=SC2054  # the commas in the argument arrays are inside option values
 set -u -o pipefail
 
 prog=gpu-check.sh
@@ -107,11 +115,12 @@ configure_requires() {
 # ------------------------------------------------------------------ pack
 
 do_pack() {
-    local dir="$top/gpu-pack" build="$top/build"
+    local dir="$top/gpu-pack" build="$top/build" with_perf=0
     while [ $# -gt 0 ]; do
         case "$1" in
             --dir) [ $# -ge 2 ] || die "--dir needs a value"; dir=$2; shift 2 ;;
             --build) [ $# -ge 2 ] || die "--build needs a value"; build=$2; shift 2 ;;
+            --with-perf) with_perf=1; shift ;;
             -h | --help) usage 0 ;;
             *) die "pack: unknown argument $1" ;;
         esac
@@ -151,6 +160,9 @@ do_pack() {
             die "apt-get download did not fetch $p (apt-get update first?)"
     done
 
+    rm -rf "$dir/perf"
+    [ $with_perf -eq 0 ] || pack_perf "$dir/perf" || exit 1
+
     # shellcheck disable=SC2094  # MANIFEST itself is left out of the listing
     (cd "$dir" && {
         echo "# libshardbfc GPU pack: scripts/gpu-check.sh run unpacks it"
@@ -172,6 +184,25 @@ do_pack() {
     fi
     echo "==> carry it: the device tool's carry list names '${dir#"$top"/}'; there run"
     echo "    scripts/gpu-check.sh run"
+}
+
+# pack --with-perf: Debian's perf and the libraries it loads beyond glibc's
+# and the C++ runtime's (the GPU image has newer ones of those), for the
+# profile step; about 28 MiB.  The GPU image has no perf of its own.
+pack_perf() { # dest
+    local pf lib
+    pf=$(command -v perf) || die "--with-perf: no perf here (Debian's linux-perf package)"
+    pf=$(readlink -f "$pf")
+    head -c 4 "$pf" | grep -q ELF || die "--with-perf: $pf is not a program (a wrapper script?)"
+    echo "==> $pf and its libraries into $1"
+    mkdir -p "$1" && cp "$pf" "$1/perf" || return 1
+    for lib in $(ldd "$pf" | awk '$3 ~ /^\// {print $3}'); do
+        case $(basename "$lib") in
+            libc.so.* | libm.so.* | libpthread.so.* | libdl.so.* | librt.so.* | ld-linux* | \
+                libstdc++.so.* | libgcc_s.so.*) ;;
+            *) cp -L "$lib" "$1/" || return 1 ;;
+        esac
+    done
 }
 
 # ------------------------------------------------------------------- run
@@ -587,7 +618,6 @@ st_perf() {
         # 77: no virtual memory on this backend (said in the log); else it must pass.
         [ $rc -eq 0 ] || [ $rc -eq 77 ] || vfail="vmm_calls exit $rc (perf.log)"
     fi
-    # shellcheck disable=SC2054  # the commas are inside option values
     if [ $sim -eq 1 ]; then
         # What can run here: the harness, with the CUDA allocators listed as
         # skipped (with their reasons) rather than failing.
@@ -658,7 +688,6 @@ steady_rows() {
 st_scaling() {
     local rc args sargs
     [ -x "$build/perf/shardbfc-perf" ] || { note="perf/shardbfc-perf not built"; return 1; }
-    # shellcheck disable=SC2054  # the commas are inside option values
     if [ $quick -eq 1 ]; then
         args=(--quick --seconds 0.05 --workload churn --threads 1,2)
     elif [ $sim -eq 1 ]; then
@@ -692,7 +721,6 @@ st_scaling() {
     # 1,000 allocations in the window and its threads slept 26,000 times a
     # second, against 0.13 and 3,200 after 2 s (perf.log only: the results
     # stay at eight files).
-    # shellcheck disable=SC2054  # the commas are inside option values
     if [ $sim -eq 1 ]; then
         sargs=(--seconds 0.1 --warmup 0.3 --workload churn,inference,arena --threads 1,2)
     else
@@ -717,6 +745,76 @@ scaling_note() {
     { grep -E '^  (churn|cross|inference|arena) [0-9]+ threads: shardbfc(-ctx)? speed-up' "$1" || true; } |
         sed -E 's/^ +//; s/ \(x 1 thread; ALU ([0-9.]+)x(, ports [0-9.]+x)?\) +([0-9.]+) .*/ \3x (ALU \1x\2)/' |
         paste -sd ';' -
+}
+
+# Where the allocator's time goes, at one thread and at the machine's core
+# count: perf record (cpu-clock: a VM has no hardware events) of churn and
+# arena with a context per thread -- nothing shared, so a symbol or a
+# source line whose share grows with the threads is what they contend on --,
+# each symbol's share and, for the two entry points, each source line's
+# (perf.log).  On the H200 machine this found the harness's own peak
+# sampling at 15% of churn's time at 16 threads (1% at one).  perf comes
+# from the pack (pack --with-perf; the GPU image has none), else, with
+# --sim, from the PATH.  Diagnostic: SKIP, with the reason, where perf is
+# missing or may not sample (perf_event_paranoid, a seccomp filter).
+st_profile() {
+    local perfx="$dir/perf/perf" plib="$dir/perf" n secs wl t data rc
+    if [ $quick -eq 1 ]; then
+        note="--quick: left to the full run"
+        return 77
+    fi
+    [ -x "$build/perf/shardbfc-perf" ] || { note="perf/shardbfc-perf not built"; return 1; }
+    if [ ! -x "$perfx" ]; then
+        if [ $sim -eq 1 ] && command -v perf >/dev/null; then
+            perfx=$(command -v perf)
+            plib=""
+        else
+            note="no perf in the pack (scripts/gpu-check.sh pack --with-perf)"
+            return 77
+        fi
+    fi
+    if [ $sim -eq 1 ]; then
+        n=2 secs=0.3
+    else
+        n=$(nproc) secs=2
+    fi
+    echo "### profile: $perfx record -e cpu-clock -F 1999, perf/shardbfc-perf --allocators" \
+        "shardbfc-ctx --contexts per-thread --seconds $secs, 1 and $n threads" >>"$out/perf.log"
+    note=""
+    for wl in churn arena; do
+        for t in 1 "$n"; do
+            data="$work/profile-$wl-$t.data"
+            (cd "$build" && LD_LIBRARY_PATH="${plib:+$plib:}${LD_LIBRARY_PATH:-}" limit "$perfx" record \
+                -N -e cpu-clock -F 1999 -o "$data" -- ./perf/shardbfc-perf --workload "$wl" \
+                --threads "$t" --allocators shardbfc-ctx --contexts per-thread --seconds "$secs" \
+                --baseline none) >"$work/profile.log" 2>&1
+            rc=$?
+            if [ $rc -ne 0 ]; then
+                tail -n 5 "$work/profile.log" >>"$out/perf.log"
+                note="perf record exit $rc: $(grep -v '^\[' "$work/profile.log" | tail -n 1)"
+                return 77
+            fi
+            profile_report "$perfx" "$plib" "$data" "$wl, $t thread(s)" >>"$out/perf.log"
+            if [ "$t" = "$n" ]; then
+                note="${note:+$note; }$wl $n threads: $(LD_LIBRARY_PATH="${plib:+$plib:}${LD_LIBRARY_PATH:-}" \
+                    "$perfx" report -i "$data" --sort sym --stdio 2>/dev/null | grep -E '^ +[0-9.]+%' |
+                    head -n 3 | awk '{print $NF, $1}' | paste -sd ',' -)"
+            fi
+        done
+    done
+    cap_log "$out/perf.log"
+}
+
+profile_report() { # perf libdir data title
+    local perfx=$1 plib=$2 data=$3 s
+    echo "#### $4: symbols"
+    LD_LIBRARY_PATH="${plib:+$plib:}${LD_LIBRARY_PATH:-}" "$perfx" report -i "$data" --sort dso,sym \
+        --stdio 2>/dev/null | grep -E '^ +[0-9.]+%' | head -n 25
+    for s in bfc_ctx_alloc bfc_ctx_free; do
+        echo "#### $4: $s by source line"
+        LD_LIBRARY_PATH="${plib:+$plib:}${LD_LIBRARY_PATH:-}" "$perfx" annotate -i "$data" --stdio -l \
+            -s "$s" 2>/dev/null | awk '/^ +[0-9.]+ +:/ { exit } /^ +[0-9]+\.[0-9]+ / { print }' | head -n 15
+    done
 }
 
 do_run() {
@@ -747,7 +845,7 @@ do_run() {
     for s in ${skip_list//,/ }; do
         case "$s" in
             unpack | build | gpu-tests | scaling | suite | memcheck | racecheck | torch | \
-                torch-shim | perf) ;;
+                torch-shim | perf | profile) ;;
             *) die "--skip: unknown step $s" ;;
         esac
     done
@@ -817,6 +915,7 @@ do_run() {
     step torch st_torch
     step torch-shim st_torch_shim
     step perf st_perf
+    step profile st_profile
     step racecheck st_racecheck
     write_summary final
     echo

@@ -82,7 +82,7 @@ if [ ! -f "$sum" ]; then
     fail=1
 else
     steps=$(grep -cE '^  [a-z-]+ +(PASS|FAIL|SKIP) ' "$sum")
-    [ "$steps" -eq 8 ] || { echo "gpu_check: $steps steps in the summary, expected 8"; fail=1; }
+    [ "$steps" -eq 9 ] || { echo "gpu_check: $steps steps in the summary, expected 9"; fail=1; }
     if grep -qE '^  [a-z-]+ +FAIL ' "$sum"; then
         echo "gpu_check: a step failed"
         fail=1
