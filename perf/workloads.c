@@ -44,11 +44,13 @@
  * only by that thread); with one thread that total is the exact peak, with
  * N every (16 x P)th allocation of each of the P threads that allocate
  * (P = N, or the N/2 producers of cross, whose consumers only lower their
- * own lines) sums all N lines and raises a shared maximum (CAS).  So the
- * process as a whole samples once per 16 allocations at any thread count,
- * and an allocation reads N / (16 x P) lines written by other cores on
- * average (1/16 of one; 1/8 in cross), not N/16: every 16th allocation of
- * each thread read 16 such lines at 16 threads, and that cost 15% of the churn
+ * own lines) sums all N lines and raises a shared maximum (CAS).  So an
+ * allocation reads N / (16 x P) lines written by other cores on average
+ * (1/16 of one; 1/8 in cross) and a thread's line is read once per 16 of
+ * its allocations, whatever the thread count; the process samples once
+ * per 16 x P allocations (at 16 threads every 256th, still over 100,000
+ * samples in a 0.5 s window).  Before, every 16th allocation of each
+ * thread read all N lines: 16 at 16 threads, and that cost 15% of the churn
  * workload's CPU time on 16 cores (perf record, 1% at one thread), which
  * the allocator's scaling figure then carried.  Sampling can miss a short
  * peak, so the figure is a lower bound and overhead = reserved / requested
