@@ -580,7 +580,10 @@ BFC_API int bfc_ctx_stream_release(bfc_ctx_t *ctx, bfc_stream_t stream);
 
 /*
  * Releases every fully free region (of every shard and of the pool) to the
- * backend.  Blocks whose fences are still pending are not touched.  Memory
+ * backend.  Blocks whose fences are still pending are not touched.  With
+ * allow_growth=false nothing is released: the whole limit, reserved at
+ * create, stays reserved until the context is destroyed (TensorFlow's
+ * layout; bytes_reserved stays the limit).  Memory
  * that leaves a shard here is fenced on the shard's stream (see "Memory"):
  * on CUDA trim waits for that work, as PyTorch's empty_cache does; on SIM
  * memory of a held stream stays cached in the pool until a later trim.
@@ -612,7 +615,9 @@ BFC_API int64_t bfc_ctx_allocation_id(bfc_ctx_t *ctx, const void *p);
 
 /* Returns the configuration the context runs with: backend and vmm
  * resolved (BFC_VMM_ON or BFC_VMM_OFF, never AUTO), the limit filled in and
- * rounded down to 256 bytes as the context counts it (bytes_limit).
+ * rounded down to 256 bytes as the context counts it (bytes_limit); for a
+ * host context (bfc_host_ctx) trace and oom_dump are "", since host
+ * contexts follow neither (bfc_ctx_trace_start still traces one).
  * Context: thread-safe, lock-free, never blocks. */
 BFC_API int bfc_ctx_config(bfc_ctx_t *ctx, bfc_config_t *out);
 

@@ -472,6 +472,14 @@ static int ctx_create(bfc_config_t cfg, bfc__backend_t *be, bool host, bfc_ctx_t
     ctx->be = be;
     ctx->is_host = host;
     cfg.backend = be->kind;
+    /* A host context shares the process configuration with the device
+     * ones but follows neither trace= nor oom_dump= (a file per context is
+     * what those mean; see obs_init and the OOM report): bfc_ctx_config
+     * reports what the context runs with, so they read "" here. */
+    if (host) {
+        cfg.trace[0] = '\0';
+        cfg.oom_dump[0] = '\0';
+    }
     if (cfg.memory_limit == 0)
         cfg.memory_limit = be->default_limit;
     ctx->limit = cfg.memory_limit & ~(BFC__MIN_ALLOC - 1);

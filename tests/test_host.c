@@ -10,6 +10,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <shardbfc.h>
 #include <shardbfc_sim.h>
@@ -299,6 +300,41 @@ START_TEST(test_host_numa_config)
 }
 END_TEST
 
+/* A host context follows neither trace= nor oom_dump= of SHARDBFC_CONF,
+ * and bfc_ctx_config says so; a device context made from the same spec
+ * follows both.  (The trace file must not appear for the host context.) */
+START_TEST(test_host_config_reports_what_it_runs)
+{
+    char path[] = "/tmp/test_host_trace_XXXXXX", spec[200];
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+    ck_assert_int_eq(unlink(path), 0);
+    snprintf(spec, sizeof spec, "backend=sim,trace=%s,oom_dump=%s.oom", path, path);
+    setenv("SHARDBFC_CONF", spec, 1);
+    void *p = bfc_host_alloc(4096);
+    ck_assert_ptr_nonnull(p);
+    bfc_config_t c;
+    ck_assert_int_eq(bfc_ctx_config(bfc_host_ctx(bfc_host_numa_node(p)), &c), BFC_OK);
+    ck_assert_str_eq(c.trace, "");
+    ck_assert_str_eq(c.oom_dump, "");
+    ck_assert_int_eq(bfc_host_free(p), BFC_OK);
+    ck_assert_int_ne(access(path, F_OK), 0); /* no trace from the host context */
+    /* The same spec on a device context: both kept, and the trace written. */
+    bfc_config_t dc;
+    bfc_config_init(&dc);
+    ck_assert_int_eq(bfc_config_parse(&dc, spec), BFC_OK);
+    bfc_ctx_t *dev;
+    ck_assert_int_eq(bfc_ctx_create(&dc, &dev), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_config(dev, &c), BFC_OK);
+    ck_assert_str_eq(c.trace, path);
+    ck_assert_int_eq(strncmp(c.oom_dump, path, strlen(path)), 0);
+    bfc_ctx_destroy(dev);
+    ck_assert_int_eq(access(path, F_OK), 0);
+    unlink(path);
+}
+END_TEST
+
 /* Node selection logic on a synthetic topology with two NUMA nodes (binding
  * is a no-op there, so the choice is tested on cpusets directly). */
 START_TEST(test_synthetic_two_nodes)
@@ -367,6 +403,7 @@ int main(void)
     tcase_add_test(tc, test_record_stream_fence);
     tcase_add_test(tc, test_bad_input);
     tcase_add_test(tc, test_host_numa_config);
+    tcase_add_test(tc, test_host_config_reports_what_it_runs);
     tcase_add_test(tc, test_synthetic_two_nodes);
     tcase_add_test(tc, test_unregister_refused);
     suite_add_tcase(s, tc);
