@@ -372,10 +372,8 @@ static int obs_init(struct bfc_ctx *ctx)
     if (e != 0)
         return BFC_ENOMEM;
     ctx->obs.lock_ready = true;
-    /* Host contexts share the process configuration with the device ones;
-     * one file per context is what a trace means, so only device contexts
-     * follow cfg.trace (a host context can still be traced by the call). */
-    if (ctx->cfg.trace[0] && !ctx->is_host) {
+    /* (A host context's cfg.trace is "": ctx_create.) */
+    if (ctx->cfg.trace[0]) {
         int st = bfc_ctx_trace_start(ctx, ctx->cfg.trace);
         if (st != BFC_OK) {
             ctx->obs.lock_ready = false;
@@ -400,7 +398,7 @@ static void obs_fini(struct bfc_ctx *ctx)
 /* Writes the snapshot to cfg.oom_dump if set (rate-limited). */
 static void oom_dump(struct bfc_ctx *ctx)
 {
-    if (!ctx->cfg.oom_dump[0] || ctx->is_host || !ctx->obs.lock_ready)
+    if (!ctx->cfg.oom_dump[0] || !ctx->obs.lock_ready)
         return;
     uint64_t now = bfc__clock_ns(CLOCK_MONOTONIC);
     if (now == 0)
@@ -473,9 +471,10 @@ static int ctx_create(bfc_config_t cfg, bfc__backend_t *be, bool host, bfc_ctx_t
     ctx->is_host = host;
     cfg.backend = be->kind;
     /* A host context shares the process configuration with the device
-     * ones but follows neither trace= nor oom_dump= (a file per context is
-     * what those mean; see obs_init and the OOM report): bfc_ctx_config
-     * reports what the context runs with, so they read "" here. */
+     * ones but follows neither trace= nor oom_dump=: one file per context
+     * is what those mean, and there is a host context per NUMA node (it
+     * can still be traced by bfc_ctx_trace_start).  Cleared here, they are
+     * what obs_init and oom_dump read and what bfc_ctx_config reports. */
     if (host) {
         cfg.trace[0] = '\0';
         cfg.oom_dump[0] = '\0';

@@ -319,6 +319,10 @@ START_TEST(test_host_config_reports_what_it_runs)
     ck_assert_str_eq(c.trace, "");
     ck_assert_str_eq(c.oom_dump, "");
     ck_assert_int_eq(bfc_host_free(p), BFC_OK);
+    ck_assert_ptr_null(bfc_host_alloc((size_t)1 << 60)); /* an OOM report: no dump either */
+    char dump[sizeof path + 8];
+    snprintf(dump, sizeof dump, "%s.oom", path);
+    ck_assert_int_ne(access(dump, F_OK), 0);
     ck_assert_int_ne(access(path, F_OK), 0); /* no trace from the host context */
     /* The same spec on a device context: both kept, and the trace written. */
     bfc_config_t dc;
