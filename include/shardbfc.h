@@ -414,7 +414,9 @@ BFC_API int bfc_config_validate(const bfc_config_t *cfg);
  *     leave more than release_threshold bytes mapped but free plus a
  *     slack that doubles whenever such a release is mapped again soon
  *     after and halves at the next such release when it was not (checked
- *     only when bytes in use drop a granule below the last check); until
+ *     only when bytes in use drop a granule below the last check; such a
+ *     release gives back the whole free granules beyond release_threshold
+ *     and keeps the threshold, as a CUDA pool trims to it); until
  *     free memory beyond release_threshold has lain unused for
  *     slack_decay_ms (10 s by default; the shard looks at the first free
  *     after every 1,024 of its allocations, and gives back the least it

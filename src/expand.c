@@ -95,8 +95,10 @@
  *     (c) Frees.  A free tests one figure: bytes_in_use against a low-water
  *     mark (rearm()); crossing it -- the free mapped bytes exceed what the
  *     shard keeps by a granule more than at the last check, or, after a
- *     map, at all -- makes the shard release every free granule when they
- *     exceed release_threshold plus its slack.  The slack tracks churn:
+ *     map, at all -- makes the shard release its free granules beyond
+ *     release_threshold (free_budget(): it keeps the threshold, as a CUDA
+ *     pool trims to its threshold) when they exceed the threshold plus its
+ *     slack.  The slack tracks churn:
  *     when a release at a free is followed by a map of memory again, it
  *     was a wasted pair of calls and the slack doubles (from a granule);
  *     when nothing of it came back before the next such release and a
@@ -942,6 +944,21 @@ static void decay_check(struct bfc__arena *a)
     x->decay_idle_min = bfc__expand_idle_bytes(a);
 }
 
+/* What a release at a free may unmap: the free bytes beyond the threshold,
+ * in whole granules, so that the shard keeps at least release_threshold
+ * mapped (as a CUDA pool trims to its threshold, not to nothing: a shard
+ * with a 16 MiB threshold that frees 20 MiB keeps 16).  Everything with
+ * the default threshold of 0. */
+static size_t free_budget(const struct bfc__arena *a)
+{
+    const struct bfc__expand *x = a->x;
+    if (x->threshold == 0)
+        return SIZE_MAX;
+    size_t idle = bfc__expand_idle_bytes(a);
+    size_t over = idle > x->threshold ? idle - x->threshold : 0;
+    return over & ~(GRAN(x) - 1);
+}
+
 void bfc__expand_after_free_locked(struct bfc__arena *a)
 {
     struct bfc__expand *x = a->x;
@@ -957,7 +974,7 @@ void bfc__expand_after_free_locked(struct bfc__arena *a)
             x->slack /= 2;
             x->calm_since = a->st.num_allocs;
         }
-        x->unmapped_at_free = release(a, 0, 0, 0, SIZE_MAX);
+        x->unmapped_at_free = release(a, 0, 0, 0, free_budget(a));
         x->remapped = false;
         x->idle_floor = bfc__expand_idle_bytes(a);
     }

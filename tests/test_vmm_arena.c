@@ -344,7 +344,9 @@ START_TEST(test_threshold)
     ck_assert_int_eq(bfc_ctx_free(ctx, b, NULL), BFC_OK);
     bfc_ctx_destroy(ctx);
 
-    /* 4 MiB: kept until more than that is free. */
+    /* 4 MiB: kept until more than that is free; past it, what lies
+     * beyond the threshold goes and the threshold stays mapped (a CUDA
+     * pool trims to its threshold, not to nothing). */
     ctx = ctx_spec("memory_limit=64M,vmm=on,release_threshold=4M", G);
     char *p[8];
     for (int i = 0; i < 8; i++)
@@ -354,11 +356,27 @@ START_TEST(test_threshold)
     ck_assert_uint_eq(reserved(ctx), 8 * MiB);
     for (int i = 4; i < 7; i++)
         ck_assert_int_eq(bfc_ctx_free(ctx, p[i], NULL), BFC_OK);
-    ck_assert_uint_lt(reserved(ctx), 8 * MiB);
+    ck_assert_uint_eq(reserved(ctx), MiB + 4 * MiB);
     ck_assert(mapped(ctx, p[7], MiB));
     check_ok(ctx);
     ck_assert_int_eq(bfc_ctx_free(ctx, p[7], NULL), BFC_OK);
     bfc_ctx_destroy(ctx);
+
+    /* One block larger than the threshold, freed: the threshold stays
+     * (freeing more must never leave less mapped than freeing less). */
+    static const size_t sizes[] = { 10 * MiB, 16 * MiB, 18 * MiB, 20 * MiB, 30 * MiB };
+    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+        ctx = ctx_spec("memory_limit=64M,vmm=on,release_threshold=16M,slack_decay_ms=never", G);
+        char *q = bfc_ctx_alloc(ctx, NULL, sizes[i]);
+        ck_assert_ptr_nonnull(q);
+        ck_assert_int_eq(bfc_ctx_free(ctx, q, NULL), BFC_OK);
+        ck_assert_uint_eq(reserved(ctx), sizes[i] < 16 * MiB ? sizes[i] : 16 * MiB);
+        check_ok(ctx);
+        /* trim still gives everything back. */
+        ck_assert_int_eq(bfc_ctx_trim(ctx), BFC_OK);
+        ck_assert_uint_eq(reserved(ctx), 0);
+        bfc_ctx_destroy(ctx);
+    }
 }
 END_TEST
 
