@@ -257,7 +257,8 @@ typedef struct bfc_config {
 
 /* bfc_config_t.vmm (see "Expandable arenas" below). */
 typedef enum {
-    BFC_VMM_AUTO = 0, /* on when the backend has virtual memory and allow_growth is true */
+    BFC_VMM_AUTO = 0, /* on when the backend has virtual memory and allow_growth is true,
+                         unless large_alloc=0 with initial_region >= the limit (below) */
     BFC_VMM_ON = 1,   /* on; BFC_EINVAL at create without backend support or with allow_growth=false */
     BFC_VMM_OFF = 2   /* classic regions */
 } bfc_vmm_t;
@@ -372,7 +373,10 @@ BFC_API int bfc_config_validate(const bfc_config_t *cfg);
  *     and is a whole number of granules or at least 64 of them: granules
  *     are mapped whole, so the rest of a last partial granule goes unused,
  *     which auto accepts only below 1/64 of the limit (a 3 MiB limit
- *     keeps classic regions and serves 3 MiB; vmm=on serves 2); vmm=on
+ *     keeps classic regions and serves 3 MiB; vmm=on serves 2), and
+ *     large_alloc=0 with initial_region at least the limit is not asked
+ *     (that is TensorFlow's allocator with allow_growth=false exactly: one
+ *     region of the limit, its split rule, which auto keeps); vmm=on
  *     without the first two makes bfc_ctx_create fail with BFC_EINVAL; host
  *     contexts always keep classic regions).  A shard then reserves, at its
  *     first allocation, addresses for twice the limit as its one region

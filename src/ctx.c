@@ -511,7 +511,15 @@ static int ctx_create(bfc_config_t cfg, bfc__backend_t *be, bool host, bfc_ctx_t
      * regions where that loses more than 1/64 of the limit (3 MiB would
      * serve 2), vmm=on accepts the loss. */
     bool vmm_whole = vmm_able && (ctx->limit % be->vmm_granule == 0 || ctx->limit / be->vmm_granule >= 64);
-    ctx->vmm = !host && vmm_able && (cfg.vmm == BFC_VMM_ON || (cfg.vmm == BFC_VMM_AUTO && vmm_whole));
+    /* large_alloc=0 with a first region of the whole limit asks for
+     * TensorFlow's allocator with allow_growth=false exactly (one region of
+     * the limit, its split rule): expandable arenas have no regions and
+     * ignore both settings, so auto keeps classic regions there; vmm=on
+     * still maps by the granule.  (Not for initial_region alone: its
+     * default, 2 MiB, covers a small limit that never asked for this.) */
+    bool one_region = cfg.large_alloc == 0 && cfg.initial_region >= ctx->limit;
+    ctx->vmm = !host && vmm_able &&
+               (cfg.vmm == BFC_VMM_ON || (cfg.vmm == BFC_VMM_AUTO && vmm_whole && !one_region));
     if (ctx->vmm)
         ctx->env.bins_max = SIZE_MAX; /* large_alloc is ignored: every block is a chunk */
     st = bfc__pool_init(&ctx->pool, be, ctx->limit, cfg.allow_growth, cfg.garbage_collection);

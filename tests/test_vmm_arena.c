@@ -169,6 +169,42 @@ START_TEST(test_auto)
     ctx = ctx_spec("memory_limit=64M,allow_growth=false", 0);
     ck_assert(!ctx->vmm);
     bfc_ctx_destroy(ctx);
+    /* A first region of the whole limit, with large_alloc=0: TensorFlow's
+     * allocator exactly, one region of the limit (a 33 MiB request gets
+     * the whole 64 MiB chunk, since 64 < 2 x 33 and the 31 MiB left is
+     * under 128 MiB); auto keeps classic regions, vmm=on maps granules. */
+    static const char *const one_region[] = {
+        "memory_limit=64M,initial_region=64M,large_alloc=0",
+        "memory_limit=64M,initial_region=1G,large_alloc=0",
+    };
+    for (int i = 0; i < 2; i++) {
+        ctx = ctx_spec(one_region[i], 0);
+        ck_assert(!ctx->vmm);
+        p = bfc_ctx_alloc(ctx, NULL, 33 * MiB);
+        ck_assert_ptr_nonnull(p);
+        ck_assert_uint_eq(bfc_ctx_allocated_size(ctx, p), 64 * MiB);
+        ck_assert_uint_eq(reserved(ctx), 64 * MiB);
+        ck_assert_int_eq(bfc_ctx_free(ctx, p, NULL), BFC_OK);
+        bfc_ctx_destroy(ctx);
+    }
+    /* Either setting alone is no such request. */
+    static const char *const not_one[] = {
+        "memory_limit=64M,initial_region=32M,large_alloc=0",
+        "memory_limit=64M,initial_region=64M",
+        "memory_limit=2M",
+    };
+    for (int i = 0; i < 3; i++) {
+        ctx = ctx_spec(not_one[i], 0);
+        ck_assert_msg(ctx->vmm, "%s", not_one[i]);
+        bfc_ctx_destroy(ctx);
+    }
+    ctx = ctx_spec("memory_limit=64M,initial_region=64M,large_alloc=0,vmm=on", 0);
+    ck_assert(ctx->vmm);
+    p = bfc_ctx_alloc(ctx, NULL, 33 * MiB);
+    ck_assert_ptr_nonnull(p);
+    ck_assert_uint_eq(bfc_ctx_allocated_size(ctx, p), 33 * MiB);
+    ck_assert_int_eq(bfc_ctx_free(ctx, p, NULL), BFC_OK);
+    bfc_ctx_destroy(ctx);
     /* A limit that is not a whole number of granules: expandable arenas
      * could map only 2 of 3 MiB, so auto keeps classic regions and all
      * 3 MiB serve; vmm=on accepts the loss. */
