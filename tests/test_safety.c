@@ -1344,10 +1344,12 @@ static int model_configs(char (*out)[160], int max)
      * the limit per shard (model_run reads the prefix); then expandable
      * arenas whose decay runs at nearly every check (1 ms; the default,
      * 10 s, never comes within a run): memory leaves by the decay's
-     * releases too. */
+     * releases too; then a release threshold, so that releases at frees
+     * give back only part of what is free (the granules beyond it). */
     static const char *va_limits[] = { TIGHT_LIMIT, "64M" };
-    static const char *va_kinds[][2] = { { "tight_va,", "" }, { "", "slack_decay_ms=1," } };
-    for (size_t kind = 0; kind < 2; kind++)
+    static const char *va_kinds[][2] = {
+        { "tight_va,", "" }, { "", "slack_decay_ms=1," }, { "", "release_threshold=4M," } };
+    for (size_t kind = 0; kind < sizeof va_kinds / sizeof va_kinds[0]; kind++)
         for (size_t li = 0; li < sizeof va_limits / sizeof va_limits[0]; li++)
             for (int gc = 0; gc <= 1; gc++) {
                 ck_assert_int_lt(n, max);
