@@ -420,9 +420,9 @@ static void diagnose(struct bfc_ctx *ctx, struct bfc__oom_report *r)
         in->cause = BFC_OOM_BACKEND;
         fmt_bytes(a, sizeof a, in->bytes_unreserved);
         snprintf(o, len,
-                 "the device refused: %s of the limit is unreserved, but the backend could not provide a "
-                 "region for %s (device memory taken by others?)",
-                 a, need);
+                 "the device refused: %s of the limit is unreserved, but the backend could not provide %s "
+                 "for %s (device memory taken by others?)",
+                 a, ctx->vmm ? "the granules" : "a region", need);
     } else if (in->stream_largest_free >= R || pp.open_largest >= R) {
         in->cause = BFC_OOM_TRANSIENT;
         fmt_bytes(a, sizeof a, in->stream_largest_free > pp.open_largest ? in->stream_largest_free : pp.open_largest);

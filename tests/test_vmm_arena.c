@@ -487,7 +487,7 @@ END_TEST
 
 /* One stream's peak never keeps another out: limit 1 GiB; A takes 600 x 1
  * MiB and frees all but 9 scattered ones; B then gets 700 x 1 MiB and 200
- * MiB more (classic regions give B 62 blocks and refuse the 200 MiB). */
+ * MiB more (classic regions give B 698 blocks and refuse the 200 MiB). */
 static void stranding(const char *spec)
 {
     bfc_ctx_t *ctx = ctx_spec(spec, 0);
