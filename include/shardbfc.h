@@ -215,7 +215,7 @@ typedef enum {
 
 typedef struct bfc_config {
     bfc_backend_t backend;        /* AUTO: CUDA when a device is usable, else SIM */
-    int device;                   /* CUDA ordinal */
+    int device;                   /* CUDA ordinal (SIM has one device: 0) */
     size_t memory_limit;          /* bytes the context may hold from the device; 0 = backend default */
     bool allow_growth;            /* true: regions grown on demand (doubling from initial_region);
                                      false: the whole limit reserved at create, and a stream's first
@@ -619,8 +619,9 @@ BFC_API size_t bfc_ctx_requested_size(bfc_ctx_t *ctx, const void *p);
 BFC_API size_t bfc_ctx_allocated_size(bfc_ctx_t *ctx, const void *p);
 BFC_API int64_t bfc_ctx_allocation_id(bfc_ctx_t *ctx, const void *p);
 
-/* Returns the configuration the context runs with: backend and vmm
- * resolved (BFC_VMM_ON or BFC_VMM_OFF, never AUTO), the limit filled in and
+/* Returns the configuration the context runs with: backend, device (0 on
+ * SIM, which has one) and vmm resolved (BFC_VMM_ON or BFC_VMM_OFF, never
+ * AUTO), the limit filled in and
  * rounded down to 256 bytes as the context counts it (bytes_limit); for a
  * host context (bfc_host_ctx) trace and oom_dump are "", since host
  * contexts follow neither (bfc_ctx_trace_start still traces one).

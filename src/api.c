@@ -4,7 +4,7 @@
  *
  * A stream's own device picks the context (cudaStreamGetDevice; the NULL
  * stream means the calling thread's current device; on SIM everything is
- * the configured device).  A pointer finds its context by itself through the
+ * device 0, its one device).  A pointer finds its context by itself through the
  * process-wide region map, so frees need no device argument.
  *
  * An invalid SHARDBFC_CONF (or one on which the first context cannot be
@@ -69,12 +69,19 @@ static int service_status(void)
  * context runs (ctx_of_device): refused alone, without a retry per call. */
 static atomic_bool dev_refused[MAX_DEVICES];
 
+static void say_no_device_beyond(int dev);
+
+/* The device whose context serves stream s: on CUDA the stream's own
+ * (NULL: the thread's current device); on SIM device 0, its one device,
+ * whatever `device` says (a SIM context runs as device 0, bfc_ctx_config);
+ * with backend=cuda and no usable GPU the configured ordinal, which the
+ * no-device message names. */
 static int device_of(bfc_stream_t s, int *dev)
 {
     int st = service_status();
     if (st != BFC_OK)
         return st;
-    *dev = env_cfg.device;
+    *dev = env_cfg.backend == BFC_BACKEND_CUDA ? env_cfg.device : 0;
 #if BFC_HAVE_CUDA
     if (env_use_cuda) {
         int st = bfc__cuda_stream_device(s, dev);
@@ -84,8 +91,10 @@ static int device_of(bfc_stream_t s, int *dev)
 #else
     (void)s;
 #endif
-    if (*dev < 0 || *dev >= MAX_DEVICES)
+    if (BFC__UNLIKELY(*dev < 0 || *dev >= MAX_DEVICES)) {
+        say_no_device_beyond(*dev);
         return BFC_ENODEV;
+    }
     return BFC_OK;
 }
 
@@ -133,6 +142,20 @@ static void say_no_device(int dev)
             "libshardbfc: SHARDBFC_CONF: no usable device %d for backend=%s; calls for it fail with "
             "BFC_ENODEV until one is usable\n",
             dev, env_cfg.backend == BFC_BACKEND_CUDA ? "cuda" : "auto");
+}
+
+/* A device beyond the service's table (backend=cuda with device=64 or
+ * more, or a stream on such a device): said once, as any device that
+ * cannot be served (relaxed: a once-only message, no data). */
+static void say_no_device_beyond(int dev)
+{
+    static atomic_bool said;
+    if (atomic_exchange_explicit(&said, true, memory_order_relaxed))
+        return;
+    fprintf(stderr,
+            "libshardbfc: SHARDBFC_CONF: no usable device %d for backend=%s (the service serves devices 0 "
+            "to %d); calls for it fail with BFC_ENODEV\n",
+            dev, env_cfg.backend == BFC_BACKEND_CUDA ? "cuda" : "auto", MAX_DEVICES - 1);
 }
 
 static bfc_ctx_t *ctx_of_device(int dev, int *status)

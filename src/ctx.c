@@ -470,6 +470,7 @@ static int ctx_create(bfc_config_t cfg, bfc__backend_t *be, bool host, bfc_ctx_t
     ctx->be = be;
     ctx->is_host = host;
     cfg.backend = be->kind;
+    cfg.device = be->device; /* SIM has one device: 0, whatever was asked */
     /* A host context shares the process configuration with the device
      * ones but follows neither trace= nor oom_dump=: one file per context
      * is what those mean, and there is a host context per NUMA node (it

@@ -133,6 +133,24 @@ static int child_nodev(void)
     return 0;
 }
 
+/* The service on SIM (or AUTO without a usable GPU): served from device 0,
+ * SIM's one device, whatever `device` says, and its context says so (with
+ * AUTO on a machine with a GPU, the NULL stream's device: 0 as well). */
+static int child_simdev(void)
+{
+    for (int i = 0; i < 3; i++) {
+        void *p = bfc_stream_alloc(NULL, 4096);
+        CHILD_CHECK(p != NULL);
+        CHILD_CHECK(bfc_free(p) == BFC_OK);
+    }
+    bfc_ctx_t *ctx = bfc_default_ctx();
+    CHILD_CHECK(ctx != NULL);
+    bfc_config_t c;
+    CHILD_CHECK(bfc_ctx_config(ctx, &c) == BFC_OK);
+    CHILD_CHECK(c.device == 0);
+    return 0;
+}
+
 static void *noop_thread(void *arg)
 {
     return arg;
@@ -194,6 +212,8 @@ static int child_main(const char *mode, int n)
         return child_refuse();
     if (strcmp(mode, "nodev") == 0)
         return child_nodev();
+    if (strcmp(mode, "simdev") == 0)
+        return child_simdev();
     if (strcmp(mode, "main") == 0)
         return pairs(NULL, n); /* return from main, no bfc_shutdown */
     if (strcmp(mode, "host") == 0) {
@@ -366,6 +386,34 @@ START_TEST(conf_cuda_without_device_says_so)
 }
 END_TEST
 
+START_TEST(conf_cuda_device_beyond_table_says_so)
+{
+    /* An ordinal past the service's table of devices: said once too (it
+     * used to fail silently). */
+    struct run r;
+    run_child("nodev", 0, "backend=cuda,device=64", NULL, &r);
+    if (r.status == 77)
+        return;
+    ck_assert_msg(r.status == 0, "child status %d:\n%s", r.status, r.out);
+    ck_assert_msg(count(r.out, "libshardbfc: SHARDBFC_CONF: no usable device 64 for backend=cuda") == 1, "%s",
+                  r.out);
+}
+END_TEST
+
+START_TEST(conf_sim_serves_device_zero)
+{
+    /* SIM has one device: `device` does not keep the service from it
+     * (device=64 made every call fail with BFC_ENODEV, silently). */
+    static const char *const confs[] = { "backend=sim,device=64", "backend=sim,device=3", "device=100000" };
+    for (size_t i = 0; i < sizeof confs / sizeof confs[0]; i++) {
+        struct run r;
+        run_child("simdev", 0, confs[i], NULL, &r);
+        ck_assert_msg(r.status == 0, "%s: child status %d:\n%s", confs[i], r.status, r.out);
+        ck_assert_msg(r.out[0] == '\0', "%s: %s", confs[i], r.out);
+    }
+}
+END_TEST
+
 START_TEST(conf_host_numa_missing_node_says_so)
 {
     /* A node this machine lacks: served from the thread's node, and said
@@ -498,6 +546,8 @@ static Suite *ops_suite(void)
     tcase_add_test(tc, conf_bad_value_refuses_to_start);
     tcase_add_test(tc, conf_valid_runs);
     tcase_add_test(tc, conf_cuda_without_device_says_so);
+    tcase_add_test(tc, conf_cuda_device_beyond_table_says_so);
+    tcase_add_test(tc, conf_sim_serves_device_zero);
     tcase_add_test(tc, conf_host_numa_missing_node_says_so);
     tcase_add_test(tc, no_thread_for_liburcu_is_enomem);
     suite_add_tcase(s, tc);
