@@ -62,7 +62,8 @@ struct bfc__expand {
     bool lend_shut;             /* taken back: no loan until lend_every allocations passed */
     size_t published;           /* its share of pool.vmm_idle: free mapped bytes above idle_floor and keep */
     size_t published_lend;      /* its share of pool.vmm_lendable: what an open loan adds */
-    size_t idle_floor;          /* free mapped bytes the last full release left (inside granules in use) */
+    size_t idle_floor;          /* free mapped bytes the last release at a free left, less the threshold
+                                   it kept (those inside granules in use) */
     bool deferred;              /* a growth went to the slow path: other shards hold free memory */
     int map_status;             /* why the last fit failed to map */
     struct bfc__region *region;

@@ -382,20 +382,55 @@ START_TEST(test_threshold)
 
     /* 4 MiB: kept until more than that is free; past it, what lies
      * beyond the threshold goes and the threshold stays mapped (a CUDA
-     * pool trims to its threshold, not to nothing). */
-    ctx = ctx_spec("memory_limit=64M,vmm=on,release_threshold=4M", G);
-    char *p[8];
-    for (int i = 0; i < 8; i++)
+     * pool trims to its threshold, not to nothing); the next release
+     * comes once another threshold's worth is free, so a shard that keeps
+     * freeing makes one unmap call per threshold, not per granule. */
+    ctx = ctx_spec("memory_limit=64M,vmm=on,release_threshold=4M,slack_decay_ms=never", G);
+    char *p[16];
+    bfc_stats_t st;
+    for (int i = 0; i < 16; i++)
         ck_assert_ptr_nonnull(p[i] = bfc_ctx_alloc(ctx, NULL, MiB));
     for (int i = 0; i < 4; i++)
         ck_assert_int_eq(bfc_ctx_free(ctx, p[i], NULL), BFC_OK);
-    ck_assert_uint_eq(reserved(ctx), 8 * MiB);
-    for (int i = 4; i < 7; i++)
+    ck_assert_uint_eq(reserved(ctx), 16 * MiB);
+    ck_assert_int_eq(bfc_ctx_free(ctx, p[4], NULL), BFC_OK); /* 5 MiB free */
+    ck_assert_uint_eq(reserved(ctx), 11 * MiB + 4 * MiB);
+    ck_assert_int_eq(bfc_ctx_stats(ctx, &st), BFC_OK);
+    ck_assert_uint_eq(st.num_vmm_unmaps, 1);
+    for (int i = 5; i < 9; i++) /* up to a threshold's worth more: kept */
         ck_assert_int_eq(bfc_ctx_free(ctx, p[i], NULL), BFC_OK);
-    ck_assert_uint_eq(reserved(ctx), MiB + 4 * MiB);
-    ck_assert(mapped(ctx, p[7], MiB));
+    ck_assert_uint_eq(reserved(ctx), 15 * MiB);
+    ck_assert_int_eq(bfc_ctx_stats(ctx, &st), BFC_OK);
+    ck_assert_uint_eq(st.num_vmm_unmaps, 1);
+    ck_assert_int_eq(bfc_ctx_free(ctx, p[9], NULL), BFC_OK); /* past it */
+    ck_assert_uint_eq(reserved(ctx), 6 * MiB + 4 * MiB);
+    ck_assert_int_eq(bfc_ctx_stats(ctx, &st), BFC_OK);
+    ck_assert_uint_eq(st.num_vmm_unmaps, 2);
+    ck_assert(mapped(ctx, p[15], MiB));
     check_ok(ctx);
-    ck_assert_int_eq(bfc_ctx_free(ctx, p[7], NULL), BFC_OK);
+    for (int i = 10; i < 16; i++)
+        ck_assert_int_eq(bfc_ctx_free(ctx, p[i], NULL), BFC_OK);
+    ck_assert_uint_ge(reserved(ctx), 4 * MiB);
+    ck_assert_uint_le(reserved(ctx), 8 * MiB);
+    bfc_ctx_destroy(ctx);
+
+    /* Granules still leaving (their stream was busy at the release) do
+     * not count towards what the shard keeps: once they go, the threshold
+     * is still mapped.  Threshold 4 granules; blocks of 8 and 2 granules
+     * and one live granule. */
+    ctx = ctx_spec("memory_limit=64M,vmm=on,release_threshold=256K,slack_decay_ms=never", G);
+    bfc_stream_t s = bfc_sim_stream_create(ctx);
+    char *a8 = bfc_ctx_alloc(ctx, s, 8 * G), *c2 = bfc_ctx_alloc(ctx, s, 2 * G), *k1 = bfc_ctx_alloc(ctx, s, 256);
+    ck_assert(a8 && c2 && k1);
+    ck_assert_uint_eq(reserved(ctx), 11 * G);
+    bfc_sim_stream_hold(ctx, s);
+    ck_assert_int_eq(bfc_ctx_free(ctx, a8, s), BFC_OK);
+    ck_assert_uint_eq(reserved(ctx), 11 * G); /* marked, fenced on s */
+    bfc_sim_stream_drain(ctx, s);
+    ck_assert_int_eq(bfc_ctx_free(ctx, c2, s), BFC_OK);
+    ck_assert_uint_eq(reserved(ctx), G + 4 * G);
+    check_ok(ctx);
+    ck_assert_int_eq(bfc_ctx_free(ctx, k1, s), BFC_OK);
     bfc_ctx_destroy(ctx);
 
     /* One block larger than the threshold, freed: the threshold stays
@@ -1273,6 +1308,36 @@ START_TEST(test_growth_below_peak)
 }
 END_TEST
 
+/* A lender with a release threshold keeps exactly the threshold: the
+ * threshold it kept at its frees is not also counted as memory no release
+ * can unmap (which left it twice the threshold, and raised the context's
+ * peak by as much: server2 in tests/traces at 16 MiB, 1.139 -> 1.250).
+ * Threshold 4 granules; s cycles 16 granules until its slack holds them,
+ * then t grows by 12 past the peak. */
+START_TEST(test_loan_keeps_threshold)
+{
+    bfc_ctx_t *ctx = ctx_spec("memory_limit=64M,vmm=on,release_threshold=256K,slack_decay_ms=never", G);
+    bfc_stream_t s = bfc_sim_stream_create(ctx), t = bfc_sim_stream_create(ctx);
+    char *tk = bfc_ctx_alloc(ctx, t, 256);
+    ck_assert_ptr_nonnull(tk);
+    for (int i = 0; i < 8; i++) {
+        char *p = bfc_ctx_alloc(ctx, s, 16 * G);
+        ck_assert_ptr_nonnull(p);
+        ck_assert_int_eq(bfc_ctx_free(ctx, p, s), BFC_OK);
+    }
+    ck_assert_uint_eq(stream_stats(ctx, s).bytes_reserved, 16 * G);
+    uint64_t peak = reserved(ctx);
+    char *b = bfc_ctx_alloc(ctx, t, 12 * G);
+    ck_assert_ptr_nonnull(b);
+    ck_assert_uint_eq(stream_stats(ctx, s).bytes_reserved, 4 * G);
+    ck_assert_uint_le(reserved(ctx), peak);
+    check_ok(ctx);
+    ck_assert_int_eq(bfc_ctx_free(ctx, b, t), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_free(ctx, tk, t), BFC_OK);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
 /* A stream's first block, which makes its shard's reservation, takes a
  * loan as any growth past the peak does. */
 START_TEST(test_loan_first_block)
@@ -1840,6 +1905,7 @@ static Suite *vmm_suite(void)
     tcase_add_test(tc, test_growth_elsewhere);
     tcase_add_test(tc, test_growth_below_peak);
     tcase_add_test(tc, test_loan_first_block);
+    tcase_add_test(tc, test_loan_keeps_threshold);
     tcase_add_test(tc, test_loan_counts_what_is_given);
     tcase_add_test(tc, test_lend_backoff_capped);
     tcase_add_test(tc, test_loan_from_busy_lender);
