@@ -421,9 +421,12 @@ BFC_API int bfc_config_validate(const bfc_config_t *cfg);
  *     only when bytes in use drop a granule below the last check; such a
  *     release gives back the whole free granules beyond release_threshold
  *     and keeps the threshold, as a CUDA pool trims to it, and the next
- *     one comes once another threshold's worth is free, so a shard holds
- *     from the threshold to twice it plus the slack; granules still
- *     waiting for their event count as gone); until
+ *     one marks granules once another threshold's worth (a granule at
+ *     least) is free, until the shard next maps: so a shard holds from the
+ *     threshold to the threshold plus that much plus the slack; granules
+ *     still waiting for their event count as gone, and every release but
+ *     trim, bfc_ctx_stream_release and a request the limit cannot
+ *     otherwise serve keeps the threshold); until
  *     free memory beyond release_threshold has lain unused for
  *     slack_decay_ms (10 s by default; the shard looks at the first free
  *     after every 1,024 of its allocations, and gives back the least it
@@ -436,7 +439,7 @@ BFC_API int bfc_config_validate(const bfc_config_t *cfg);
  *     higher peak: at 64 MiB, overhead 1.012 -> 1.265 on server2 of
  *     tests/traces, +7% and +5% on detect_frcnn and train_resnet18, no
  *     change on the other three) without saving device calls on every
- *     workload (vit_b16: 14 unmap calls per 1,000 allocations at 0, 46 at
+ *     workload (vit_b16: 14 unmap calls per 1,000 allocations at 0, 61 at
  *     4 MiB, 11 at 64 MiB).  An
  *     allocation that lands on a granule waiting for its event takes it
  *     back at no cost.  So one stream's peak never keeps

@@ -99,8 +99,11 @@
  *     release_threshold (free_budget(): it keeps the threshold, as a CUDA
  *     pool trims to its threshold; granules still waiting for their fence
  *     count as gone, staying_idle()) when they exceed the threshold plus
- *     its slack; with a threshold, the next check then comes once another
- *     threshold's worth is free, not a granule later.  The slack tracks
+ *     its slack; with a threshold, the next such release marks granules
+ *     only once another threshold's worth (a granule at least) stays free
+ *     (x->band, cleared by a map), while the checks in between unmap what
+ *     has left.  Every release but trim, retirement and the slow path keeps
+ *     the threshold, in whole granules (to_threshold()).  The slack tracks
  *     churn:
  *     when a release at a free is followed by a map of memory again, it
  *     was a wasted pair of calls and the slack doubles (from a granule);
@@ -129,7 +132,7 @@
  *     path.  A larger threshold makes a shard keep more (and raises the
  *     peak: detect and train traces, tests/traces, by 8 and 5% at 64 MiB)
  *     without saving device calls on every workload (vit_b16: 14 unmap
- *     calls per 1,000 allocations at 0, 46 at 4 MiB, 11 at 64 MiB).
+ *     calls per 1,000 allocations at 0, 61 at 4 MiB, 11 at 64 MiB).
  *     A release marks only granules wholly inside free chunks, found in
  *     the bins of chunks of a granule or more: it never walks the chunks
  *     in use.
@@ -450,15 +453,32 @@ size_t bfc__expand_idle_bytes(const struct bfc__arena *a)
 }
 
 /* The free mapped bytes that stay: less the granules already marked to
- * leave (still mapped until their fence completes).  What the shard keeps
- * -- the threshold, the slack -- is counted against this, or a release
- * made while earlier granules wait for their fence would leave it short
- * of what it keeps once they go (on a GPU, the usual case: the stream
- * has work queued at the free). */
+ * leave (still mapped until their fence completes).  What a release may
+ * take beyond what the shard keeps -- the threshold, the slack -- is
+ * counted from this, or a release made while earlier granules wait for
+ * their fence would leave it short of what it keeps once they go (on a
+ * GPU, the usual case: the stream has work queued at the free).  The
+ * free's own test still reads every free byte, leaving ones included, so
+ * that a check comes to unmap them once their fence completes. */
 static size_t staying_idle(const struct bfc__arena *a)
 {
     size_t idle = bfc__expand_idle_bytes(a), leaving = a->x->leaving_bytes;
     return idle > leaving ? idle - leaving : 0;
+}
+
+/* Caps a release's budget so that the shard keeps release_threshold
+ * mapped: whole granules of the staying free bytes beyond it (a release
+ * marks a whole granule while any budget is left, so an uneven budget
+ * would take up to a granule of the threshold).  Unchanged at threshold
+ * 0: every ready whole free granule fits in the staying bytes. */
+static size_t to_threshold(const struct bfc__arena *a, size_t budget)
+{
+    const struct bfc__expand *x = a->x;
+    if (x->threshold == 0)
+        return budget;
+    size_t stay = staying_idle(a);
+    size_t room = stay > x->threshold ? (stay - x->threshold) & ~(GRAN(x) - 1) : 0;
+    return budget < room ? budget : room;
 }
 
 struct mapped_front {
@@ -669,6 +689,7 @@ static void unready(struct bfc__expand *x, size_t g)
 static void account_map(struct bfc__arena *a, size_t bytes)
 {
     struct bfc__expand *x = a->x;
+    x->band = 0; /* memory was short: the next release at a free trims to the threshold */
     x->mapped_bytes += bytes;
     a->st.vmm_maps++;
     a->st.bytes_reserved += bytes;
@@ -714,9 +735,8 @@ static void release_for_growth(struct bfc__arena *a, size_t g0, size_t g1, size_
     uint64_t since_rise;
     size_t over = bfc__pool_peak_excess(a->env->pool, need, &since_rise);
     size_t want = over ? over : since_rise < PEAK_SETTLED_MAPS ? need : 0;
-    size_t budget = idle - x->threshold;
     if (want)
-        (void)release(a, 0, g0, g1, budget < want ? budget : want);
+        (void)release(a, 0, g0, g1, to_threshold(a, want));
 }
 
 int bfc__expand_make_ready_locked(struct bfc__arena *a, uintptr_t p, size_t size)
@@ -957,7 +977,7 @@ static void decay_check(struct bfc__arena *a)
     size_t stay = staying_idle(a), least = x->decay_idle_min < stay ? x->decay_idle_min : stay;
     size_t unused = least > x->threshold ? least - x->threshold : 0;
     if (unused >= GRAN(x))
-        (void)release(a, 0, 0, 0, unused);
+        (void)release(a, 0, 0, 0, to_threshold(a, unused));
     x->decay_since_ms = now;
     x->decay_idle_min = bfc__expand_idle_bytes(a);
 }
@@ -972,9 +992,9 @@ static size_t free_budget(const struct bfc__arena *a)
     const struct bfc__expand *x = a->x;
     if (x->threshold == 0)
         return SIZE_MAX;
-    size_t idle = staying_idle(a);
-    size_t over = idle > x->threshold ? idle - x->threshold : 0;
-    return over & ~(GRAN(x) - 1);
+    if (staying_idle(a) <= x->band)
+        return 0; /* within the band of the last trim (below) */
+    return to_threshold(a, SIZE_MAX);
 }
 
 void bfc__expand_after_free_locked(struct bfc__arena *a)
@@ -983,7 +1003,6 @@ void bfc__expand_after_free_locked(struct bfc__arena *a)
     if (a->st.num_allocs >= x->decay_at)
         decay_check(a);
     size_t keep = keep_bytes(x);
-    bool trimmed = false;
     if (bfc__expand_idle_bytes(a) > keep) {
         /* Nothing of the last release at a free was mapped again, and no
          * churn for CALM_ALLOCS allocations: the shard keeps less (one
@@ -993,31 +1012,29 @@ void bfc__expand_after_free_locked(struct bfc__arena *a)
             x->slack /= 2;
             x->calm_since = a->st.num_allocs;
         }
-        x->unmapped_at_free = release(a, 0, 0, 0, free_budget(a));
+        size_t budget = free_budget(a);
+        x->unmapped_at_free = release(a, 0, 0, 0, budget);
         x->remapped = false;
-        /* The floor is what no release could unmap (free bytes in granules
-         * shared with live blocks): the threshold kept on purpose is not
-         * part of it, or loans (lend_floor) would leave twice the threshold
-         * and raise the context's peak. */
+        /* The floor: what the release left free (granules still leaving
+         * included, as in the figures compared with it), less the
+         * threshold kept on purpose, or loans (lend_floor) would leave
+         * twice the threshold and raise the context's peak. */
         size_t left = bfc__expand_idle_bytes(a);
         x->idle_floor = left > x->threshold ? left - x->threshold : 0;
-        /* Granules still waiting for their fence: the next granule's
-         * free checks again (and unmaps them), as without a threshold. */
-        trimmed = x->threshold != 0 && x->leaving_bytes == 0;
+        /* Trimmed to the threshold: new granules are marked again once
+         * another threshold's worth (a granule at least) stays free, not
+         * at the next granule's check, or a shard that keeps freeing would
+         * make an unmap call per granule (vit_b16 in tests/traces at
+         * 16 MiB: 112 unmap calls per 1,000 allocations, against 14 with
+         * no threshold).  The checks in between still unmap what has left
+         * (a budget of 0: granules whose fence completed). */
+        if (x->threshold && budget) {
+            size_t step = x->threshold > GRAN(x) ? x->threshold : GRAN(x);
+            size_t band = staying_idle(a) + step;
+            x->band = band < step ? SIZE_MAX : band;
+        }
     }
     rearm(a, false);
-    if (trimmed) {
-        /* Trimmed to the threshold: the next such release comes once
-         * another threshold's worth is free, not a granule later, or a
-         * shard that keeps freeing would make an unmap call per granule
-         * (vit_b16 in tests/traces at 16 MiB: 112 unmap calls per 1,000
-         * allocations, against 14 with no threshold).  So between releases
-         * a shard holds from the threshold up to twice it, plus the slack. */
-        size_t trigger = bfc__expand_idle_bytes(a) + (x->threshold > GRAN(x) ? x->threshold : GRAN(x));
-        if (trigger < x->threshold)
-            trigger = SIZE_MAX; /* a threshold near SIZE_MAX: never */
-        x->low_water = x->mapped_bytes > trigger ? x->mapped_bytes - trigger : 0;
-    }
 }
 
 size_t bfc__expand_release_spare_locked(struct bfc__arena *a, size_t *loan)
@@ -1038,7 +1055,7 @@ size_t bfc__expand_release_spare_locked(struct bfc__arena *a, size_t *loan)
          * so shards whose use swings stop handing granules back and forth
          * (and a map closes an open loan: above). */
         size_t leaving = x->leaving_bytes;
-        freed = release(a, 0, 0, 0, spare + lend);
+        freed = release(a, 0, 0, 0, to_threshold(a, spare + lend));
         /* Given up: unmapped now, or marked to leave (unmapped once the
          * fence completes), less what was leaving before. */
         given = freed + x->leaving_bytes > leaving ? freed + x->leaving_bytes - leaving : 0;

@@ -384,50 +384,69 @@ START_TEST(test_threshold)
      * beyond the threshold goes and the threshold stays mapped (a CUDA
      * pool trims to its threshold, not to nothing); the next release
      * comes once another threshold's worth is free, so a shard that keeps
-     * freeing makes one unmap call per threshold, not per granule. */
-    ctx = ctx_spec("memory_limit=64M,vmm=on,release_threshold=4M,slack_decay_ms=never", G);
-    char *p[16];
-    bfc_stats_t st;
-    for (int i = 0; i < 16; i++)
-        ck_assert_ptr_nonnull(p[i] = bfc_ctx_alloc(ctx, NULL, MiB));
-    for (int i = 0; i < 4; i++)
-        ck_assert_int_eq(bfc_ctx_free(ctx, p[i], NULL), BFC_OK);
-    ck_assert_uint_eq(reserved(ctx), 16 * MiB);
-    ck_assert_int_eq(bfc_ctx_free(ctx, p[4], NULL), BFC_OK); /* 5 MiB free */
-    ck_assert_uint_eq(reserved(ctx), 11 * MiB + 4 * MiB);
-    ck_assert_int_eq(bfc_ctx_stats(ctx, &st), BFC_OK);
-    ck_assert_uint_eq(st.num_vmm_unmaps, 1);
-    for (int i = 5; i < 9; i++) /* up to a threshold's worth more: kept */
-        ck_assert_int_eq(bfc_ctx_free(ctx, p[i], NULL), BFC_OK);
-    ck_assert_uint_eq(reserved(ctx), 15 * MiB);
-    ck_assert_int_eq(bfc_ctx_stats(ctx, &st), BFC_OK);
-    ck_assert_uint_eq(st.num_vmm_unmaps, 1);
-    ck_assert_int_eq(bfc_ctx_free(ctx, p[9], NULL), BFC_OK); /* past it */
-    ck_assert_uint_eq(reserved(ctx), 6 * MiB + 4 * MiB);
-    ck_assert_int_eq(bfc_ctx_stats(ctx, &st), BFC_OK);
-    ck_assert_uint_eq(st.num_vmm_unmaps, 2);
-    ck_assert(mapped(ctx, p[15], MiB));
-    check_ok(ctx);
-    for (int i = 10; i < 16; i++)
-        ck_assert_int_eq(bfc_ctx_free(ctx, p[i], NULL), BFC_OK);
-    ck_assert_uint_ge(reserved(ctx), 4 * MiB);
-    ck_assert_uint_le(reserved(ctx), 8 * MiB);
-    bfc_ctx_destroy(ctx);
+     * freeing makes one unmap call per threshold, not per granule -- also
+     * when its stream is busy at each free (on a GPU, the usual case), so
+     * that what it marks waits for a fence. */
+    for (int busy = 0; busy < 2; busy++) {
+        ctx = ctx_spec("memory_limit=64M,vmm=on,release_threshold=4M,slack_decay_ms=never", G);
+        bfc_stream_t s = bfc_sim_stream_create(ctx);
+        char *p[16];
+        bfc_stats_t st;
+        for (int i = 0; i < 16; i++)
+            ck_assert_ptr_nonnull(p[i] = bfc_ctx_alloc(ctx, s, MiB));
+#define FREE_AT(i)                                                                                           \
+    do {                                                                                                     \
+        if (busy)                                                                                            \
+            bfc_sim_stream_hold(ctx, s);                                                                     \
+        ck_assert_int_eq(bfc_ctx_free(ctx, p[i], s), BFC_OK);                                                \
+        if (busy)                                                                                            \
+            bfc_sim_stream_drain(ctx, s);                                                                    \
+    } while (0)
+        for (int i = 0; i < 4; i++)
+            FREE_AT(i);
+        ck_assert_uint_eq(reserved(ctx), 16 * MiB);
+        FREE_AT(4); /* 5 MiB free: 1 MiB goes (once its fence completes, when busy) */
+        FREE_AT(5);
+        ck_assert_uint_eq(reserved(ctx), 10 * MiB + 5 * MiB);
+        ck_assert_int_eq(bfc_ctx_stats(ctx, &st), BFC_OK);
+        ck_assert_uint_eq(st.num_vmm_unmaps, 1);
+        for (int i = 6; i < 9; i++) /* up to a threshold's worth more: kept */
+            FREE_AT(i);
+        ck_assert_uint_eq(reserved(ctx), 15 * MiB);
+        ck_assert_int_eq(bfc_ctx_stats(ctx, &st), BFC_OK);
+        ck_assert_uint_eq(st.num_vmm_unmaps, 1);
+        FREE_AT(9); /* past it: 5 MiB go */
+        FREE_AT(10);
+        ck_assert_uint_eq(reserved(ctx), 5 * MiB + 5 * MiB);
+        ck_assert_int_eq(bfc_ctx_stats(ctx, &st), BFC_OK);
+        ck_assert_uint_eq(st.num_vmm_unmaps, 2);
+        ck_assert(mapped(ctx, p[15], MiB));
+        check_ok(ctx);
+        for (int i = 11; i < 16; i++)
+            FREE_AT(i);
+#undef FREE_AT
+        ck_assert_uint_ge(reserved(ctx), 4 * MiB);
+        ck_assert_uint_le(reserved(ctx), 8 * MiB);
+        bfc_ctx_destroy(ctx);
+    }
 
     /* Granules still leaving (their stream was busy at the release) do
      * not count towards what the shard keeps: once they go, the threshold
-     * is still mapped.  Threshold 4 granules; blocks of 8 and 2 granules
-     * and one live granule. */
+     * is still mapped.  Threshold 4 granules; blocks of 8, 2 and 4
+     * granules and one live granule. */
     ctx = ctx_spec("memory_limit=64M,vmm=on,release_threshold=256K,slack_decay_ms=never", G);
     bfc_stream_t s = bfc_sim_stream_create(ctx);
-    char *a8 = bfc_ctx_alloc(ctx, s, 8 * G), *c2 = bfc_ctx_alloc(ctx, s, 2 * G), *k1 = bfc_ctx_alloc(ctx, s, 256);
-    ck_assert(a8 && c2 && k1);
-    ck_assert_uint_eq(reserved(ctx), 11 * G);
+    char *a8 = bfc_ctx_alloc(ctx, s, 8 * G), *c2 = bfc_ctx_alloc(ctx, s, 2 * G), *d4 = bfc_ctx_alloc(ctx, s, 4 * G);
+    char *k1 = bfc_ctx_alloc(ctx, s, 256);
+    ck_assert(a8 && c2 && d4 && k1);
+    ck_assert_uint_eq(reserved(ctx), 15 * G);
     bfc_sim_stream_hold(ctx, s);
     ck_assert_int_eq(bfc_ctx_free(ctx, a8, s), BFC_OK);
-    ck_assert_uint_eq(reserved(ctx), 11 * G); /* marked, fenced on s */
+    ck_assert_uint_eq(reserved(ctx), 15 * G); /* 4 granules marked, fenced on s */
     bfc_sim_stream_drain(ctx, s);
-    ck_assert_int_eq(bfc_ctx_free(ctx, c2, s), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_free(ctx, c2, s), BFC_OK); /* within the band: the 4 go */
+    ck_assert_uint_eq(reserved(ctx), 11 * G);
+    ck_assert_int_eq(bfc_ctx_free(ctx, d4, s), BFC_OK); /* 10 stay free: 6 go, 4 kept */
     ck_assert_uint_eq(reserved(ctx), G + 4 * G);
     check_ok(ctx);
     ck_assert_int_eq(bfc_ctx_free(ctx, k1, s), BFC_OK);
@@ -1338,6 +1357,50 @@ START_TEST(test_loan_keeps_threshold)
 }
 END_TEST
 
+/* Every release but trim, stream release and the slow path keeps the
+ * threshold, even where free bytes share a granule with a live block (a
+ * budget that is not a whole number of granules took up to a granule of
+ * the threshold): the release at a free, this shard's growth past the
+ * peak, and a loan to another shard's growth.  Threshold 4 granules; s
+ * holds a 32 KiB block and half a granule free beside it. */
+START_TEST(test_threshold_kept_by_every_release)
+{
+    for (int loan = 0; loan < 2; loan++) {
+        bfc_ctx_t *ctx = ctx_spec("memory_limit=64M,vmm=on,release_threshold=256K,slack_decay_ms=never", G);
+        bfc_stream_t s = bfc_sim_stream_create(ctx), u = bfc_sim_stream_create(ctx), t = bfc_sim_stream_create(ctx);
+        char *k = bfc_ctx_alloc(ctx, s, 32 * KiB);
+        char *a = bfc_ctx_alloc(ctx, s, 8 * G - 32 * KiB);
+        char *b = bfc_ctx_alloc(ctx, s, 4 * G);
+        ck_assert(k && a && b);
+        ck_assert_int_eq(bfc_ctx_free(ctx, a, s), BFC_OK);
+        bfc_stats_t st = stream_stats(ctx, s);
+        ck_assert_uint_eq(st.bytes_reserved - st.bytes_in_use, 4 * G + G / 2);
+        char *c = NULL, *uk = NULL;
+        if (!loan) {
+            c = bfc_ctx_alloc(ctx, s, 20 * G); /* s grows past the peak */
+        } else {
+            uk = bfc_ctx_alloc(ctx, u, 256); /* u churns, then t grows past the peak */
+            for (int i = 0; i < 8; i++) {
+                char *q = bfc_ctx_alloc(ctx, u, 16 * G);
+                ck_assert_ptr_nonnull(q);
+                ck_assert_int_eq(bfc_ctx_free(ctx, q, u), BFC_OK);
+            }
+            c = bfc_ctx_alloc(ctx, t, 12 * G);
+        }
+        ck_assert_ptr_nonnull(c);
+        st = stream_stats(ctx, s);
+        ck_assert_uint_ge(st.bytes_reserved - st.bytes_in_use, 4 * G);
+        check_ok(ctx);
+        ck_assert_int_eq(bfc_ctx_free(ctx, c, loan ? t : s), BFC_OK);
+        if (uk)
+            ck_assert_int_eq(bfc_ctx_free(ctx, uk, u), BFC_OK);
+        ck_assert_int_eq(bfc_ctx_free(ctx, b, s), BFC_OK);
+        ck_assert_int_eq(bfc_ctx_free(ctx, k, s), BFC_OK);
+        bfc_ctx_destroy(ctx);
+    }
+}
+END_TEST
+
 /* A stream's first block, which makes its shard's reservation, takes a
  * loan as any growth past the peak does. */
 START_TEST(test_loan_first_block)
@@ -1906,6 +1969,7 @@ static Suite *vmm_suite(void)
     tcase_add_test(tc, test_growth_below_peak);
     tcase_add_test(tc, test_loan_first_block);
     tcase_add_test(tc, test_loan_keeps_threshold);
+    tcase_add_test(tc, test_threshold_kept_by_every_release);
     tcase_add_test(tc, test_loan_counts_what_is_given);
     tcase_add_test(tc, test_lend_backoff_capped);
     tcase_add_test(tc, test_loan_from_busy_lender);
