@@ -439,7 +439,7 @@ BFC_API int bfc_config_validate(const bfc_config_t *cfg);
  *     higher peak: at 64 MiB, overhead 1.012 -> 1.265 on server2 of
  *     tests/traces, +7% and +5% on detect_frcnn and train_resnet18, no
  *     change on the other three) without saving device calls on every
- *     workload (vit_b16: 14 unmap calls per 1,000 allocations at 0, 61 at
+ *     workload (vit_b16: 14 unmap calls per 1,000 allocations at 0, 39 at
  *     4 MiB, 11 at 64 MiB).  An
  *     allocation that lands on a granule waiting for its event takes it
  *     back at no cost.  So one stream's peak never keeps

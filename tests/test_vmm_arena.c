@@ -1401,6 +1401,66 @@ START_TEST(test_threshold_kept_by_every_release)
 }
 END_TEST
 
+/* What a shard holds beyond its threshold between two trims (the band)
+ * is lent to another shard's growth past the peak: the checks in the band
+ * that mark nothing leave the floor as the trim set it (they hid the band
+ * in it, and t mapped afresh).  Threshold 16 granules. */
+START_TEST(test_band_lent_to_growth)
+{
+    bfc_ctx_t *ctx = ctx_spec("memory_limit=64M,vmm=on,release_threshold=1M,slack_decay_ms=never", G);
+    bfc_stream_t s = bfc_sim_stream_create(ctx), t = bfc_sim_stream_create(ctx);
+    char *tk = bfc_ctx_alloc(ctx, t, 256), *p[48];
+    ck_assert_ptr_nonnull(tk);
+    for (int i = 0; i < 48; i++)
+        ck_assert_ptr_nonnull(p[i] = bfc_ctx_alloc(ctx, s, G));
+    for (int i = 0; i < 38; i++)
+        ck_assert_int_eq(bfc_ctx_free(ctx, p[i], s), BFC_OK);
+    bfc_stats_t st = stream_stats(ctx, s);
+    uint64_t held = st.bytes_reserved - st.bytes_in_use;
+    ck_assert_uint_gt(held, 16 * G); /* in the band */
+    ck_assert_uint_le(held, 32 * G);
+    char *b = bfc_ctx_alloc(ctx, t, 25 * G);
+    ck_assert_ptr_nonnull(b);
+    st = stream_stats(ctx, s);
+    ck_assert_uint_eq(st.bytes_reserved - st.bytes_in_use, 16 * G);
+    check_ok(ctx);
+    ck_assert_int_eq(bfc_ctx_free(ctx, b, t), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_free(ctx, tk, t), BFC_OK);
+    for (int i = 38; i < 48; i++)
+        ck_assert_int_eq(bfc_ctx_free(ctx, p[i], s), BFC_OK);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
+/* With a threshold, memory a trim gave back and the shard maps again is
+ * churn, as without one: the checks in the band that mark nothing keep
+ * the trim's record, so the slack grows and a shard that cycles the same
+ * memory settles with no device calls (it mapped 32 granules and unmapped
+ * 6 at every cycle).  Threshold 4 granules; cycles of 40 one-granule
+ * blocks. */
+START_TEST(test_band_keeps_churn_book)
+{
+    bfc_ctx_t *ctx = ctx_spec("memory_limit=64M,vmm=on,release_threshold=256K,slack_decay_ms=never", G);
+    bfc_stream_t s = bfc_sim_stream_create(ctx);
+    char *k = bfc_ctx_alloc(ctx, s, 256), *p[40];
+    ck_assert_ptr_nonnull(k);
+    uint64_t calls_last = 0;
+    for (int c = 0; c < 12; c++) {
+        bfc_stats_t a0 = stream_stats(ctx, s);
+        for (int i = 0; i < 40; i++)
+            ck_assert_ptr_nonnull(p[i] = bfc_ctx_alloc(ctx, s, G));
+        for (int i = 0; i < 40; i++)
+            ck_assert_int_eq(bfc_ctx_free(ctx, p[i], s), BFC_OK);
+        bfc_stats_t a1 = stream_stats(ctx, s);
+        calls_last = (a1.num_vmm_maps - a0.num_vmm_maps) + (a1.num_vmm_unmaps - a0.num_vmm_unmaps);
+    }
+    ck_assert_uint_eq(calls_last, 0);
+    check_ok(ctx);
+    ck_assert_int_eq(bfc_ctx_free(ctx, k, s), BFC_OK);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
 /* A stream's first block, which makes its shard's reservation, takes a
  * loan as any growth past the peak does. */
 START_TEST(test_loan_first_block)
@@ -1970,6 +2030,8 @@ static Suite *vmm_suite(void)
     tcase_add_test(tc, test_loan_first_block);
     tcase_add_test(tc, test_loan_keeps_threshold);
     tcase_add_test(tc, test_threshold_kept_by_every_release);
+    tcase_add_test(tc, test_band_lent_to_growth);
+    tcase_add_test(tc, test_band_keeps_churn_book);
     tcase_add_test(tc, test_loan_counts_what_is_given);
     tcase_add_test(tc, test_lend_backoff_capped);
     tcase_add_test(tc, test_loan_from_busy_lender);
