@@ -30,6 +30,7 @@
 #include "host.h"
 
 #define MAX_DEVICES 64
+_Static_assert(MAX_DEVICES == 64, "say_no_device names the range 0 to 63");
 
 static bfc_ctx_t *_Atomic devices[MAX_DEVICES];
 
@@ -69,7 +70,7 @@ static int service_status(void)
  * context runs (ctx_of_device): refused alone, without a retry per call. */
 static atomic_bool dev_refused[MAX_DEVICES];
 
-static void say_no_device_beyond(int dev);
+static void say_no_device(int dev);
 
 /* The device whose context serves stream s: on CUDA the stream's own
  * (NULL: the thread's current device); on SIM device 0, its one device,
@@ -92,7 +93,7 @@ static int device_of(bfc_stream_t s, int *dev)
     (void)s;
 #endif
     if (BFC__UNLIKELY(*dev < 0 || *dev >= MAX_DEVICES)) {
-        say_no_device_beyond(*dev);
+        say_no_device(*dev);
         return BFC_ENODEV;
     }
     return BFC_OK;
@@ -129,33 +130,24 @@ static void refuse_device(int dev)
  * ordinal the machine lacks) is not a bad spec: the creation is tried
  * again at every call, so a device that appears later is used.  But an
  * operator who asked for CUDA must not be left with nothing but NULLs to
- * read, so stderr says so once per device.  Under bfc__ctx_create_lock.
+ * read, so stderr says so once per device; an ordinal past the service's
+ * table (device=64 or more, or a stream on such a GPU) has one slot for
+ * all, as it can never be served.  Called with or without
+ * bfc__ctx_create_lock (device_of takes none), hence the exchange
+ * (relaxed: a once-only message, no data).
  */
-static bool no_device_said[MAX_DEVICES];
+static atomic_bool no_device_said[MAX_DEVICES + 1];
 
 static void say_no_device(int dev)
 {
-    if (no_device_said[dev])
-        return;
-    no_device_said[dev] = true;
-    fprintf(stderr,
-            "libshardbfc: SHARDBFC_CONF: no usable device %d for backend=%s; calls for it fail with "
-            "BFC_ENODEV until one is usable\n",
-            dev, env_cfg.backend == BFC_BACKEND_CUDA ? "cuda" : "auto");
-}
-
-/* A device beyond the service's table (backend=cuda with device=64 or
- * more, or a stream on such a device): said once, as any device that
- * cannot be served (relaxed: a once-only message, no data). */
-static void say_no_device_beyond(int dev)
-{
-    static atomic_bool said;
-    if (atomic_exchange_explicit(&said, true, memory_order_relaxed))
+    bool beyond = dev < 0 || dev >= MAX_DEVICES;
+    if (atomic_exchange_explicit(&no_device_said[beyond ? MAX_DEVICES : dev], true, memory_order_relaxed))
         return;
     fprintf(stderr,
-            "libshardbfc: SHARDBFC_CONF: no usable device %d for backend=%s (the service serves devices 0 "
-            "to %d); calls for it fail with BFC_ENODEV\n",
-            dev, env_cfg.backend == BFC_BACKEND_CUDA ? "cuda" : "auto", MAX_DEVICES - 1);
+            "libshardbfc: SHARDBFC_CONF: no usable device %d for backend=%s%s; calls for it fail with "
+            "BFC_ENODEV%s\n",
+            dev, env_cfg.backend == BFC_BACKEND_CUDA ? "cuda" : "auto",
+            beyond ? " (the service serves devices 0 to 63)" : "", beyond ? "" : " until one is usable");
 }
 
 static bfc_ctx_t *ctx_of_device(int dev, int *status)

@@ -1239,6 +1239,24 @@ static bfc_stats_t stream_stats(bfc_ctx_t *ctx, bfc_stream_t s)
     return st;
 }
 
+/* Mapped-but-free bytes of s's shard. */
+static uint64_t stream_idle(bfc_ctx_t *ctx, bfc_stream_t s)
+{
+    bfc_stats_t st = stream_stats(ctx, s);
+    return st.bytes_reserved - st.bytes_in_use;
+}
+
+/* n cycles of one block of `size` on s, allocated and freed: its churn
+ * earns the shard a slack that holds the block. */
+static void churn_block(bfc_ctx_t *ctx, bfc_stream_t s, size_t size, int n)
+{
+    for (int i = 0; i < n; i++) {
+        char *p = bfc_ctx_alloc(ctx, s, size);
+        ck_assert_ptr_nonnull(p);
+        ck_assert_int_eq(bfc_ctx_free(ctx, p, s), BFC_OK);
+    }
+}
+
 static void churned_teardown(struct churned *w, char *b)
 {
     check_ok(w->ctx);
@@ -1339,11 +1357,7 @@ START_TEST(test_loan_keeps_threshold)
     bfc_stream_t s = bfc_sim_stream_create(ctx), t = bfc_sim_stream_create(ctx);
     char *tk = bfc_ctx_alloc(ctx, t, 256);
     ck_assert_ptr_nonnull(tk);
-    for (int i = 0; i < 8; i++) {
-        char *p = bfc_ctx_alloc(ctx, s, 16 * G);
-        ck_assert_ptr_nonnull(p);
-        ck_assert_int_eq(bfc_ctx_free(ctx, p, s), BFC_OK);
-    }
+    churn_block(ctx, s, 16 * G, 8);
     ck_assert_uint_eq(stream_stats(ctx, s).bytes_reserved, 16 * G);
     uint64_t peak = reserved(ctx);
     char *b = bfc_ctx_alloc(ctx, t, 12 * G);
@@ -1373,23 +1387,17 @@ START_TEST(test_threshold_kept_by_every_release)
         char *b = bfc_ctx_alloc(ctx, s, 4 * G);
         ck_assert(k && a && b);
         ck_assert_int_eq(bfc_ctx_free(ctx, a, s), BFC_OK);
-        bfc_stats_t st = stream_stats(ctx, s);
-        ck_assert_uint_eq(st.bytes_reserved - st.bytes_in_use, 4 * G + G / 2);
+        ck_assert_uint_eq(stream_idle(ctx, s), 4 * G + G / 2);
         char *c = NULL, *uk = NULL;
         if (!loan) {
             c = bfc_ctx_alloc(ctx, s, 20 * G); /* s grows past the peak */
         } else {
             uk = bfc_ctx_alloc(ctx, u, 256); /* u churns, then t grows past the peak */
-            for (int i = 0; i < 8; i++) {
-                char *q = bfc_ctx_alloc(ctx, u, 16 * G);
-                ck_assert_ptr_nonnull(q);
-                ck_assert_int_eq(bfc_ctx_free(ctx, q, u), BFC_OK);
-            }
+            churn_block(ctx, u, 16 * G, 8);
             c = bfc_ctx_alloc(ctx, t, 12 * G);
         }
         ck_assert_ptr_nonnull(c);
-        st = stream_stats(ctx, s);
-        ck_assert_uint_ge(st.bytes_reserved - st.bytes_in_use, 4 * G);
+        ck_assert_uint_ge(stream_idle(ctx, s), 4 * G);
         check_ok(ctx);
         ck_assert_int_eq(bfc_ctx_free(ctx, c, loan ? t : s), BFC_OK);
         if (uk)
@@ -1415,14 +1423,12 @@ START_TEST(test_band_lent_to_growth)
         ck_assert_ptr_nonnull(p[i] = bfc_ctx_alloc(ctx, s, G));
     for (int i = 0; i < 38; i++)
         ck_assert_int_eq(bfc_ctx_free(ctx, p[i], s), BFC_OK);
-    bfc_stats_t st = stream_stats(ctx, s);
-    uint64_t held = st.bytes_reserved - st.bytes_in_use;
+    uint64_t held = stream_idle(ctx, s);
     ck_assert_uint_gt(held, 16 * G); /* in the band */
     ck_assert_uint_le(held, 32 * G);
     char *b = bfc_ctx_alloc(ctx, t, 25 * G);
     ck_assert_ptr_nonnull(b);
-    st = stream_stats(ctx, s);
-    ck_assert_uint_eq(st.bytes_reserved - st.bytes_in_use, 16 * G);
+    ck_assert_uint_eq(stream_idle(ctx, s), 16 * G);
     check_ok(ctx);
     ck_assert_int_eq(bfc_ctx_free(ctx, b, t), BFC_OK);
     ck_assert_int_eq(bfc_ctx_free(ctx, tk, t), BFC_OK);
