@@ -32,38 +32,41 @@
  *     none is made on the common path, and a shard keeps free granules
  *     mapped (hysteresis, as jemalloc keeps dirty pages and a CUDA memory
  *     pool keeps memory between its synchronisation points) until one of:
- *     (a) Growth elsewhere.  An allocation whose block lacks mapped
- *     granules, while other shards say they hold spare granules (pool.
- *     vmm_idle, a hint each shard publishes at its policy checks, never at
- *     a plain free: its free whole granules beyond what it keeps -- the
- *     threshold and its slack, see (c)), goes to the slow path, which asks
- *     every other shard to mark and fence its spare granules and unmap
- *     those whose fence has completed, then maps.  What a shard keeps for
- *     its own churn stays, with one exception, the loan: when the growth
- *     would raise the most the context has held (bfc__pool_would_peak),
- *     shards whose slack is lendable (pool.vmm_lendable, the second hint)
- *     give it too, as much as the growth needs.  Below that peak a
- *     shard's slack costs no memory the context has not held already, and
- *     handing it over would cost a pair of device calls each way every
- *     time the two shards' use swings (two threads churning one context
- *     made 28 map calls per 1,000 allocations that way and ran at a sixth
- *     of their speed); at the peak, it is what one allocator over the
- *     device would reuse -- a stream gone quiet no longer holds what a
- *     busy one must map afresh (tests/traces server2: overhead 1.265
- *     without loans, 1.012 with).  A loan stays out, each such growth
- *     taking its part, until the lender maps again: it needed the memory
- *     back, so it stops lending for lend_every of its allocations (256,
- *     doubled at each take-back up to 16,384, halved when a loan stayed
- *     out that long; it lends again at its first policy check after
- *     that).  The cap is low on purpose: a shard that does not lend keeps
- *     its slack while the others peak, and shards whose use swings all end
- *     up at the cap (perf's inference workload, 4 and 8 threads: peak
- *     reserved 1.10-1.19 times the peak requested with a cap of 2^24,
- *     1.03-1.08 with 2^14, at 0.6-1.5 map calls per 1,000 allocations
- *     instead of 0.3-1.1).  A loan counts what the lender gives -- granules
- *     unmapped or marked to leave -- not what it was asked for: free bytes
- *     in granules shared with live blocks cannot be unmapped, and the
- *     growth then asks the next shard.
+ *     (a) Growth elsewhere.  An allocation whose block lacks mapped granules,
+ *     while other shards say they hold spare granules (pool.vmm_idle, a hint
+ *     each shard publishes at its policy checks, never at a plain free: its
+ *     free whole granules beyond what it keeps -- the threshold and its
+ *     slack, see (c) --, granules its releases marked to leave included),
+ *     goes to the slow path, which asks every other shard to mark and fence
+ *     its spare granules and unmap those whose fence has completed, then
+ *     maps.  Granules marked while the owner's stream was busy (on a GPU, the
+ *     usual case at a free) are offered so: left for the owner's next check,
+ *     they would stay mapped beside what the growth maps (a 16-granule free
+ *     behind queued work, then 12 granules grown elsewhere: 30 granules held
+ *     instead of 14).  What a shard keeps for its own churn stays, with one
+ *     exception, the loan: when the growth would raise the most the context
+ *     has held (bfc__pool_would_peak), shards whose slack is lendable
+ *     (pool.vmm_lendable, the second hint) give it too, as much as the growth
+ *     needs.  Below that peak a shard's slack costs no memory the context has
+ *     not held already, and handing it over would cost a pair of device calls
+ *     each way every time the two shards' use swings (two threads churning
+ *     one context made 28 map calls per 1,000 allocations that way and ran at
+ *     a sixth of their speed); at the peak, it is what one allocator over the
+ *     device would reuse -- a stream gone quiet no longer holds what a busy
+ *     one must map afresh (tests/traces server2: overhead 1.265 without
+ *     loans, 1.012 with).  A loan stays out, each such growth taking its
+ *     part, until the lender maps again: it needed the memory back, so it
+ *     stops lending for lend_every of its allocations (256, doubled at each
+ *     take-back up to 16,384, halved when a loan stayed out that long; it
+ *     lends again at its first policy check after that).  The cap is low on
+ *     purpose: a shard that does not lend keeps its slack while the others
+ *     peak, and shards whose use swings all end up at the cap (perf's
+ *     inference workload, 4 and 8 threads: peak reserved 1.10-1.19 times the
+ *     peak requested with a cap of 2^24, 1.03-1.08 with 2^14, at 0.6-1.5 map
+ *     calls per 1,000 allocations instead of 0.3-1.1).  A loan counts what
+ *     the lender gives -- granules unmapped or marked to leave -- not what it
+ *     was asked for: free bytes in granules shared with live blocks cannot be
+ *     unmapped, and the growth then asks the next shard.
  *     When another shard cannot map within the limit, its slow path takes
  *     everything free, slack included, and waits for those fences with no
  *     lock held (on a device; not on SIM, where a held stream only ends
@@ -622,8 +625,8 @@ static size_t keep_bytes(const struct bfc__expand *x)
 }
 
 /* Free mapped bytes a loan leaves the shard: idle_floor (what the last
- * release at a free left beyond the threshold: bytes in granules shared
- * with live blocks, and granules still leaving) and the threshold
+ * release at a free left staying beyond the threshold: bytes in granules
+ * shared with live blocks) and the threshold
  * (saturating).  The hint (rearm) and the loan
  * (bfc__expand_release_spare_locked) both count from it, so a loan takes
  * on no more than the hint offered. */
@@ -940,7 +943,7 @@ size_t bfc__expand_release_locked(struct bfc__arena *a, uint32_t wait_ms)
     if (!a->x)
         return 0;
     size_t freed = release(a, wait_ms, 0, 0, SIZE_MAX);
-    a->x->idle_floor = bfc__expand_idle_bytes(a);
+    a->x->idle_floor = staying_idle(a);
     rearm(a, false);
     return freed;
 }
@@ -1027,11 +1030,15 @@ void bfc__expand_after_free_locked(struct bfc__arena *a)
         } else {
             x->unmapped_at_free = freed;
             x->remapped = false;
-            /* The floor: what the release left free (granules still
-             * leaving included, as in the figures compared with it), less
+            /* The floor: what the release left free and staying, less
              * the threshold kept on purpose, or loans (lend_floor) would
-             * leave twice the threshold and raise the context's peak. */
-            size_t left = bfc__expand_idle_bytes(a);
+             * leave twice the threshold and raise the context's peak.
+             * Granules still leaving are above it: the hint offers them
+             * (rearm), so another shard's growth asks for them and
+             * unmaps them once their fence completes
+             * (bfc__expand_release_spare_locked), rather than mapping
+             * afresh while they wait here for this shard's next check. */
+            size_t left = staying_idle(a);
             x->idle_floor = left > x->threshold ? left - x->threshold : 0;
             /* Trimmed to the threshold: new granules are marked again once
              * another threshold's worth (a granule at least) stays free,
@@ -1055,6 +1062,13 @@ size_t bfc__expand_release_spare_locked(struct bfc__arena *a, size_t *loan)
     struct bfc__expand *x = a->x;
     if (!x)
         return 0;
+    /* First what this shard's own releases marked and fenced, if the
+     * fence has completed: they were going in any case (the hint offers
+     * them, above the floor), and left for its next check they would make
+     * the growth map afresh beside them.  On the churn book as the checks
+     * in a release's band: added to what the last release gave. */
+    size_t done = unmap_if_fenced(a);
+    x->unmapped_at_free += done;
     size_t keep = keep_bytes(x), idle = staying_idle(a), freed = 0, given = 0;
     size_t spare = idle > keep ? idle - keep : 0, lend = 0;
     if (*loan && lend_open(a)) {
@@ -1095,7 +1109,7 @@ size_t bfc__expand_release_spare_locked(struct bfc__arena *a, size_t *loan)
         }
     }
     rearm(a, false);
-    return freed;
+    return done + freed;
 }
 
 /* ------------------------------------------------------------- checks */

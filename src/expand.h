@@ -62,8 +62,8 @@ struct bfc__expand {
     bool lend_shut;             /* taken back: no loan until lend_every allocations passed */
     size_t published;           /* its share of pool.vmm_idle: free mapped bytes above idle_floor and keep */
     size_t published_lend;      /* its share of pool.vmm_lendable: what an open loan adds */
-    size_t idle_floor;          /* free mapped bytes the last release at a free left (leaving granules
-                                   included), less the threshold it kept */
+    size_t idle_floor;          /* free mapped bytes the last release at a free left staying (leaving
+                                   granules are above it), less the threshold it kept */
     size_t band;                /* with a threshold: staying free bytes past which a release at a free
                                    marks granules again (0 until one trims; cleared by a map) */
     bool deferred;              /* a growth went to the slow path: other shards hold free memory */

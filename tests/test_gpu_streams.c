@@ -55,6 +55,8 @@
  * owner's work (per_thread_departure), also when that thread has exited
  * without releasing its stream and another thread retires its shard; the
  * legacy default stream (NULL and cudaStreamLegacy) allocates and frees;
+ * granules an expandable shard marked to leave while its stream was busy
+ * go to another stream's growth once its work is done (leaving_to_growth);
  * device errors surface as BFC_EBACKEND (a child process whose context a
  * trapping kernel broke: a sticky error cannot be undone in-process).
  * BFC_GPU_NO_TRAP=1 leaves that child out (compute-sanitizer reports the
@@ -682,6 +684,84 @@ START_TEST(test_legacy_stream)
 }
 END_TEST
 
+/* ------------------------------------------------- leaving granules */
+
+/*
+ * Expandable arenas: granules a shard marked to leave while its stream was
+ * busy -- the usual case on a GPU: a free finds work queued -- go to
+ * another stream's growth once that work is done, instead of the growth
+ * mapping beside them while they wait for the owner's next policy check.
+ * A frees a 32 MiB block behind a spin (its fill after the spin still
+ * writes it); C grows by 24 MiB while the spin runs -- it must map: A's
+ * granules are still written --, then by 24 MiB more once A is done,
+ * which A's granules cover: the context holds less than before that
+ * growth, A unmapped them, and every block holds its own pattern (an
+ * early unmap is a fault of A's fill, a sticky error).
+ */
+START_TEST(test_leaving_to_growth)
+{
+    bfc_ctx_t *ctx = ctx_vmm("memory_limit=1G,vmm=on,slack_decay_ms=never");
+    cudaStream_t a, c;
+    cudaEvent_t a_done;
+    bfc_stats_t sa, st;
+    uint64_t before;
+    void *ak, *ck, *big, *c1, *c2;
+
+    if (!ctx) {
+        printf("test_gpu_streams: leaving granules: SKIP: %s\n", NOVMM);
+        return;
+    }
+    a = new_stream();
+    c = new_stream();
+    ak = bfc_ctx_alloc(ctx, (bfc_stream_t)a, 256);
+    ck = bfc_ctx_alloc(ctx, (bfc_stream_t)c, 256);
+    big = bfc_ctx_alloc(ctx, (bfc_stream_t)a, 32 * MiB);
+    ck_assert(ak && ck && big);
+    CUDA_OK(bfc_test_spin(a, spin_ns()));
+    CUDA_OK(bfc_test_fill(big, 32 * MiB, 0x700, a));
+    CUDA_OK(cudaEventCreateWithFlags(&a_done, cudaEventDisableTiming));
+    CUDA_OK(cudaEventRecord(a_done, a));
+    ck_assert_int_eq(bfc_ctx_free(ctx, big, (bfc_stream_t)a), BFC_OK);
+    c1 = bfc_ctx_alloc(ctx, (bfc_stream_t)c, 24 * MiB);
+    ck_assert_ptr_nonnull(c1);
+    CUDA_OK(bfc_test_fill(c1, 24 * MiB, 0x701, c));
+    if (cudaEventQuery(a_done) == cudaErrorNotReady) {
+        ck_assert_int_eq(bfc_ctx_stream_stats(ctx, (bfc_stream_t)a, &sa), BFC_OK);
+        ck_assert_msg(sa.num_vmm_unmaps == 0, "A's granules were unmapped while its spin ran");
+    } else {
+        printf("test_gpu_streams: leaving granules: the spin ended before C's first growth: "
+               "the busy half not checked\n");
+    }
+    CUDA_OK(cudaEventSynchronize(a_done));
+    CUDA_OK(cudaEventDestroy(a_done));
+    ck_assert_int_eq(bfc_ctx_stats(ctx, &st), BFC_OK);
+    before = st.bytes_reserved;
+    c2 = bfc_ctx_alloc(ctx, (bfc_stream_t)c, 24 * MiB);
+    ck_assert_ptr_nonnull(c2);
+    CUDA_OK(bfc_test_fill(c2, 24 * MiB, 0x702, c));
+    CUDA_OK(cudaDeviceSynchronize());
+    ck_assert_uint_eq(count_bad(c1, 24 * MiB, 0x701), 0);
+    ck_assert_uint_eq(count_bad(c2, 24 * MiB, 0x702), 0);
+    ck_assert_int_eq(bfc_ctx_stats(ctx, &st), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_stream_stats(ctx, (bfc_stream_t)a, &sa), BFC_OK);
+    printf("test_gpu_streams: leaving granules: reserved %.1f MiB before C's second growth, "
+           "%.1f MiB after; A unmapped %" PRIu64 " time(s)\n",
+           before / (double)MiB, st.bytes_reserved / (double)MiB, sa.num_vmm_unmaps);
+    ck_assert_msg(sa.num_vmm_unmaps > 0, "A's leaving granules stayed mapped");
+    ck_assert_msg(st.bytes_reserved < before,
+                  "C's growth mapped beside A's free granules (%" PRIu64 " -> %" PRIu64 ")",
+                  before, (uint64_t)st.bytes_reserved);
+    ck_assert_int_eq(bfc_ctx_free(ctx, c1, (bfc_stream_t)c), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_free(ctx, c2, (bfc_stream_t)c), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_free(ctx, ck, (bfc_stream_t)c), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_free(ctx, ak, (bfc_stream_t)a), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_check(ctx), BFC_OK);
+    bfc_ctx_destroy(ctx);
+    CUDA_OK(cudaStreamDestroy(a));
+    CUDA_OK(cudaStreamDestroy(c));
+}
+END_TEST
+
 /* -------------------------------------------------------- device errors */
 
 /*
@@ -854,6 +934,7 @@ static int run_suite(void)
     tcase_add_test(sp, test_legacy_stream);
     tcase_add_test(sp, test_per_thread_departure);
     tcase_add_test(sp, test_per_thread_exit_departure);
+    tcase_add_test(sp, test_leaving_to_growth);
     tcase_add_test(sp, test_device_errors);
     tcase_add_test(sp, test_destroy_waits);
     tcase_set_timeout(tp, 120);

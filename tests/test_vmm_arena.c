@@ -1583,6 +1583,70 @@ START_TEST(test_loan_from_busy_lender)
 }
 END_TEST
 
+/* Granules a shard marked to leave while its stream was busy are offered to
+ * other shards' growth: once their fence has completed, the growth unmaps
+ * them rather than mapping beside them while they wait for the owner's
+ * next check (the context went from 18 granules to 30 that way).  s frees
+ * 16 granules with work queued; t grows 12 granules while the work still
+ * runs (it must map: nothing queued may lose its memory), then 12 more
+ * after the work is done, which the leaving granules cover.  With `high`,
+ * the context's peak is far above first (u held 40 granules): no growth
+ * raises it, so no loan is asked for, and the granules go as what they
+ * are, s's own release finished. */
+static void leaving_offered(bool high)
+{
+    bfc_ctx_t *ctx = ctx_spec("memory_limit=64M,vmm=on,slack_decay_ms=never", G);
+    bfc_stream_t s = bfc_sim_stream_create(ctx), t = bfc_sim_stream_create(ctx);
+    /* s's keeper fills its granule: s has no free byte beyond the 16. */
+    char *tk = bfc_ctx_alloc(ctx, t, 256), *sk = bfc_ctx_alloc(ctx, s, G);
+    ck_assert_ptr_nonnull(tk);
+    ck_assert_ptr_nonnull(sk);
+    if (high) {
+        bfc_stream_t u = bfc_sim_stream_create(ctx);
+        char *h = bfc_ctx_alloc(ctx, u, 40 * G);
+        ck_assert_ptr_nonnull(h);
+        ck_assert_int_eq(bfc_ctx_free(ctx, h, u), BFC_OK);
+        ck_assert_int_eq(bfc_ctx_stream_release(ctx, u), BFC_OK);
+        ck_assert_uint_eq(reserved(ctx), 2 * G);
+    }
+    char *a = bfc_ctx_alloc(ctx, s, 16 * G);
+    ck_assert_ptr_nonnull(a);
+    uint64_t peak = reserved(ctx);
+    ck_assert_uint_eq(peak, 18 * G);
+    bfc_sim_stream_hold(ctx, s);
+    ck_assert_int_eq(bfc_ctx_free(ctx, a, s), BFC_OK);
+    ck_assert_uint_eq(leaving(ctx, s), 16 * G);
+    uint64_t s_unmaps = stream_stats(ctx, s).num_vmm_unmaps;
+    /* The work still runs: t maps its own, s's granules stay mapped. */
+    char *b = bfc_ctx_alloc(ctx, t, 12 * G);
+    ck_assert_ptr_nonnull(b);
+    ck_assert(mapped(ctx, a, 16 * G));
+    ck_assert_uint_eq(stream_stats(ctx, s).num_vmm_unmaps, s_unmaps);
+    ck_assert_uint_eq(reserved(ctx), peak + 12 * G);
+    check_ok(ctx);
+    /* Done: t's next growth takes them, with no call on s. */
+    bfc_sim_stream_drain(ctx, s);
+    char *c = bfc_ctx_alloc(ctx, t, 12 * G);
+    ck_assert_ptr_nonnull(c);
+    ck_assert(!mapped(ctx, a, 16 * G));
+    ck_assert_uint_eq(leaving(ctx, s), 0);
+    ck_assert_uint_gt(stream_stats(ctx, s).num_vmm_unmaps, s_unmaps);
+    ck_assert_uint_eq(reserved(ctx), peak + 12 * G - 4 * G);
+    check_ok(ctx);
+    ck_assert_int_eq(bfc_ctx_free(ctx, c, t), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_free(ctx, b, t), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_free(ctx, tk, t), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_free(ctx, sk, s), BFC_OK);
+    bfc_ctx_destroy(ctx);
+}
+
+START_TEST(test_leaving_offered_to_growth)
+{
+    leaving_offered(false);
+    leaving_offered(true);
+}
+END_TEST
+
 /* A shard that takes its loans back lends again after a back-off that
  * doubles at each take-back, but never beyond 16,384 of its own
  * allocations: in each of 8 rounds t grows past the peak and s lends, s
@@ -2041,6 +2105,7 @@ static Suite *vmm_suite(void)
     tcase_add_test(tc, test_loan_counts_what_is_given);
     tcase_add_test(tc, test_lend_backoff_capped);
     tcase_add_test(tc, test_loan_from_busy_lender);
+    tcase_add_test(tc, test_leaving_offered_to_growth);
     tcase_add_test(tc, test_growth_elsewhere_at_limit);
     tcase_add_test(tc, test_reserve_fallback);
     tcase_add_test(tc, test_address_holes);
