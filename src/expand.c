@@ -1065,8 +1065,10 @@ size_t bfc__expand_release_spare_locked(struct bfc__arena *a, size_t *loan)
     /* First what this shard's own releases marked and fenced, if the
      * fence has completed: they were going in any case (the hint offers
      * them, above the floor), and left for its next check they would make
-     * the growth map afresh beside them.  On the churn book as the checks
-     * in a release's band: added to what the last release gave. */
+     * the growth map afresh beside them.  On the churn book: added to what
+     * the last release gave, as the checks in a release's band do, or
+     * counted with what this call releases below (which starts a new
+     * book). */
     size_t done = unmap_if_fenced(a);
     x->unmapped_at_free += done;
     size_t keep = keep_bytes(x), idle = staying_idle(a), freed = 0, given = 0;
@@ -1086,7 +1088,7 @@ size_t bfc__expand_release_spare_locked(struct bfc__arena *a, size_t *loan)
         /* Given up: unmapped now, or marked to leave (unmapped once the
          * fence completes), less what was leaving before. */
         given = freed + x->leaving_bytes > leaving ? freed + x->leaving_bytes - leaving : 0;
-        x->unmapped_at_free = freed;
+        x->unmapped_at_free = done + freed; /* the granules that left first are on it too */
         x->remapped = false;
     }
     /* The loan is what was given beyond the spare (which goes in any
