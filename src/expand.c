@@ -675,7 +675,8 @@ static void rearm(struct bfc__arena *a, bool mapped)
      * whole free granules formed since (blocks freed beside that part)
      * show only when a shard is asked: in a four-stream trace (server4 in
      * tests/traces_smoke.sh) 8 of the 19 asks that got memory went to
-     * shards whose hint showed less than a granule.  With the block
+     * shards whose two hints together showed less than a granule (the
+     * other 11 lent their slack).  With the block
      * counted out the trace held 1.151 times its peak requested instead
      * of 1.031. */
     size_t now = bfc__expand_idle_bytes(a), floor = x->idle_floor + keep, lend = lend_floor(x);
