@@ -626,10 +626,9 @@ static size_t keep_bytes(const struct bfc__expand *x)
 
 /* Free mapped bytes a loan leaves the shard: idle_floor (what the last
  * release at a free left staying beyond the threshold: bytes in granules
- * shared with live blocks) and the threshold
- * (saturating).  The hint (rearm) and the loan
- * (bfc__expand_release_spare_locked) both count from it, so a loan takes
- * on no more than the hint offered. */
+ * shared with live blocks) and the threshold (saturating).  The hint (rearm)
+ * and the loan (bfc__expand_release_spare_locked) both count from it, so a
+ * loan takes on no more than the hint offered. */
 static size_t lend_floor(const struct bfc__expand *x)
 {
     size_t f = x->idle_floor + x->threshold;
@@ -665,20 +664,19 @@ static void rearm(struct bfc__arena *a, bool mapped)
         trigger = keep;
     x->low_water = x->mapped_bytes > trigger ? x->mapped_bytes - trigger : 0;
     /* Published: what another shard's growth would get here (above the
-     * granules shared with live blocks, beyond what this shard keeps).
-     * Called by make_ready, `now` still counts the block being handed out
-     * (the arena counts it in use afterwards), so the hint offers it and
-     * the next growth elsewhere takes the slow path, which asks every
-     * shard for its spare, counted afresh.  Left so on purpose: the hint
-     * is a lower estimate -- free bytes above idle_floor, the part of the
-     * last release that lay in granules shared with live blocks -- and
-     * whole free granules formed since (blocks freed beside that part)
-     * show only when a shard is asked: in a four-stream trace (server4 in
-     * tests/traces_smoke.sh) 8 of the 19 asks that got memory went to
-     * shards whose two hints together showed less than a granule (the
-     * other 11 lent their slack).  With the block
-     * counted out the trace held 1.151 times its peak requested instead
-     * of 1.031. */
+     * granules shared with live blocks, beyond what this shard keeps).  Called
+     * by make_ready, `now` still counts the block being handed out (the arena
+     * counts it in use afterwards), so the hint offers it and the next growth
+     * elsewhere takes the slow path, which asks every shard for its spare,
+     * counted afresh.  Left so on purpose: the hint is a lower estimate --
+     * free bytes above idle_floor, the part of the last release that lay in
+     * granules shared with live blocks -- and whole free granules formed
+     * since (blocks freed beside that part) show only when a shard is asked:
+     * in a four-stream trace (server4 in tests/traces_smoke.sh) 8 of the 19
+     * asks that got memory went to shards whose two hints together showed
+     * less than a granule (the other 11 lent their slack).  With the block
+     * counted out the trace held 1.151 times its peak requested instead of
+     * 1.031. */
     size_t now = bfc__expand_idle_bytes(a), floor = x->idle_floor + keep, lend = lend_floor(x);
     if (floor < keep)
         floor = SIZE_MAX;
