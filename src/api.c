@@ -30,7 +30,6 @@
 #include "host.h"
 
 #define MAX_DEVICES 64
-_Static_assert(MAX_DEVICES == 64, "say_no_device names the range 0 to 63");
 
 static bfc_ctx_t *_Atomic devices[MAX_DEVICES];
 
@@ -143,11 +142,17 @@ static void say_no_device(int dev)
     bool beyond = dev < 0 || dev >= MAX_DEVICES;
     if (atomic_exchange_explicit(&no_device_said[beyond ? MAX_DEVICES : dev], true, memory_order_relaxed))
         return;
-    fprintf(stderr,
-            "libshardbfc: SHARDBFC_CONF: no usable device %d for backend=%s%s; calls for it fail with "
-            "BFC_ENODEV%s\n",
-            dev, env_cfg.backend == BFC_BACKEND_CUDA ? "cuda" : "auto",
-            beyond ? " (the service serves devices 0 to 63)" : "", beyond ? "" : " until one is usable");
+    const char *backend = env_cfg.backend == BFC_BACKEND_CUDA ? "cuda" : "auto";
+    if (beyond)
+        fprintf(stderr,
+                "libshardbfc: SHARDBFC_CONF: no usable device %d for backend=%s (the service serves devices "
+                "0 to %d); calls for it fail with BFC_ENODEV\n",
+                dev, backend, MAX_DEVICES - 1);
+    else
+        fprintf(stderr,
+                "libshardbfc: SHARDBFC_CONF: no usable device %d for backend=%s; calls for it fail with "
+                "BFC_ENODEV until one is usable\n",
+                dev, backend);
 }
 
 static bfc_ctx_t *ctx_of_device(int dev, int *status)

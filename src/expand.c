@@ -1060,7 +1060,7 @@ void bfc__expand_after_free_locked(struct bfc__arena *a)
              * between still unmap what has left. */
             if (x->threshold) {
                 size_t step = x->threshold > GRAN(x) ? x->threshold : GRAN(x);
-                size_t band = staying_idle(a) + step;
+                size_t band = left + step;
                 x->band = band < step ? SIZE_MAX : band;
             }
         }
