@@ -466,7 +466,10 @@ BFC_API int bfc_config_validate(const bfc_config_t *cfg);
  *     that region, which the first shard gives back to the pool when the
  *     second needs memory (the region then ends at its last live block).
  *   - Classic regions with several shards (either allow_growth).  One
- *     shard alone follows TensorFlow's Extend exactly.  While others exist,
+ *     shard alone follows TensorFlow's Extend exactly, garbage collection
+ *     included (the region after it is min(curr, available)); a shard left
+ *     with no region by trim or by another shard's reclaim starts its
+ *     schedule again from initial_region.  While others exist,
  *     a new region takes at most half of the limit's free memory (one busy
  *     shard must not double its way to all of it while little is live), in
  *     whole multiples of the request (a stream whose blocks are of one size

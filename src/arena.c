@@ -272,7 +272,8 @@ void bfc__arena_region_depart(struct bfc__arena *a, struct bfc__region *r, bool 
      * TensorFlow never gives regions back (bar GC), but a shard trimmed
      * and re-grown many times would otherwise take ever larger regions --
      * eventually the whole limit for one small block, starving the other
-     * shards. */
+     * shards.  The shard's own garbage collection keeps the schedule, as
+     * TensorFlow's does (ctx.c, shed_own). */
     if (cds_list_empty(&a->regions))
         a->curr_region_bytes = initial_region_bytes(a->env);
     /* Out of the map first: no lookup may find r once another shard can

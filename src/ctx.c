@@ -988,8 +988,17 @@ static bool own_room(struct bfc_ctx *ctx, struct bfc__arena *a, size_t rounded)
  * when any went. */
 static bool shed_own(struct bfc_ctx *ctx, struct bfc__arena *a, size_t rounded)
 {
-    return (!ctx->cfg.allow_growth || ctx->cfg.garbage_collection) && own_room(ctx, a, rounded) &&
-           bfc__arena_shed_locked(a, false);
+    if (!(!ctx->cfg.allow_growth || ctx->cfg.garbage_collection) || !own_room(ctx, a, rounded))
+        return false;
+    /* TensorFlow's garbage collection (DeallocateFreeRegions, then Extend)
+     * leaves the doubling schedule where it was, so the region that follows
+     * is min(curr, available) even when every region went.  Only memory
+     * taken from outside the allocation -- trim, another shard's reclaim --
+     * restarts it (bfc__arena_region_depart). */
+    size_t curr = a->curr_region_bytes;
+    bool shed = bfc__arena_shed_locked(a, false) != 0;
+    a->curr_region_bytes = curr;
+    return shed;
 }
 
 /* After the lock was dropped: the shard may have been retired (*status =

@@ -1541,6 +1541,48 @@ START_TEST(test_gc_hopeless_keeps_regions)
 }
 END_TEST
 
+/* Garbage collection keeps the doubling schedule, as TensorFlow's does:
+ * regions of 2, 4, 8, 16 and 20 MiB (the last one the limit's rest, the
+ * schedule at 64 MiB) in a 50 MiB limit, all free; a 20.4 MiB request fits
+ * none, every region goes, and the one region that follows is
+ * min(64 MiB, 50 MiB), split after the block.  Restarting the schedule
+ * there gave a 32 MiB region handed out whole.  Trim, which empties the
+ * shard from outside an allocation, does restart it: a 2 MiB region. */
+START_TEST(test_gc_keeps_schedule)
+{
+    bfc_config_t c = cfg_grow(50 * MiB);
+    c.garbage_collection = true;
+    c.large_alloc = 0;
+    bfc_ctx_t *ctx = ctx_new(&c);
+    bfc_stream_t s = pick_stream(ctx, _i);
+    static const size_t mib[] = {1, 3, 7, 15, 17};
+    void *p[5];
+    for (int i = 0; i < 5; i++)
+        p[i] = xalloc_full(ctx, s, mib[i] * MiB);
+    bfc_stats_t x = st(ctx);
+    ck_assert_uint_eq(x.num_regions, 5);
+    ck_assert_uint_eq(x.bytes_reserved, 50 * MiB);
+    for (int i = 0; i < 5; i++)
+        xfree(ctx, p[i], s);
+    const size_t n = 21437925, rounded = 21437952;
+    void *big = xalloc_full(ctx, s, n);
+    x = st(ctx);
+    ck_assert_uint_eq(x.num_regions, 1);
+    ck_assert_uint_eq(x.bytes_reserved, 50 * MiB);
+    ck_assert_uint_eq(bfc_ctx_allocated_size(ctx, big), rounded);
+    ck_assert_uint_eq(x.largest_alloc_size, rounded);
+    xcheck(ctx);
+    xfree(ctx, big, s);
+    ck_assert_int_eq(bfc_ctx_trim(ctx), BFC_OK);
+    ck_assert_uint_eq(st(ctx).bytes_reserved, 0);
+    void *small = xalloc_full(ctx, s, 1 * MiB);
+    ck_assert_uint_eq(st(ctx).bytes_reserved, 2 * MiB);
+    xfree(ctx, small, s);
+    xcheck(ctx);
+    ctx_done(ctx, s);
+}
+END_TEST
+
 /* garbage_collection also rescues TensorFlow's fragmentation case once all is free. */
 START_TEST(test_gc_large_after_free)
 {
@@ -2115,7 +2157,7 @@ static Suite *arena_suite(void)
         {"large", {test_large_alloc_own_region, test_large_alloc_off, NULL}},
         {"gc",
          {test_gc_off_fails, test_gc_on_retries, test_gc_off_keeps_cached, test_gc_hopeless_keeps_regions,
-          test_gc_large_after_free, test_trim, NULL}},
+          test_gc_keeps_schedule, test_gc_large_after_free, test_trim, NULL}},
         {"bad_free",
          {test_free_null, test_free_foreign, test_free_interior, test_double_free, test_double_free_after_merge,
           test_double_free_departed,
