@@ -490,7 +490,8 @@ static void diagnose(struct bfc_ctx *ctx, struct bfc__oom_report *r)
         if (held_pending) {
             fmt_bytes(a, sizeof a, in->bytes_pending);
             fmt_bytes(b, sizeof b, own_pending);
-            clause(&l, "%s of freed blocks wait for other streams' work to finish (%s of it in this stream's shard)",
+            clause(&l, "%s of freed blocks wait for the earlier work of the streams that freed them (%s of it in "
+                       "this stream's shard)",
                    a, b);
         }
         fmt_bytes(a, sizeof a, in->stream_largest_free);

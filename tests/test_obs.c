@@ -1291,6 +1291,21 @@ START_TEST(test_oom_report_held_and_backend)
     oom_info(ctx, BFC_OOM_FRAGMENTED);
     bfc_ctx_destroy(ctx);
 
+    /* A block of a's freed on b while b is busy: pending in a's shard,
+     * fenced by b's own work.  The diagnosis names the freeing streams'
+     * work, not "other streams'" (here it is the requester's). */
+    ctx = mkctx("memory_limit=16M");
+    a = bfc_sim_stream_create(ctx);
+    b = bfc_sim_stream_create(ctx);
+    void *whole = xalloc(ctx, a, 16 * MiB);
+    bfc_sim_stream_hold(ctx, b);
+    xfree(ctx, whole, b);
+    i = expect_held(ctx, b, 16 * MiB,
+                    "16.0 MiB of freed blocks wait for the earlier work of the streams that freed them");
+    ck_assert_uint_eq(i.bytes_pending, 16 * MiB);
+    succeeds_after_drain(ctx, b, b, 16 * MiB);
+    bfc_ctx_destroy(ctx);
+
     /* The same segments free as halves fenced by two streams (large_alloc
      * 8M: each 16 MiB segment re-carved for a and b, freed while both are
      * busy): spans with different fences do not merge, but the segments
