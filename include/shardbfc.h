@@ -544,8 +544,9 @@ BFC_API void *bfc_ctx_alloc(bfc_ctx_t *ctx, bfc_stream_t stream, size_t n);
  * recorded, the block is fenced by a full synchronisation of `stream`
  * instead (BFC_OK); if that fails too, BFC_EBACKEND and the block stays
  * allocated (free it again later).  A cross-stream free that cannot have
- * the host memory for its fence record returns BFC_ENOMEM, the block
- * likewise still allocated.
+ * the host memory for its fence record, or for the record's event where
+ * the synchronisation fails too, returns BFC_ENOMEM, the block likewise
+ * still allocated.
  * Context: thread-safe; lock-free lookup; a same-stream free takes the owner
  * arena's lock; a cross-stream free takes the owner's fence-pool lock for a
  * few instructions (a pooled event), records the event, and enqueues

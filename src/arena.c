@@ -1142,7 +1142,7 @@ __attribute__((noinline)) struct bfc__fence *bfc__arena_fence_get(struct bfc__ar
         /* acquire: pairs with the release in bfc__arena_fence_put. */
         (void)atomic_load_explicit(&f->handoff, memory_order_acquire);
         /* A record whose event could not be created: try again. */
-        if (BFC__UNLIKELY(!f->ev) && a->env->be->ops->event_create(a->env->be, &f->ev) != BFC_OK)
+        if (BFC__UNLIKELY(!f->ev) && (f->ev_err = a->env->be->ops->event_create(a->env->be, &f->ev)) != BFC_OK)
             f->ev = NULL;
     } else {
         f = bfc__fence_new(a->env->be);

@@ -12,7 +12,7 @@ struct bfc__fence *bfc__fence_new(bfc__backend_t *be)
     struct bfc__fence *f = bfc__meta_zalloc(sizeof(*f));
     if (!f)
         return NULL;
-    if (be->ops->event_create(be, &f->ev) != BFC_OK)
+    if ((f->ev_err = be->ops->event_create(be, &f->ev)) != BFC_OK)
         f->ev = NULL;
     return f;
 }

@@ -45,6 +45,7 @@ struct bfc__fence {
      * after every dequeue: orders the record's plain fields across the
      * queue, whose own synchronisation lives in liburcu. */
     _Atomic uint32_t handoff;
+    int ev_err;                  /* ev NULL: the status its creation failed with */
     bfc__event_t ev;             /* NULL: no event (creation failed) */
     bool synced;                 /* fenced by a stream or device synchronisation instead */
     /* Neither recorded nor synchronised (every fallback failed):

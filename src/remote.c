@@ -26,7 +26,8 @@
  *
  * If recording the event fails, the free falls back to synchronising the
  * freeing stream; if that fails too, the block is not freed (its claim is
- * undone) and BFC_EBACKEND is returned, so no memory is reused unsafely.
+ * undone) and BFC_EBACKEND is returned (BFC_ENOMEM where the record has no
+ * event for want of host memory), so no memory is reused unsafely.
  * A record_stream fence takes its record when the stream is named
  * (bfc_ctx_record_stream, which can fail cleanly with BFC_ENOMEM) and is
  * armed when the block is freed (arena.c, bfc__fence_arm with its
@@ -106,10 +107,13 @@ int bfc__remote_free(struct bfc__arena *a, struct bfc__chunk *c, bfc_stream_t s,
         f->sid = sid; /* recorded on s itself, by this thread (fence.h) */
     } else {
         if (be->ops->stream_sync(be, s) != BFC_OK) {
+            /* A record without its event for want of host memory is a
+             * record the free could not have: BFC_ENOMEM, as above. */
+            int st = !f->ev && f->ev_err == BFC_ENOMEM ? BFC_ENOMEM : BFC_EBACKEND;
             bfc__arena_fence_put(a, f);
             /* release: pairs with the acquire CAS of the next free. */
             atomic_store_explicit(&c->state, BFC__CHUNK_INUSE, memory_order_release);
-            return BFC_EBACKEND;
+            return st;
         }
         f->synced = true;
     }

@@ -442,6 +442,39 @@ START_TEST(test_no_fence_record)
 }
 END_TEST
 
+/* A fence record is had but not its event (the second metadata allocation,
+ * a SIM event, refused), and the freeing stream is busy, so no
+ * synchronisation can stand in: the free is refused for want of host
+ * memory, BFC_ENOMEM as for a missing record, not BFC_EBACKEND. */
+START_TEST(test_no_fence_event)
+{
+    bfc_ctx_t *ctx = ctx_grow();
+    bfc_stream_t s1 = new_stream(ctx), s2 = new_stream(ctx);
+    void *p = xalloc(ctx, s1, 4096);
+    struct blk b = resolve(p);
+    ck_assert_uint_eq(atomic_load(&b.a->nfences), 0);
+    bfc_sim_stream_hold(ctx, s2);
+    uint64_t f0 = bfc_sim_meta_failures();
+    bfc_sim_fail_meta_every(2);
+    int rc = remote_free(p, s2);
+    bfc_sim_fail_meta_every(0);
+    ck_assert_uint_eq(bfc_sim_meta_failures() - f0, 1);
+    ck_assert_int_eq(rc, BFC_ENOMEM);
+    ck_assert_uint_eq(state(b), BFC__CHUNK_INUSE);
+    ck_assert(bfc__arena_rq_empty(b.a));
+    /* The record went to the pool without an event; the next free's get
+     * creates it, and the block is fenced on the busy stream. */
+    ck_assert_int_eq(remote_free(p, s2), BFC_OK);
+    drain(b.a);
+    ck_assert_uint_eq(state(b), BFC__CHUNK_PENDING);
+    bfc_sim_stream_drain(ctx, s2);
+    drain(b.a);
+    ck_assert_uint_eq(state(b), BFC__CHUNK_FREE);
+    xcheck(ctx);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
 /* ------------------------------------------------------ dead shards */
 
 /* A retired owner has no thread to drain its queue: the freer drains it.
@@ -739,6 +772,7 @@ static Suite *remote_suite(void)
     tcase_add_test(tc, test_many_freers);
     tcase_add_test(tc, test_event_fails);
     tcase_add_test(tc, test_no_fence_record);
+    tcase_add_test(tc, test_no_fence_event);
     tcase_add_test(tc, test_retired_owner);
     tcase_add_test(tc, test_retired_owner_pending);
     tcase_add_test(tc, test_frees_race_retirement);
