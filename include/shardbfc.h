@@ -850,7 +850,9 @@ typedef struct bfc_stats {
  * Context: thread-safe; takes each arena lock in turn (never two at once)
  * and the pool lock (bfc_ctx_stream_stats: that shard's lock only); does
  * not block: it polls fences without waiting (a freed block whose fence
- * has completed is released as by a free).
+ * has completed is released as by a free; bfc_ctx_stats also asks the
+ * region pool's departure fences, so memory whose fence completed is no
+ * longer counted fenced).
  */
 BFC_API int bfc_ctx_stats(bfc_ctx_t *ctx, bfc_stats_t *out);
 BFC_API int bfc_ctx_stream_stats(bfc_ctx_t *ctx, bfc_stream_t s, bfc_stats_t *out);

@@ -190,6 +190,10 @@ static void gather(struct bfc_ctx *ctx, struct bfc__oom_report *r, struct bfc__s
     if (!r->shards)
         r->shards = fb_shards;
 
+    /* Fenced spans whose fences completed are free for every stream: a
+     * report must not call them fenced (no allocation may have polled the
+     * pool before this failure: a request above the limit does not). */
+    bfc__pool_poll(&ctx->pool);
     cap = bfc__pool_spans(&ctx->pool, NULL, 0) + OOM_SLACK;
     r->spans = r->heap ? bfc__meta_alloc(cap * sizeof(*r->spans)) : NULL;
     if (r->spans) {

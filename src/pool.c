@@ -683,6 +683,13 @@ void bfc__pool_stats(struct bfc__pool *p, struct bfc__pool_stats *out)
     bfc__unlock(&p->lock);
 }
 
+void bfc__pool_poll(struct bfc__pool *p)
+{
+    bfc__lock(&p->lock);
+    poll_locked(p);
+    bfc__unlock(&p->lock);
+}
+
 void bfc__pool_clear_peak(struct bfc__pool *p)
 {
     bfc__lock(&p->lock);

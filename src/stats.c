@@ -104,6 +104,9 @@ int bfc_ctx_stats(bfc_ctx_t *ctx, bfc_stats_t *out)
     if (r->largest_alloc > out->largest_alloc_size)
         out->largest_alloc_size = r->largest_alloc;
     bfc__unlock(&ctx->arenas_lock);
+    /* What the drains above sent to the pool, and what it held fenced:
+     * fences that completed are seen now, as the shards' were. */
+    bfc__pool_poll(&ctx->pool);
     struct bfc__pool_stats ps;
     bfc__pool_stats(&ctx->pool, &ps);
     out->bytes_reserved = ps.held;

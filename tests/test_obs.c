@@ -1241,6 +1241,52 @@ static void succeeds_after_drain(bfc_ctx_t *ctx, bfc_stream_t busy, bfc_stream_t
     xfree(ctx, p, s);
 }
 
+/* A released stream's free region tail departs to the pool fenced on that
+ * stream.  Idle, its event is complete at once; busy, not until it drains.
+ * The snapshot's pool "fenced" and the OOM report's pool_fenced (here
+ * after a request above the limit, which polls nothing) say which: a
+ * fence that completed is not counted, though no allocation has asked the
+ * pool about it since.  Each reader first in turn (oom_first), so that
+ * neither relies on the other's look. */
+static void released_tail(bool busy, bool oom_first)
+{
+    bfc_ctx_t *ctx = mkctx("memory_limit=64M");
+    bfc_stream_t s = bfc_sim_stream_create(ctx);
+    void *keep = xalloc(ctx, s, 777);
+    xfree(ctx, xalloc(ctx, s, 99999), s);
+    if (busy)
+        bfc_sim_stream_hold(ctx, s);
+    ck_assert_int_eq(bfc_ctx_stream_release(ctx, s), BFC_OK);
+    for (int round = 0; round < 2; round++) {
+        /* Of the tail, only what was handed out (the freed block) is
+         * fenced; the never-used rest of the region departs open. */
+        uint64_t want = busy && round == 0 ? 100096 : 0;
+        for (int k = 0; k < 2; k++) {
+            if ((k == 0) == oom_first) {
+                ck_assert_ptr_null(bfc_ctx_alloc(ctx, NULL, 65 * MiB));
+                bfc_oom_info_t i = oom_info(ctx, BFC_OOM_TOO_LARGE);
+                ck_assert_uint_eq(i.pool_fenced, want);
+            } else {
+                json_object *v = snapshot(ctx);
+                ck_assert_uint_eq(bfc_json_u64(bfc_json_get(v, "pool"), "fenced", UINT64_MAX), want);
+                json_object_put(v);
+            }
+        }
+        if (busy)
+            bfc_sim_stream_drain(ctx, s);
+    }
+    xfree(ctx, keep, s);
+    bfc_sim_stream_destroy(ctx, s);
+    bfc_ctx_destroy(ctx);
+}
+
+START_TEST(test_pool_fence_seen_complete)
+{
+    for (int k = 0; k < 4; k++)
+        released_tail(k & 1, k & 2);
+}
+END_TEST
+
 START_TEST(test_oom_report_held_and_backend)
 {
     /* Stream a's one region (8 MiB) holds a small live block after a free
@@ -2541,6 +2587,7 @@ static Suite *obs_suite(void)
     tcase_add_test(tc, test_oom_report_shard_bounds_named);
     tcase_add_test(tc, test_oom_report_pool_spans);
     tcase_add_test(tc, test_oom_report_held_and_backend);
+    tcase_add_test(tc, test_pool_fence_seen_complete);
     tcase_add_test(tc, test_oom_report_in_callback);
     tcase_add_test(tc, test_config_paths);
     tcase_add_test(tc, test_trace_round_trip);
