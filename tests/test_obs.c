@@ -2089,6 +2089,29 @@ START_TEST(test_replay_order_shared)
     ck_assert_uint_gt(r.ooms, 0);
     ck_assert_uint_eq(r.unmatched_frees, 0);
     ck_assert_uint_eq(r.skipped, r.ooms);
+
+    /* A pointer allocated again while live (its free missing from the
+     * trace) replaces the block, in the replay as in the peak of requested
+     * bytes: freed first, so nothing stays live that the trace let go; a
+     * free of a nil pointer frees nothing and is not unmatched. */
+    bfc_trace_event_t dup[5];
+    memset(dup, 0, sizeof dup);
+    for (int i = 0; i < 5; i++) {
+        dup[i].time_ns = (uint64_t)(i + 1);
+        dup[i].thread = 1;
+        dup[i].size = MiB;
+        dup[i].action = i < 3 ? BFC_TRACE_ALLOC : BFC_TRACE_FREE;
+        dup[i].ptr = i == 2 ? 0x200000 : 0x100000; /* A, A again, B; free A */
+    }
+    dup[4].ptr = 0; /* free(NULL) */
+    ck_assert_msg(bfc_replay_run(dup, 5, "memory_limit=64M,vmm=off", NULL, &r, err, sizeof err) == 0, "%s", err);
+    ck_assert_uint_eq(r.peak_requested, 2 * MiB);
+    ck_assert_uint_eq(r.peak_allocated, 2 * MiB);
+    ck_assert_uint_eq(r.replaced, 1);
+    ck_assert_uint_eq(r.allocs, 3);
+    ck_assert_uint_eq(r.frees, 2);
+    ck_assert_uint_eq(r.skipped, 0);
+    ck_assert_uint_eq(r.unmatched_frees, 0);
     free(ev);
     free(sorted);
     tmp_teardown();

@@ -50,6 +50,7 @@ struct pslot {
     uint64_t key; /* trace pointer; 0 = empty (a trace never allocates 0) */
     void *val;
     size_t size;  /* allocated (chunk) size */
+    bfc_stream_t stream; /* the stream it was allocated on */
 };
 
 struct pmap {
@@ -91,7 +92,7 @@ static struct pslot *pmap_find(struct pmap *m, uint64_t key)
 
 /* Inserts or overwrites (a trace may re-use an address after a free we
  * skipped). */
-static bool pmap_put(struct pmap *m, uint64_t key, void *val, size_t size)
+static bool pmap_put(struct pmap *m, uint64_t key, void *val, size_t size, bfc_stream_t stream)
 {
     if ((m->n + 1) * 2 > m->cap && !pmap_grow(m))
         return false;
@@ -100,7 +101,7 @@ static bool pmap_put(struct pmap *m, uint64_t key, void *val, size_t size)
         j = (j + 1) & (m->cap - 1);
     if (!m->s[j].key)
         m->n++;
-    m->s[j] = (struct pslot){key, val, size};
+    m->s[j] = (struct pslot){key, val, size, stream};
     return true;
 }
 
@@ -180,7 +181,7 @@ int bfc_replay_peak_requested(const bfc_trace_event_t *ev, size_t n, const size_
             struct pslot *sl = e->ptr ? pmap_find(&pm, e->ptr) : NULL;
             if (sl)
                 live -= sl->size;
-            if (e->ptr && !pmap_put(&pm, e->ptr, NULL, (size_t)e->size)) {
+            if (e->ptr && !pmap_put(&pm, e->ptr, NULL, (size_t)e->size, NULL)) {
                 free(pm.s);
                 return -1;
             }
@@ -265,13 +266,29 @@ int bfc_replay_run(const bfc_trace_event_t *ev, size_t n, const char *spec, cons
                 set_err(err, errlen, "too many streams in the trace");
                 goto done;
             }
+            /* A pointer allocated again while live: its free is missing
+             * from the trace, and the peak of requested bytes counts the
+             * old block gone.  So does the replay, freeing it (on its own
+             * stream) before the new allocation, which may reuse it. */
+            struct pslot *old = e->ptr ? pmap_find(&pm, e->ptr) : NULL;
+            if (old && old->val) {
+                st = bfc_ctx_free(ctx, old->val, old->stream);
+                if (st != BFC_OK && st != BFC_EBACKEND) {
+                    set_err(err, errlen, "bfc_ctx_free: %s", bfc_strerror(st));
+                    goto done;
+                }
+                live -= old->size;
+                out->frees++;
+                out->replaced++;
+                old->val = NULL;
+            }
             void *p = bfc_ctx_alloc(ctx, s, (size_t)e->size);
             if (!p) {
                 if (e->size)
                     out->ooms++;
                 /* Remember the pointer (with no block), so that its free is
                  * known to be skipped for a failure here, not unmatched. */
-                if (e->ptr && !pmap_put(&pm, e->ptr, NULL, 0)) {
+                if (e->ptr && !pmap_put(&pm, e->ptr, NULL, 0, NULL)) {
                     set_err(err, errlen, "out of memory");
                     goto done;
                 }
@@ -279,7 +296,7 @@ int bfc_replay_run(const bfc_trace_event_t *ev, size_t n, const char *spec, cons
             }
             out->allocs++;
             size_t sz = bfc_ctx_allocated_size(ctx, p);
-            if (!pmap_put(&pm, e->ptr, p, sz)) {
+            if (!pmap_put(&pm, e->ptr, p, sz, s)) {
                 set_err(err, errlen, "out of memory");
                 goto done;
             }
@@ -294,7 +311,9 @@ int bfc_replay_run(const bfc_trace_event_t *ev, size_t n, const char *spec, cons
                 }
             }
         } else if (e->action == BFC_TRACE_FREE) {
-            struct pslot *sl = e->ptr ? pmap_find(&pm, e->ptr) : NULL;
+            if (!e->ptr)
+                continue; /* free(NULL): nothing to free, nothing missing */
+            struct pslot *sl = pmap_find(&pm, e->ptr);
             if (!sl) {
                 out->skipped++;
                 out->unmatched_frees++;

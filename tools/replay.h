@@ -33,6 +33,10 @@ typedef struct bfc_replay_result {
                                  replay order) returned: the trace began after the block was
                                  allocated, or its rows are out of order.  Those blocks stay
                                  live in the trace's program, so figures may be off. */
+    uint64_t replaced;        /* allocate rows of a pointer still live: its free is missing
+                                 from the trace; the replay freed the earlier block (on its
+                                 own stream) first, as the peak of requested bytes counts it
+                                 gone (counted in frees too) */
     uint64_t streams;         /* distinct streams of the trace */
     uint64_t vmm_maps;        /* bfc_stats_t.num_vmm_maps at the end: device map calls */
     uint64_t vmm_unmaps;      /* bfc_stats_t.num_vmm_unmaps at the end */
