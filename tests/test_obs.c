@@ -2204,13 +2204,25 @@ START_TEST(test_view_html)
         {"{\"version\":2,\"shards\":[{\"regions\":[{\"base\":\"0x10\"},{\"base\":\"zz\"}]}]}",
          "shards[0].regions[1].base is not an address"},
         {"{\"version\":2,\"shards\":[{\"regions\":[{\"base\":2.5}]}]}", "regions[0].base is not an address"},
+        /* figures are unsigned integers: not printed as 0, refused */
+        {"{\"version\":2,\"shards\":[],\"totals\":{\"bytes_in_use\":\"12\"}}",
+         "totals.bytes_in_use is not a non-negative integer"},
+        {"{\"version\":2,\"shards\":[],\"totals\":{\"peak_bytes_in_use_bound\":-5}}",
+         "totals.peak_bytes_in_use_bound is not a non-negative integer"},
+        {"{\"version\":2,\"shards\":[{\"stats\":{\"num_allocs\":1.5}}]}",
+         "shards[0].stats.num_allocs is not a non-negative integer"},
+        {"{\"version\":2,\"shards\":[{\"regions\":[{\"base\":\"0x10\",\"chunks\":[{\"size\":\"4k\"}]}]}]}",
+         "shards[0].regions[0].chunks[0].size is not a non-negative integer"},
+        {"{\"version\":2,\"shards\":[],\"oom\":{\"pool_spans\":[{\"size\":-1,\"fenced\":true}]}}",
+         "oom.pool_spans[0].size is not a non-negative integer"},
     };
     for (size_t i = 0; i < sizeof wrong / sizeof wrong[0]; i++) {
         ck_assert_int_eq(bfc_view_write_html(wrong[i][0], strlen(wrong[i][0]), NULL, f, err, sizeof err), -1);
         ck_assert_msg(strstr(err, wrong[i][1]), "%s: \"%s\" does not name %s", wrong[i][0], err, wrong[i][1]);
     }
     /* The same with every optional member at null or missing: a snapshot. */
-    const char *bare = "{\"version\":2,\"shards\":[{\"regions\":null}],\"oom\":null}";
+    const char *bare = "{\"version\":2,\"shards\":[{\"regions\":null,\"stats\":{\"fragmentation\":0.25}}],"
+                       "\"oom\":{\"pool_spans\":[{\"size\":256,\"fenced\":false}]},\"totals\":{\"bytes_in_use\":null}}";
     ck_assert_int_eq(bfc_view_write_html(bare, strlen(bare), NULL, f, err, sizeof err), 0);
     fclose(f);
     free(html);

@@ -188,6 +188,9 @@ cat >"$tmp/oom.json" <<'JSON'
   "largest_free":262144,"largest_ready":262144,"pending":0,"in_use":0,"reserved":524288}],"pool_spans":[]}}
 JSON
 "$stat" "$tmp/oom.json" >"$tmp/out" 2>&1 || { cat "$tmp/out" >&2; fail "shardbfc-stat on an OOM report failed"; }
+# An input without totals or pool says so, rather than print zeros as figures.
+grep -q '^Totals: (not in the input)' "$tmp/out" || { cat "$tmp/out" >&2; fail "stat prints totals it was not given"; }
+grep -q '^Pool: (not in the input)' "$tmp/out" || { cat "$tmp/out" >&2; fail "stat prints a pool it was not given"; }
 grep -q 'stream=0x10 (requesting): mapped free <= 3145728 (bound), largest mapped free piece <= 2097152 (bound), largest block without a map 1048576,' "$tmp/out" ||
     { cat "$tmp/out" >&2; fail "shardbfc-stat prints an expandable shard's bounds as exact figures"; }
 grep -q 'stream=0x20: free 524288, largest free chunk 262144,' "$tmp/out" ||

@@ -15,6 +15,8 @@
  */
 #include "json_read.h"
 
+#include <shardbfc.h>
+
 #include <ctype.h>
 #include <limits.h>
 #include <math.h>
@@ -234,6 +236,60 @@ static bool is_address(const char *s)
     return *s == '\0' && n >= 1 && n <= 16;
 }
 
+/* Keys that name a byte count, a count or an id wherever they appear in a
+ * snapshot (doc/snapshot.md): the tools print them as unsigned integers, so
+ * anything else there (a string, a negative or fractional number) is not a
+ * snapshot rather than a 0 printed as a figure.  The statistics' names come
+ * from the library's own table, with their "_bound" spellings. */
+static bool is_figure_key(const char *key)
+{
+    static const char *const figures[] = {
+#define BFC__FIGURE_NAME(name, combine, desc) #name,
+        BFC_STATS_FIELDS(BFC__FIGURE_NAME)
+#undef BFC__FIGURE_NAME
+        "peak_bytes_in_use_bound", "peak_bytes_requested_bound", "version", "limit", "initial_region",
+        "large_alloc", "max_internal_frag", "stream_id", "size", "requested", "offset", "bin", "count",
+        "min_size", "free", "fenced", "held", "peak_held", "committed", "in_use", "reserved", "pending",
+        "largest_free", "largest_ready", "rounded", "bytes", "pool_free", "pool_fenced", "pool_largest_span",
+        "num_pool_spans", "bytes_unreserved",
+    };
+    if (strcmp(key, "fragmentation") == 0)
+        return false; /* a fraction in [0, 1] */
+    for (size_t i = 0; i < sizeof(figures) / sizeof(figures[0]); i++)
+        if (strcmp(key, figures[i]) == 0)
+            return true;
+    return false;
+}
+
+/* Every figure under v (recursively) a non-negative integer or null; on a
+ * fault, its place ("shards[0].stats.bytes_in_use") in err. */
+static bool figures_ok(const json_object *v, const char *where, char *err, size_t errlen)
+{
+    char here[160];
+    if (json_object_is_type(v, json_type_array)) {
+        for (size_t i = 0; i < bfc_json_len(v); i++) {
+            snprintf(here, sizeof here, "%.120s[%zu]", where, i);
+            if (!figures_ok(bfc_json_at(v, i), here, err, errlen))
+                return false;
+        }
+        return true;
+    }
+    if (!json_object_is_type(v, json_type_object))
+        return true;
+    json_object_object_foreach((json_object *)v, key, m) {
+        snprintf(here, sizeof here, "%.100s%s%.50s", where, *where ? "." : "", key);
+        bool bad = m && is_figure_key(key) && !json_object_is_type(m, json_type_boolean) &&
+                   (!json_object_is_type(m, json_type_int) || json_object_get_int64(m) < 0);
+        if (bad) {
+            snprintf(err, errlen, "%s is not a non-negative integer", here);
+            return false;
+        }
+        if (!figures_ok(m, here, err, errlen))
+            return false;
+    }
+    return true;
+}
+
 int bfc_json_snapshot_check(const json_object *v, char *err, size_t errlen)
 {
     if (!json_object_is_type(v, json_type_object)) {
@@ -255,7 +311,7 @@ int bfc_json_snapshot_check(const json_object *v, char *err, size_t errlen)
             snprintf(err, errlen, "\"%s\" is not an object", objs[i]);
             return -1;
         }
-    if (!objects_ok(v, "shards", "", err, errlen))
+    if (!objects_ok(v, "shards", "", err, errlen) || !figures_ok(v, "", err, errlen))
         return -1;
     const json_object *oom = bfc_json_get(v, "oom");
     if (!objects_ok(oom, "shards", "oom.", err, errlen) || !objects_ok(oom, "pool_spans", "oom.", err, errlen))

@@ -190,12 +190,19 @@ int main(int argc, char **argv)
         fprintf(stderr, "shardbfc-stat: %s: snapshot version %" PRIu64 " is newer than this tool (2): "
                         "a figure whose meaning changed may be printed under its old name\n",
                 in, version);
-    printf("Totals:\n");
-    print_stats("  ", bfc_json_get(v, "totals"), version < 2);
+    /* A hand-made input may leave parts out: say so rather than print
+     * zeros as figures. */
+    const json_object *totals = bfc_json_get(v, "totals");
+    printf("Totals:%s\n", totals ? "" : " (not in the input)");
+    if (totals)
+        print_stats("  ", totals, version < 2);
     const json_object *pool = bfc_json_get(v, "pool");
-    printf("Pool: held %" PRIu64 " (peak %" PRIu64 "), lent to shards %" PRIu64 ", free %" PRIu64 "\n",
-           bfc_json_u64(pool, "held", 0), bfc_json_u64(pool, "peak_held", 0), bfc_json_u64(pool, "committed", 0),
-           bfc_json_u64(pool, "free", 0));
+    if (pool)
+        printf("Pool: held %" PRIu64 " (peak %" PRIu64 "), lent to shards %" PRIu64 ", free %" PRIu64 "\n",
+               bfc_json_u64(pool, "held", 0), bfc_json_u64(pool, "peak_held", 0), bfc_json_u64(pool, "committed", 0),
+               bfc_json_u64(pool, "free", 0));
+    else
+        printf("Pool: (not in the input)\n");
     for (size_t i = 0; i < bfc_json_len(shards); i++) {
         const json_object *s = bfc_json_at(shards, i);
         printf("Shard stream_id=%" PRIu64 " stream=%s%s\n", bfc_json_u64(s, "stream_id", 0),
