@@ -80,7 +80,8 @@
  *
  * After fork(): the library's fork handlers take every allocator lock
  * around the fork, so no lock another parent thread held is left locked in
- * the child.  On the SIM backend the child may go on using the library:
+ * the child; a fork during another thread's first host call (which loads
+ * the hwloc topology) waits for that set-up to end.  On the SIM backend the child may go on using the library:
  * every context, stream, block and statistic of the parent is there as a
  * copy of its own (a block allocated before the fork is the child's copy;
  * freeing it in the child does not free it in the parent), and it may

@@ -113,6 +113,7 @@
  * create, destroy and fork.  A context being destroyed has left it, and the
  * contract of bfc_ctx_destroy (no concurrent users) covers its locks.
  */
+bfc__mutex_t bfc__host_setup_lock = BFC__MUTEX_INIT(BFC__RANK_HOST_SETUP, "the host set-up");
 bfc__mutex_t bfc__ctx_create_lock = BFC__MUTEX_INIT(BFC__RANK_API, "the service create lock");
 bfc__mutex_t bfc__ctx_host_lock = BFC__MUTEX_INIT(BFC__RANK_HOST, "the host context table");
 static bfc__mutex_t g_ctxs_lock = BFC__MUTEX_INIT(BFC__RANK_CTX_REGISTRY, "the context registry");
@@ -166,8 +167,11 @@ static void before_fork(void)
      * (mutex.h). */
     fork_cancel_state = bfc__nocancel_begin();
     /* Outer, in rank order (mutex.h): the locks of one rank across every
-     * context before those of the next rank.  First, no thread registering
-     * with urcu-bp (rcu.h: its init_lock is no fork hook's). */
+     * context before those of the next rank.  First, the host set-up done
+     * or not begun (host.c, init: hwloc holds a lock of its own while it
+     * loads the topology); then no thread registering with urcu-bp (rcu.h:
+     * its init_lock is no fork hook's). */
+    bfc__lock(&bfc__host_setup_lock);
     bfc__lock(&bfc__rcu_reg_gate);
     bfc__lock(&bfc__ctx_create_lock);
     bfc__lock(&bfc__ctx_host_lock);
@@ -235,6 +239,7 @@ static void release_outer(void)
     bfc__unlock(&bfc__ctx_host_lock);
     bfc__unlock(&bfc__ctx_create_lock);
     bfc__unlock(&bfc__rcu_reg_gate);
+    bfc__unlock(&bfc__host_setup_lock);
 }
 
 static void after_fork_parent(void)

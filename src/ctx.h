@@ -71,8 +71,10 @@ void *bfc__ctx_alloc_slow(struct bfc_ctx *ctx, struct bfc__arena *a, size_t n, s
 void bfc__process_init(void);
 
 /* The outer locks of the layers above, defined here so that the fork
- * handlers take them without calling up: the service's create lock (api.c,
- * rank BFC__RANK_API) and the host table lock (host.c, BFC__RANK_HOST). */
+ * handlers take them without calling up: the host set-up lock (host.c,
+ * rank BFC__RANK_HOST_SETUP), the service's create lock (api.c,
+ * BFC__RANK_API) and the host table lock (host.c, BFC__RANK_HOST). */
+extern bfc__mutex_t bfc__host_setup_lock;
 extern bfc__mutex_t bfc__ctx_create_lock;
 extern bfc__mutex_t bfc__ctx_host_lock;
 

@@ -31,6 +31,8 @@
  * so it is an "outer" lock in the fork order (ctx.c), taken by the fork
  * handlers before liburcu's hooks.  The process set-up (and with it the fork
  * handlers) is done in host_init, before the lock is first taken.
+ * host_init runs once, under `bfc__host_setup_lock` (ctx.c), the first lock
+ * the fork handlers take: a fork never catches it half done.
  */
 #include "host.h" /* first: config.h decides what follows */
 
@@ -44,7 +46,6 @@
 
 #define MAX_NODES 64
 
-static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static int g_status = BFC_OK;
 static hwloc_topology_t g_topo;
 static int g_nnodes;
@@ -104,10 +105,23 @@ static int init(void)
 {
     /* acquire: pairs with the release store below, after host_init. */
     if (BFC__UNLIKELY(!atomic_load_explicit(&g_init_done, memory_order_acquire))) {
-        int e = bfc__once(&g_once, host_init); /* hwloc reads /proc and /sys */
-        if (e != 0)
-            bfc__fatal("pthread_once", e);
-        atomic_store_explicit(&g_init_done, true, memory_order_release);
+        /* Under a lock the fork handlers take first (ctx.c), not in
+         * pthread_once: hwloc holds a lock of its own while it loads the
+         * topology, and a fork from another thread meanwhile left the
+         * child to run host_init again from the start (glibc's
+         * pthread_once restarts after a fork) and wait for ever on that
+         * lock (10 of 270 fresh processes whose first host call raced a
+         * fork).  Now a fork waits until the set-up is done or has not
+         * begun.  hwloc reads /proc and /sys: not cancellable while the
+         * lock is held (mutex.h). */
+        int cs = bfc__nocancel_begin();
+        bfc__lock(&bfc__host_setup_lock);
+        if (!atomic_load_explicit(&g_init_done, memory_order_relaxed)) {
+            host_init();
+            atomic_store_explicit(&g_init_done, true, memory_order_release);
+        }
+        bfc__unlock(&bfc__host_setup_lock);
+        bfc__nocancel_end(cs);
     }
     return g_status;
 }

@@ -96,6 +96,7 @@ void bfc__fatal(const char *what, int err) __attribute__((noreturn, cold));
 enum bfc__lock_rank {
     BFC__RANK_NONE = 0,       /* an uninitialised lock: fatal when taken */
     /* ---- outer ---- */
+    BFC__RANK_HOST_SETUP,     /* the host memory set-up, held across it (host.c) */
     BFC__RANK_RCU_REG,        /* urcu-bp registration of the library's threads (rcu.h) */
     BFC__RANK_API,            /* the process-wide service's create lock (api.c) */
     BFC__RANK_HOST,           /* the host context table (host.c) */
