@@ -237,10 +237,8 @@ static void vmm_gone_poll_locked(struct bfc__pool *p, bool all)
 
 /* Fences that completed: their spans become free for every stream and merge
  * with free neighbours. */
-static void poll_locked(struct bfc__pool *p)
+static void poll_spans_locked(struct bfc__pool *p)
 {
-    if (p->vmm_gone)
-        vmm_gone_poll_locked(p, false);
     if (p->fenced_bytes == 0)
         return;
     struct bfc__span *s = p->spans;
@@ -266,6 +264,15 @@ static void poll_locked(struct bfc__pool *p)
         }
         s = s->next;
     }
+}
+
+/* ... and departed reservations whose fences completed go back to the
+ * backend. */
+static void poll_locked(struct bfc__pool *p)
+{
+    if (p->vmm_gone)
+        vmm_gone_poll_locked(p, false);
+    poll_spans_locked(p);
 }
 
 static bool usable(const struct bfc__span *s, uint64_t sid)
@@ -686,7 +693,15 @@ void bfc__pool_stats(struct bfc__pool *p, struct bfc__pool_stats *out)
 void bfc__pool_poll(struct bfc__pool *p)
 {
     bfc__lock(&p->lock);
-    poll_locked(p);
+    /* Readers ask, they do not release: a departed reservation whose fence
+     * completed is only marked so (open), and goes back to the device at
+     * the pool's next allocation or trim, as before. */
+    for (struct bfc__vmm_gone *g = p->vmm_gone; g; g = g->next)
+        if (g->fence && bfc__fence_query(p->be, g->fence) == BFC_OK) {
+            fcache_put_locked(p, g->fence);
+            g->fence = NULL;
+        }
+    poll_spans_locked(p);
     bfc__unlock(&p->lock);
 }
 

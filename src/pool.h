@@ -235,9 +235,10 @@ struct bfc__pool_stats {
 void bfc__pool_stats(struct bfc__pool *p, struct bfc__pool_stats *out);
 /* Asks the fences of fenced spans and departed reservations once, without
  * waiting, so that figures read next (fenced bytes, spans) do not count
- * fences that completed since the pool's last allocation looked: what
- * completed becomes free for every stream (and a departed reservation goes
- * back to the backend), as at an allocation.  Under the pool lock. */
+ * fences that completed since the pool's last allocation looked: such
+ * spans become free for every stream, as at an allocation, and such
+ * reservations open (released at the next allocation or trim: no device
+ * memory is released here).  Under the pool lock. */
 void bfc__pool_poll(struct bfc__pool *p);
 void bfc__pool_clear_peak(struct bfc__pool *p);
 /* By how much would `bytes` more held from the backend raise the most it

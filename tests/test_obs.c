@@ -1280,10 +1280,40 @@ static void released_tail(bool busy, bool oom_first)
     bfc_ctx_destroy(ctx);
 }
 
+/* The same for an expandable shard released while its stream is busy: its
+ * reservation departs mapped, fenced on that stream.  Once the stream
+ * drains, the report no longer calls it fenced -- but a report only asks:
+ * the memory stays held until the pool's next allocation or trim gives it
+ * back to the device. */
+static void released_reservation(void)
+{
+    /* The threshold keeps the freed granule mapped until the release. */
+    bfc_ctx_t *ctx = mkctx("memory_limit=64M,vmm=on,release_threshold=64M");
+    bfc_stream_t s = bfc_sim_stream_create(ctx);
+    xfree(ctx, xalloc(ctx, s, MiB), s);
+    bfc_sim_stream_hold(ctx, s);
+    ck_assert_int_eq(bfc_ctx_stream_release(ctx, s), BFC_OK);
+    ck_assert_ptr_null(bfc_ctx_alloc(ctx, NULL, 65 * MiB));
+    bfc_oom_info_t i = oom_info(ctx, BFC_OOM_TOO_LARGE);
+    uint64_t held = stats(ctx).bytes_reserved;
+    ck_assert_uint_gt(held, 0);
+    ck_assert_uint_eq(i.pool_fenced, held);
+    bfc_sim_stream_drain(ctx, s);
+    ck_assert_ptr_null(bfc_ctx_alloc(ctx, NULL, 65 * MiB));
+    i = oom_info(ctx, BFC_OOM_TOO_LARGE);
+    ck_assert_uint_eq(i.pool_fenced, 0);
+    ck_assert_uint_eq(stats(ctx).bytes_reserved, held);
+    ck_assert_int_eq(bfc_ctx_trim(ctx), BFC_OK);
+    ck_assert_uint_eq(stats(ctx).bytes_reserved, 0);
+    bfc_sim_stream_destroy(ctx, s);
+    bfc_ctx_destroy(ctx);
+}
+
 START_TEST(test_pool_fence_seen_complete)
 {
     for (int k = 0; k < 4; k++)
         released_tail(k & 1, k & 2);
+    released_reservation();
 }
 END_TEST
 
