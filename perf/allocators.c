@@ -333,12 +333,17 @@ static bool bfc_read_stats(struct perf_allocator *a, bfc_stats_t *out)
     return true;
 }
 
-static bool bfc_stats_fn(struct perf_allocator *a, uint64_t *peak_reserved)
+/* One context's peak_bytes_reserved is exact (the pool's own); a sum over
+ * a context per thread, or bfc_host_stats over several NUMA nodes' host
+ * contexts, adds peaks that may fall at different times: an upper bound. */
+static bool bfc_stats_fn(struct perf_allocator *a, uint64_t *peak_reserved, bool *bound)
 {
+    struct bfc_state *st = a->state;
     bfc_stats_t s;
     if (!bfc_read_stats(a, &s))
         return false;
     *peak_reserved = s.peak_bytes_reserved;
+    *bound = st->ctx == NULL ? bfc_host_numa_nodes() > 1 : st->nctx > 1;
     return true;
 }
 
@@ -427,6 +432,14 @@ static bool no_stats(struct perf_allocator *a, uint64_t *v)
     return false;
 }
 
+static bool no_peak(struct perf_allocator *a, uint64_t *v, bool *bound)
+{
+    (void)a;
+    (void)v;
+    (void)bound;
+    return false;
+}
+
 static void *je_alloc(struct perf_allocator *a, unsigned thread, bfc_stream_t s, size_t n)
 {
     (void)a;
@@ -470,7 +483,7 @@ static const struct perf_alloc_ops ops_jemalloc = {
     .init = host_init,
     .alloc = je_alloc,
     .free = je_free,
-    .stats = no_stats,
+    .stats = no_peak,
     .in_use = no_stats,
     .fini = host_fini,
 };
@@ -482,7 +495,7 @@ static const struct perf_alloc_ops ops_malloc = {
     .init = host_init,
     .alloc = libc_alloc,
     .free = libc_free,
-    .stats = no_stats,
+    .stats = no_peak,
     .in_use = no_stats,
     .fini = host_fini,
 };
@@ -570,7 +583,7 @@ static int cuda_free_fn(struct perf_allocator *a, unsigned thread, void *p, bfc_
     return cudaFree(p) != cudaSuccess;
 }
 
-static bool cuda_stats_fn(struct perf_allocator *a, uint64_t *peak_reserved)
+static bool cuda_stats_fn(struct perf_allocator *a, uint64_t *peak_reserved, bool *bound)
 {
     struct cuda_state *st = a->state;
     uint64_t v = 0;
@@ -579,6 +592,7 @@ static bool cuda_stats_fn(struct perf_allocator *a, uint64_t *peak_reserved)
     if (cudaMemPoolGetAttribute(st->pool, cudaMemPoolAttrReservedMemHigh, &v) != cudaSuccess)
         return false;
     *peak_reserved = v;
+    *bound = false; /* the pool's own high-water mark */
     return true;
 }
 
@@ -747,9 +761,10 @@ static int torch_free_fn(struct perf_allocator *a, unsigned thread, void *p, bfc
     return torch_shim.free(p);
 }
 
-static bool torch_stats_fn(struct perf_allocator *a, uint64_t *peak_reserved)
+static bool torch_stats_fn(struct perf_allocator *a, uint64_t *peak_reserved, bool *bound)
 {
     uint64_t used;
+    *bound = false; /* reserved_bytes' own peak */
     return a->state != NULL && torch_shim.stats(peak_reserved, &used) == 0;
 }
 
@@ -799,15 +814,15 @@ static void nocuda_fini(struct perf_allocator *a)
 
 static const struct perf_alloc_ops ops_cuda = {
     .name = "cuda", .desc = "cudaMalloc/cudaFree (not built)", .init = nocuda_init,
-    .stats = no_stats, .in_use = no_stats, .fini = nocuda_fini,
+    .stats = no_peak, .in_use = no_stats, .fini = nocuda_fini,
 };
 static const struct perf_alloc_ops ops_cuda_async = {
     .name = "cuda-async", .desc = "cudaMallocAsync/cudaFreeAsync (not built)",
-    .init = nocuda_init, .stats = no_stats, .in_use = no_stats, .fini = nocuda_fini,
+    .init = nocuda_init, .stats = no_peak, .in_use = no_stats, .fini = nocuda_fini,
 };
 static const struct perf_alloc_ops ops_torch = {
     .name = "torch", .desc = "PyTorch's CUDA caching allocator (not built)",
-    .init = nocuda_init, .stats = no_stats, .in_use = no_stats, .fini = nocuda_fini,
+    .init = nocuda_init, .stats = no_peak, .in_use = no_stats, .fini = nocuda_fini,
 };
 #endif
 

@@ -654,12 +654,15 @@ static void report_targets(const struct perf_report *rp, const struct opts *o)
         l = perf_report_find(rp, "inference", "single-lock", o->threads[k]);
         if (s == NULL)
             continue;
+        /* With N threads the requested peak is sampled (see the table's
+         * legend): the target is then read from a sampled figure. */
+        const char *how = s->req_sampled ? " (sampled)" : "";
         if (l != NULL && l->have_mem)
-            snprintf(name, sizeof(name), "inference %u thr: shardbfc overhead"
-                     " (single-lock %.3f)", o->threads[k], l->overhead);
+            snprintf(name, sizeof(name), "inference %u thr: shardbfc overhead%s"
+                     " (single-lock %.3f)", o->threads[k], how, l->overhead);
         else
-            snprintf(name, sizeof(name), "inference %u thr: shardbfc overhead",
-                     o->threads[k]);
+            snprintf(name, sizeof(name), "inference %u thr: shardbfc overhead%s",
+                     o->threads[k], how);
         add_target(name, s->overhead, s->have_mem, 1.10, true);
     }
     /* The arena's own pair, alone and among free fragments. */
@@ -834,7 +837,7 @@ static const char *measure(const struct opts *o, const struct perf_env *env, int
         rc = perf_run_prog(&a, ps->p, &cfg, r);
     if (rc != 0)
         *failed = true;
-    r->have_mem = ops->stats(&a, &r->peak_reserved) && r->peak_requested > 0;
+    r->have_mem = ops->stats(&a, &r->peak_reserved, &r->resv_bound) && r->peak_requested > 0;
     r->overhead = r->have_mem ? (double)r->peak_reserved / (double)r->peak_requested : 0.0;
     /* Map and unmap calls cost tens of microseconds each on a GPU: how
      * many the run made per 1,000 allocations, prologue included. */

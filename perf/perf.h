@@ -161,8 +161,10 @@ struct perf_alloc_ops {
     /* Thread-safe; 0 or a nonzero error. */
     int (*free)(struct perf_allocator *a, unsigned thread, void *p, bfc_stream_t stream,
                 size_t n);
-    /* Peak bytes held from the device (or the OS) since init, if it can say. */
-    bool (*stats)(struct perf_allocator *a, uint64_t *peak_reserved);
+    /* Peak bytes held from the device (or the OS) since init, if it can say;
+     * *bound: true where that is a sum of several pools' peaks (an upper
+     * bound on the true peak), false where it is exact. */
+    bool (*stats)(struct perf_allocator *a, uint64_t *peak_reserved, bool *bound);
     /* Bytes still in use by the program (0 after a clean run), if it can say. */
     bool (*in_use)(struct perf_allocator *a, uint64_t *bytes);
     void (*fini)(struct perf_allocator *a);
@@ -221,7 +223,9 @@ struct perf_result {
     bool disturbed;          /* perf_disturbed(): other load took the CPUs */
     bool have_mem;           /* peak_reserved / overhead known */
     uint64_t peak_reserved;
+    bool resv_bound;         /* peak_reserved is a sum of contexts' peaks: an upper bound */
     uint64_t peak_requested; /* always measured by the harness */
+    bool req_sampled;        /* peak_requested is sampled (N threads), not exact */
     double overhead;         /* peak_reserved / peak_requested */
     bool have_vmm;           /* maps_per_1k / unmaps_per_1k known (libshardbfc) */
     double maps_per_1k;      /* device map calls of expandable arenas per 1,000 allocations, whole run */

@@ -118,12 +118,13 @@ double perf_median(const double *v, unsigned n, unsigned *at)
     return n > 0 ? v[0] : NAN;
 }
 
-static void fmt_bytes(char *buf, size_t len, uint64_t v)
+/* mark: "" or a marker put before the figure ("~", "<="). */
+static void fmt_bytes(char *buf, size_t len, const char *mark, uint64_t v)
 {
     if (v >= (1ull << 30))
-        snprintf(buf, len, "%.2f GiB", (double)v / (double)(1ull << 30));
+        snprintf(buf, len, "%s%.2f GiB", mark, (double)v / (double)(1ull << 30));
     else
-        snprintf(buf, len, "%.1f MiB", (double)v / (double)(1ull << 20));
+        snprintf(buf, len, "%s%.1f MiB", mark, (double)v / (double)(1ull << 20));
 }
 
 static void fmt_rate(char *buf, size_t len, double v)
@@ -189,6 +190,7 @@ void perf_report_table(const struct perf_report *rp, const char *workload, FILE 
                 "ns/pair");
     fprintf(f, " %11s %11s %6s %5s %8s %6s %5s %7s %9s %11s\n", "peak resv", "peak req", "ovhd", "cpu",
             "speed-up", "ALU", "eff", "maps/1k", "unmaps/1k", "window m/u");
+    bool marked_req = false, marked_resv = false;
     for (unsigned k = 0; k < nt; k++) {
         const struct perf_result *base = base_row(rp, workload, threads[k]);
         for (unsigned i = 0; i < rp->nres; i++) {
@@ -202,10 +204,13 @@ void perf_report_table(const struct perf_report *rp, const char *workload, FILE 
                 snprintf(ratio, sizeof(ratio), "%.2fx", r->ops_per_sec / base->ops_per_sec);
             else
                 snprintf(ratio, sizeof(ratio), "-");
-            fmt_bytes(req, sizeof(req), r->peak_requested);
+            /* "~": sampled, "<=": an upper bound (legend below the table). */
+            fmt_bytes(req, sizeof(req), r->req_sampled ? "~" : "", r->peak_requested);
             if (r->have_mem) {
-                fmt_bytes(resv, sizeof(resv), r->peak_reserved);
-                snprintf(ovhd, sizeof(ovhd), "%.3f", r->overhead);
+                fmt_bytes(resv, sizeof(resv), r->resv_bound ? "<=" : "", r->peak_reserved);
+                snprintf(ovhd, sizeof(ovhd), "%s%.3f", r->req_sampled || r->resv_bound ? "~" : "",
+                         r->overhead);
+                marked_resv |= r->resv_bound;
             } else {
                 snprintf(resv, sizeof(resv), "-");
                 snprintf(ovhd, sizeof(ovhd), "-");
@@ -234,8 +239,17 @@ void perf_report_table(const struct perf_report *rp, const char *workload, FILE 
                 fprintf(f, " %8.1f", ns_per_pair(r));
             fprintf(f, " %11s %11s %6s %4.0f%% %8s %6s %5s %7s %9s %11s\n", resv, req, ovhd,
                     100 * r->cpu_share, sp, alu, eff, maps, unmaps, win);
+            marked_req |= r->req_sampled;
         }
     }
+    if (marked_req)
+        fprintf(f, "  ~ peak req: sampled, not exact: with N threads the harness sums the threads'"
+                   " live requested bytes at every (16 x P)th allocation, so it can miss a short"
+                   " peak (low) or count a block freed on one thread with one allocated on another"
+                   " meanwhile (high, by a few blocks); ovhd then carries it (exact at 1 thread)\n");
+    if (marked_resv)
+        fprintf(f, "  <= peak resv: the sum of several contexts' peaks (a context per thread, or"
+                   " host contexts of several NUMA nodes): an upper bound on the true peak\n");
     /* The load-independent side: work per CPU-second, and sleeping. */
     fprintf(f, "  %3s %-12s %12s %11s %10s\n", "thr", "allocator", "ops/CPU-s", "per-CPU eff",
             "sleeps/s");
@@ -338,8 +352,12 @@ static void json_result(FILE *f, const struct perf_result *r)
     json_u64(f, r->p999_ns, r->have_lat);
     fprintf(f, ", \"peak_reserved\": ");
     json_u64(f, r->peak_reserved, r->have_mem);
-    fprintf(f, ", \"peak_requested\": %" PRIu64 ", \"overhead\": ", r->peak_requested);
+    fprintf(f, ", \"peak_reserved_bound\": %s", r->have_mem ? (r->resv_bound ? "true" : "false") : "null");
+    fprintf(f, ", \"peak_requested\": %" PRIu64 ", \"peak_requested_sampled\": %s, \"overhead\": ",
+            r->peak_requested, r->req_sampled ? "true" : "false");
     json_num(f, r->overhead, r->have_mem);
+    fprintf(f, ", \"overhead_exact\": %s",
+            r->have_mem ? (!r->req_sampled && !r->resv_bound ? "true" : "false") : "null");
     fprintf(f, ", \"maps_per_1k\": ");
     json_num(f, r->maps_per_1k, r->have_vmm);
     fprintf(f, ", \"unmaps_per_1k\": ");

@@ -53,8 +53,11 @@
  * thread read all N lines: 16 at 16 threads, and that cost 15% of the churn
  * workload's CPU time on 16 cores (perf record, 1% at one thread), which
  * the allocator's scaling figure then carried.  Sampling can miss a short
- * peak, so the figure is a lower bound and overhead = reserved / requested
- * errs high, never in the allocator's favour.  A counted run publishes once per batch instead:
+ * peak (the figure errs low, overhead = reserved / requested high), and a
+ * sum of lines read one after another while their threads run can count a
+ * block freed on one with a block allocated on another meanwhile (high, by
+ * a few blocks): with N threads the figure is sampled, neither exact nor a
+ * bound, and the report marks it so (req_sampled).  A counted run publishes once per batch instead:
  * its thread keeps its own peak in a register (exact with one thread) and
  * raises the shared maximum to the sum of the lines.
  *
@@ -511,6 +514,7 @@ static void finish_common(struct perf_result *r, uint64_t ops, double window_ns,
     r->sleeps_per_sec = window_ns > 0 ? (double)vcsw / (window_ns * 1e-9) : 0.0;
     r->disturbed = perf_disturbed(r->cpu_share, r->sleeps_per_sec, threads);
     r->peak_requested = peak;
+    r->req_sampled = threads > 1; /* see "Peak requested bytes" above */
 }
 
 static void finish_latency(struct perf_result *r, struct perf_hist *ha, struct perf_hist *hf)

@@ -415,9 +415,12 @@ START_TEST(json_parses_with_nulls)
     res[0].peak_requested = 1ull << 31;
     res[0].overhead = 3.0;
     res[0].have_lat = true;
+    res[0].req_sampled = true; /* 2 threads */
+    res[0].resv_bound = true;
     res[1] = res[0];
     snprintf(res[1].allocator, sizeof(res[1].allocator), "jemalloc");
     res[1].have_mem = false;
+    res[1].resv_bound = false;
     rp.program = "shardbfc-perf";
     rp.cores = 2;
     snprintf(rp.cpu, sizeof(rp.cpu), "CPU \"quoted\"\tand tab");
@@ -454,6 +457,13 @@ START_TEST(json_parses_with_nulls)
     ck_assert(bfc_json_is_null(r1, "overhead"));
     ck_assert(bfc_json_is_null(r1, "peak_reserved"));
     ck_assert_uint_eq(bfc_json_u64(r1, "peak_requested", 0), 1ull << 31);
+    /* what each figure is: sampled, a bound, exact */
+    ck_assert(bfc_json_bool(r0, "peak_requested_sampled", false));
+    ck_assert(bfc_json_bool(r0, "peak_reserved_bound", false));
+    ck_assert(!bfc_json_bool(r0, "overhead_exact", true));
+    ck_assert(bfc_json_bool(r1, "peak_requested_sampled", false));
+    ck_assert(bfc_json_is_null(r1, "peak_reserved_bound"));
+    ck_assert(bfc_json_is_null(r1, "overhead_exact"));
     ck_assert_str_eq(bfc_json_str(bfc_json_at(bfc_json_get(j, "skipped"), 0), "reason", ""),
                      "no usable CUDA device (\"x\")");
     ck_assert_str_eq(bfc_json_str(bfc_json_at(bfc_json_get(j, "targets"), 0), "name", ""),
@@ -461,6 +471,25 @@ START_TEST(json_parses_with_nulls)
     ck_assert(json_object_is_type(bfc_json_get(bfc_json_at(bfc_json_get(j, "targets"), 0), "met"),
                                   json_type_boolean));
     json_object_put(j);
+    free(buf);
+
+    /* The table marks them too, and says what the marks mean. */
+    buf = NULL;
+    f = open_memstream(&buf, &len);
+    perf_report_table(&rp, "churn", f);
+    fclose(f);
+    ck_assert_msg(strstr(buf, "<=6.00 GiB   ~2.00 GiB ~3.000"), "shardbfc row unmarked:\n%s", buf);
+    ck_assert_msg(strstr(buf, "          -   ~2.00 GiB      -"), "jemalloc row:\n%s", buf);
+    ck_assert_msg(strstr(buf, "~ peak req: sampled, not exact") && strstr(buf, "<= peak resv: the sum of"),
+                  "no legend:\n%s", buf);
+    free(buf);
+    res[0].req_sampled = res[1].req_sampled = res[0].resv_bound = false;
+    buf = NULL;
+    f = open_memstream(&buf, &len);
+    perf_report_table(&rp, "churn", f);
+    fclose(f);
+    ck_assert_msg(strstr(buf, "6.00 GiB    2.00 GiB  3.000") && !strstr(buf, "~") && !strstr(buf, "<="),
+                  "exact figures marked:\n%s", buf);
     free(buf);
 
     /* The SVG is one document: it starts and ends as one. */
@@ -787,6 +816,14 @@ static void run_and_check(const char *name, struct perf_prog **prog, unsigned th
     ck_assert_uint_eq(s1.num_frees - s0.num_frees, r->calls_free);
     ck_assert_uint_eq(r->calls_alloc, r->calls_free);
     ck_assert_uint_eq(s1.bytes_in_use, 0);
+    /* One context's reserved peak is exact; a context per thread sums
+     * several contexts' peaks, an upper bound the report marks. */
+    bool bound = !strcmp(name, "shardbfc-ctx") && threads == 1;
+    ck_assert(a.ops->stats(&a, &r->peak_reserved, &bound));
+    ck_assert_msg(bound == (!strcmp(name, "shardbfc-ctx") && threads > 1), "%s %u threads: bound %d", name,
+                  threads, bound);
+    /* the harness's requested peak: exact at one thread, sampled at N */
+    ck_assert_msg(r->req_sampled == (threads > 1), "%s %u threads: sampled %d", name, threads, r->req_sampled);
     a.ops->fini(&a);
 }
 
