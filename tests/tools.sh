@@ -90,6 +90,27 @@ grep -q '"peak_requested":8000,"peak_reserved":4194304,"peak_allocated":8192,"ov
 # The trace's peak requested is the same for every configuration.
 [ "$(awk '$2 == 8000' "$tmp/out" | wc -l)" -eq 2 ] || { cat "$tmp/out" >&2; fail "peak_requested differs by configuration"; }
 
+# Fragmentation is read at each new peak of allocated bytes, and the JSON
+# names its largest so: here 0.25 at the peak (A, C and D live in a 2 MiB
+# region: 1 MiB free, the largest piece 768 KiB), although after "free A"
+# it is 1 - 1.25 MiB / 1.75 MiB = 0.286, which no peak sees.
+cat > "$tmp/frag.csv" <<'CSV'
+Thread,Time,Action,Pointer,Size,Stream
+1,10,allocate,0x1000,262144,0x10
+1,20,allocate,0x2000,262144,0x10
+1,30,allocate,0x3000,262144,0x10
+1,40,free,0x2000,262144,0x10
+1,50,allocate,0x4000,524288,0x10
+1,60,free,0x4000,524288,0x10
+1,65,allocate,0x5000,256,0x10
+1,70,free,0x1000,262144,0x10
+1,80,free,0x3000,262144,0x10
+1,90,free,0x5000,256,0x10
+CSV
+"$replay" --json --config vmm=off "$tmp/frag.csv" >"$tmp/out" 2>"$tmp/err" || { cat "$tmp/err" >&2; fail "replay of frag.csv failed"; }
+grep -q '"fragmentation":0.250000,"fragmentation_max_at_peaks":0.250000,' "$tmp/out" ||
+    { cat "$tmp/out" >&2; fail "fragmentation at the peaks of frag.csv wrong"; }
+
 # A bad SPEC, anywhere in a comparison, stops the replay before any run:
 # exit 1, the reason on stderr, and no table (with a row missing) on stdout.
 # refused WHAT REASON ARG...

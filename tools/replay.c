@@ -306,8 +306,8 @@ int bfc_replay_run(const bfc_trace_event_t *ev, size_t n, const char *spec, cons
                 out->peak_allocated = live;
                 if (bfc_ctx_stats(ctx, &stt) == BFC_OK) {
                     out->fragmentation = bfc_stats_fragmentation(&stt);
-                    if (out->fragmentation > out->fragmentation_max)
-                        out->fragmentation_max = out->fragmentation;
+                    if (out->fragmentation > out->fragmentation_max_at_peaks)
+                        out->fragmentation_max_at_peaks = out->fragmentation;
                 }
             }
         } else if (e->action == BFC_TRACE_FREE) {

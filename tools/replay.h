@@ -25,7 +25,10 @@ typedef struct bfc_replay_result {
     uint64_t peak_reserved;   /* bfc_stats_t.peak_bytes_reserved at the end (the pool's own peak) */
     double overhead;          /* peak_reserved / peak_requested; 0 when nothing was requested */
     double fragmentation;     /* bfc_stats_fragmentation when peak_allocated was reached */
-    double fragmentation_max; /* largest value seen at any new peak */
+    /* The largest of those read at each new peak of allocated bytes (not
+     * after every event: a statistics read drains the cross-stream queues,
+     * so reading after every event would change the replay it measures). */
+    double fragmentation_max_at_peaks;
     uint64_t ooms;            /* trace allocations the replay could not serve */
     uint64_t allocs, frees;   /* operations replayed */
     uint64_t skipped;         /* frees of pointers the replay never handed out, failure rows */

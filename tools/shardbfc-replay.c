@@ -10,7 +10,7 @@
  * "memory_limit=4G,allow_growth=false") is one run on a fresh SIM context;
  * no SPEC means one run on the defaults.  The table (or, with --json, a list
  * of objects with config, peak_requested, peak_reserved, peak_allocated,
- * overhead, fragmentation, fragmentation_max, ooms, allocs, frees, skipped,
+ * overhead, fragmentation, fragmentation_max_at_peaks, ooms, allocs, frees, skipped,
  * unmatched_frees, replaced, maps_per_1k, unmaps_per_1k, seconds) goes to stdout: the trace's own exact peak of
  * requested bytes beside what each configuration reserved and allocated at
  * its peak, and overhead = peak reserved / peak requested; maps_per_1k and
@@ -264,10 +264,10 @@ int main(int argc, char **argv)
                 printf("%.6f", r.overhead);
             else
                 printf("null");
-            printf(",\"fragmentation\":%.6f,\"fragmentation_max\":%.6f,\"ooms\":%" PRIu64 ",\"allocs\":%" PRIu64
+            printf(",\"fragmentation\":%.6f,\"fragmentation_max_at_peaks\":%.6f,\"ooms\":%" PRIu64 ",\"allocs\":%" PRIu64
                    ",\"frees\":%" PRIu64 ",\"skipped\":%" PRIu64 ",\"unmatched_frees\":%" PRIu64
                    ",\"replaced\":%" PRIu64 ",\"maps_per_1k\":%.4f,\"unmaps_per_1k\":%.4f,\"seconds\":%.6f}",
-                   r.fragmentation, r.fragmentation_max, r.ooms, r.allocs, r.frees, r.skipped, r.unmatched_frees,
+                   r.fragmentation, r.fragmentation_max_at_peaks, r.ooms, r.allocs, r.frees, r.skipped, r.unmatched_frees,
                    r.replaced, r.maps_per_1k, r.unmaps_per_1k, r.seconds);
         } else {
             char ovh[32];
