@@ -469,7 +469,8 @@ static void diagnose(struct bfc_ctx *ctx, struct bfc__oom_report *r)
         } else if (held_room && gone_fenced) {
             fmt_bytes(a, sizeof a, gone_fenced);
             clause(&l,
-                   "released streams' reservations with %s mapped, still fenced (stream id %" PRIu64
+                   "reservations that shards gave up (a stream release or a trim) with %s mapped, still "
+                   "fenced (stream id %" PRIu64
                    "'s the largest), make room for %s once their fences complete",
                    a, ps.gone_stream, need);
         } else if (held_room) {
