@@ -222,7 +222,8 @@ typedef struct bfc_config {
                                      false: the whole limit reserved at create, and a stream's first
                                      region is all of it (TensorFlow's layout, see "Memory") */
     size_t initial_region;        /* first region size when growing (default 2 MiB) */
-    double fragmentation_fraction;/* split threshold as a fraction of the limit; 0 = 128 MiB rule */
+    double fragmentation_fraction;/* split threshold as a fraction of the limit (at least 256
+                                     bytes: an exact fit is never split); 0 = 128 MiB rule */
     bool garbage_collection;      /* under pressure, a shard also gives its own fully free regions
                                      back and the pool returns cached memory to the backend (without
                                      it only bfc_ctx_trim frees device memory: no cudaFree on the

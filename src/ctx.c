@@ -498,9 +498,16 @@ static int ctx_create(bfc_config_t cfg, bfc__backend_t *be, bool host, bfc_ctx_t
         goto fail_be;
     }
     ctx->cfg = cfg;
-    if (cfg.fragmentation_fraction > 0)
+    /* At least one chunk: a leftover is a multiple of 256 bytes, so every
+     * threshold under 256 cuts the same leftovers (all but none), and 0
+     * would "split off" a chunk of 0 bytes from an exact fit -- TensorFlow
+     * would (its rule is leftover >= threshold), and a 0-byte chunk in the
+     * bins is no chunk at all. */
+    if (cfg.fragmentation_fraction > 0) {
         ctx->env.max_frag = (size_t)(cfg.fragmentation_fraction * (double)ctx->limit);
-    else
+        if (ctx->env.max_frag < BFC__MIN_ALLOC)
+            ctx->env.max_frag = BFC__MIN_ALLOC;
+    } else
         ctx->env.max_frag = BFC__MAX_INTERNAL_FRAG;
     /* allow_growth=false: TensorFlow serves large requests from its one
      * region too, so the fast path tries the bins for every size. */

@@ -402,6 +402,42 @@ START_TEST(test_split_fraction_rule)
 }
 END_TEST
 
+/* A fraction so small that fraction x limit is under one chunk: a leftover
+ * of 0 bytes must not be "split off" (a 0-byte chunk in the bins crashed
+ * the next allocation that searched them); every leftover of 256 bytes or
+ * more is, as with any threshold below 256.  Both kinds of arena. */
+START_TEST(test_split_fraction_tiny)
+{
+    for (int vmm = 0; vmm < 2; vmm++) {
+        bfc_config_t c = cfg_tf(64 * MiB);
+        c.fragmentation_fraction = 1e-12; /* 64 MiB x 1e-12: 0 bytes */
+        c.vmm = vmm ? BFC_VMM_ON : BFC_VMM_OFF;
+        c.allow_growth = vmm; /* expandable arenas grow by granules */
+        bfc_ctx_t *ctx = ctx_new(&c);
+        bfc_stream_t s = pick_stream(ctx, _i);
+
+        void *a = xalloc_full(ctx, s, 4096);
+        void *g = xalloc_full(ctx, s, 256);
+        xfree(ctx, a, s);
+        void *p = xalloc_full(ctx, s, 4096); /* exact fit: nothing left over */
+        ck_assert_ptr_eq(p, a);
+        ck_assert_uint_eq(bfc_ctx_allocated_size(ctx, p), 4096);
+        xcheck(ctx);
+        void *q = xalloc_full(ctx, s, 16); /* searches the bins */
+        ck_assert_uint_eq(bfc_ctx_allocated_size(ctx, q), 256);
+        xfree(ctx, p, s);
+        p = xalloc_full(ctx, s, 3840); /* leftover 256: split */
+        ck_assert_ptr_eq(p, a);
+        ck_assert_uint_eq(bfc_ctx_allocated_size(ctx, p), 3840);
+        xfree(ctx, p, s);
+        xfree(ctx, q, s);
+        xfree(ctx, g, s);
+        xcheck(ctx);
+        ctx_done(ctx, s);
+    }
+}
+END_TEST
+
 /* The default rule: a leftover of 128 MiB or more is split off. */
 START_TEST(test_split_128mib_rule)
 {
@@ -2140,7 +2176,7 @@ static Suite *arena_suite(void)
         {"sizes",
          {test_zero_size, test_rounding_allocated_size, test_allocated_vs_requested, test_alloc_too_large,
           test_oom_not_sticky, NULL}},
-        {"split", {test_split_twice_rule, test_split_fraction_rule, test_split_128mib_rule, NULL}},
+        {"split", {test_split_twice_rule, test_split_fraction_rule, test_split_fraction_tiny, test_split_128mib_rule, NULL}},
         {"best_fit",
          {test_best_fit_smallest, test_best_fit_within_bin, test_best_fit_lowest_address, test_best_fit_open_bin,
           test_best_fit_100k_fragments, NULL}},
