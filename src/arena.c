@@ -714,11 +714,14 @@ void bfc__arena_wait_pending_locked(struct bfc__arena *a, uint32_t timeout_ms)
 
 /* Doubles the next region size.  Once it covers the limit it stays: every
  * region is min(curr, available) <= limit anyway, and a context whose regions
- * are trimmed and re-taken forever must not double its way to overflow. */
+ * are trimmed and re-taken forever must not double its way to overflow.
+ * Where doubling would overflow (a limit above SIZE_MAX / 2) it takes the
+ * limit, which the same min makes equivalent: extend's loop, which doubles
+ * until the region covers a request no larger than the limit, must end. */
 static void grow_schedule(struct bfc__arena *a)
 {
-    if (a->curr_region_bytes < a->env->limit && a->curr_region_bytes <= SIZE_MAX / 2)
-        a->curr_region_bytes *= 2;
+    if (a->curr_region_bytes < a->env->limit)
+        a->curr_region_bytes = a->curr_region_bytes <= SIZE_MAX / 2 ? 2 * a->curr_region_bytes : a->env->limit;
 }
 
 /* TensorFlow's Extend, per arena. */

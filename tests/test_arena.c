@@ -438,6 +438,35 @@ START_TEST(test_split_fraction_tiny)
 }
 END_TEST
 
+/* A limit above SIZE_MAX / 2: the doubling schedule cannot double past it,
+ * and a request larger than SIZE_MAX / 2 (which no device gives) must
+ * fail with BFC_ENOMEM, not loop for ever under the shard's lock.  Any
+ * initial region: 2 MiB doubles to 2^63, 3000 bytes stops at 3 x 2^62. */
+START_TEST(test_growth_huge_limit)
+{
+    static const size_t first[] = {2 * MiB, 3000};
+    for (int k = 0; k < 2; k++) {
+        bfc_config_t c;
+        bfc_config_init(&c);
+        c.backend = BFC_BACKEND_SIM;
+        c.memory_limit = SIZE_MAX;
+        c.vmm = BFC_VMM_OFF;
+        c.large_alloc = 0;
+        c.initial_region = first[k];
+        bfc_ctx_t *ctx = ctx_new(&c);
+        bfc_stream_t s = pick_stream(ctx, _i);
+        ck_assert_ptr_null(bfc_ctx_alloc(ctx, s, ((size_t)1 << 63) + 256));
+        ck_assert_int_eq(bfc_last_error(), BFC_ENOMEM);
+        ck_assert_ptr_null(bfc_ctx_alloc(ctx, s, SIZE_MAX - 4 * MiB));
+        ck_assert_int_eq(bfc_last_error(), BFC_ENOMEM);
+        void *p = xalloc_full(ctx, s, 4096); /* the shard still serves */
+        xfree(ctx, p, s);
+        xcheck(ctx);
+        ctx_done(ctx, s);
+    }
+}
+END_TEST
+
 /* The default rule: a leftover of 128 MiB or more is split off. */
 START_TEST(test_split_128mib_rule)
 {
@@ -2176,7 +2205,8 @@ static Suite *arena_suite(void)
         {"sizes",
          {test_zero_size, test_rounding_allocated_size, test_allocated_vs_requested, test_alloc_too_large,
           test_oom_not_sticky, NULL}},
-        {"split", {test_split_twice_rule, test_split_fraction_rule, test_split_fraction_tiny, test_split_128mib_rule, NULL}},
+        {"split", {test_split_twice_rule, test_split_fraction_rule, test_split_fraction_tiny, test_split_128mib_rule,
+                   test_growth_huge_limit, NULL}},
         {"best_fit",
          {test_best_fit_smallest, test_best_fit_within_bin, test_best_fit_lowest_address, test_best_fit_open_bin,
           test_best_fit_100k_fragments, NULL}},
