@@ -49,7 +49,8 @@ extern "C" {
  * (BFC_SIM_STREAM_PER_THREAD: one per thread that uses it); record 0 is the
  * default (NULL) stream, and a destroyed stream's record is never reused.
  * Once all 65,535 are made it returns NULL for good.  Sets
- * bfc_last_error(): BFC_OK, BFC_EINVAL (ctx NULL or not SIM) or
+ * bfc_last_error(): BFC_OK, BFC_EINVAL (ctx NULL or not SIM; a host
+ * context, bfc_host_ctx, is not, though its memory may come from SIM) or
  * BFC_ENOMEM (every stream made).
  * Context: thread-safe; takes the SIM backend's stream-registry lock (rare)
  * for a few instructions; does not block.

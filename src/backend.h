@@ -175,6 +175,9 @@ size_t bfc__cuda_vmm_granule(int device);
 /* The stream-table lock, held across fork() by the fork handlers (ctx.c). */
 void bfc__sim_fork_lock(void);
 void bfc__sim_fork_unlock(void);
+/* Whether be is a SIM backend itself (a host backend over SIM reports the
+ * SIM kind but is not one: the SIM controls refuse it). */
+bool bfc__sim_is(const bfc__backend_t *be);
 bfc_stream_t bfc__sim_stream_create(bfc__backend_t *be);
 void bfc__sim_stream_destroy(bfc__backend_t *be, bfc_stream_t s);
 void bfc__sim_stream_hold(bfc__backend_t *be, bfc_stream_t s);

@@ -801,6 +801,11 @@ static void sim_drain(struct sim_stream *st)
         ;
 }
 
+bool bfc__sim_is(const bfc__backend_t *be)
+{
+    return is_sim((bfc__backend_t *)be);
+}
+
 bfc_stream_t bfc__sim_stream_create(bfc__backend_t *be)
 {
     struct sim_backend *b;

@@ -1840,9 +1840,12 @@ int bfc_ctx_trim(bfc_ctx_t *ctx)
 
 /* ------------------------------------------------------- SIM controls */
 
+/* The context's backend if it is SIM's own; NULL for other backends and
+ * for a host context, whose host backend wraps SIM (and reports its kind)
+ * but has no simulated streams or device memory of its own to control. */
 static bfc__backend_t *sim_be(bfc_ctx_t *ctx)
 {
-    return ctx && ctx->be->kind == BFC_BACKEND_SIM ? ctx->be : NULL;
+    return ctx && bfc__sim_is(ctx->be) ? ctx->be : NULL;
 }
 
 bfc_stream_t bfc_sim_stream_create(bfc_ctx_t *ctx)

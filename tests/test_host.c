@@ -273,6 +273,18 @@ START_TEST(test_bad_input)
     ck_assert_int_eq(bfc_host_record_stream(stack, NULL), BFC_ENOTOWNED);
     /* A host pointer is not the device context's either. */
     ck_assert_int_eq(bfc_ctx_free(dev, p, NULL), BFC_ENOTOWNED);
+    /* A host context wraps SIM (and reports its kind) but is not a SIM
+     * device: its simulated streams and faults are refused, the stream
+     * with BFC_EINVAL (not ENOMEM, which says every stream was made). */
+    bfc_ctx_t *hc = bfc_host_ctx(bfc_host_numa_node(p));
+    ck_assert_ptr_nonnull(hc);
+    ck_assert_ptr_null(bfc_sim_stream_create(hc));
+    ck_assert_int_eq(bfc_last_error(), BFC_EINVAL);
+    ck_assert_uint_eq(bfc_sim_backend_bytes_held(hc), 0);
+    bfc_stream_t ds = bfc_sim_stream_create(dev);
+    ck_assert_ptr_nonnull(ds);
+    ck_assert_int_eq(bfc_last_error(), BFC_OK);
+    bfc_sim_stream_destroy(dev, ds);
 
     bfc_stats_t after = host_stats();
     ck_assert(memcmp(&before, &after, sizeof before) == 0);
