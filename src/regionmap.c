@@ -412,7 +412,7 @@ size_t bfc__regionmap_count(const void *tag)
     for (size_t i = 0; m && i < m->n; i++)
         /* An emptied entry (a removal that could not copy) may name a
          * region already freed: test the range first. */
-        if (m->e[i].end > m->e[i].base && m->e[i].r->tag == tag)
+        if (__atomic_load_n(&m->e[i].end, __ATOMIC_RELAXED) > m->e[i].base && m->e[i].r->tag == tag)
             n++;
     bfc__rcu_unlock();
     return n;
