@@ -4,9 +4,11 @@
  *
  * One backend instance serves one device ordinal.  cudart calls that act on
  * "the current device" (cudaMalloc, event creation, the NULL stream,
- * cudaMemGetInfo, cudaHostRegister) run with that device made current and
- * the caller's current device restored afterwards: a server thread that
- * frees memory of GPU 1 while driving GPU 0 must not find its device changed.
+ * cudaMemGetInfo, cudaHostRegister) run with that device's primary context
+ * pushed over the caller's and popped afterwards ("Device switches"): a
+ * server thread that frees memory of GPU 1 while driving GPU 0 must not
+ * find its device or context changed, nor a context made on a GPU it never
+ * used.
  *
  * Errors: every cudart return code is checked.  Out-of-memory reads as
  * BFC_ENOMEM, anything else as BFC_EBACKEND; after a failure the runtime's
@@ -45,9 +47,9 @@
  * allocator must keep va_* calls off its common path.
  *
  * Driver calls need a context current on the calling thread; the VMM calls
- * therefore make the device's primary context current (cudaSetDevice) when
- * the thread has none, and restore the caller's device as every call here
- * does.  The book of reservations and mapped granules (backend_vmm.c)
+ * have the device's primary context current as every call here does (with
+ * cudaSetDevice where it could not be retained, when the thread has none),
+ * and leave the caller's as it was.  The book of reservations and mapped granules (backend_vmm.c)
  * checks every range before the driver sees it, and records what a failed
  * unmap left mapped, so that va_release can still free it.
  *
@@ -65,6 +67,7 @@
 #include <cudaTypedefs.h> /* the PFN_ type of each driver entry point */
 #include <cuda_runtime_api.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <string.h>
 #include <time.h>
 
@@ -98,6 +101,11 @@ static struct {
     PFN_cuDeviceGet_v2000 device_get;
     PFN_cuDeviceGetAttribute_v2000 device_get_attribute;
     PFN_cuCtxGetCurrent_v4000 ctx_get_current;
+    /* Device switches (dev_enter): resolved apart from the VMM calls. */
+    PFN_cuCtxPushCurrent_v4000 ctx_push;
+    PFN_cuCtxPopCurrent_v4000 ctx_pop;
+    PFN_cuDevicePrimaryCtxRetain_v7000 primary_retain;
+    bool ctx_ok; /* device_get and the three above resolved */
     PFN_cuMemGetAllocationGranularity_v10020 get_granularity;
     PFN_cuMemAddressReserve_v10020 address_reserve;
     PFN_cuMemAddressFree_v10020 address_free;
@@ -171,16 +179,60 @@ static int device_status(cudaError_t err)
 }
 
 /*
- * Makes `dev` current, saving the caller's device in *saved (-1 when no
- * switch was needed).  Paired with dev_leave.  Returns the runtime's error
- * (not yet cleared: map it with cuda_status or device_status).
+ * Device switches.  A call for device d on a thread whose current context
+ * is not d's primary context pushes d's primary context over it (the
+ * driver's cuCtxPushCurrent: the runtime's calls use the context current
+ * on the thread) and pops it afterwards, so the caller finds exactly the
+ * context, and the runtime device, it had: also a thread that never chose
+ * a device, whose "current device" 0 has no context yet.  Switching with
+ * cudaSetDevice and back, as before, made that thread's device 0 primary
+ * context (memory on GPU 0 for every thread that only ever served GPU 1),
+ * failed the call where GPU 0 refuses the process (exclusive mode), and
+ * replaced a caller's own context (cuCtxCreate) by a primary one.
+ * cudaSetDevice remains for a device whose primary context the backend
+ * could not retain (no driver entry points), and at the first open of a
+ * device when the retain failed.
+ *
+ * g_pctx: each device's primary context, retained once per process at the
+ * backend's first open on it (primary_ctx_retain) and never released, as
+ * the runtime keeps a primary context it initialised until
+ * cudaDeviceReset.  Written once under g_pctx_lock; read without it.
+ */
+#define CUDA_MAX_DEV 64
+#define SAVED_PUSHED (-2) /* dev_enter pushed a context for dev_leave to pop */
+static _Atomic(CUcontext) g_pctx[CUDA_MAX_DEV];
+/* Taken only at a backend's open, never on an allocation's path; not held
+ * across fork (a fork child cannot use CUDA: its open fails before it). */
+static bfc__mutex_t g_pctx_lock = BFC__MUTEX_INIT(BFC__RANK_CUDA_PCTX, "the CUDA primary-context table");
+
+/*
+ * Makes `dev` current, saving in *saved what dev_leave needs: -1 when no
+ * switch was needed, SAVED_PUSHED when dev's primary context was pushed,
+ * else the caller's runtime device.  Paired with dev_leave.  Returns the
+ * runtime's error (not yet cleared: map it with cuda_status or
+ * device_status); a refused driver call reads cudaErrorUnknown.
  */
 static cudaError_t dev_enter_err(int dev, int *saved)
 {
+    CUcontext pc = dev >= 0 && dev < CUDA_MAX_DEV
+                       ? atomic_load_explicit(&g_pctx[dev], memory_order_acquire)
+                       : NULL;
     int cur = -1;
     cudaError_t err;
 
     *saved = -1;
+    if (pc) {
+        CUcontext now = NULL;
+
+        if (g_drv.ctx_get_current(&now) != CUDA_SUCCESS)
+            return cudaErrorUnknown;
+        if (now == pc)
+            return cudaSuccess;
+        if (g_drv.ctx_push(pc) != CUDA_SUCCESS)
+            return cudaErrorUnknown;
+        *saved = SAVED_PUSHED;
+        return cudaSuccess;
+    }
     err = cudaGetDevice(&cur);
     if (err != cudaSuccess || cur == dev)
         return err;
@@ -195,11 +247,19 @@ static int dev_enter(int dev, int *saved)
     return cuda_status(dev_enter_err(dev, saved));
 }
 
-/* Restores the caller's device; returns the first of `status` and its own. */
+/* Restores the caller's context or device; returns the first of `status`
+ * and its own. */
 static int dev_leave(int saved, int status)
 {
     cudaError_t err;
 
+    if (saved == SAVED_PUSHED) {
+        CUcontext popped = NULL;
+
+        if (g_drv.ctx_pop(&popped) != CUDA_SUCCESS && status == BFC_OK)
+            return BFC_EBACKEND;
+        return status;
+    }
     if (saved < 0)
         return status;
     err = cudaSetDevice(saved);
@@ -526,8 +586,30 @@ static void drv_resolve(void)
     DRV_SYM(map, "cuMemMap");
     DRV_SYM(unmap, "cuMemUnmap");
     DRV_SYM(set_access, "cuMemSetAccess");
-#undef DRV_SYM
     g_drv.ok = ok;
+    ok = g_drv.device_get != NULL;
+    DRV_SYM(ctx_push, "cuCtxPushCurrent");
+    DRV_SYM(ctx_pop, "cuCtxPopCurrent");
+    DRV_SYM(primary_retain, "cuDevicePrimaryCtxRetain");
+    g_drv.ctx_ok = ok && g_drv.ctx_get_current != NULL;
+#undef DRV_SYM
+}
+
+/* Retains `device`'s primary context into g_pctx, once per process (see
+ * "Device switches"); where the driver cannot, dev_enter keeps switching
+ * with cudaSetDevice. */
+static void primary_ctx_retain(int device)
+{
+    CUdevice d = 0;
+    CUcontext c = NULL;
+
+    if (device < 0 || device >= CUDA_MAX_DEV || pthread_once(&g_drv_once, drv_resolve) != 0 || !g_drv.ctx_ok)
+        return;
+    bfc__lock(&g_pctx_lock);
+    if (!atomic_load_explicit(&g_pctx[device], memory_order_relaxed) &&
+        g_drv.device_get(&d, device) == CUDA_SUCCESS && g_drv.primary_retain(&c, d) == CUDA_SUCCESS && c)
+        atomic_store_explicit(&g_pctx[device], c, memory_order_release);
+    bfc__unlock(&g_pctx_lock);
 }
 
 /* Maps a driver result to a status (driver calls leave cudart's last-error
@@ -600,8 +682,8 @@ static int vmm_enter(int dev, int *saved)
     CUcontext cur = NULL;
     int st = dev_enter(dev, saved);
 
-    if (st != BFC_OK || *saved >= 0)
-        return st; /* failed, or cudaSetDevice just bound dev's context */
+    if (st != BFC_OK || *saved != -1)
+        return st; /* failed, or dev's context was just pushed or bound */
     if (g_drv.ctx_get_current(&cur) != CUDA_SUCCESS || cur == NULL)
         st = cuda_status(cudaSetDevice(dev));
     return st;
@@ -883,7 +965,9 @@ int bfc__backend_cuda_open(const bfc_config_t *cfg, bfc__backend_t **out)
     st = device_status(cudaGetDeviceProperties(&prop, cfg->device));
     if (st != BFC_OK)
         return st;
-    /* cudaMemGetInfo also creates the device's primary context. */
+    /* The device's primary context: retained for dev_enter, and made by
+     * cudaMemGetInfo where it could not be. */
+    primary_ctx_retain(cfg->device);
     st = device_status(dev_enter_err(cfg->device, &saved));
     if (st != BFC_OK)
         return st;

@@ -117,6 +117,8 @@ enum bfc__lock_rank {
     BFC__RANK_SIM_STREAMS,    /* the SIM backend's stream table */
     BFC__RANK_BACKEND_BOOK,   /* a VMM backend's book of reservations */
     BFC__RANK_SIM_DRIVER,     /* the SIM backend's model of a driver's lock */
+    BFC__RANK_CUDA_PCTX,      /* the CUDA backend's primary-context table: a
+                                 backend's open, around two driver calls */
 };
 
 typedef struct bfc__mutex {

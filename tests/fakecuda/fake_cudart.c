@@ -25,7 +25,13 @@
  *               has a "current context" (cuCtxGetCurrent) after cudaSetDevice
  *               or any call that initialises the device (cudaMalloc,
  *               cudaMemGetInfo, stream or event creation...), not after
- *               cudaGetDevice -- as with CUDA 12 and later.
+ *               cudaGetDevice -- as with CUDA 12 and later -- and that
+ *               binding makes the device's primary context.  Contexts are
+ *               primary ones only: cuDevicePrimaryCtxRetain makes and
+ *               counts one, cuCtxPushCurrent puts one over the thread's
+ *               current context (the runtime's calls then use its device),
+ *               cuCtxPopCurrent takes it off again (fake_primary_made says
+ *               which devices' primary contexts exist).
  *   Memory      cudaMalloc: mmap'ed host memory (zeroed, which no program
  *               may count on: device memory's content is undefined).
  *               Virtual memory: cuMemAddressReserve is an mmap(PROT_NONE);
@@ -161,8 +167,44 @@ static unsigned long g_violations, g_blocking_syncs;
 static unsigned long long g_next_stream_id = 100;
 static cudaError_t g_sticky = cudaSuccess; /* a trapped kernel broke the context */
 
-static _Thread_local int t_dev;
-static _Thread_local bool t_has_ctx;
+/* The calling thread's contexts, as the driver keeps them: the runtime's
+ * device (cudaSetDevice, default 0) and whether its primary context is
+ * bound (after cudaSetDevice or a call that initialises the device, not
+ * after cudaGetDevice), under a stack of contexts pushed with
+ * cuCtxPushCurrent (here always primary ones: the device's number).  The
+ * context on top is the current one, whose device the runtime's calls use.
+ * g_primary: devices whose primary context exists (made by binding it,
+ * using it, or cuDevicePrimaryCtxRetain) -- what a GPU pays memory for. */
+#define MAX_PUSH 8
+static _Thread_local int t_rt_dev;
+static _Thread_local bool t_rt_ctx;
+static _Thread_local int t_stack[MAX_PUSH];
+static _Thread_local int t_depth;
+static bool g_primary[MAX_DEV];
+static unsigned g_retained[MAX_DEV];
+
+static int cur_dev(void)
+{
+    return t_depth > 0 ? t_stack[t_depth - 1] : t_rt_dev;
+}
+
+static bool cur_ctx(void)
+{
+    return t_depth > 0 || t_rt_ctx;
+}
+
+/* A call that initialises the current device: with nothing pushed, the
+ * runtime binds its device's primary context (making it). */
+static void bind_ctx(void)
+{
+    if (t_depth == 0) {
+        t_rt_ctx = true;
+        g_primary[t_rt_dev] = true;
+    }
+}
+
+#define t_dev (cur_dev())
+#define FAKE_CTX(d) ((CUcontext)(uintptr_t)(0x1000 + (d)))
 static _Thread_local cudaError_t t_last;
 
 /* Work queued on a stream, run in order by progress(). */
@@ -1046,6 +1088,16 @@ unsigned long fake_calls(const char *fn)
     return r;
 }
 
+bool fake_primary_made(int dev)
+{
+    bool made;
+
+    lock();
+    made = dev >= 0 && dev < g_ndev && g_primary[dev];
+    unlock();
+    return made;
+}
+
 unsigned long fake_violations(void)
 {
     unsigned long n;
@@ -1192,8 +1244,15 @@ cudaError_t cudaSetDevice(int dev)
     if (e == cudaSuccess && (dev < 0 || dev >= g_ndev))
         e = cudaErrorInvalidDevice;
     if (e == cudaSuccess) {
-        t_dev = dev;
-        t_has_ctx = true;
+        /* Binds dev's primary context: in place of a pushed context on top
+         * of the stack, else as the runtime's own. */
+        if (t_depth > 0) {
+            t_stack[t_depth - 1] = dev;
+        } else {
+            t_rt_dev = dev;
+            t_rt_ctx = true;
+        }
+        g_primary[dev] = true;
     }
     trace("cudaSetDevice", e, "dev=%d", dev);
     unlock();
@@ -1229,7 +1288,7 @@ cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total_b)
     lock();
     e = inj_rt("cudaMemGetInfo", cudaErrorUnknown);
     if (e == cudaSuccess) {
-        t_has_ctx = true;
+        bind_ctx();
         if (free_b)
             *free_b = g_total > g_used[t_dev] ? g_total - g_used[t_dev] : 0;
         if (total_b)
@@ -1247,7 +1306,7 @@ cudaError_t cudaDeviceSynchronize(void)
     lock();
     e = inj_rt("cudaDeviceSynchronize", cudaErrorUnknown);
     if (e == cudaSuccess) {
-        t_has_ctx = true;
+        bind_ctx();
         sync_device(t_dev);
     }
     trace("cudaDeviceSynchronize", e, "dev=%d", t_dev);
@@ -1284,7 +1343,7 @@ cudaError_t cudaMalloc(void **p, size_t size)
         a->next = g_allocs;
         g_allocs = a;
         g_used[t_dev] += acct;
-        t_has_ctx = true;
+        bind_ctx();
     }
     if (e == cudaSuccess)
         *p = m; /* NULL for 0 bytes */
@@ -1335,7 +1394,7 @@ cudaError_t cudaMemset(void *p, int v, size_t n)
     lock();
     e = inj_rt("cudaMemset", cudaErrorUnknown);
     if (e == cudaSuccess) {
-        t_has_ctx = true;
+        bind_ctx();
         sync_stream(&g_legacy[t_dev]);
     }
     trace("cudaMemset", e, "p=%p n=%zu", p, n);
@@ -1352,7 +1411,7 @@ cudaError_t cudaMemcpy(void *d, const void *src, size_t n, enum cudaMemcpyKind k
     lock();
     e = inj_rt("cudaMemcpy", cudaErrorUnknown);
     if (e == cudaSuccess) {
-        t_has_ctx = true;
+        bind_ctx();
         sync_stream(&g_legacy[t_dev]);
     }
     trace("cudaMemcpy", e, "%p <- %p n=%zu kind=%d", d, src, n, (int)k);
@@ -1381,7 +1440,7 @@ static cudaError_t stream_create(cudaStream_t *out, unsigned flags, const char *
         e = cudaErrorInvalidValue;
     if (e == cudaSuccess) {
         s = new_stream(t_dev, (flags & cudaStreamNonBlocking) != 0);
-        t_has_ctx = true;
+        bind_ctx();
         *out = (cudaStream_t)s;
     }
     trace(fn, e, "dev=%d -> %p id=%llu", t_dev, (void *)s, s ? s->id : 0);
@@ -1463,7 +1522,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t h)
     if (e == cudaSuccess && !(s = stream_of(h)))
         e = cudaErrorInvalidResourceHandle;
     if (e == cudaSuccess) {
-        t_has_ctx = true;
+        bind_ctx();
         sync_stream(s);
     }
     trace("cudaStreamSynchronize", e, "s=%p", (void *)h);
@@ -1510,7 +1569,7 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t *out, unsigned int flags)
         e = cudaErrorInvalidValue;
     if (e == cudaSuccess) {
         ev = new_event(t_dev, false);
-        t_has_ctx = true;
+        bind_ctx();
         *out = (cudaEvent_t)ev;
     }
     trace("cudaEventCreateWithFlags", e, "dev=%d -> %p", t_dev, (void *)ev);
@@ -1615,7 +1674,7 @@ cudaError_t cudaHostRegister(void *p, size_t size, unsigned int flags)
         r->size = size;
         r->next = g_hostregs;
         g_hostregs = r;
-        t_has_ctx = true;
+        bind_ctx();
     }
     trace("cudaHostRegister", e, "p=%p size=%zu", p, size);
     unlock();
@@ -1652,7 +1711,7 @@ cudaError_t cudaHostUnregister(void *p)
 
 static CUresult need_ctx(void)
 {
-    return t_has_ctx ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+    return cur_ctx() ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
 }
 
 static CUresult fk_cuDeviceGet(CUdevice *d, int ordinal)
@@ -1702,8 +1761,98 @@ static CUresult fk_cuCtxGetCurrent(CUcontext *c)
     if (r == CUDA_SUCCESS && !c)
         r = CUDA_ERROR_INVALID_VALUE;
     if (r == CUDA_SUCCESS)
-        *c = t_has_ctx ? (CUcontext)(uintptr_t)(0x1000 + t_dev) : NULL;
-    trace("cuCtxGetCurrent", r, "dev=%d ctx=%d", t_dev, (int)t_has_ctx);
+        *c = cur_ctx() ? FAKE_CTX(t_dev) : NULL;
+    trace("cuCtxGetCurrent", r, "dev=%d ctx=%d", t_dev, (int)cur_ctx());
+    unlock();
+    return r;
+}
+
+/* The context handle of a device's primary context, and back (-1 for a
+ * handle that is none). */
+static int ctx_dev(CUcontext c)
+{
+    uintptr_t v = (uintptr_t)c;
+    return v >= 0x1000 && v < 0x1000 + (uintptr_t)g_ndev ? (int)(v - 0x1000) : -1;
+}
+
+static CUresult fk_cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d)
+{
+    CUresult r;
+
+    lock();
+    r = inj_drv("cuDevicePrimaryCtxRetain", CUDA_ERROR_UNKNOWN);
+    if (r == CUDA_SUCCESS && !c)
+        r = CUDA_ERROR_INVALID_VALUE;
+    if (r == CUDA_SUCCESS && (d < 0 || d >= g_ndev))
+        r = CUDA_ERROR_INVALID_DEVICE;
+    if (r == CUDA_SUCCESS) {
+        *c = FAKE_CTX(d);
+        g_primary[d] = true;
+        g_retained[d]++;
+    }
+    trace("cuDevicePrimaryCtxRetain", r, "dev=%d", d);
+    unlock();
+    return r;
+}
+
+static CUresult fk_cuDevicePrimaryCtxRelease(CUdevice d)
+{
+    CUresult r;
+
+    lock();
+    r = inj_drv("cuDevicePrimaryCtxRelease", CUDA_ERROR_UNKNOWN);
+    if (r == CUDA_SUCCESS && (d < 0 || d >= g_ndev))
+        r = CUDA_ERROR_INVALID_DEVICE;
+    if (r == CUDA_SUCCESS && g_retained[d] == 0)
+        r = CUDA_ERROR_INVALID_CONTEXT;
+    if (r == CUDA_SUCCESS)
+        g_retained[d]--;
+    trace("cuDevicePrimaryCtxRelease", r, "dev=%d", d);
+    unlock();
+    return r;
+}
+
+static CUresult fk_cuCtxPushCurrent(CUcontext c)
+{
+    CUresult r;
+    int d;
+
+    lock();
+    r = inj_drv("cuCtxPushCurrent", CUDA_ERROR_UNKNOWN);
+    d = ctx_dev(c);
+    if (r == CUDA_SUCCESS && (d < 0 || !g_primary[d]))
+        r = CUDA_ERROR_INVALID_CONTEXT;
+    if (r == CUDA_SUCCESS && t_depth == MAX_PUSH)
+        r = CUDA_ERROR_OUT_OF_MEMORY; /* the fake's limit, not the driver's */
+    if (r == CUDA_SUCCESS)
+        t_stack[t_depth++] = d;
+    trace("cuCtxPushCurrent", r, "dev=%d depth=%d", d, t_depth);
+    unlock();
+    return r;
+}
+
+/* Pops the current context: a pushed one, or else the runtime's own (the
+ * thread then has none). */
+static CUresult fk_cuCtxPopCurrent(CUcontext *c)
+{
+    CUresult r;
+    int d = -1;
+
+    lock();
+    r = inj_drv("cuCtxPopCurrent", CUDA_ERROR_UNKNOWN);
+    if (r == CUDA_SUCCESS && !cur_ctx())
+        r = CUDA_ERROR_INVALID_CONTEXT;
+    if (r == CUDA_SUCCESS) {
+        if (t_depth > 0) {
+            d = t_stack[--t_depth];
+        } else {
+            d = t_rt_dev;
+            t_rt_ctx = false;
+        }
+        if (c)
+            *c = FAKE_CTX(d);
+    }
+    trace("cuCtxPopCurrent", r, "dev=%d depth=%d", d, t_depth);
     unlock();
     return r;
 }
@@ -1978,6 +2127,10 @@ cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **fn, unsi
         {"cuDeviceGet", (void *)fk_cuDeviceGet},
         {"cuDeviceGetAttribute", (void *)fk_cuDeviceGetAttribute},
         {"cuCtxGetCurrent", (void *)fk_cuCtxGetCurrent},
+        {"cuCtxPushCurrent", (void *)fk_cuCtxPushCurrent},
+        {"cuCtxPopCurrent", (void *)fk_cuCtxPopCurrent},
+        {"cuDevicePrimaryCtxRetain", (void *)fk_cuDevicePrimaryCtxRetain},
+        {"cuDevicePrimaryCtxRelease", (void *)fk_cuDevicePrimaryCtxRelease},
         {"cuMemGetAllocationGranularity", (void *)fk_cuMemGetAllocationGranularity},
         {"cuMemAddressReserve", (void *)fk_cuMemAddressReserve},
         {"cuMemAddressFree", (void *)fk_cuMemAddressFree},

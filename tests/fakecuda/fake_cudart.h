@@ -56,6 +56,11 @@ bool fake_fail_next(const char *fn, unsigned long k, int code);
 /* The number of calls of the function named fn so far (process-wide). */
 unsigned long fake_calls(const char *fn);
 
+/* Whether device dev's primary context has been made (bound by
+ * cudaSetDevice or a device-initialising call, or retained): on a GPU it
+ * holds memory of that device. */
+bool fake_primary_made(int dev);
+
 /* Violations reported so far (each also a "FAKE_CUDA VIOLATION" line on
  * stderr), and blocking calls that had to end held work to return (a GPU
  * would have blocked until that work ended). */

@@ -10,14 +10,21 @@
  *     (cudaMemGetInfo's used bytes), trim says BFC_EBACKEND, the memory
  *     serves allocations again and a later trim returns it;
  *   - an error that means "no device" from a call other than the open
- *     (cudaMalloc, cudaStreamGetId) is BFC_EBACKEND, not BFC_ENODEV.
+ *     (cudaMalloc, cudaStreamGetId) is BFC_EBACKEND, not BFC_ENODEV;
+ *   - a context on device 1 serves a thread without touching the thread's
+ *     own device: one that never chose a device gets no device 0 context
+ *     (memory on GPU 0, on a GPU), and one that chose device 0 keeps it.
+ *     The fake has 2 devices here (main sets FAKE_CUDA_DEVICES).
  */
 #include "fake_cudart.h"
 
 #include <shardbfc.h>
 
 #include <check.h>
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_runtime_api.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -155,8 +162,84 @@ START_TEST(test_no_device_error_after_open)
 }
 END_TEST
 
+/* The thread's current driver context (NULL: none), through the entry
+ * point, as the library reaches the driver. */
+static CUcontext current_ctx(void)
+{
+    void *fn = NULL;
+    enum cudaDriverEntryPointQueryResult q;
+    CUcontext c = (CUcontext)1;
+    ck_assert_int_eq(cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &fn, 12000, cudaEnableDefault, &q),
+                     cudaSuccess);
+    ck_assert_ptr_nonnull(fn);
+    ck_assert_int_eq(((PFN_cuCtxGetCurrent_v4000)fn)(&c), CUDA_SUCCESS);
+    return c;
+}
+
+/* Allocates and frees on ctx (device 1) from the calling thread, classic
+ * and expandable, and checks the thread's device and context after each. */
+static void serve_device1(bfc_ctx_t *ctx, int want_dev, CUcontext want_ctx)
+{
+    static const size_t sizes[] = {5000, 3 * MiB};
+    for (int i = 0; i < 2; i++) {
+        void *p = bfc_ctx_alloc(ctx, NULL, sizes[i]);
+        ck_assert_msg(p != NULL, "%zu bytes on device 1: %s", sizes[i], bfc_err_name(bfc_last_error()));
+        ck_assert_int_eq(bfc_ctx_free(ctx, p, NULL), BFC_OK);
+        int d = -1;
+        ck_assert_int_eq(cudaGetDevice(&d), cudaSuccess);
+        ck_assert_int_eq(d, want_dev);
+        ck_assert_ptr_eq(current_ctx(), want_ctx);
+    }
+    ck_assert_int_eq(bfc_ctx_trim(ctx), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_check(ctx), BFC_OK);
+}
+
+START_TEST(test_device_switch_leaves_caller_alone)
+{
+    if (fake_primary_made(0) || fake_primary_made(1)) {
+        /* Only in one process for all cases (CK_FORK=no): fakecuda.sh
+         * fails a run that prints this. */
+        printf("SKIP test_device_switch_leaves_caller_alone: contexts made by earlier cases (CK_FORK=no)\n");
+        return;
+    }
+    static const char *specs[] = {"backend=cuda,device=1,vmm=off,memory_limit=64M",
+                                  "backend=cuda,device=1,vmm=on,memory_limit=64M"};
+    for (int k = 0; k < 2; k++) {
+        bfc_ctx_t *ctx = cuda_ctx(specs[k]);
+        ck_assert_msg(!fake_primary_made(0), "%s: creating it made a context on device 0", specs[k]);
+        /* A thread that never chose a device: its device stays 0, with
+         * no context, and none is made there. */
+        serve_device1(ctx, 0, NULL);
+        ck_assert_msg(!fake_primary_made(0), "%s: serving it made a context on device 0", specs[k]);
+        bfc_ctx_destroy(ctx);
+        ck_assert(!fake_primary_made(0));
+    }
+    /* A thread that chose device 0 keeps it, and its context. */
+    ck_assert_int_eq(cudaSetDevice(0), cudaSuccess);
+    CUcontext mine = current_ctx();
+    ck_assert_ptr_nonnull(mine);
+    for (int k = 0; k < 2; k++) {
+        bfc_ctx_t *ctx = cuda_ctx(specs[k]);
+        serve_device1(ctx, 0, mine);
+        bfc_ctx_destroy(ctx);
+    }
+    /* And a thread on device 1 needs no switch at all. */
+    ck_assert_int_eq(cudaSetDevice(1), cudaSuccess);
+    CUcontext one = current_ctx();
+    unsigned long pushes = fake_calls("cuCtxPushCurrent");
+    bfc_ctx_t *ctx = cuda_ctx(specs[1]);
+    serve_device1(ctx, 1, one);
+    bfc_ctx_destroy(ctx);
+    ck_assert_uint_eq(fake_calls("cuCtxPushCurrent"), pushes);
+}
+END_TEST
+
 int main(void)
 {
+    /* Two devices, for test_device_switch_leaves_caller_alone (the others
+     * use device 0 only); read at the fake's first call. */
+    if (setenv("FAKE_CUDA_DEVICES", "2", 0) != 0)
+        return EXIT_FAILURE;
     Suite *su = suite_create("cuda_faults");
     TCase *tc = tcase_create("cuda_faults");
     tcase_set_timeout(tc, 60);
@@ -164,6 +247,7 @@ int main(void)
     tcase_add_test(tc, test_unmap_refused_part_way);
     tcase_add_test(tc, test_departed_release_refused);
     tcase_add_test(tc, test_no_device_error_after_open);
+    tcase_add_test(tc, test_device_switch_leaves_caller_alone);
     suite_add_tcase(su, tc);
     SRunner *sr = srunner_create(su);
     srunner_run_all(sr, CK_ENV);
