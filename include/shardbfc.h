@@ -692,10 +692,11 @@ BFC_API int bfc_ctx_config(bfc_ctx_t *ctx, bfc_config_t *out);
  * Context: thread-safe; same locking and blocking as the bfc_ctx_* calls,
  * and: the process's first call reads SHARDBFC_CONF (once; on CUDA it also
  * counts the devices); on CUDA, bfc_stream_alloc and bfc_stream_release ask
- * the runtime for the stream's device.  Only bfc_stream_alloc creates a
- * context: a call that finds none for its device creates it under a
- * process-wide lock, blocking as bfc_ctx_create does (a concurrent call
- * that finds none waits for it).
+ * the runtime for the stream's device.  Of these calls only
+ * bfc_stream_alloc creates a context (bfc_default_ctx, below, and the
+ * PyTorch plug-in's statistics calls do too): a call that finds none for
+ * its device creates it under a process-wide lock, blocking as
+ * bfc_ctx_create does (a concurrent call that finds none waits for it).
  */
 BFC_API void *bfc_stream_alloc(bfc_stream_t stream, size_t n);
 BFC_API int bfc_stream_free(void *p, bfc_stream_t stream);

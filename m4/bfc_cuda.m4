@@ -70,10 +70,14 @@ AS_IF([test "x$with_cuda" != xno], [
                       [AC_MSG_RESULT([no]); bfc_cuda_happy=no])
     AS_IF([test $bfc_cuda_happy = yes], [
         LIBS="-lcudart $LIBS"
-        AC_MSG_CHECKING([for cudaStreamGetId in -lcudart])
+        # Both stream queries the backend calls: cudaStreamGetId came with
+        # CUDA 12.0, cudaStreamGetDevice with a later 12.x, and a runtime
+        # without it passed this check and failed the build.
+        AC_MSG_CHECKING([for cudaStreamGetId and cudaStreamGetDevice in -lcudart])
         AC_LINK_IFELSE([AC_LANG_PROGRAM([[#include <cuda_runtime.h>]],
-            [[unsigned long long id; int n;
+            [[unsigned long long id; int n, d;
               (void)cudaGetDeviceCount(&n);
+              (void)cudaStreamGetDevice(0, &d);
               return (int)cudaStreamGetId(0, &id);]])],
             [AC_MSG_RESULT([yes])],
             [AC_MSG_RESULT([no]); bfc_cuda_happy=no])
@@ -97,7 +101,7 @@ AS_IF([test "x$with_cuda" != xno], [
            AS_CASE(["x$with_cuda"],
                [xguess|x], [AC_MSG_NOTICE([CUDA runtime not found: building without the CUDA backend])
                             bfc_cuda_dir=],
-               [AC_MSG_ERROR([--with-cuda=$with_cuda: no usable CUDA runtime (need cuda_runtime.h and libcudart with cudaStreamGetId, CUDA >= 12)])])])
+               [AC_MSG_ERROR([--with-cuda=$with_cuda: no usable CUDA runtime (need cuda_runtime.h and libcudart with cudaStreamGetId and cudaStreamGetDevice, CUDA 12)])])])
 ])
 
 # nvcc, for the GPU-only tests' kernels (tests/gpu/*.cu).  Looked for only

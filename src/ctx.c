@@ -651,8 +651,10 @@ void bfc_ctx_destroy(bfc_ctx_t *ctx)
     obs_fini(ctx); /* the trace gets every event up to here */
     /* Work still queued may use the memory: blocks freed a moment ago
      * (their fences are dropped below, not waited for) and blocks still
-     * live.  cudaFree waits for the device by itself, so classic regions
-     * are safe; cuMemUnmap does not, and a kernel still writing an
+     * live.  cudaFree waits for the device by itself (its documentation
+     * says it "may perform implicit synchronization"; every driver does,
+     * and PyTorch's caching allocator relies on it the same way when it
+     * frees cached blocks), so classic regions are safe; cuMemUnmap does not, and a kernel still writing an
      * unmapped page faults and breaks the process's CUDA context for good.
      * So an expandable context waits for the device first, as PyTorch's
      * expandable segments synchronise before they unmap.  A host context
