@@ -227,6 +227,12 @@ struct bfc__vmm_res {
     size_t size;
     size_t n_mapped;        /* granules mapped */
     uint64_t *bits;         /* size / granule bits */
+    /* Stranded granules (a subset of the mapped ones): left mapped by a
+     * va_map that failed and whose roll-back the driver refused, so that
+     * the allocator believes them unmapped.  The next va_map over them
+     * unmaps them first; va_release frees them as any mapped granule. */
+    uint64_t *stranded;     /* as many bits, in the same allocation */
+    size_t n_stranded;
 };
 
 typedef struct bfc__vmm_book {
@@ -257,6 +263,13 @@ int bfc__vmm_book_check(bfc__vmm_book_t *bk, uintptr_t addr, size_t size, bool m
 /* Records the granules of [addr, addr + size) (inside r) as (un)mapped. */
 void bfc__vmm_book_mark(bfc__vmm_book_t *bk, struct bfc__vmm_res *r, uintptr_t addr,
                         size_t size, bool mapped);
+/* Records the granules of [addr, addr + size) (inside r) as mapped and
+ * stranded (see struct bfc__vmm_res); marking them unmapped clears both. */
+void bfc__vmm_book_strand(bfc__vmm_book_t *bk, struct bfc__vmm_res *r, uintptr_t addr, size_t size);
+/* The first run of stranded granules inside [addr, addr + size), within
+ * one reservation: true with *r and [*run, *run + *len), else false. */
+bool bfc__vmm_book_stranded_run(bfc__vmm_book_t *bk, uintptr_t addr, size_t size, struct bfc__vmm_res **r,
+                                uintptr_t *run, size_t *len);
 /* The first run of mapped granules of r at or after *addr: true and
  * [*addr, *addr + *len), false when there is none. */
 bool bfc__vmm_book_next_run(bfc__vmm_book_t *bk, const struct bfc__vmm_res *r,

@@ -807,12 +807,27 @@ static int cuda_va_map(bfc__backend_t *be, uintptr_t addr, size_t size)
     if (g == 0)
         return BFC_EINVAL;
     bfc__lock(&b->book.lock);
-    st = bfc__vmm_book_check(&b->book, addr, size, false, &r);
-    if (st != BFC_OK)
-        goto out;
     st = vmm_enter(be->device, &saved);
     if (st != BFC_OK)
         goto out;
+    /* Granules an earlier failed va_map left stranded (its roll-back was
+     * refused) are unmapped now, before the book is asked: else the range
+     * would read as partly mapped and every map over it be refused. */
+    {
+        uintptr_t run;
+        size_t len, gone;
+
+        while (st == BFC_OK && bfc__vmm_book_stranded_run(&b->book, addr, size, &r, &run, &len)) {
+            st = unmap_granules(g, run, len, &gone);
+            bfc__vmm_book_mark(&b->book, r, run, gone, false);
+        }
+    }
+    if (st == BFC_OK)
+        st = bfc__vmm_book_check(&b->book, addr, size, false, &r);
+    if (st != BFC_OK) {
+        st = vmm_leave(saved, st);
+        goto out;
+    }
     /* One physical allocation per granule (see the opening essay). */
     while (done < size) {
         CUmemGenericAllocationHandle h = 0;
@@ -841,14 +856,15 @@ static int cuda_va_map(bfc__backend_t *be, uintptr_t addr, size_t size)
         size_t undone = 0;
 
         /* Roll back.  What the driver refuses to unmap stays mapped in the
-         * book, so that va_release can still free it. */
+         * book, stranded: the next va_map over it unmaps it first, and
+         * va_release frees it. */
         while (undone < done) {
             size_t n;
 
             (void)unmap_granules(g, addr + undone, done - undone, &n);
             undone += n;
             if (undone < done) {
-                bfc__vmm_book_mark(&b->book, r, addr + undone, g, true);
+                bfc__vmm_book_strand(&b->book, r, addr + undone, g);
                 undone += g;
             }
         }

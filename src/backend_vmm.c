@@ -101,11 +101,16 @@ int bfc__vmm_book_init(bfc__vmm_book_t *bk, size_t granule)
     return BFC_OK;
 }
 
+/* Bytes of a reservation's bitmaps: mapped, then stranded. */
+static size_t res_bits_bytes(const bfc__vmm_book_t *bk, size_t size)
+{
+    return 2 * words_for(size / bk->granule) * sizeof(uint64_t);
+}
+
 void bfc__vmm_book_fini(bfc__vmm_book_t *bk)
 {
     for (size_t i = 0; i < bk->n; i++)
-        bfc__meta_free(bk->res[i].bits,
-                       words_for(bk->res[i].size / bk->granule) * sizeof(uint64_t));
+        bfc__meta_free(bk->res[i].bits, res_bits_bytes(bk, bk->res[i].size));
     bfc__meta_free(bk->res, bk->cap * sizeof(*bk->res));
     bk->res = NULL;
     bk->n = bk->cap = 0;
@@ -159,12 +164,13 @@ int bfc__vmm_book_add(bfc__vmm_book_t *bk, uintptr_t base, size_t size)
         bk->res = res;
         bk->cap = cap;
     }
-    bits = bfc__meta_zalloc(words_for(size / g) * sizeof(uint64_t));
+    bits = bfc__meta_zalloc(res_bits_bytes(bk, size));
     if (!bits)
         return BFC_ENOMEM;
     i = upper(bk, base);
     memmove(&bk->res[i + 1], &bk->res[i], (bk->n - i) * sizeof(*bk->res));
-    bk->res[i] = (struct bfc__vmm_res){.base = base, .size = size, .n_mapped = 0, .bits = bits};
+    bk->res[i] = (struct bfc__vmm_res){
+        .base = base, .size = size, .n_mapped = 0, .bits = bits, .stranded = bits + words_for(size / g)};
     bk->n++;
     return BFC_OK;
 }
@@ -189,7 +195,7 @@ void bfc__vmm_book_remove(bfc__vmm_book_t *bk, struct bfc__vmm_res *r)
 {
     size_t i = (size_t)(r - bk->res);
 
-    bfc__meta_free(r->bits, words_for(r->size / bk->granule) * sizeof(uint64_t));
+    bfc__meta_free(r->bits, res_bits_bytes(bk, r->size));
     memmove(&bk->res[i], &bk->res[i + 1], (bk->n - i - 1) * sizeof(*bk->res));
     bk->n--;
 }
@@ -225,10 +231,48 @@ void bfc__vmm_book_mark(bfc__vmm_book_t *bk, struct bfc__vmm_res *r, uintptr_t a
     size_t ones = bits_count(r->bits, lo, hi);
 
     bits_fill(r->bits, lo, hi, mapped);
-    if (mapped)
+    if (mapped) {
         r->n_mapped += (hi - lo) - ones;
-    else
+    } else {
         r->n_mapped -= ones;
+        r->n_stranded -= bits_count(r->stranded, lo, hi);
+        bits_fill(r->stranded, lo, hi, false);
+    }
+}
+
+void bfc__vmm_book_strand(bfc__vmm_book_t *bk, struct bfc__vmm_res *r, uintptr_t addr, size_t size)
+{
+    size_t g = bk->granule;
+    size_t lo = (addr - r->base) / g;
+    size_t hi = lo + size / g;
+
+    bfc__vmm_book_mark(bk, r, addr, size, true);
+    r->n_stranded += (hi - lo) - bits_count(r->stranded, lo, hi);
+    bits_fill(r->stranded, lo, hi, true);
+}
+
+bool bfc__vmm_book_stranded_run(bfc__vmm_book_t *bk, uintptr_t addr, size_t size, struct bfc__vmm_res **r,
+                                uintptr_t *run, size_t *len)
+{
+    size_t g = bk->granule;
+    struct bfc__vmm_res *h;
+    size_t lo, hi, s, e;
+
+    if (g == 0 || size == 0 || ((addr | size) & (g - 1)) != 0 || addr + size < addr)
+        return false;
+    h = holder(bk, addr);
+    if (!h || h->n_stranded == 0 || size > h->size - (addr - h->base))
+        return false;
+    lo = (addr - h->base) / g;
+    hi = lo + size / g;
+    s = bits_find(h->stranded, lo, hi, true);
+    if (s == hi)
+        return false;
+    e = bits_find(h->stranded, s, hi, false);
+    *r = h;
+    *run = h->base + s * g;
+    *len = (e - s) * g;
+    return true;
 }
 
 bool bfc__vmm_book_next_run(bfc__vmm_book_t *bk, const struct bfc__vmm_res *r,

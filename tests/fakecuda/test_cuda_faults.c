@@ -9,6 +9,9 @@
  *     stays held and counted: bytes_reserved is what the device holds
  *     (cudaMemGetInfo's used bytes), trim says BFC_EBACKEND, the memory
  *     serves allocations again and a later trim returns it;
+ *   - a map that fails part way and whose roll-back the driver refuses
+ *     leaves the context serving: the next map over the stranded granule
+ *     unmaps it first (before, every later map over it was refused);
  *   - an error that means "no device" from a call other than the open
  *     (cudaMalloc, cudaStreamGetId) is BFC_EBACKEND, not BFC_ENODEV;
  *   - a context on device 1 serves a thread without touching the thread's
@@ -162,6 +165,37 @@ START_TEST(test_no_device_error_after_open)
 }
 END_TEST
 
+START_TEST(test_map_rollback_refused)
+{
+    size_t base = device_used();
+    bfc_ctx_t *ctx = cuda_ctx("backend=cuda,vmm=on,memory_limit=64M");
+    cudaStream_t s = new_stream();
+    /* 10 MiB: five granules; the third cuMemMap fails, and the roll-back's
+     * first cuMemUnmap is refused: one granule stays mapped. */
+    ck_assert(fake_fail_next("cuMemMap", 3, 0));
+    ck_assert(fake_fail_next("cuMemUnmap", 1, 0));
+    ck_assert_ptr_null(bfc_ctx_alloc(ctx, s, 10 * MiB));
+    ck_assert_int_eq(bfc_ctx_check(ctx), BFC_OK);
+    /* No more faults: the same request, and a smaller one over the same
+     * addresses, are served. */
+    void *p = bfc_ctx_alloc(ctx, s, 10 * MiB);
+    ck_assert_msg(p != NULL, "after a refused roll-back: %s", bfc_err_name(bfc_last_error()));
+    ck_assert_uint_eq(reserved(ctx), device_used() - base);
+    ck_assert_int_eq(bfc_ctx_free(ctx, p, s), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_trim(ctx), BFC_OK);
+    void *q = bfc_ctx_alloc(ctx, s, 1 * MiB);
+    ck_assert_ptr_nonnull(q);
+    ck_assert_int_eq(bfc_ctx_free(ctx, q, s), BFC_OK);
+    /* One trim gives everything back. */
+    ck_assert_int_eq(bfc_ctx_trim(ctx), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_check(ctx), BFC_OK);
+    ck_assert_uint_eq(reserved(ctx), device_used() - base);
+    bfc_ctx_destroy(ctx);
+    ck_assert_int_eq(cudaStreamDestroy(s), cudaSuccess);
+    ck_assert_uint_eq(device_used(), base);
+}
+END_TEST
+
 /* The thread's current driver context (NULL: none), through the entry
  * point, as the library reaches the driver. */
 static CUcontext current_ctx(void)
@@ -247,6 +281,7 @@ int main(void)
     tcase_add_test(tc, test_unmap_refused_part_way);
     tcase_add_test(tc, test_departed_release_refused);
     tcase_add_test(tc, test_no_device_error_after_open);
+    tcase_add_test(tc, test_map_rollback_refused);
     tcase_add_test(tc, test_device_switch_leaves_caller_alone);
     suite_add_tcase(su, tc);
     SRunner *sr = srunner_create(su);
