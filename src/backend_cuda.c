@@ -360,12 +360,22 @@ static int cuda_event_create(bfc__backend_t *be, bfc__event_t *out)
     return BFC_OK;
 }
 
+/* Event calls need no current device, but a runtime call on a thread
+ * with no context may initialise one for the thread's device (0 if it
+ * never chose one): they too run with the event's device entered, which
+ * costs one cuCtxGetCurrent where that device is already current. */
 static int cuda_event_destroy(bfc__backend_t *be, bfc__event_t ev)
 {
-    (void)be;
+    int saved;
+    int st;
+
     if (!ev)
         return BFC_OK;
-    return cuda_status(cudaEventDestroy((cudaEvent_t)ev));
+    st = dev_enter(be->device, &saved);
+    if (st != BFC_OK)
+        return st;
+    st = cuda_status(cudaEventDestroy((cudaEvent_t)ev));
+    return dev_leave(saved, st);
 }
 
 static int cuda_event_record(bfc__backend_t *be, bfc__event_t ev, bfc_stream_t s)
@@ -386,11 +396,20 @@ static int cuda_event_record(bfc__backend_t *be, bfc__event_t ev, bfc_stream_t s
 static int cuda_event_query(bfc__backend_t *be, bfc__event_t ev)
 {
     cudaError_t err;
+    int saved;
+    int st;
 
-    (void)be;
     if (!ev)
         return BFC_EINVAL;
+    st = dev_enter(be->device, &saved);
+    if (st != BFC_OK)
+        return st;
     err = cudaEventQuery((cudaEvent_t)ev);
+    st = dev_leave(saved, BFC_OK);
+    if (st != BFC_OK && err != cudaSuccess && err != cudaErrorNotReady)
+        st = BFC_OK; /* the query's own failure comes first, below */
+    if (st != BFC_OK)
+        return st;
     if (err == cudaErrorNotReady) {
         /* Not a failure.  Runtimes that keep it as the last error would
          * make an application that checks cudaGetLastError after its next
@@ -413,8 +432,14 @@ static int cuda_event_wait(bfc__backend_t *be, bfc__event_t ev, uint32_t timeout
 
     if (!ev)
         return BFC_EINVAL;
-    if (timeout_ms == UINT32_MAX)
-        return cuda_status(cudaEventSynchronize((cudaEvent_t)ev));
+    if (timeout_ms == UINT32_MAX) {
+        int saved;
+
+        st = dev_enter(be->device, &saved);
+        if (st != BFC_OK)
+            return st;
+        return dev_leave(saved, cuda_status(cudaEventSynchronize((cudaEvent_t)ev)));
+    }
     deadline = bfc__clock_ns(CLOCK_MONOTONIC) + (uint64_t)timeout_ms * 1000000ull;
     for (;;) {
         st = cuda_event_query(be, ev);

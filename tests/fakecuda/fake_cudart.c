@@ -31,7 +31,10 @@
  *               counts one, cuCtxPushCurrent puts one over the thread's
  *               current context (the runtime's calls then use its device),
  *               cuCtxPopCurrent takes it off again (fake_primary_made says
- *               which devices' primary contexts exist).
+ *               which devices' primary contexts exist).  Event query,
+ *               synchronisation and destruction initialise the current
+ *               device too, as a runtime's lazy initialisation may: a
+ *               library must not count on their leaving a thread alone.
  *   Memory      cudaMalloc: mmap'ed host memory (zeroed, which no program
  *               may count on: device memory's content is undefined).
  *               Virtual memory: cuMemAddressReserve is an mmap(PROT_NONE);
@@ -1589,6 +1592,7 @@ cudaError_t cudaEventDestroy(cudaEvent_t h)
 
     lock();
     e = inj_rt("cudaEventDestroy", cudaErrorUnknown);
+    bind_ctx(); /* as the runtime's lazy initialisation may (see the model) */
     if (e == cudaSuccess && !(ev = event_of(h)))
         e = cudaErrorInvalidResourceHandle;
     if (e == cudaSuccess)
@@ -1627,6 +1631,7 @@ cudaError_t cudaEventQuery(cudaEvent_t h)
 
     lock();
     e = inj_rt("cudaEventQuery", cudaErrorUnknown);
+    bind_ctx(); /* as the runtime's lazy initialisation may (see the model) */
     if (e == cudaSuccess && !(ev = event_of(h)))
         e = cudaErrorInvalidResourceHandle;
     if (e == cudaSuccess) {
@@ -1646,6 +1651,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t h)
 
     lock();
     e = inj_rt("cudaEventSynchronize", cudaErrorUnknown);
+    bind_ctx(); /* as the runtime's lazy initialisation may (see the model) */
     if (e == cudaSuccess && !(ev = event_of(h)))
         e = cudaErrorInvalidResourceHandle;
     if (e == cudaSuccess)

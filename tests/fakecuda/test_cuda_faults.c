@@ -24,6 +24,7 @@
 #include <shardbfc.h>
 
 #include <check.h>
+#include <pthread.h>
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_runtime_api.h>
@@ -210,15 +211,43 @@ static CUcontext current_ctx(void)
     return c;
 }
 
+/* Two streams of device 1, made by a thread of their own so that the
+ * test's thread stays as it was. */
+static cudaStream_t g_dev1_streams[2];
+
+static void *make_dev1_streams(void *arg)
+{
+    (void)arg;
+    if (cudaSetDevice(1) != cudaSuccess)
+        return NULL;
+    for (int i = 0; i < 2; i++)
+        if (cudaStreamCreateWithFlags(&g_dev1_streams[i], cudaStreamNonBlocking) != cudaSuccess)
+            return NULL;
+    return g_dev1_streams;
+}
+
 /* Allocates and frees on ctx (device 1) from the calling thread, classic
- * and expandable, and checks the thread's device and context after each. */
+ * and expandable, on the NULL stream and across two streams (a
+ * cross-stream free records an event, the owner's next allocation asks
+ * it), and checks the thread's device and context after each. */
 static void serve_device1(bfc_ctx_t *ctx, int want_dev, CUcontext want_ctx)
 {
     static const size_t sizes[] = {5000, 3 * MiB};
+    cudaStream_t a = g_dev1_streams[0], b = g_dev1_streams[1];
     for (int i = 0; i < 2; i++) {
         void *p = bfc_ctx_alloc(ctx, NULL, sizes[i]);
         ck_assert_msg(p != NULL, "%zu bytes on device 1: %s", sizes[i], bfc_err_name(bfc_last_error()));
         ck_assert_int_eq(bfc_ctx_free(ctx, p, NULL), BFC_OK);
+        p = bfc_ctx_alloc(ctx, a, sizes[i]);
+        ck_assert_ptr_nonnull(p);
+        fake_stream_hold(b); /* b busy: the free's fence is an event */
+        ck_assert_int_eq(bfc_ctx_free(ctx, p, b), BFC_OK);
+        fake_stream_drain(b);
+        for (int k = 0; k < 3; k++) { /* a's allocations drain the free */
+            void *q = bfc_ctx_alloc(ctx, a, sizes[i]);
+            ck_assert_ptr_nonnull(q);
+            ck_assert_int_eq(bfc_ctx_free(ctx, q, a), BFC_OK);
+        }
         int d = -1;
         ck_assert_int_eq(cudaGetDevice(&d), cudaSuccess);
         ck_assert_int_eq(d, want_dev);
@@ -238,6 +267,11 @@ START_TEST(test_device_switch_leaves_caller_alone)
     }
     static const char *specs[] = {"backend=cuda,device=1,vmm=off,memory_limit=64M",
                                   "backend=cuda,device=1,vmm=on,memory_limit=64M"};
+    pthread_t th;
+    void *made = NULL;
+    ck_assert_int_eq(pthread_create(&th, NULL, make_dev1_streams, NULL), 0);
+    ck_assert_int_eq(pthread_join(th, &made), 0);
+    ck_assert_ptr_nonnull(made);
     for (int k = 0; k < 2; k++) {
         bfc_ctx_t *ctx = cuda_ctx(specs[k]);
         ck_assert_msg(!fake_primary_made(0), "%s: creating it made a context on device 0", specs[k]);
