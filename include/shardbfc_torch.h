@@ -38,15 +38,18 @@ extern "C" {
  * CUDA device `device` (PyTorch passes its current device and current
  * stream).  The process-wide service (bfc_stream_alloc) serves it: the
  * stream's shard, 256-byte alignment.  On the SIM backend `device` is not
- * used: every call goes to the one simulated device.  Returns NULL for
+ * used: every call goes to the one simulated device.  On CUDA a negative
+ * `device` means the calling thread's current device, and one the runtime
+ * does not have gives BFC_ENODEV.  Returns NULL for
  * size <= 0 and when the request cannot be served (counted, see
  * shardbfc_torch_stat "alloc_failures"; bfc_last_error() says why).
  * Context: thread-safe; the common path is lock-free up to the stream's own
  * shard lock.  May block on the slow path (growing, reclaiming memory from
  * other streams' shards, retry_ms), and as bfc_stream_alloc (the first call
  * for a device creates its context, as bfc_ctx_create); on CUDA, for the
- * NULL, legacy and per-thread streams, it also calls the runtime to make
- * `device` current and back.
+ * NULL, legacy and per-thread streams, it also makes `device` current and
+ * then the caller's context again (the device's primary context pushed
+ * and popped: a thread that never chose a device is left without one).
  */
 BFC_API void *shardbfc_torch_alloc(ssize_t size, int device, bfc_stream_t stream);
 

@@ -164,6 +164,14 @@ int bfc__backend_cuda_open(const bfc_config_t *cfg, bfc__backend_t **out);
 int bfc__cuda_device_count(void);
 /* Device of a stream (cudaStreamGetDevice; NULL: current device). */
 int bfc__cuda_stream_device(bfc_stream_t s, int *dev);
+/* Makes `dev` current for the calling thread as the backend's own calls do
+ * ("Device switches" in backend_cuda.c: its primary context pushed where
+ * it is retained, else cudaSetDevice), *saved for bfc__cuda_dev_leave
+ * (-1: nothing to undo).  BFC_ENODEV for an ordinal the runtime refuses.
+ * Leave restores the caller's context or device; its status is the
+ * restore's. */
+int bfc__cuda_dev_enter(int dev, int *saved);
+int bfc__cuda_dev_leave(int saved);
 /* Granule of a device's virtual memory (the driver's recommended granularity
  * for pinned device memory), or 0 when the driver's entry points cannot be
  * resolved (no driver), the device has no virtual memory support or a query

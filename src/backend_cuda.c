@@ -272,6 +272,22 @@ static int dev_leave(int saved, int status)
     return status;
 }
 
+int bfc__cuda_dev_enter(int dev, int *saved)
+{
+    cudaError_t err = dev_enter_err(dev, saved);
+
+    if (err == cudaErrorInvalidDevice) {
+        (void)cudaGetLastError();
+        return BFC_ENODEV;
+    }
+    return cuda_status(err);
+}
+
+int bfc__cuda_dev_leave(int saved)
+{
+    return dev_leave(saved, BFC_OK);
+}
+
 int bfc__cuda_device_count(void)
 {
     int n = 0; /* left unwritten on cudaErrorInsufficientDriver / NoDevice */

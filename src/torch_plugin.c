@@ -74,34 +74,22 @@ static bool service_on_cuda(void)
 /*
  * Makes `device` current when the service runs on CUDA and the call's
  * stream (or, for statistics, the call itself: `any` true) resolves its
- * device from the current one.  *saved is the device to restore, or -1.
+ * device from the current one: as the backend's own calls do, its primary
+ * context pushed over the caller's (bfc__cuda_dev_enter), so that a thread
+ * that never chose a device gets no context made on device 0 by the way
+ * back.  *saved is for device_leave; -1: nothing to undo.
  */
 static int device_enter(int device, bfc_stream_t s, bool any, int *saved)
 {
     *saved = -1;
 #if BFC_HAVE_CUDA
-    int cur = -1;
-    cudaError_t err;
-
     /* The common case first: an ordinary stream names its own device. */
     if (!any && s != NULL && s != (bfc_stream_t)cudaStreamLegacy &&
         s != (bfc_stream_t)cudaStreamPerThread)
         return BFC_OK;
     if (device < 0 || !service_on_cuda())
         return BFC_OK;
-    err = cudaGetDevice(&cur);
-    if (err != cudaSuccess) {
-        (void)cudaGetLastError();
-        return BFC_EBACKEND;
-    }
-    if (cur == device)
-        return BFC_OK;
-    err = cudaSetDevice(device);
-    if (err != cudaSuccess) {
-        (void)cudaGetLastError();
-        return err == cudaErrorInvalidDevice ? BFC_ENODEV : BFC_EBACKEND;
-    }
-    *saved = cur;
+    return bfc__cuda_dev_enter(device, saved);
 #else
     (void)device;
     (void)s;
@@ -114,8 +102,8 @@ static int device_enter(int device, bfc_stream_t s, bool any, int *saved)
 static void device_leave(int saved)
 {
 #if BFC_HAVE_CUDA
-    if (saved >= 0 && cudaSetDevice(saved) != cudaSuccess)
-        (void)cudaGetLastError(); /* nothing to report it to; the call itself succeeded */
+    if (saved != -1)
+        (void)bfc__cuda_dev_leave(saved); /* nothing to report it to; the call itself succeeded */
 #else
     (void)saved;
 #endif
@@ -143,7 +131,7 @@ void *shardbfc_torch_alloc(ssize_t size, int device, bfc_stream_t stream)
         return NULL;
     }
     p = bfc_stream_alloc(stream, (size_t)size);
-    if (BFC__UNLIKELY(saved >= 0)) {
+    if (BFC__UNLIKELY(saved != -1)) {
         st = bfc_last_error(); /* restoring the device must not reset it */
         device_leave(saved);
         bfc__set_last_error(p ? BFC_OK : st);
