@@ -272,22 +272,6 @@ static int dev_leave(int saved, int status)
     return status;
 }
 
-int bfc__cuda_dev_enter(int dev, int *saved)
-{
-    cudaError_t err = dev_enter_err(dev, saved);
-
-    if (err == cudaErrorInvalidDevice) {
-        (void)cudaGetLastError();
-        return BFC_ENODEV;
-    }
-    return cuda_status(err);
-}
-
-int bfc__cuda_dev_leave(int saved)
-{
-    return dev_leave(saved, BFC_OK);
-}
-
 int bfc__cuda_device_count(void)
 {
     int n = 0; /* left unwritten on cudaErrorInsufficientDriver / NoDevice */
@@ -651,6 +635,28 @@ static void primary_ctx_retain(int device)
         g_drv.device_get(&d, device) == CUDA_SUCCESS && g_drv.primary_retain(&c, d) == CUDA_SUCCESS && c)
         atomic_store_explicit(&g_pctx[device], c, memory_order_release);
     bfc__unlock(&g_pctx_lock);
+}
+
+/* For the plug-in, which switches before any backend of the device may
+ * exist: the primary context is retained here first (a device the driver
+ * does not know is not, and cudaSetDevice then says BFC_ENODEV). */
+int bfc__cuda_dev_enter(int dev, int *saved)
+{
+    cudaError_t err;
+
+    if (dev >= 0 && dev < CUDA_MAX_DEV && !atomic_load_explicit(&g_pctx[dev], memory_order_acquire))
+        primary_ctx_retain(dev);
+    err = dev_enter_err(dev, saved);
+    if (err == cudaErrorInvalidDevice) {
+        (void)cudaGetLastError();
+        return BFC_ENODEV;
+    }
+    return cuda_status(err);
+}
+
+int bfc__cuda_dev_leave(int saved)
+{
+    return dev_leave(saved, BFC_OK);
 }
 
 /* Maps a driver result to a status (driver calls leave cudart's last-error

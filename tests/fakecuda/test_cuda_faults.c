@@ -17,13 +17,17 @@
  *   - a context on device 1 serves a thread without touching the thread's
  *     own device: one that never chose a device gets no device 0 context
  *     (memory on GPU 0, on a GPU), and one that chose device 0 keeps it.
- *     The fake has 2 devices here (main sets FAKE_CUDA_DEVICES).
+ *     The fake has 2 devices here (main sets FAKE_CUDA_DEVICES).  The
+ *     PyTorch plug-in (dlopen()ed from .libs/, as test_torch_plugin does;
+ *     SHARDBFC_TORCH_PLUGIN names another copy) switches devices the same
+ *     way for the NULL stream.
  */
 #include "fake_cudart.h"
 
 #include <shardbfc.h>
 
 #include <check.h>
+#include <dlfcn.h>
 #include <pthread.h>
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -302,6 +306,36 @@ START_TEST(test_device_switch_leaves_caller_alone)
 }
 END_TEST
 
+/* The plug-in on device 1 from a thread that never chose a device: its
+ * device stays 0 with no context made there. */
+START_TEST(test_plugin_device_switch)
+{
+    if (fake_primary_made(0) || fake_primary_made(1)) {
+        printf("SKIP test_plugin_device_switch: contexts made by earlier cases (CK_FORK=no)\n");
+        return;
+    }
+    const char *path = getenv("SHARDBFC_TORCH_PLUGIN");
+    ck_assert_int_eq(setenv("SHARDBFC_CONF", "backend=cuda,memory_limit=64M", 1), 0);
+    void *h = dlopen(path && *path ? path : ".libs/libshardbfc_torch.so", RTLD_NOW | RTLD_LOCAL);
+    ck_assert_msg(h != NULL, "dlopen: %s", dlerror());
+    void *(*alloc)(ssize_t, int, void *) = (void *(*)(ssize_t, int, void *))dlsym(h, "shardbfc_torch_alloc");
+    void (*release)(void *, ssize_t, int, void *) =
+        (void (*)(void *, ssize_t, int, void *))dlsym(h, "shardbfc_torch_free");
+    ck_assert(alloc && release);
+    for (int i = 0; i < 3; i++) {
+        void *p = alloc(5000, 1, NULL);
+        ck_assert_ptr_nonnull(p);
+        release(p, 5000, 1, NULL);
+        int d = -1;
+        ck_assert_int_eq(cudaGetDevice(&d), cudaSuccess);
+        ck_assert_int_eq(d, 0);
+        ck_assert_ptr_null(current_ctx());
+        ck_assert_msg(!fake_primary_made(0), "the plug-in made a context on device 0");
+    }
+    ck_assert(fake_primary_made(1));
+}
+END_TEST
+
 int main(void)
 {
     /* Two devices, for test_device_switch_leaves_caller_alone (the others
@@ -317,6 +351,7 @@ int main(void)
     tcase_add_test(tc, test_no_device_error_after_open);
     tcase_add_test(tc, test_map_rollback_refused);
     tcase_add_test(tc, test_device_switch_leaves_caller_alone);
+    tcase_add_test(tc, test_plugin_device_switch);
     suite_add_tcase(su, tc);
     SRunner *sr = srunner_create(su);
     srunner_run_all(sr, CK_ENV);
