@@ -8,7 +8,13 @@
  * wait-free queue, so no block is reused while another stream may still use it.
  *
  * This header needs no CUDA header: bfc_stream_t is the same type as
- * cudaStream_t (struct CUstream_st *).  NULL means the default stream: the
+ * cudaStream_t (struct CUstream_st *).  On CUDA the library works in each
+ * device's primary context, the CUDA runtime's: its calls make that
+ * context current for their duration (pushed over the caller's and popped,
+ * so the caller's own context and device are as they were, and a thread
+ * that never chose a device gets no context made on GPU 0), and streams
+ * must belong to it (cudaStreamCreate's; not streams of a context of the
+ * caller's own, cuCtxCreate or green contexts).  NULL means the default stream: the
  * legacy one (cudaStreamLegacy), as libshardbfc is built -- a program built
  * with nvcc --default-stream per-thread must pass cudaStreamPerThread, not
  * 0, for its threads' default streams.  cudaStreamPerThread names the
@@ -616,7 +622,11 @@ BFC_API int bfc_ctx_stream_release(bfc_ctx_t *ctx, bfc_stream_t stream);
  * take some of it back (a runtime failure): that memory stays held and
  * counted in bytes_reserved and against the limit, the allocator may use
  * it again, and a later trim (or the context's destruction) offers it
- * back once more.
+ * back once more.  (One exception, after two driver failures in a row: a
+ * map that fails part way and whose undoing the driver refuses leaves a
+ * granule mapped that the allocator does not count, until the next map
+ * over it gives it back first or the reservation is released; meanwhile
+ * the device holds that granule beyond bytes_reserved.)
  * Context: thread-safe; takes each arena lock in turn and the pool lock;
  * blocks while it waits for device work (CUDA) and in the backend.
  */

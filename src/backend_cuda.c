@@ -159,10 +159,17 @@ static bool no_device_error(cudaError_t err)
  * callers' contracts (an allocation fails with BFC_ENOMEM or
  * BFC_EBACKEND) know no BFC_ENODEV.
  */
+/* What dev_enter_err returns for a refused driver call: no runtime error,
+ * so nothing of ours in the last-error slot, which may hold the
+ * application's own unread error (cuda_status must not clear it). */
+#define CUDA_DRV_REFUSED ((cudaError_t)-1)
+
 static int cuda_status(cudaError_t err)
 {
     if (err == cudaSuccess)
         return BFC_OK;
+    if (err == CUDA_DRV_REFUSED)
+        return BFC_EBACKEND;
     (void)cudaGetLastError(); /* clears non-sticky errors; result is err */
     if (err == cudaErrorMemoryAllocation)
         return BFC_ENOMEM;
@@ -210,7 +217,7 @@ static bfc__mutex_t g_pctx_lock = BFC__MUTEX_INIT(BFC__RANK_CUDA_PCTX, "the CUDA
  * switch was needed, SAVED_PUSHED when dev's primary context was pushed,
  * else the caller's runtime device.  Paired with dev_leave.  Returns the
  * runtime's error (not yet cleared: map it with cuda_status or
- * device_status); a refused driver call reads cudaErrorUnknown.
+ * device_status); a refused driver call reads CUDA_DRV_REFUSED.
  */
 static cudaError_t dev_enter_err(int dev, int *saved)
 {
@@ -225,11 +232,11 @@ static cudaError_t dev_enter_err(int dev, int *saved)
         CUcontext now = NULL;
 
         if (g_drv.ctx_get_current(&now) != CUDA_SUCCESS)
-            return cudaErrorUnknown;
+            return CUDA_DRV_REFUSED;
         if (now == pc)
             return cudaSuccess;
         if (g_drv.ctx_push(pc) != CUDA_SUCCESS)
-            return cudaErrorUnknown;
+            return CUDA_DRV_REFUSED;
         *saved = SAVED_PUSHED;
         return cudaSuccess;
     }

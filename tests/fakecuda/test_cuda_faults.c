@@ -306,6 +306,26 @@ START_TEST(test_device_switch_leaves_caller_alone)
 }
 END_TEST
 
+/* The driver refuses the switch: the call fails, BFC_EBACKEND, and the
+ * application's own unread error stays in the runtime's slot (clearing it
+ * would hide it from the application's next check). */
+START_TEST(test_switch_refused_keeps_app_error)
+{
+    bfc_ctx_t *ctx = cuda_ctx("backend=cuda,device=1,vmm=off,memory_limit=64M");
+    void *huge = NULL;
+    ck_assert_int_eq(cudaMalloc(&huge, (size_t)1 << 62), cudaErrorMemoryAllocation);
+    ck_assert(fake_fail_next("cuCtxPushCurrent", 1, 0));
+    ck_assert_ptr_null(bfc_ctx_alloc(ctx, NULL, 5000));
+    ck_assert_int_eq(bfc_last_error(), BFC_EBACKEND);
+    ck_assert_int_eq(cudaPeekAtLastError(), cudaErrorMemoryAllocation);
+    (void)cudaGetLastError();
+    void *p = bfc_ctx_alloc(ctx, NULL, 5000); /* and it serves again */
+    ck_assert_ptr_nonnull(p);
+    ck_assert_int_eq(bfc_ctx_free(ctx, p, NULL), BFC_OK);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
 /* The plug-in on device 1 from a thread that never chose a device: its
  * device stays 0 with no context made there. */
 START_TEST(test_plugin_device_switch)
@@ -352,6 +372,7 @@ int main(void)
     tcase_add_test(tc, test_map_rollback_refused);
     tcase_add_test(tc, test_device_switch_leaves_caller_alone);
     tcase_add_test(tc, test_plugin_device_switch);
+    tcase_add_test(tc, test_switch_refused_keeps_app_error);
     suite_add_tcase(su, tc);
     SRunner *sr = srunner_create(su);
     srunner_run_all(sr, CK_ENV);
