@@ -172,6 +172,12 @@ int bfc__cuda_stream_device(bfc_stream_t s, int *dev);
  * restore's. */
 int bfc__cuda_dev_enter(int dev, int *saved);
 int bfc__cuda_dev_leave(int saved);
+/* The primary-context table's lock, held across fork() by the fork
+ * handlers (ctx.c): a child must not inherit it held by a thread of the
+ * parent that was retaining a context (the plug-in retains before any
+ * runtime call, so a child would block on it rather than fail). */
+void bfc__cuda_fork_lock(void);
+void bfc__cuda_fork_unlock(void);
 /* Granule of a device's virtual memory (the driver's recommended granularity
  * for pinned device memory), or 0 when the driver's entry points cannot be
  * resolved (no driver), the device has no virtual memory support or a query

@@ -208,8 +208,8 @@ static int device_status(cudaError_t err)
 #define CUDA_MAX_DEV 64
 #define SAVED_PUSHED (-2) /* dev_enter pushed a context for dev_leave to pop */
 static _Atomic(CUcontext) g_pctx[CUDA_MAX_DEV];
-/* Taken only at a backend's open, never on an allocation's path; not held
- * across fork (a fork child cannot use CUDA: its open fails before it). */
+/* Taken only at a backend's open and a plug-in's first switch to a device,
+ * never on an allocation's path; held across fork (bfc__cuda_fork_lock). */
 static bfc__mutex_t g_pctx_lock = BFC__MUTEX_INIT(BFC__RANK_CUDA_PCTX, "the CUDA primary-context table");
 
 /*
@@ -664,6 +664,16 @@ int bfc__cuda_dev_enter(int dev, int *saved)
 int bfc__cuda_dev_leave(int saved)
 {
     return dev_leave(saved, BFC_OK);
+}
+
+void bfc__cuda_fork_lock(void)
+{
+    bfc__lock(&g_pctx_lock);
+}
+
+void bfc__cuda_fork_unlock(void)
+{
+    bfc__unlock(&g_pctx_lock);
 }
 
 /* Maps a driver result to a status (driver calls leave cudart's last-error

@@ -23,6 +23,7 @@
  *     way for the NULL stream.
  */
 #include "fake_cudart.h"
+#include "backend.h" /* white-box: the primary-context table's fork lock */
 
 #include <shardbfc.h>
 
@@ -32,8 +33,13 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_runtime_api.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
 #include <string.h>
 
 #define MiB ((size_t)1 << 20)
@@ -326,6 +332,56 @@ START_TEST(test_switch_refused_keeps_app_error)
 }
 END_TEST
 
+/* The fork handlers hold the primary-context table's lock across fork():
+ * a fork waits for a thread that holds it (one retaining a context), and
+ * the child finds it free (it would otherwise block for ever on its first
+ * device switch instead of failing). */
+static void *hold_pctx_lock(void *arg)
+{
+    bfc__cuda_fork_lock();
+    atomic_store((atomic_int *)arg, 1);
+    struct timespec t = {0, 200 * 1000 * 1000};
+    nanosleep(&t, NULL);
+    bfc__cuda_fork_unlock();
+    return NULL;
+}
+
+START_TEST(test_fork_holds_pctx_lock)
+{
+    atomic_int held = 0;
+    pthread_t th;
+    struct timespec t0, t1;
+    ck_assert_int_eq(pthread_create(&th, NULL, hold_pctx_lock, &held), 0);
+    while (!atomic_load(&held))
+        sched_yield();
+    /* The child says it took the lock through a pipe, not its exit status
+     * (a sanitizer's report at the child's exit changes that). */
+    int fds[2];
+    ck_assert_int_eq(pipe(fds), 0);
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        alarm(5); /* a lock left held would hang the child */
+        bfc__cuda_fork_lock();
+        bfc__cuda_fork_unlock();
+        ssize_t w = write(fds[1], "y", 1);
+        _exit(w == 1 ? 0 : 1);
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    close(fds[1]);
+    char got = 0;
+    ssize_t r = read(fds[0], &got, 1);
+    close(fds[0]);
+    int status = 0;
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    ck_assert_msg(r == 1 && got == 'y', "the child did not take the lock (status %d)", status);
+    ck_assert_int_eq(pthread_join(th, NULL), 0);
+    double waited = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    ck_assert_msg(waited >= 0.1, "fork() did not wait for the lock's holder (%.3f s)", waited);
+}
+END_TEST
+
 /* The plug-in on device 1 from a thread that never chose a device: its
  * device stays 0 with no context made there. */
 START_TEST(test_plugin_device_switch)
@@ -373,6 +429,7 @@ int main(void)
     tcase_add_test(tc, test_device_switch_leaves_caller_alone);
     tcase_add_test(tc, test_plugin_device_switch);
     tcase_add_test(tc, test_switch_refused_keeps_app_error);
+    tcase_add_test(tc, test_fork_holds_pctx_lock);
     suite_add_tcase(su, tc);
     SRunner *sr = srunner_create(su);
     srunner_run_all(sr, CK_ENV);
