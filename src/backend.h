@@ -172,12 +172,15 @@ int bfc__cuda_stream_device(bfc_stream_t s, int *dev);
  * restore's. */
 int bfc__cuda_dev_enter(int dev, int *saved);
 int bfc__cuda_dev_leave(int saved);
-/* The primary-context table's lock, held across fork() by the fork
- * handlers (ctx.c): a child must not inherit it held by a thread of the
- * parent that was retaining a context (the plug-in retains before any
- * runtime call, so a child would block on it rather than fail). */
-void bfc__cuda_fork_lock(void);
-void bfc__cuda_fork_unlock(void);
+/* The primary-context table's lock, made free again in a fork child (the
+ * child fork handler, ctx.c): a child must not inherit it held by a thread
+ * of the parent that was retaining a context (the plug-in retains before
+ * any runtime call, so the child would block on it rather than fail).  Not
+ * held across fork: its holder may be inside the driver, whose own fork
+ * handlers run before ours.  bfc__cuda_pctx_lock/unlock: for tests. */
+void bfc__cuda_fork_child(void);
+void bfc__cuda_pctx_lock(void);
+void bfc__cuda_pctx_unlock(void);
 /* Granule of a device's virtual memory (the driver's recommended granularity
  * for pinned device memory), or 0 when the driver's entry points cannot be
  * resolved (no driver), the device has no virtual memory support or a query

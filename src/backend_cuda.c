@@ -209,7 +209,8 @@ static int device_status(cudaError_t err)
 #define SAVED_PUSHED (-2) /* dev_enter pushed a context for dev_leave to pop */
 static _Atomic(CUcontext) g_pctx[CUDA_MAX_DEV];
 /* Taken only at a backend's open and a plug-in's first switch to a device,
- * never on an allocation's path; held across fork (bfc__cuda_fork_lock). */
+ * never on an allocation's path; made free in a fork child
+ * (bfc__cuda_fork_child). */
 static bfc__mutex_t g_pctx_lock = BFC__MUTEX_INIT(BFC__RANK_CUDA_PCTX, "the CUDA primary-context table");
 
 /*
@@ -666,12 +667,20 @@ int bfc__cuda_dev_leave(int saved)
     return dev_leave(saved, BFC_OK);
 }
 
-void bfc__cuda_fork_lock(void)
+void bfc__cuda_fork_child(void)
+{
+    /* The child's one thread holds nothing: whoever held the lock stayed
+     * in the parent.  A table entry is one atomic store: there or not. */
+    if (bfc__mutex_init(&g_pctx_lock, BFC__RANK_CUDA_PCTX, "the CUDA primary-context table") != 0)
+        bfc__fatal("bfc__mutex_init", EAGAIN);
+}
+
+void bfc__cuda_pctx_lock(void)
 {
     bfc__lock(&g_pctx_lock);
 }
 
-void bfc__cuda_fork_unlock(void)
+void bfc__cuda_pctx_unlock(void)
 {
     bfc__unlock(&g_pctx_lock);
 }

@@ -200,16 +200,14 @@ static void before_fork(void)
             bfc__trace_fork_lock_file(c);
     bfc__lock(&bfc__urcu_gate);
     bfc__sim_fork_lock();
-#if BFC_HAVE_CUDA
-    bfc__cuda_fork_lock();
-#endif
 }
 
 static void release_inner(bool child)
 {
     struct bfc__arena *a;
 #if BFC_HAVE_CUDA
-    bfc__cuda_fork_unlock();
+    if (child)
+        bfc__cuda_fork_child();
 #endif
     bfc__sim_fork_unlock();
     bfc__unlock(&bfc__urcu_gate);
