@@ -650,16 +650,9 @@ static void primary_ctx_retain(int device)
  * does not know is not, and cudaSetDevice then says BFC_ENODEV). */
 int bfc__cuda_dev_enter(int dev, int *saved)
 {
-    cudaError_t err;
-
     if (dev >= 0 && dev < CUDA_MAX_DEV && !atomic_load_explicit(&g_pctx[dev], memory_order_acquire))
         primary_ctx_retain(dev);
-    err = dev_enter_err(dev, saved);
-    if (err == cudaErrorInvalidDevice) {
-        (void)cudaGetLastError();
-        return BFC_ENODEV;
-    }
-    return cuda_status(err);
+    return device_status(dev_enter_err(dev, saved));
 }
 
 int bfc__cuda_dev_leave(int saved)
