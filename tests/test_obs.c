@@ -2471,6 +2471,13 @@ START_TEST(test_view_script_in_node)
     ck_assert_ptr_null(bfc_ctx_alloc(ctx, a, 7 * MiB));
     text = render_in_node(ctx);
     ck_assert_msg(strstr(text, "Each shard at the failure (1, and 1 retired)"), "%s", text);
+    /* Both shards have stream a: the retired column tells them apart (the
+     * requesting one is not retired, the retired one is not requesting). */
+    char req_row[96], ret_row[96];
+    snprintf(req_row, sizeof req_row, " 0x%" PRIxPTR " yes  ", (uintptr_t)a);
+    snprintf(ret_row, sizeof ret_row, " 0x%" PRIxPTR "  yes ", (uintptr_t)a);
+    ck_assert_msg(strstr(text, "requesting retired free") && strstr(text, req_row) && strstr(text, ret_row), "%s",
+                  text);
     free(text);
     xfree(ctx, x1, a);
     xfree(ctx, x3, a);

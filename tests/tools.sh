@@ -206,7 +206,9 @@ cat >"$tmp/oom.json" <<'JSON'
  {"stream_id":1,"stream":"0x10","requesting":true,"retired":false,"expandable":true,"free":3145728,
   "largest_free":2097152,"largest_ready":1048576,"pending":0,"in_use":1048576,"reserved":4194304},
  {"stream_id":2,"stream":"0x20","requesting":false,"retired":false,"expandable":false,"free":524288,
-  "largest_free":262144,"largest_ready":262144,"pending":0,"in_use":0,"reserved":524288}],"pool_spans":[]}}
+  "largest_free":262144,"largest_ready":262144,"pending":0,"in_use":0,"reserved":524288},
+ {"stream_id":1,"stream":"0x10","requesting":false,"retired":true,"expandable":false,"free":0,
+  "largest_free":0,"largest_ready":0,"pending":0,"in_use":1024,"reserved":1024}],"pool_spans":[]}}
 JSON
 "$stat" "$tmp/oom.json" >"$tmp/out" 2>&1 || { cat "$tmp/out" >&2; fail "shardbfc-stat on an OOM report failed"; }
 # An input without totals or pool says so, rather than print zeros as figures.
@@ -216,6 +218,11 @@ grep -q 'stream=0x10 (requesting): mapped free <= 3145728 (bound), largest mappe
     { cat "$tmp/out" >&2; fail "shardbfc-stat prints an expandable shard's bounds as exact figures"; }
 grep -q 'stream=0x20: free 524288, largest free chunk 262144,' "$tmp/out" ||
     { cat "$tmp/out" >&2; fail "shardbfc-stat misprints a classic shard's free figures"; }
+# A retired shard has its successor's stream: its line says which it is.
+grep -q 'stream=0x10 (retired): free 0, largest free chunk 0, pending 0, in use 1024,' "$tmp/out" ||
+    { cat "$tmp/out" >&2; fail "shardbfc-stat's OOM report does not mark a retired shard"; }
+[ "$(grep -c 'stream=0x10 (requesting):' "$tmp/out")" -eq 1 ] ||
+    { cat "$tmp/out" >&2; fail "shardbfc-stat's OOM report marks a retired shard as the requesting one"; }
 # The report comes first (after the one-line header), before the totals.
 oom_line=$(grep -n '^Out of memory' "$tmp/out" | head -1 | cut -d: -f1)
 tot_line=$(grep -n '^Totals:' "$tmp/out" | head -1 | cut -d: -f1)

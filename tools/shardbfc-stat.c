@@ -97,8 +97,11 @@ static void print_oom(const json_object *o)
     const json_object *sh = bfc_json_get(o, "shards");
     for (size_t i = 0; i < bfc_json_len(sh); i++) {
         const json_object *s = bfc_json_at(sh, i);
-        printf("  shard stream_id=%" PRIu64 " stream=%s%s: ", bfc_json_u64(s, "stream_id", 0),
-               bfc_json_str(s, "stream", "?"), bfc_json_bool(s, "requesting", false) ? " (requesting)" : "");
+        /* A retired shard (released by its stream, kept by live blocks) has
+         * the stream of its successor: the mark tells the two apart. */
+        printf("  shard stream_id=%" PRIu64 " stream=%s%s%s: ", bfc_json_u64(s, "stream_id", 0),
+               bfc_json_str(s, "stream", "?"), bfc_json_bool(s, "requesting", false) ? " (requesting)" : "",
+               bfc_json_bool(s, "retired", false) ? " (retired)" : "");
         /* An expandable shard's free figures are bounds (doc/snapshot.md). */
         if (bfc_json_bool(s, "expandable", false))
             printf("mapped free <= %" PRIu64 " (bound), largest mapped free piece <= %" PRIu64
