@@ -1514,8 +1514,11 @@ static inline __attribute__((always_inline)) int free_exit(struct bfc_ctx *ctx, 
     return st;
 }
 
-/* The general free: every case (bfc_ctx_free, below, takes the common one). */
-static __attribute__((noinline)) int free_general(struct bfc_ctx *ctx, void *ptr, bfc_stream_t stream)
+/* The general free: every case (bfc_ctx_free, below, takes the common one).
+ * by_id: the owner's stream is known by its id alone, never by the handle
+ * (bfc__ctx_free_by_id). */
+static inline __attribute__((always_inline)) int free_general_in(struct bfc_ctx *ctx, void *ptr, bfc_stream_t stream,
+                                                                  bool by_id)
 {
     if (!ptr)
         return BFC_OK;
@@ -1530,7 +1533,7 @@ static __attribute__((noinline)) int free_general(struct bfc_ctx *ctx, void *ptr
     if (st != BFC_OK)
         goto out;
     struct bfc__arena *a = r->owner;
-    bool local = stream == a->stream_key;
+    bool local = !by_id && stream == a->stream_key;
     uint64_t id = 0;
     if (!local) {
         st = bfc__shard_stream_id(ctx, stream, &id);
@@ -1572,6 +1575,16 @@ static __attribute__((noinline)) int free_general(struct bfc_ctx *ctx, void *ptr
         bfc__shard_reclaim(a);
 out:
     return free_exit(ctx, st);
+}
+
+static __attribute__((noinline)) int free_general(struct bfc_ctx *ctx, void *ptr, bfc_stream_t stream)
+{
+    return free_general_in(ctx, ptr, stream, false);
+}
+
+int bfc__ctx_free_by_id(bfc_ctx_t *ctx, void *ptr, bfc_stream_t stream)
+{
+    return free_general_in(ctx, ptr, stream, true);
 }
 
 /* The fast path's ways out, holding the owner's lock and the read section

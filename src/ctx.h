@@ -58,6 +58,12 @@ struct bfc_ctx {
  * be, also on failure. */
 int bfc__ctx_create_with_backend(const bfc_config_t *cfg, bfc__backend_t *be, bool host, bfc_ctx_t **out);
 
+/* bfc_ctx_free, but the block's owner stream is told from `stream` by the
+ * streams' ids alone, not by their handles: for a handle that another owner
+ * had before (a host thread's slot, host.c), which the free would take for
+ * the owner's stream. */
+int bfc__ctx_free_by_id(bfc_ctx_t *ctx, void *ptr, bfc_stream_t stream);
+
 /* Internal status of the slow path: the shard was retired meanwhile, look
  * the stream up again.  Never returned to a caller of the public API. */
 #define BFC__RETRY 1

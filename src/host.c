@@ -247,8 +247,9 @@ void *bfc_host_alloc(size_t n)
     return bfc_ctx_alloc(ctx, (bfc_stream_t)t, n);
 }
 
-/* The host context holding p and the stream a free from this thread uses. */
-static int host_owner(const void *p, bfc_ctx_t **ctx, bfc_stream_t *owner)
+/* The host context holding p, and its owner: the thread's pseudo-stream and
+ * its id (owner_id may be NULL). */
+static int host_owner(const void *p, bfc_ctx_t **ctx, bfc_stream_t *owner, uint64_t *owner_id)
 {
     int st = init();
     if (st != BFC_OK)
@@ -259,6 +260,8 @@ static int host_owner(const void *p, bfc_ctx_t **ctx, bfc_stream_t *owner)
     if (r && ((struct bfc_ctx *)r->tag)->is_host) {
         *ctx = r->tag;
         *owner = r->owner->stream;
+        if (owner_id)
+            *owner_id = r->owner->stream_id;
         st = BFC_OK;
     }
     bfc__rcu_unlock();
@@ -279,11 +282,19 @@ int bfc_host_free(void *p)
         return BFC_OK;
     bfc_ctx_t *ctx;
     bfc_stream_t owner;
-    int st = host_owner(p, &ctx, &owner);
+    uint64_t owner_id, id;
+    int st = host_owner(p, &ctx, &owner, &owner_id);
     if (st != BFC_OK)
         return st;
     struct bfc__host_thread *t = thread_slot();
-    return bfc_ctx_free(ctx, p, t ? (bfc_stream_t)t : owner);
+    if (!t)
+        return bfc_ctx_free(ctx, p, owner);
+    /* The slot of an exited owner goes to the next thread: a block of the
+     * slot's former owner is another thread's, told by the ids (a
+     * cross-stream free, counted as one); the handles are the same. */
+    if ((bfc_stream_t)t == owner && bfc__backend_host_thread_id(owner, &id) && id != owner_id)
+        return bfc__ctx_free_by_id(ctx, p, owner);
+    return bfc_ctx_free(ctx, p, (bfc_stream_t)t);
 }
 
 int bfc_host_record_stream(void *p, bfc_stream_t stream)
@@ -292,7 +303,7 @@ int bfc_host_record_stream(void *p, bfc_stream_t stream)
         return BFC_EINVAL;
     bfc_ctx_t *ctx;
     bfc_stream_t owner;
-    int st = host_owner(p, &ctx, &owner);
+    int st = host_owner(p, &ctx, &owner, NULL);
     return st == BFC_OK ? bfc_ctx_record_stream(ctx, p, stream) : st;
 }
 
@@ -302,7 +313,7 @@ int bfc_host_numa_node(const void *p)
     bfc_stream_t owner;
     if (!p)
         return BFC_EINVAL;
-    int st = host_owner(p, &ctx, &owner);
+    int st = host_owner(p, &ctx, &owner, NULL);
     if (st != BFC_OK)
         return st;
     /* A live block only, as bfc_host_record_stream: a freed or interior

@@ -213,6 +213,57 @@ START_TEST(test_remote_free_returns_to_owner)
 }
 END_TEST
 
+/*
+ * A thread's slot (its pseudo-stream handle) goes to the next thread once
+ * it exits.  A block of the exited thread freed by the slot's next owner is
+ * another thread's block -- a cross-thread free, counted in
+ * num_remote_frees -- though the handle is the same: it was taken for the
+ * owner's stream, and the free counted as local.
+ */
+static void *alloc_one(void *arg)
+{
+    *(void **)arg = bfc_host_alloc(4096);
+    return NULL;
+}
+
+static void *free_one(void *arg)
+{
+    return (void *)(intptr_t)bfc_host_free(arg);
+}
+
+START_TEST(test_free_by_slot_heir_is_remote)
+{
+    pthread_t t;
+    void *p = NULL, *rc;
+    /* this thread has no slot yet: its first host call takes the freed one */
+    ck_assert_int_eq(pthread_create(&t, NULL, alloc_one, &p), 0);
+    ck_assert_int_eq(pthread_join(t, NULL), 0);
+    ck_assert_ptr_nonnull(p);
+    ck_assert_uint_eq(host_stats().num_remote_frees, 0);
+    ck_assert_int_eq(bfc_host_free(p), BFC_OK);
+    bfc_stats_t s = host_stats();
+    ck_assert_uint_eq(s.num_frees, 1);
+    ck_assert_uint_eq(s.num_remote_frees, 1);
+    /* a new thread takes the slot the next exited thread gave back */
+    ck_assert_int_eq(pthread_create(&t, NULL, alloc_one, &p), 0);
+    ck_assert_int_eq(pthread_join(t, NULL), 0);
+    ck_assert_ptr_nonnull(p);
+    ck_assert_int_eq(pthread_create(&t, NULL, free_one, p), 0);
+    ck_assert_int_eq(pthread_join(t, &rc), 0);
+    ck_assert_int_eq((int)(intptr_t)rc, BFC_OK);
+    s = host_stats();
+    ck_assert_uint_eq(s.num_frees, 2);
+    ck_assert_uint_eq(s.num_remote_frees, 2);
+    ck_assert_uint_eq(s.bytes_in_use, 0);
+    /* A thread's own block freed by itself stays local. */
+    void *q = bfc_host_alloc(4096);
+    ck_assert_ptr_nonnull(q);
+    ck_assert_int_eq(bfc_host_free(q), BFC_OK);
+    ck_assert_uint_eq(host_stats().num_remote_frees, 2);
+    check_host_ctx();
+}
+END_TEST
+
 START_TEST(test_record_stream_fence)
 {
     bfc_config_t c;
@@ -416,6 +467,7 @@ int main(void)
     tcase_add_test(tc, test_shutdown_waits_for_device);
     tcase_add_test(tc, test_per_thread_arenas_and_cross_thread_free);
     tcase_add_test(tc, test_remote_free_returns_to_owner);
+    tcase_add_test(tc, test_free_by_slot_heir_is_remote);
     tcase_add_test(tc, test_record_stream_fence);
     tcase_add_test(tc, test_bad_input);
     tcase_add_test(tc, test_host_numa_config);
