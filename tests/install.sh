@@ -8,7 +8,8 @@
 #      LD_LIBRARY_PATH and, built again with an rpath, without it;
 #   3. the same program linked against TMP/lib/libshardbfc.a with
 #      `pkg-config --static --libs shardbfc` (which must name only libraries
-#      that exist on the machine: no -ludev), and run;
+#      that exist on the machine: no -ludev), and run: its malloc must
+#      still be the C library's, not the library's jemalloc;
 #   4. each installed tool: --help (exit 0, usage on stdout), its man page,
 #      and real work on what the program left behind -- an oom_dump file
 #      (shardbfc-stat, shardbfc-view) and a trace (shardbfc-replay);
@@ -66,6 +67,8 @@ done
 
 # ------------------------------------------------------ 2. a program, pkg-config
 cat > "$tmp/prog.c" <<'PROG'
+#define _GNU_SOURCE /* dladdr */
+#include <dlfcn.h>
 #include <shardbfc.h>
 #include <shardbfc_sim.h>
 #include <stdio.h>
@@ -73,6 +76,11 @@ cat > "$tmp/prog.c" <<'PROG'
 
 int main(int argc, char **argv)
 {
+    /* Whose malloc the program got: the library's metadata allocator must
+     * not become the program's (step 3). */
+    Dl_info who;
+    void *m = dlsym(RTLD_DEFAULT, "malloc");
+    printf("prog: malloc from %s\n", m && dladdr(m, &who) && who.dli_fname ? who.dli_fname : "?");
     char err[512];
     bfc_config_t cfg;
     bfc_config_init(&cfg);
@@ -163,6 +171,10 @@ if [ "$static" = yes ]; then
     "$tmp/prog-static" "$@" >"$tmp/static.out" 2>&1 ||
         { cat "$tmp/static.out" >&2; fail "the statically linked program failed"; }
     grep -q 'held by other streams' "$tmp/static.out" || fail "no OOM diagnosis from libshardbfc.a"
+    # Debian's jemalloc exports malloc: a program that needs it before the C
+    # library would have it as its own malloc (shardbfc.pc lists -lc first).
+    grep -q '^prog: malloc from .*jemalloc' "$tmp/static.out" &&
+        fail "linking libshardbfc.a made jemalloc the program's malloc: $(grep 'malloc from' "$tmp/static.out")"
     echo "static link against libshardbfc.a: ok"
 else
     echo "libshardbfc.a not built (--disable-static): static link not tried"
