@@ -50,6 +50,32 @@ static void rcu_thread_exit(void *arg)
     bfc__rcu_ctr_fenced = NULL;
 }
 
+/*
+ * The second hook: a key of ours, set when the cache is filled, whose
+ * destructor is the same.  The thread_local destructor is the one that
+ * runs before urcu-bp's key destructor frees the record -- but only for a
+ * thread that filled its cache before its exit began: glibc runs a thread's
+ * thread_local destructors once, before its key destructors, and never
+ * one registered from a key destructor.  A thread whose first section
+ * comes from a key destructor is registered by urcu-bp then, and in the
+ * next round urcu-bp's key destructor frees its record; our key is made at
+ * load, right after urcu-bp's (its constructor runs first), so its
+ * destructor empties the cache next in that round, before the destructor
+ * of any key the application made.  The thread_local destructor such a
+ * thread registers never runs, and glibc never frees its record (32 bytes
+ * of glibc's, which LeakSanitizer reports): nothing can tell a key
+ * destructor's call from any other.  Without our key (none could be made,
+ * or it could not be set) the cache is never filled: sections take
+ * urcu-bp's calls.
+ */
+static pthread_key_t rcu_key;
+static bool rcu_key_ok;
+
+__attribute__((constructor)) static void rcu_key_make(void)
+{
+    rcu_key_ok = pthread_key_create(&rcu_key, rcu_thread_exit) == 0;
+}
+
 /* Rank: outermost (mutex.h).  Taken only by a thread that registers, which
  * holds no lock of the library then (rcu.h), and by the fork handlers. */
 bfc__mutex_t bfc__rcu_reg_gate = BFC__MUTEX_INIT(BFC__RANK_RCU_REG, "urcu-bp registration");
@@ -89,7 +115,8 @@ void bfc__rcu_lock_slow(void)
     if (!rcu_exiting) {
         /* The destructor first, so that a thread whose hook could not be
          * registered (out of memory) never caches the record. */
-        if (!rcu_hooked && __cxa_thread_atexit_impl(rcu_thread_exit, NULL, &__dso_handle) == 0)
+        if (!rcu_hooked && rcu_key_ok && pthread_setspecific(rcu_key, &rcu_hooked) == 0 &&
+            __cxa_thread_atexit_impl(rcu_thread_exit, NULL, &__dso_handle) == 0)
             rcu_hooked = true;
         /* Converted, not dereferenced: the record may lie below its type's
          * alignment (rcu.h). */

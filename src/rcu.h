@@ -50,9 +50,11 @@
  * urcu-bp never moves a reader record, and a fork child keeps the forking
  * thread's.  At exit urcu-bp frees the record in a pthread key destructor,
  * after which another thread may take it; so rcu.c clears the cache in a
- * thread_local destructor, which glibc runs before every key destructor,
- * and from then on the exiting thread uses urcu-bp's own calls (a key
- * destructor of the application may still free memory).
+ * thread_local destructor, which glibc runs before every key destructor
+ * (and, for a thread whose first section comes from a key destructor,
+ * when that one never runs, in a key destructor of its own, right after
+ * urcu-bp's), and from then on the exiting thread uses urcu-bp's own calls
+ * (a key destructor of the application may still free memory).
  */
 extern __thread unsigned long *bfc__rcu_ctr BFC__TLS_IE;
 /* Without membarrier: the fenced sections' cache of the same counter. */

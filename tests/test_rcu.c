@@ -227,6 +227,77 @@ START_TEST(test_exit_empties_cache)
 }
 END_TEST
 
+/*
+ * A thread whose first use of the library comes from a key destructor, after
+ * glibc ran the thread_local destructors (the cache's own hook, registered
+ * then, never runs): urcu-bp registers it and, in the next round, its key
+ * destructor frees the record.  The cache must be empty before that record
+ * goes to another thread: sections through it stored into the next owner's
+ * counter, and the next registration aborted in urcu-bp's add_thread
+ * (`rcu_reader_reg->ctr == 0`), every time with 100 such threads in a row.
+ */
+static pthread_key_t first_key;
+
+struct first_use {
+    int rounds_seen;
+    bool cache_empty_later; /* every round after the first saw the cache empty */
+    bool ok;
+};
+
+/* LeakSanitizer's (sanitizer builds only): glibc never frees the record of
+ * a thread_local destructor registered after the thread's own ran -- the
+ * cache's hook, registered by a first section inside a key destructor
+ * (src/rcu.c) -- 32 bytes per such thread. */
+extern void __lsan_disable(void) __attribute__((weak));
+extern void __lsan_enable(void) __attribute__((weak));
+
+static void first_dtor(void *arg)
+{
+    struct first_use *u = arg;
+    if (u->rounds_seen++ > 0 && bfc__rcu_ctr != NULL)
+        u->cache_empty_later = false;
+    if (__lsan_disable)
+        __lsan_disable();
+    void *p = bfc_ctx_alloc(g_ctx, g_stream, 1000);
+    if (!p || bfc_ctx_free(g_ctx, p, g_stream) != BFC_OK)
+        u->ok = false;
+    if (__lsan_enable)
+        __lsan_enable();
+    if (u->rounds_seen < 3)
+        pthread_setspecific(first_key, u);
+}
+
+static void *first_use_thread(void *arg)
+{
+    pthread_setspecific(first_key, arg);
+    return NULL;
+}
+
+START_TEST(test_first_use_in_key_destructor)
+{
+    bfc_config_t cfg = sim_cfg(256 * MiB);
+    g_ctx = ctx_new(&cfg);
+    g_stream = new_stream(g_ctx);
+    /* created after the library's own key, as an application's are */
+    ck_assert_int_eq(pthread_key_create(&first_key, first_dtor), 0);
+    for (int i = 0; i < 100; i++) {
+        struct first_use u = { 0, true, true };
+        pthread_t t;
+        ck_assert_int_eq(pthread_create(&t, NULL, first_use_thread, &u), 0);
+        ck_assert_int_eq(pthread_join(t, NULL), 0);
+        ck_assert_int_eq(u.rounds_seen, 3);
+        ck_assert(u.ok);
+        ck_assert_msg(u.cache_empty_later, "thread %d: the cache outlived the round its record was freed in", i);
+    }
+    /* No section was left open on a record: a grace period ends. */
+    synchronize_rcu();
+    ck_assert_uint_eq(st(g_ctx).bytes_in_use, 0);
+    xcheck(g_ctx);
+    pthread_key_delete(first_key);
+    bfc_ctx_destroy(g_ctx);
+}
+END_TEST
+
 /* ---------------------------- threads come and go during grace periods */
 
 #define CHURN_THREADS 4
@@ -311,6 +382,7 @@ static Suite *rcu_suite(void)
     tcase_add_test(tc, test_no_membarrier_fences);
     tcase_add_test(tc, test_grace_period_waits);
     tcase_add_test(tc, test_exit_empties_cache);
+    tcase_add_test(tc, test_first_use_in_key_destructor);
     tcase_add_test(tc, test_threads_come_and_go);
     suite_add_tcase(s, tc);
     return s;
