@@ -486,7 +486,13 @@ BFC_API int bfc_config_validate(const bfc_config_t *cfg);
  *     whole multiples of the request (a stream whose blocks are of one size
  *     fills it to the end), and a region the split rule would hand to its
  *     one block whole (less than twice the block) is made the block's size:
- *     what is left stays in the pool for the other streams.
+ *     what is left stays in the pool for the other streams.  A shard that is
+ *     not the context's only one, or not its first, grows into memory the
+ *     pool already holds before new memory: where no free run of the pool
+ *     covers the region, the largest run that covers the request is its
+ *     region (released streams' and exited host threads' region tails,
+ *     kept apart by their live blocks, are used, not left beside new
+ *     regions).
  */
 
 /*
@@ -756,7 +762,10 @@ BFC_API void bfc_shutdown(void);
  * reusable at once by its owner thread's later allocations (freed by
  * another thread: from the owner's next allocation on, which takes it
  * back), and by other threads once its memory leaves the owner's arena
- * (memory pressure, trim, the owner's exit).
+ * (memory pressure, trim, the owner's exit).  An exited thread's arena keeps
+ * the regions under its live blocks and gives the rest (free regions, free
+ * region tails) to its node's pool, which later threads' arenas grow into
+ * before they pin new memory.
  * Context: thread-safe; the calling thread's own arena lock on the common path.
  * bfc_host_alloc blocks as bfc_ctx_alloc does, where growing maps, binds,
  * touches and pins a region (mmap, hwloc, cudaHostRegister on CUDA).

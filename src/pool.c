@@ -609,11 +609,11 @@ bool bfc__pool_fits_with(struct bfc__pool *p, uint64_t sid, const struct bfc__ra
     return fits;
 }
 
-size_t bfc__pool_largest(struct bfc__pool *p, uint64_t sid)
+/* The longest run of spans stream sid may take now; p->lock held, fences
+ * polled. */
+static size_t largest_run_locked(struct bfc__pool *p, uint64_t sid)
 {
-    bfc__lock(&p->lock);
-    poll_locked(p);
-    size_t most = 0, headroom = 0;
+    size_t most = 0;
     for (struct bfc__span *s = p->spans; s;) {
         if (!usable(s, sid)) {
             s = s->next;
@@ -623,6 +623,23 @@ size_t bfc__pool_largest(struct bfc__pool *p, uint64_t sid)
         if (len > most)
             most = len;
     }
+    return most;
+}
+
+size_t bfc__pool_largest_held(struct bfc__pool *p, uint64_t sid)
+{
+    bfc__lock(&p->lock);
+    poll_locked(p);
+    size_t most = largest_run_locked(p, sid);
+    bfc__unlock(&p->lock);
+    return most & ~(size_t)(BFC__MIN_ALLOC - 1);
+}
+
+size_t bfc__pool_largest(struct bfc__pool *p, uint64_t sid)
+{
+    bfc__lock(&p->lock);
+    poll_locked(p);
+    size_t most = largest_run_locked(p, sid), headroom = 0;
     if (p->growth) {
         /* With recycle, what release_free_locked would give back first. */
         size_t held = p->held;

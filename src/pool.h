@@ -167,6 +167,10 @@ bool bfc__pool_fits_with(struct bfc__pool *p, uint64_t sid, const struct bfc__ra
  * than the limit leaves uncommitted.  The backend may still refuse a new
  * segment.  A multiple of 256. */
 size_t bfc__pool_largest(struct bfc__pool *p, uint64_t sid);
+/* The largest run of free memory the pool already holds that stream sid
+ * may take now (fences polled): bfc__pool_largest without new segments.  A
+ * multiple of 256. */
+size_t bfc__pool_largest_held(struct bfc__pool *p, uint64_t sid);
 
 /* Gives wholly free, unfenced segments back to the backend (growth mode
  * only); returns the bytes released. */

@@ -5,6 +5,7 @@
  * and node selection on a synthetic two-node topology (white-box).
  */
 #include <check.h>
+#include <inttypes.h>
 #include <hwloc.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -264,6 +265,46 @@ START_TEST(test_free_by_slot_heir_is_remote)
 }
 END_TEST
 
+/*
+ * Threads that exit one after another, each leaving one small block live:
+ * each thread's arena keeps the region under its block, and the rest of that
+ * region goes to the pool when the thread exits.  The next thread's first
+ * region takes memory the pool holds before new memory: 200 such threads
+ * held 400 MiB of pinned memory (a new 2 MiB region each) for 600 KB live.
+ */
+static void *leave_one(void *arg)
+{
+    *(void **)arg = bfc_host_alloc(3000);
+    return NULL;
+}
+
+START_TEST(test_exited_threads_share_regions)
+{
+    enum { N = 200 };
+    static void *p[N];
+    for (int i = 0; i < N; i++) {
+        pthread_t t;
+        ck_assert_int_eq(pthread_create(&t, NULL, leave_one, &p[i]), 0);
+        ck_assert_int_eq(pthread_join(t, NULL), 0);
+        ck_assert_ptr_nonnull(p[i]);
+        memset(p[i], i, 3000);
+    }
+    bfc_stats_t s = host_stats();
+    ck_assert_uint_eq(s.num_allocs, N);
+    /* Every block is still live and its own. */
+    for (int i = 0; i < N; i++)
+        ck_assert_int_eq(((unsigned char *)p[i])[2999], (unsigned char)i);
+    /* 200 blocks of 3 KiB fit one 2 MiB region: the first thread's region,
+     * its tail taken piece by piece by the threads after it (a few more
+     * regions at most). */
+    ck_assert_msg(s.bytes_reserved <= 4u << 20, "%" PRIu64 " bytes reserved for %" PRIu64 " in use", s.bytes_reserved,
+                  s.bytes_in_use);
+    for (int i = 0; i < N; i++)
+        ck_assert_int_eq(bfc_host_free(p[i]), BFC_OK);
+    check_host_ctx();
+}
+END_TEST
+
 START_TEST(test_record_stream_fence)
 {
     bfc_config_t c;
@@ -468,6 +509,7 @@ int main(void)
     tcase_add_test(tc, test_per_thread_arenas_and_cross_thread_free);
     tcase_add_test(tc, test_remote_free_returns_to_owner);
     tcase_add_test(tc, test_free_by_slot_heir_is_remote);
+    tcase_add_test(tc, test_exited_threads_share_regions);
     tcase_add_test(tc, test_record_stream_fence);
     tcase_add_test(tc, test_bad_input);
     tcase_add_test(tc, test_host_numa_config);

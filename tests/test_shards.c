@@ -717,6 +717,38 @@ START_TEST(test_release_with_live_blocks)
 }
 END_TEST
 
+/* Streams that come and go one after another, each leaving one small
+ * block live (classic regions): each released shard keeps the region under
+ * its block and gives the tail to the pool.  The next stream's first region
+ * is taken from those tails, not from new memory: 50 such streams held 100
+ * MiB (a new 2 MiB region each) for 50 blocks of 3 KB. */
+START_TEST(test_released_tails_used_before_new_memory)
+{
+    bfc_ctx_t *ctx = ctx_spec("memory_limit=1G,vmm=off,initial_region=2M");
+    enum { N = 50 };
+    void *p[N];
+    bfc_stream_t s[N];
+    for (int i = 0; i < N; i++) {
+        s[i] = new_stream(ctx);
+        p[i] = xalloc(ctx, s[i], 3000);
+        memset(p[i], i, 3000);
+        ck_assert_int_eq(bfc_ctx_stream_release(ctx, s[i]), BFC_OK);
+    }
+    bfc_stats_t c = st(ctx);
+    ck_assert_msg(c.bytes_reserved <= 4 * MiB, "%" PRIu64 " bytes reserved for %" PRIu64 " in use", c.bytes_reserved,
+                  c.bytes_in_use);
+    for (int i = 0; i < N; i++) {
+        ck_assert_uint_eq(((unsigned char *)p[i])[2999], (unsigned char)i);
+        xfree(ctx, p[i], s[i]);
+    }
+    ck_assert_uint_eq(st(ctx).bytes_in_use, 0);
+    xcheck(ctx);
+    for (int i = 0; i < N; i++)
+        bfc_sim_stream_destroy(ctx, s[i]);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
 /* Shards in the context's list, retired ones not yet reclaimed included. */
 static size_t shards_listed(bfc_ctx_t *ctx)
 {
@@ -2329,6 +2361,7 @@ static Suite *shards_suite(void)
     tcase_add_test(tc, test_stuck_stream_older_fence_behind_record_stream);
     tcase_add_test(tc, test_record_stream_owner_noop);
     tcase_add_test(tc, test_release_with_live_blocks);
+    tcase_add_test(tc, test_released_tails_used_before_new_memory);
     tcase_add_test(tc, test_release_empty_and_unknown);
     tcase_add_test(tc, test_release_pending_reclaimed);
     tcase_add_test(tc, test_cross_stream_double_free);
