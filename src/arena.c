@@ -754,12 +754,6 @@ static int extend(struct bfc__arena *a, size_t rounded)
         size_t half = (available / 2) & ~(BFC__MIN_ALLOC - 1);
         size = half > rounded ? half - half % rounded : rounded;
     }
-    /* With other shards, a region the split rule would hand to this one
-     * block whole (less than twice it, the leftover under max_frag) is cut
-     * to the block, at every step below too: near the limit the rest is
-     * what the next stream needs (64 streams of 1 MiB each in a 64 MiB
-     * limit, allow_growth=false: eleven were refused, their memory gone to
-     * regions of 1.63 MiB given whole). */
     /* Memory the pool already holds before new memory: a region the pool
      * has no run for would come from the backend, while runs that other
      * shards gave up -- a released stream's or an exited host thread's
@@ -781,6 +775,12 @@ static int extend(struct bfc__arena *a, size_t rounded)
             from_pool = true;
         }
     }
+    /* With other shards, a region the split rule would hand to this one
+     * block whole (less than twice it, the leftover under max_frag) is cut
+     * to the block, at every step below too: near the limit the rest is
+     * what the next stream needs (64 streams of 1 MiB each in a 64 MiB
+     * limit, allow_growth=false: eleven were refused, their memory gone to
+     * regions of 1.63 MiB given whole). */
     if (shared && size < 2 * rounded && size - rounded < env->max_frag)
         size = rounded;
     struct bfc__region *r;
