@@ -815,6 +815,15 @@ static void *dump_fd_watch(void *arg)
             int flags = fcntl(atoi(e->d_name), F_GETFD);
             if (flags < 0)
                 continue; /* closed meanwhile */
+            /* The number may have been closed and taken by another file
+             * (the main thread's read_file, say) between readlink and
+             * fcntl: the flags are the dump's only if the number still
+             * names the same file.  Each dump's name is its own (pid and
+             * sequence number), so the same name is the same open. */
+            char again[600];
+            ssize_t m = readlink(link, again, sizeof again - 1);
+            if (m != n || memcmp(again, target, (size_t)n) != 0)
+                continue;
             atomic_fetch_add(&w->seen, 1);
             if (!(flags & FD_CLOEXEC))
                 atomic_fetch_add(&w->inheritable, 1);
