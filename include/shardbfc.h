@@ -657,7 +657,9 @@ BFC_API int64_t bfc_ctx_allocation_id(bfc_ctx_t *ctx, const void *p);
  * AUTO), the limit filled in and
  * rounded down to 256 bytes as the context counts it (bytes_limit); for a
  * host context (bfc_host_ctx) trace and oom_dump are "", since host
- * contexts follow neither (bfc_ctx_trace_start still traces one).
+ * contexts follow neither (bfc_ctx_trace_start still traces one), and
+ * memory_limit and allow_growth are the node's memory and true, whatever
+ * SHARDBFC_CONF says (see "host pinned memory").
  * Context: thread-safe, lock-free, never blocks. */
 BFC_API int bfc_ctx_config(bfc_ctx_t *ctx, bfc_config_t *out);
 
@@ -766,6 +768,12 @@ BFC_API void bfc_shutdown(void);
  * the regions under its live blocks and gives the rest (free regions, free
  * region tails) to its node's pool, which later threads' arenas grow into
  * before they pin new memory.
+ * Configuration: one host context per NUMA node, from SHARDBFC_CONF like the
+ * device contexts, except that its limit is the node's memory (hwloc's
+ * local memory; 16 GiB where the topology does not say) and it always
+ * grows: memory_limit and allow_growth=false bound device memory, never
+ * host memory, and trace and oom_dump apply to device contexts only
+ * (bfc_host_stats reports the host limit as bytes_limit).
  * Context: thread-safe; the calling thread's own arena lock on the common path.
  * bfc_host_alloc blocks as bfc_ctx_alloc does, where growing maps, binds,
  * touches and pins a region (mmap, hwloc, cudaHostRegister on CUDA).

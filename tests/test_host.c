@@ -443,6 +443,35 @@ START_TEST(test_host_config_reports_what_it_runs)
 }
 END_TEST
 
+/* A host context's limit is its node's memory and it always grows:
+ * SHARDBFC_CONF's memory_limit and allow_growth bound device memory only
+ * (the header's "host pinned memory" says so).  The device context made
+ * from the same spec keeps both. */
+START_TEST(test_host_limit_is_the_nodes_memory)
+{
+    setenv("SHARDBFC_CONF", "backend=sim,memory_limit=64M,allow_growth=false", 1);
+    void *p = bfc_host_alloc(200u << 20);
+    ck_assert_ptr_nonnull(p);
+    bfc_config_t c;
+    ck_assert_int_eq(bfc_ctx_config(bfc_host_ctx(bfc_host_numa_node(p)), &c), BFC_OK);
+    ck_assert(c.allow_growth);
+    ck_assert_uint_gt(c.memory_limit, 200u << 20);
+    bfc_stats_t s;
+    ck_assert_int_eq(bfc_host_stats(&s), BFC_OK);
+    ck_assert_uint_eq(s.bytes_limit, c.memory_limit);
+    ck_assert_int_eq(bfc_host_free(p), BFC_OK);
+    bfc_ctx_t *dev = bfc_default_ctx();
+    ck_assert_ptr_nonnull(dev);
+    ck_assert_int_eq(bfc_ctx_config(dev, &c), BFC_OK);
+    ck_assert_uint_eq(c.memory_limit, 64u << 20);
+    ck_assert(!c.allow_growth);
+    bfc_stream_t st = bfc_sim_stream_create(dev);
+    ck_assert_ptr_null(bfc_ctx_alloc(dev, st, 200u << 20));
+    ck_assert_int_eq(bfc_last_error(), BFC_ENOMEM);
+    bfc_sim_stream_destroy(dev, st);
+}
+END_TEST
+
 /* Node selection logic on a synthetic topology with two NUMA nodes (binding
  * is a no-op there, so the choice is tested on cpusets directly). */
 START_TEST(test_synthetic_two_nodes)
@@ -514,6 +543,7 @@ int main(void)
     tcase_add_test(tc, test_bad_input);
     tcase_add_test(tc, test_host_numa_config);
     tcase_add_test(tc, test_host_config_reports_what_it_runs);
+    tcase_add_test(tc, test_host_limit_is_the_nodes_memory);
     tcase_add_test(tc, test_synthetic_two_nodes);
     tcase_add_test(tc, test_unregister_refused);
     suite_add_tcase(s, tc);
