@@ -297,8 +297,9 @@ BFC_API void bfc_config_init(bfc_config_t *cfg);
  * yes/no/on/off).  ASCII whitespace around a key or value is ignored,
  * empty items are skipped, and a later item overrides an earlier one with
  * the same key.  Paths (oom_dump,
- * trace) are taken verbatim (no commas, no control characters, at most 255
- * bytes).  An unknown key, a malformed, negative or out-of-range value
+ * trace) are taken as written, less that surrounding whitespace (so a path
+ * cannot begin or end with a space; no commas, no control characters, at
+ * most 255 bytes).  An unknown key, a malformed, negative or out-of-range value
  * returns BFC_EINVAL and leaves *cfg exactly as it was.  An empty or NULL
  * spec is BFC_OK.
  *
@@ -306,7 +307,8 @@ BFC_API void bfc_config_init(bfc_config_t *cfg);
  *   memory_limit      0 (the backend's default) or at least 256 bytes
  *   initial_region    at least 1 byte (rounded up to 256 when used)
  *   large_alloc       any size; 0 turns the large-request rule off
- *   fragmentation_fraction   a decimal number from 0 to 1
+ *   fragmentation_fraction   a decimal number from 0 to 1 (a non-zero one
+ *                     that underflows to 0, below about 4.9e-324, is refused)
  *   retry_ms          0 to 3600000 (one hour)
  *   release_threshold any size
  *   slack_decay_ms    1 to 4294967295 milliseconds, or never (0 is the

@@ -220,7 +220,8 @@ static bool parse_bool(struct span s, bool *out)
 
 /*
  * A decimal number in [0, 1]: [+]digits[.digits][e[+-]digits] or
- * [+].digits[...].  No nan, inf, hex or locale-specific decimal point.
+ * [+].digits[...].  No nan, inf, hex or locale-specific decimal point, and
+ * no non-zero value so small that it reads as 0 (below about 4.9e-324).
  * The first 19 significant digits are kept; the result is the mantissa
  * divided by an exact power of ten, which is correctly rounded whenever the
  * mantissa is below 2^53 and at most 22 fraction digits are given (every
@@ -290,7 +291,10 @@ static bool parse_fraction(struct span s, double *out)
     if (k > 22)
         k = 0; /* v is already 0 */
     v /= pow10[k];
-    if (v > 1.0)
+    /* A non-zero spelling that underflows to 0 would silently select the
+     * 0 setting's meaning (for fragmentation_fraction, the 128 MiB rule):
+     * refused instead. */
+    if (v > 1.0 || v == 0.0)
         return false;
     *out = v;
     return true;
@@ -346,7 +350,7 @@ static const char *apply(bfc_config_t *cfg, const struct key *k, struct span v)
     case K_FRACTION: {
         double d;
         if (!parse_fraction(v, &d))
-            return "expected a decimal number from 0 to 1";
+            return "expected a decimal number from 0 to 1 (a non-zero one at least 4.9e-324)";
         *(double *)(void *)field = d;
         return NULL;
     }

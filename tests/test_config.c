@@ -197,6 +197,9 @@ START_TEST(test_good_fraction)
     GOOD("fragmentation_fraction=0e999", fragmentation_fraction, 0.0);
     GOOD("fragmentation_fraction=0.000000000000000000000000000001", fragmentation_fraction,
          1e-30);
+    GOOD("fragmentation_fraction=1e-300", fragmentation_fraction, 1e-300);
+    GOOD("fragmentation_fraction=5e-324", fragmentation_fraction, 5e-324); /* the least double */
+    GOOD("fragmentation_fraction=0e-400", fragmentation_fraction, 0.0);
 }
 END_TEST
 
@@ -404,6 +407,9 @@ START_TEST(test_bad_fraction)
         "2",    "-0.1",  "-0",     "1e1", "10e-1x", "0.5e", "0.5e+", ".",   "e5",
         "0x0.8p0", "0..5", "--1", "0.5 0.5", "1e100", "0.5f", "++0.5", "+",  "0,5",
         "99999999999999999999e-19",
+        /* non-zero, but below the smallest double: they would read as 0,
+         * the 128 MiB rule, which nobody who wrote them meant */
+        "1e-400", "0.0000001e-320", "1e-99999999",
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
         expect_bad_kv("fragmentation_fraction", bad[i]);
@@ -715,6 +721,7 @@ START_TEST(test_err_names_key_value_reason)
     MSG("device=-1", "device=-1", "device ordinal");
     MSG("host_numa=near", "host_numa=near", "thread, gpu or a NUMA node");
     MSG("fragmentation_fraction=1.5", "fragmentation_fraction=1.5", "from 0 to 1");
+    MSG("fragmentation_fraction=1e-400", "fragmentation_fraction=1e-400", "at least 4.9e-324");
     MSG("poison=maybe", "poison=maybe", "true/false");
     MSG("sim_fail_alloc_every=3", "sim_fail_alloc_every=3", "unknown key");
     MSG("retry_ms=4294967296", "retry_ms=4294967296", "3600000");
