@@ -344,6 +344,18 @@ BFC_API int bfc_config_parse_err(bfc_config_t *cfg, const char *spec, char *err,
  */
 BFC_API int bfc_config_validate(const bfc_config_t *cfg);
 
+/*
+ * bfc_config_validate, plus a reason: on BFC_EINVAL, err receives one line
+ * naming the first refused field and its rule, e.g.
+ *   vmm=on needs allow_growth=true (expandable arenas grow; ...)
+ *   initial_region is 0 (at least 1 byte)
+ * On BFC_OK err is "".  err is always NUL-terminated when errlen > 0 and
+ * truncated to fit; err == NULL or errlen == 0 asks for no message.  256
+ * bytes hold any message.
+ * Context: thread-safe (touches only err), never blocks.
+ */
+BFC_API int bfc_config_validate_err(const bfc_config_t *cfg, char *err, size_t errlen);
+
 /* -------------------------------------------------------------- contexts */
 
 /*
@@ -494,7 +506,10 @@ BFC_API int bfc_config_validate(const bfc_config_t *cfg);
  *     covers the region, the largest run that covers the request is its
  *     region (released streams' and exited host threads' region tails,
  *     kept apart by their live blocks, are used, not left beside new
- *     regions).
+ *     regions), and the shard's schedule does not double for it: the next
+ *     region is sized as if that one had not been taken (so a stream
+ *     released once and used again may hold 2, 2 and 4 MiB where a fresh
+ *     context holds 2, 4 and 8).
  */
 
 /*

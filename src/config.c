@@ -584,47 +584,64 @@ static bool path_ok(const char *p, size_t cap)
     return true;
 }
 
-int bfc_config_validate(const bfc_config_t *cfg)
+/* Why *cfg is refused, in words (the field and its rule), or NULL. */
+static const char *config_refusal(const bfc_config_t *cfg)
 {
     if (cfg == NULL)
-        return BFC_EINVAL;
+        return "no configuration (NULL)";
     /* Compare as int: the struct may have been filled from outside the enum. */
     int backend = (int)cfg->backend;
-    if (backend != BFC_BACKEND_AUTO && backend != BFC_BACKEND_CUDA &&
-        backend != BFC_BACKEND_SIM)
-        return BFC_EINVAL;
+    if (backend != BFC_BACKEND_AUTO && backend != BFC_BACKEND_CUDA && backend != BFC_BACKEND_SIM)
+        return "backend is not one of BFC_BACKEND_AUTO, BFC_BACKEND_CUDA, BFC_BACKEND_SIM";
     if (cfg->device < 0)
-        return BFC_EINVAL;
+        return "device is negative";
     if (cfg->initial_region == 0)
-        return BFC_EINVAL;
+        return "initial_region is 0 (at least 1 byte)";
     /* Written so that NaN fails both comparisons and is rejected. */
     if (!(cfg->fragmentation_fraction >= 0.0 && cfg->fragmentation_fraction <= 1.0))
-        return BFC_EINVAL;
+        return "fragmentation_fraction is not a number from 0 to 1";
     if (cfg->memory_limit != 0 && cfg->memory_limit < MIN_LIMIT)
-        return BFC_EINVAL;
+        return "memory_limit is below 256 bytes (0 is the backend's default)";
     if (cfg->retry_ms > MAX_RETRY_MS)
-        return BFC_EINVAL;
+        return "retry_ms is above 3600000 (one hour)";
     if (cfg->host_numa < BFC_HOST_NUMA_GPU)
-        return BFC_EINVAL;
+        return "host_numa is not BFC_HOST_NUMA_THREAD, BFC_HOST_NUMA_GPU or a node number";
     /* Filled in by hand, a path must still be a C string, and hold no
      * control character (the parser's rule). */
-    if (!path_ok(cfg->oom_dump, sizeof cfg->oom_dump) || !path_ok(cfg->trace, sizeof cfg->trace))
-        return BFC_EINVAL;
+    if (!path_ok(cfg->oom_dump, sizeof cfg->oom_dump))
+        return "oom_dump is not a NUL-terminated path without control characters";
+    if (!path_ok(cfg->trace, sizeof cfg->trace))
+        return "trace is not a NUL-terminated path without control characters";
     /* 0 (the default), 1 ms .. MAX_DECAY_MS, or never: the parser's range. */
     if (cfg->slack_decay_ms > MAX_DECAY_MS && cfg->slack_decay_ms != BFC_DECAY_NEVER)
-        return BFC_EINVAL;
+        return "slack_decay_ms is out of range (0, 1 to 4294967295 ms, or BFC_DECAY_NEVER)";
     if (cfg->vmm != BFC_VMM_AUTO && cfg->vmm != BFC_VMM_ON && cfg->vmm != BFC_VMM_OFF)
-        return BFC_EINVAL;
-    if (config_conflict(cfg))
-        return BFC_EINVAL;
-    if (cfg->reserved_flags != 0)
-        return BFC_EINVAL;
+        return "vmm is not one of BFC_VMM_AUTO, BFC_VMM_ON, BFC_VMM_OFF";
+    const char *conflict = config_conflict(cfg);
+    if (conflict)
+        return conflict;
     /* Room for later versions' settings: a non-zero word here means a
      * setting this library does not know (or an uninitialised struct). */
+    bool reserved = cfg->reserved_flags != 0;
     for (size_t i = 0; i < sizeof cfg->reserved / sizeof cfg->reserved[0]; i++)
-        if (cfg->reserved[i] != 0)
-            return BFC_EINVAL;
-    return BFC_OK;
+        reserved |= cfg->reserved[i] != 0;
+    if (reserved)
+        return "reserved fields are not zero (a setting this version does not know, or a struct "
+               "that bfc_config_init did not fill)";
+    return NULL;
+}
+
+int bfc_config_validate(const bfc_config_t *cfg)
+{
+    return config_refusal(cfg) ? BFC_EINVAL : BFC_OK;
+}
+
+int bfc_config_validate_err(const bfc_config_t *cfg, char *err, size_t errlen)
+{
+    const char *why = config_refusal(cfg);
+    if (err && errlen > 0)
+        snprintf(err, errlen, "%s", why ? why : "");
+    return why ? BFC_EINVAL : BFC_OK;
 }
 
 /* ------------------------------------------------------- SHARDBFC_CONF */

@@ -601,11 +601,17 @@ START_TEST(test_validate)
     nondefault(&c);
     ck_assert_int_eq(bfc_config_validate(&c), BFC_OK);
 
+    /* bfc_config_validate_err agrees, and gives a reason exactly when it
+     * refuses. */
+    char why[256];
 #define VALID(stmt, expect)                                                   \
     do {                                                                      \
         bfc_config_init(&c);                                                  \
         stmt;                                                                 \
         ck_assert_msg(bfc_config_validate(&c) == (expect), "%s", #stmt);      \
+        memset(why, 'x', sizeof why);                                         \
+        ck_assert_msg(bfc_config_validate_err(&c, why, sizeof why) == (expect), "%s", #stmt); \
+        ck_assert_msg((why[0] == '\0') == ((expect) == BFC_OK), "%s: '%s'", #stmt, why); \
     } while (0)
 
     VALID(c.backend = (bfc_backend_t)3, BFC_EINVAL);
@@ -646,7 +652,38 @@ START_TEST(test_validate)
     VALID(strcpy(c.trace, "/tmp/a\nb"), BFC_EINVAL);
     VALID(strcpy(c.oom_dump, "/tmp/a\x7f"), BFC_EINVAL);
     VALID(strcpy(c.trace, "/tmp/caf\xc3\xa9,x.csv"), BFC_OK);
+    VALID(c.reserved[0] = 1, BFC_EINVAL);
 #undef VALID
+
+    /* The reason names the field and its rule. */
+#define WHY(stmt, words)                                                      \
+    do {                                                                      \
+        bfc_config_init(&c);                                                  \
+        stmt;                                                                 \
+        ck_assert_int_eq(bfc_config_validate_err(&c, why, sizeof why), BFC_EINVAL); \
+        ck_assert_msg(strstr(why, words) != NULL, "%s: '%s'", #stmt, why);  \
+    } while (0)
+    WHY((c.vmm = BFC_VMM_ON, c.allow_growth = false), "vmm=on needs allow_growth=true");
+    WHY(c.initial_region = 0, "initial_region");
+    WHY(c.fragmentation_fraction = NAN, "fragmentation_fraction");
+    WHY(c.memory_limit = 255, "memory_limit");
+    WHY(c.retry_ms = 3600001, "retry_ms");
+    WHY(c.device = -1, "device");
+    WHY(strcpy(c.oom_dump, "/tmp/a\x7f"), "oom_dump");
+    WHY(strcpy(c.trace, "/tmp/a\nb"), "trace");
+    WHY(c.reserved_flags = 1, "reserved");
+#undef WHY
+    ck_assert_int_eq(bfc_config_validate_err(NULL, why, sizeof why), BFC_EINVAL);
+    ck_assert_str_ne(why, "");
+    /* No room asked for: no write; a short buffer: cut, terminated. */
+    bfc_config_init(&c);
+    c.initial_region = 0;
+    ck_assert_int_eq(bfc_config_validate_err(&c, NULL, 0), BFC_EINVAL);
+    why[0] = 'q';
+    ck_assert_int_eq(bfc_config_validate_err(&c, why, 0), BFC_EINVAL);
+    ck_assert_int_eq(why[0], 'q');
+    ck_assert_int_eq(bfc_config_validate_err(&c, why, 8), BFC_EINVAL);
+    ck_assert_str_eq(why, "initial");
 }
 END_TEST
 

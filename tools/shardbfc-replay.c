@@ -223,12 +223,27 @@ int main(int argc, char **argv)
                     specs[i]);
         probe.trace[0] = '\0';
         probe.retry_ms = 0;
-        if (bfc_config_validate(&probe) != BFC_OK) {
-            fprintf(stderr, "shardbfc-replay: bad configuration: %s: settings that cannot go together\n",
-                    specs[i][0] ? specs[i] : "(defaults)");
+        const char *name = specs[i][0] ? specs[i] : "(defaults)";
+        if (bfc_config_validate_err(&probe, err, sizeof(err)) != BFC_OK) {
+            fprintf(stderr, "shardbfc-replay: bad configuration: %s: %s\n", name, err);
             free(specs);
             return 1;
         }
+        /* What only a context can refuse (vmm=on where the limit holds no
+         * granule): made once here, so that a refusal comes before the
+         * table and says which SPEC. */
+        bfc_ctx_t *ctx;
+        int st = bfc_ctx_create(&probe, &ctx);
+        if (st != BFC_OK) {
+            fprintf(stderr, "shardbfc-replay: bad configuration: %s: bfc_ctx_create: %s%s\n", name,
+                    bfc_strerror(st),
+                    st == BFC_EINVAL && probe.vmm == BFC_VMM_ON
+                        ? " (vmm=on needs a memory_limit of at least one granule of the backend)"
+                        : "");
+            free(specs);
+            return 1;
+        }
+        bfc_ctx_destroy(ctx);
     }
     if (bfc_trace_csv_read_ordered(trace, &ev, &n, &sorted, err, sizeof(err)) != 0) {
         fprintf(stderr, "shardbfc-replay: %s\n", err);
