@@ -246,7 +246,8 @@ typedef struct bfc_config {
                                      2-core VM, where without it no page is touched) */
     int host_numa;                /* bfc_host_numa_t or a node number (host arenas) */
     char oom_dump[256];           /* "": off; else on OOM the snapshot JSON is written to this path
-                                     (see bfc_ctx_set_oom_callback) */
+                                     (see bfc_ctx_set_oom_callback; its directory must be writable
+                                     when the context is created) */
     char trace[256];              /* "": off; else every context traces to this path from its
                                      creation (see bfc_ctx_trace_start) */
     /* ---- added in 0.9 from the reserved words (zero is the default) ---- */
@@ -515,7 +516,10 @@ BFC_API int bfc_config_validate_err(const bfc_config_t *cfg, char *err, size_t e
 /*
  * Creates an allocator context for one device.  cfg may be NULL (defaults).
  * With allow_growth=false the whole memory_limit is reserved from the backend
- * here.  Returns BFC_OK and *out, or BFC_EINVAL (bad config), BFC_ENODEV (the
+ * here.  Returns BFC_OK and *out, or BFC_EINVAL (bad config; also a trace=
+ * path that cannot be created, an oom_dump= path whose directory is
+ * missing or not writable, or that is a directory; vmm=on where the
+ * backend has no virtual memory or the limit holds no granule), BFC_ENODEV (the
  * chosen backend has no usable device), BFC_ENOMEM (also: the process's
  * first context starts liburcu's call_rcu thread, and no thread could be
  * made -- RLIMIT_NPROC, a container's pids limit; a later call tries
@@ -701,7 +705,8 @@ BFC_API int bfc_ctx_config(bfc_ctx_t *ctx, bfc_config_t *out);
  * Settings valid alone but not together (vmm=on with allow_growth=false)
  * stop it the same way.  So does a spec on which the first device context
  * cannot be made (bfc_ctx_create says BFC_EINVAL: a trace= path that cannot
- * be created, vmm=on where the device has no virtual memory or the limit
+ * be created, an oom_dump= path in a directory that is missing or not
+ * writable, vmm=on where the device has no virtual memory or the limit
  * holds no granule), from the call that found it on, with its own line on
  * stderr (a host section already started keeps working, so that its
  * blocks stay valid).  Where another
@@ -1126,6 +1131,10 @@ BFC_API int bfc_ctx_oom_info(bfc_ctx_t *ctx, bfc_oom_info_t *out);
  * PATH.tmp.PID.N, opened close-on-exec, then renamed over PATH: contexts
  * and processes that share PATH leave it one complete snapshot, the last
  * written; a process killed mid-dump leaves its PATH.tmp.* behind).  A
+ * path whose directory is missing or not writable fails bfc_ctx_create
+ * (BFC_EINVAL), so a dump that was asked for is not silently missing; a
+ * dump that fails later (the directory removed, the disk full) is said
+ * on stderr, once per context.  A
  * thread writing a dump does not act on cancellation meanwhile.  BFC_OK
  * or BFC_EINVAL (ctx NULL).
  * Context: thread-safe; takes the context's observability lock, as

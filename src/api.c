@@ -101,7 +101,7 @@ static int device_of(bfc_stream_t s, int *dev)
 /*
  * A configuration that parses but on which a context cannot be made
  * (bfc_ctx_create says BFC_EINVAL: a trace= path that cannot be created,
- * vmm=on where the device has no virtual memory or the limit holds no
+ * an oom_dump= path whose directory is not writable, vmm=on where the device has no virtual memory or the limit holds no
  * granule) stops the service as a bad spec does, with its one line on
  * stderr, rather than retry the creation at every call.  Where another
  * device's context already runs, only this device is refused (its users'
@@ -110,10 +110,11 @@ static int device_of(bfc_stream_t s, int *dev)
  */
 static void refuse_device(int dev)
 {
-    char why[256];
+    char why[320];
     snprintf(why, sizeof why,
-             "the context for device %d cannot be created (a trace= path that cannot be created, or vmm=on "
-             "where the device has no virtual memory or the limit holds no granule)",
+             "the context for device %d cannot be created (a trace= path that cannot be created, an "
+             "oom_dump= path whose directory is missing or not writable, or vmm=on where the device has no "
+             "virtual memory or the limit holds no granule)",
              dev);
     for (int i = 0; i < MAX_DEVICES; i++)
         if (atomic_load_explicit(&devices[i], memory_order_relaxed)) {

@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -375,8 +376,36 @@ __attribute__((constructor)) static void handlers_init_at_load(void)
  * OOM report (obs_oom.c) and the snapshot (stats.c) -- all at this layer or
  * below -- so none of those has to call another to start or stop.
  */
+/*
+ * An oom_dump path that can never be written -- its directory missing or
+ * not writable, or the path a directory -- fails the context's creation
+ * as an uncreatable trace= path does: the dump is wanted at the worst
+ * moment, and an operator must learn at start-up, not after the outage,
+ * that it will not be there.  (The dump is written to PATH.tmp.* beside
+ * PATH, then renamed over it: the directory is what must be writable.)
+ */
+static bool oom_dump_path_ok(const char *path)
+{
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+        return false;
+    char dir[sizeof(((bfc_config_t *)0)->oom_dump)];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (!slash)
+        snprintf(dir, sizeof dir, ".");
+    else if (slash == dir)
+        dir[1] = '\0';
+    else
+        *slash = '\0';
+    return access(dir, W_OK | X_OK) == 0;
+}
+
 static int obs_init(struct bfc_ctx *ctx)
 {
+    /* (A host context's cfg.oom_dump is "": ctx_create.) */
+    if (ctx->cfg.oom_dump[0] && !oom_dump_path_ok(ctx->cfg.oom_dump))
+        return BFC_EINVAL;
     int e = bfc__mutex_init(&ctx->obs.lock, BFC__RANK_OBS, "a context's obs lock");
     if (e != 0)
         return BFC_ENOMEM;
@@ -441,6 +470,7 @@ static void oom_dump(struct bfc_ctx *ctx)
     /* A name taken already (left by a killed process that had our pid: a
      * restarted container's pid 1) is someone else's: the next number. */
     int fd = -1;
+    bool failed = true; /* no file could be opened */
     for (int tries = 0; fd < 0 && tries < 8; tries++) {
         int n = snprintf(tmp, sizeof(tmp), "%s.tmp.%ld.%u", ctx->cfg.oom_dump, (long)getpid(),
                          atomic_fetch_add_explicit(&dump_seq, 1, memory_order_relaxed));
@@ -450,18 +480,38 @@ static void oom_dump(struct bfc_ctx *ctx)
         if (fd < 0 && errno != EEXIST)
             break;
     }
+    int err = fd < 0 ? errno : 0;
     if (fd >= 0) {
+        errno = 0;
         FILE *f = fdopen(fd, "w");
         bool written = f != NULL && bfc_ctx_snapshot_json(ctx, f) == BFC_OK;
-        if (f ? fclose(f) != 0 : close(fd) != 0)
+        if (!written)
+            err = errno ? errno : EIO;
+        if (f ? fclose(f) != 0 : close(fd) != 0) {
             written = false;
-        if (!written || rename(tmp, ctx->cfg.oom_dump) != 0)
+            err = errno;
+        }
+        if (written && rename(tmp, ctx->cfg.oom_dump) != 0) {
+            written = false;
+            err = errno;
+        }
+        if (!written)
             (void)unlink(tmp);
+        failed = !written;
     }
     bfc__nocancel_end(cancel_state);
     bfc__lock(&ctx->obs.lock);
     ctx->obs.dumping = false;
+    /* Checked at creation, the directory can still go away or fill up: a
+     * dump that was asked for and is missing is said once per context
+     * (not per OOM: an OOM storm must not flood the log). */
+    bool say = failed && !ctx->obs.dump_failed_said;
+    if (say)
+        ctx->obs.dump_failed_said = true;
     bfc__unlock(&ctx->obs.lock);
+    if (say)
+        fprintf(stderr, "libshardbfc: oom_dump=%s: the snapshot could not be written (%s); later failures are not said\n",
+                ctx->cfg.oom_dump, strerror(err));
 }
 
 /* ------------------------------------------------------------ create */

@@ -29,6 +29,7 @@ struct bfc__obs {
     void *oom_arg;
     uint64_t last_dump_ns; /* under lock: oom_dump rate limit (0: never dumped) */
     bool dumping;          /* under lock: an oom_dump file is being written */
+    bool dump_failed_said; /* under lock: stderr said a dump could not be written */
     struct bfc__oom_report *last_oom; /* under lock: the most recent OOM report */
 };
 

@@ -16,6 +16,7 @@
 
 #include <check.h>
 #include <dirent.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <locale.h>
@@ -732,6 +733,106 @@ START_TEST(test_oom_dump)
     ck_assert_int_ne(stat(path, &sb), 0);
 
     xfree(ctx, a, s);
+    bfc_sim_stream_destroy(ctx, s);
+    bfc_ctx_destroy(ctx);
+    tmp_teardown();
+}
+END_TEST
+
+/* An oom_dump path that can never be written fails the context's creation,
+ * as an uncreatable trace= path does: a missing directory, a path that is
+ * a directory, and (not as root, whom access() lets write anywhere) a
+ * directory without write permission.  A relative name is in the working
+ * directory. */
+static int create_with(const char *spec)
+{
+    bfc_config_t c;
+    bfc_config_init(&c);
+    ck_assert_int_eq(bfc_config_parse(&c, "backend=sim"), BFC_OK);
+    ck_assert_int_eq(bfc_config_parse(&c, spec), BFC_OK);
+    bfc_ctx_t *ctx = NULL;
+    int st = bfc_ctx_create(&c, &ctx);
+    ck_assert((st == BFC_OK) == (ctx != NULL));
+    bfc_ctx_destroy(ctx);
+    return st;
+}
+
+START_TEST(test_oom_dump_path_checked_at_create)
+{
+    tmp_setup();
+    char path[400], spec[600];
+    tmp_path(path, sizeof path, "missing/oom.json");
+    snprintf(spec, sizeof spec, "oom_dump=%s", path);
+    ck_assert_int_eq(create_with(spec), BFC_EINVAL);
+    tmp_path(path, sizeof path, "adir");
+    ck_assert_int_eq(mkdir(path, 0700), 0);
+    snprintf(spec, sizeof spec, "oom_dump=%s", path);
+    ck_assert_int_eq(create_with(spec), BFC_EINVAL); /* rename over a directory fails */
+    snprintf(spec, sizeof spec, "oom_dump=%s/oom.json", path);
+    ck_assert_int_eq(create_with(spec), BFC_OK);
+    if (geteuid() != 0) {
+        ck_assert_int_eq(chmod(path, 0500), 0);
+        ck_assert_int_eq(create_with(spec), BFC_EINVAL);
+        ck_assert_int_eq(chmod(path, 0700), 0);
+    }
+    ck_assert_int_eq(rmdir(path), 0);
+    char cwd[400];
+    ck_assert_ptr_nonnull(getcwd(cwd, sizeof cwd));
+    ck_assert_int_eq(chdir(tmpdir), 0);
+    ck_assert_int_eq(create_with("oom_dump=oom.json"), BFC_OK);
+    ck_assert_int_eq(create_with("oom_dump=missing/oom.json"), BFC_EINVAL);
+    ck_assert_int_eq(chdir(cwd), 0);
+    tmp_teardown();
+}
+END_TEST
+
+/* A dump that fails after creation (its directory removed) is said on
+ * stderr once per context, with the path and the reason -- not once per
+ * OOM -- and the allocation fails as ever. */
+START_TEST(test_oom_dump_failure_said_once)
+{
+    tmp_setup();
+    char dir[400], path[500], spec[600], errpath[500];
+    tmp_path(dir, sizeof dir, "gone");
+    ck_assert_int_eq(mkdir(dir, 0700), 0);
+    snprintf(path, sizeof path, "%s/oom.json", dir);
+    snprintf(spec, sizeof spec, "memory_limit=4M,oom_dump=%s", path);
+    bfc_ctx_t *ctx = mkctx(spec);
+    ck_assert_int_eq(rmdir(dir), 0);
+    tmp_path(errpath, sizeof errpath, "stderr.txt");
+    fflush(stderr);
+    int saved = dup(2);
+    ck_assert_int_ge(saved, 0);
+    int fd = open(errpath, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(dup2(fd, 2), 2);
+    close(fd);
+    bfc_stream_t s = bfc_sim_stream_create(ctx);
+    for (int i = 0; i < 2; i++) {
+        if (i)
+            usleep(1100 * 1000); /* past the one-dump-a-second limit */
+        ck_assert_ptr_null(bfc_ctx_alloc(ctx, s, 8 * MiB));
+        ck_assert_int_eq(bfc_last_error(), BFC_ENOMEM);
+    }
+    fflush(stderr);
+    ck_assert_int_eq(dup2(saved, 2), 2);
+    close(saved);
+    size_t len;
+    char *text = read_file(errpath, &len);
+    ck_assert_ptr_nonnull(text);
+    char want[700];
+    snprintf(want, sizeof want, "libshardbfc: oom_dump=%s: the snapshot could not be written (%s)", path,
+             strerror(ENOENT));
+    char *first = strstr(text, want);
+    ck_assert_msg(first != NULL, "stderr: '%s'", text);
+    char *eol = strchr(first, '\n');
+    ck_assert_ptr_nonnull(eol);
+    ck_assert_msg(strstr(eol, "oom_dump=") == NULL, "said twice: '%s'", text);
+    free(text);
+    bfc_stats_t st;
+    ck_assert_int_eq(bfc_ctx_stats(ctx, &st), BFC_OK);
+    ck_assert_uint_eq(st.num_ooms, 2);
+    ck_assert_int_eq(bfc_ctx_check(ctx), BFC_OK);
     bfc_sim_stream_destroy(ctx, s);
     bfc_ctx_destroy(ctx);
     tmp_teardown();
@@ -2674,6 +2775,8 @@ static Suite *obs_suite(void)
     tcase_add_test(tc, test_oom_dump);
     tcase_add_test(tc, test_oom_dump_shared_path);
     tcase_add_test(tc, test_oom_dump_stale_tmp);
+    tcase_add_test(tc, test_oom_dump_path_checked_at_create);
+    tcase_add_test(tc, test_oom_dump_failure_said_once);
     tcase_add_test(tc, test_fenced_free_counted_when_issued);
     tcase_add_test(tc, test_oom_report_limit_and_too_large);
     tcase_add_test(tc, test_oom_report_fragmented);
