@@ -280,7 +280,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
             o->runs = one[0];
         } else if (strcmp(a, "--baseline") == 0) {
             if (!parse_baselines(v, o)) {
-                fprintf(stderr, PROG ": --baseline %s: expected alu, mem, alu,mem (both) or none\n",
+                fprintf(stderr, PROG ": --baseline %s: expected alu, mem, ports, a comma list of them (both is alu,mem) or none\n",
                         v);
                 return -1;
             }

@@ -25,39 +25,56 @@
  * figure a bound (a context's peaks of allocated and requested bytes,
  * key "..._bound"; doc/snapshot.md).
  */
+/*
+ * A figure as text: its decimal digits, or "?" where the input leaves it
+ * out (a hand-made or older snapshot), never a 0 that reads as a figure.
+ * Eight buffers in turn: one printf call uses at most eight of them.
+ */
+static const char *num(const json_object *o, const char *key)
+{
+    static char buf[8][24];
+    static unsigned next;
+    char *b = buf[next++ % 8];
+    const json_object *v = bfc_json_get(o, key);
+    if (!v || !json_object_is_type(v, json_type_int))
+        return "?";
+    snprintf(b, sizeof buf[0], "%" PRIu64, bfc_json_u64(o, key, 0));
+    return b;
+}
+
 static void print_peak(const json_object *s, const char *key, bool bound)
 {
     char bkey[64];
     snprintf(bkey, sizeof bkey, "%s_bound", key);
     if (bfc_json_get(s, bkey))
-        printf("peak <= %" PRIu64 " (bound)", bfc_json_u64(s, bkey, 0));
+        printf("peak <= %s (bound)", num(s, bkey));
     else if (bound)
-        printf("peak <= %" PRIu64 " (bound)", bfc_json_u64(s, key, 0));
+        printf("peak <= %s (bound)", num(s, key));
     else
-        printf("peak %" PRIu64, bfc_json_u64(s, key, 0));
+        printf("peak %s", num(s, key));
 }
 
 /* bound_peaks: the peaks are bounds under their bare names (a version 1
  * snapshot's totals: the sum of the shards' peaks). */
 static void print_stats(const char *indent, const json_object *s, bool bound_peaks)
 {
-    printf("%sallocated %" PRIu64 " (", indent, bfc_json_u64(s, "bytes_in_use", 0));
+    printf("%sallocated %s (", indent, num(s, "bytes_in_use"));
     print_peak(s, "peak_bytes_in_use", bound_peaks);
-    printf("), requested %" PRIu64 " (", bfc_json_u64(s, "bytes_requested", 0));
+    printf("), requested %s (", num(s, "bytes_requested"));
     print_peak(s, "peak_bytes_requested", bound_peaks);
-    printf("), reserved %" PRIu64 " (peak %" PRIu64 "), limit %" PRIu64 "\n", bfc_json_u64(s, "bytes_reserved", 0),
-           bfc_json_u64(s, "peak_bytes_reserved", 0), bfc_json_u64(s, "bytes_limit", 0));
-    printf("%sfree %" PRIu64 ", largest free chunk %" PRIu64 ", fragmentation %.4f, pending %" PRIu64
-           " blocks / %" PRIu64 " bytes\n",
-           indent, bfc_json_u64(s, "bytes_free", 0), bfc_json_u64(s, "largest_free_chunk", 0),
-           bfc_json_num(s, "fragmentation", 0), bfc_json_u64(s, "num_pending_frees", 0),
-           bfc_json_u64(s, "bytes_pending", 0));
-    printf("%sallocs %" PRIu64 ", frees %" PRIu64 " (remote %" PRIu64 "), OOMs %" PRIu64 ", regions %" PRIu64
-           ", chunks %" PRIu64 ", largest alloc %" PRIu64 "\n",
-           indent, bfc_json_u64(s, "num_allocs", 0), bfc_json_u64(s, "num_frees", 0),
-           bfc_json_u64(s, "num_remote_frees", 0), bfc_json_u64(s, "num_ooms", 0),
-           bfc_json_u64(s, "num_regions", 0), bfc_json_u64(s, "num_chunks", 0),
-           bfc_json_u64(s, "largest_alloc_size", 0));
+    printf("), reserved %s (peak %s), limit %s\n", num(s, "bytes_reserved"),
+           num(s, "peak_bytes_reserved"), num(s, "bytes_limit"));
+    printf("%sfree %s, largest free chunk %s, fragmentation %.4f, pending %s"
+           " blocks / %s bytes\n",
+           indent, num(s, "bytes_free"), num(s, "largest_free_chunk"),
+           bfc_json_num(s, "fragmentation", 0), num(s, "num_pending_frees"),
+           num(s, "bytes_pending"));
+    printf("%sallocs %s, frees %s (remote %s), OOMs %s, regions %s"
+           ", chunks %s, largest alloc %s\n",
+           indent, num(s, "num_allocs"), num(s, "num_frees"),
+           num(s, "num_remote_frees"), num(s, "num_ooms"),
+           num(s, "num_regions"), num(s, "num_chunks"),
+           num(s, "largest_alloc_size"));
 }
 
 static void help(void)
@@ -86,45 +103,45 @@ static void print_oom(const json_object *o)
     if (!json_object_is_type(o, json_type_object))
         return;
     printf("Out of memory: %s\n", bfc_json_str(o, "diagnosis", "?"));
-    printf("  request %" PRIu64 " bytes (%" PRIu64 " chunk bytes) on stream %s; cause %s\n",
-           bfc_json_u64(o, "size", 0), bfc_json_u64(o, "rounded", 0), bfc_json_str(o, "stream", "?"),
+    printf("  request %s bytes (%s chunk bytes) on stream %s; cause %s\n",
+           num(o, "size"), num(o, "rounded"), bfc_json_str(o, "stream", "?"),
            bfc_json_str(o, "cause", "?"));
-    printf("  limit %" PRIu64 ", reserved %" PRIu64 ", unreserved %" PRIu64 ", in use %" PRIu64
-           ", pending %" PRIu64 "\n",
-           bfc_json_u64(o, "bytes_limit", 0), bfc_json_u64(o, "bytes_reserved", 0),
-           bfc_json_u64(o, "bytes_unreserved", 0), bfc_json_u64(o, "bytes_in_use", 0),
-           bfc_json_u64(o, "bytes_pending", 0));
+    printf("  limit %s, reserved %s, unreserved %s, in use %s"
+           ", pending %s\n",
+           num(o, "bytes_limit"), num(o, "bytes_reserved"),
+           num(o, "bytes_unreserved"), num(o, "bytes_in_use"),
+           num(o, "bytes_pending"));
     const json_object *sh = bfc_json_get(o, "shards");
     for (size_t i = 0; i < bfc_json_len(sh); i++) {
         const json_object *s = bfc_json_at(sh, i);
         /* A retired shard (released by its stream, kept by live blocks) has
          * the stream of its successor: the mark tells the two apart. */
-        printf("  shard stream_id=%" PRIu64 " stream=%s%s%s: ", bfc_json_u64(s, "stream_id", 0),
+        printf("  shard stream_id=%s stream=%s%s%s: ", num(s, "stream_id"),
                bfc_json_str(s, "stream", "?"), bfc_json_bool(s, "requesting", false) ? " (requesting)" : "",
                bfc_json_bool(s, "retired", false) ? " (retired)" : "");
         /* An expandable shard's free figures are bounds (doc/snapshot.md). */
         if (bfc_json_bool(s, "expandable", false))
-            printf("mapped free <= %" PRIu64 " (bound), largest mapped free piece <= %" PRIu64
-                   " (bound), largest block without a map %" PRIu64,
-                   bfc_json_u64(s, "free", 0), bfc_json_u64(s, "largest_free", 0),
-                   bfc_json_u64(s, "largest_ready", 0));
+            printf("mapped free <= %s (bound), largest mapped free piece <= %s"
+                   " (bound), largest block without a map %s",
+                   num(s, "free"), num(s, "largest_free"),
+                   num(s, "largest_ready"));
         else
-            printf("free %" PRIu64 ", largest free chunk %" PRIu64, bfc_json_u64(s, "free", 0),
-                   bfc_json_u64(s, "largest_free", 0));
-        printf(", pending %" PRIu64 ", in use %" PRIu64 ", reserved %" PRIu64 "\n", bfc_json_u64(s, "pending", 0),
-               bfc_json_u64(s, "in_use", 0), bfc_json_u64(s, "reserved", 0));
+            printf("free %s, largest free chunk %s", num(s, "free"),
+                   num(s, "largest_free"));
+        printf(", pending %s, in use %s, reserved %s\n", num(s, "pending"),
+               num(s, "in_use"), num(s, "reserved"));
     }
     const json_object *sp = bfc_json_get(o, "pool_spans");
-    printf("  pool: %" PRIu64 " free in %" PRIu64 " spans, largest %" PRIu64 ", fenced %" PRIu64 "\n",
-           bfc_json_u64(o, "pool_free", 0), bfc_json_u64(o, "num_pool_spans", 0),
-           bfc_json_u64(o, "pool_largest_span", 0), bfc_json_u64(o, "pool_fenced", 0));
+    printf("  pool: %s free in %s spans, largest %s, fenced %s\n",
+           num(o, "pool_free"), num(o, "num_pool_spans"),
+           num(o, "pool_largest_span"), num(o, "pool_fenced"));
     for (size_t i = 0; i < bfc_json_len(sp); i++) {
         const json_object *s = bfc_json_at(sp, i);
         bool fenced = bfc_json_bool(s, "fenced", false);
-        printf("    span %s size %" PRIu64 "%s", bfc_json_str(s, "base", "?"), bfc_json_u64(s, "size", 0),
+        printf("    span %s size %s%s", bfc_json_str(s, "base", "?"), num(s, "size"),
                fenced ? " fenced by stream_id " : "\n");
         if (fenced)
-            printf("%" PRIu64 "\n", bfc_json_u64(s, "stream_id", 0));
+            printf("%s\n", num(s, "stream_id"));
     }
 }
 
@@ -180,10 +197,10 @@ int main(int argc, char **argv)
     size_t retired = 0;
     for (size_t i = 0; i < bfc_json_len(shards); i++)
         retired += bfc_json_bool(bfc_json_at(shards, i), "retired", false);
-    printf("libshardbfc snapshot v%" PRIu64 ": backend %s%s, device %" PRIu64 ", limit %" PRIu64 ", %zu shards",
-           bfc_json_u64(v, "version", 0), bfc_json_str(v, "backend", "?"),
-           bfc_json_bool(v, "host", false) ? " (host)" : "", bfc_json_u64(v, "device", 0),
-           bfc_json_u64(v, "limit", 0), bfc_json_len(shards) - retired);
+    printf("libshardbfc snapshot v%s: backend %s%s, device %s, limit %s, %zu shards",
+           num(v, "version"), bfc_json_str(v, "backend", "?"),
+           bfc_json_bool(v, "host", false) ? " (host)" : "", num(v, "device"),
+           num(v, "limit"), bfc_json_len(shards) - retired);
     if (retired)
         printf(" and %zu retired (released by their streams, kept by live blocks)", retired);
     printf("\n");
@@ -201,14 +218,14 @@ int main(int argc, char **argv)
         print_stats("  ", totals, version < 2);
     const json_object *pool = bfc_json_get(v, "pool");
     if (pool)
-        printf("Pool: held %" PRIu64 " (peak %" PRIu64 "), lent to shards %" PRIu64 ", free %" PRIu64 "\n",
-               bfc_json_u64(pool, "held", 0), bfc_json_u64(pool, "peak_held", 0), bfc_json_u64(pool, "committed", 0),
-               bfc_json_u64(pool, "free", 0));
+        printf("Pool: held %s (peak %s), lent to shards %s, free %s\n",
+               num(pool, "held"), num(pool, "peak_held"), num(pool, "committed"),
+               num(pool, "free"));
     else
         printf("Pool: (not in the input)\n");
     for (size_t i = 0; i < bfc_json_len(shards); i++) {
         const json_object *s = bfc_json_at(shards, i);
-        printf("Shard stream_id=%" PRIu64 " stream=%s%s\n", bfc_json_u64(s, "stream_id", 0),
+        printf("Shard stream_id=%s stream=%s%s\n", num(s, "stream_id"),
                bfc_json_str(s, "stream", "?"), bfc_json_bool(s, "retired", false) ? " (retired)" : "");
         print_stats("  ", bfc_json_get(s, "stats"), false);
         if (summary)
@@ -216,16 +233,16 @@ int main(int argc, char **argv)
         const json_object *regions = bfc_json_get(s, "regions");
         for (size_t j = 0; j < bfc_json_len(regions); j++) {
             const json_object *r = bfc_json_at(regions, j);
-            printf("  Region %s size %" PRIu64 "%s\n", bfc_json_str(r, "base", "?"), bfc_json_u64(r, "size", 0),
+            printf("  Region %s size %s%s\n", bfc_json_str(r, "base", "?"), num(r, "size"),
                    bfc_json_bool(r, "large", false) ? " (large)" : "");
             const json_object *chunks = bfc_json_get(r, "chunks");
             for (size_t k = 0; k < bfc_json_len(chunks); k++) {
                 const json_object *c = bfc_json_at(chunks, k);
                 const char *state = bfc_json_str(c, "state", "?");
-                printf("    Chunk +%" PRIu64 " size %" PRIu64 " %s", bfc_json_u64(c, "offset", 0),
-                       bfc_json_u64(c, "size", 0), state);
+                printf("    Chunk +%s size %s %s", num(c, "offset"),
+                       num(c, "size"), state);
                 if (strcmp(state, "free") != 0)
-                    printf(" requested %" PRIu64 " id %.0f", bfc_json_u64(c, "requested", 0),
+                    printf(" requested %s id %.0f", num(c, "requested"),
                            bfc_json_num(c, "allocation_id", -1));
                 putchar('\n');
             }
@@ -235,9 +252,9 @@ int main(int argc, char **argv)
         for (size_t j = 0; j < bfc_json_len(bins); j++) {
             const json_object *b = bfc_json_at(bins, j);
             if (bfc_json_u64(b, "count", 0))
-                printf(" [%" PRIu64 ": %" PRIu64 " chunks, %" PRIu64 " bytes, >= %" PRIu64 "]",
-                       bfc_json_u64(b, "bin", 0), bfc_json_u64(b, "count", 0), bfc_json_u64(b, "bytes", 0),
-                       bfc_json_u64(b, "min_size", 0));
+                printf(" [%s: %s chunks, %s bytes, >= %s]",
+                       num(b, "bin"), num(b, "count"), num(b, "bytes"),
+                       num(b, "min_size"));
         }
         putchar('\n');
     }
