@@ -235,7 +235,8 @@ typedef struct bfc_config {
                                      it only bfc_ctx_trim frees device memory: no cudaFree on the
                                      allocation path) */
     size_t large_alloc;           /* requests whose 256-rounded size is >= this get a region of their own,
-                                     sized to the request rounded to 2 MiB (default 32 MiB; 0 = off) */
+                                     sized to the request rounded to 2 MiB, all of it the block's chunk
+                                     (not split: it goes back whole; default 32 MiB; 0 = off) */
     unsigned retry_ms;            /* on OOM, wait up to this long for memory other threads free
                                      before failing (TensorFlow's allow_retry_on_failure; default 0) */
     /* ---- libshardbfc's own additions (bfc_config_init sets them too) ---- */
