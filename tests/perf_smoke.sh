@@ -180,13 +180,22 @@ fi
 # At one thread cross's per-call rates are time inside the calls only, as
 # in the pipeline: the two calls of a block take less than the block (the
 # clock reads and the loop are outside).  Chained timestamps made the two
-# add up to the whole block exactly.
+# add up to the whole block exactly.  One run in three suffices: a long
+# preemption inside a call can bring one run near 1 (0.97 seen under
+# load), while chained timestamps give 1 in every run.
 if command -v jq >/dev/null 2>&1; then
-    "$bin" --workload cross --threads 1 --allocators shardbfc --baseline none --seconds 0.05 --runs 1 \
-        --json "$tmp/cross1.json" >/dev/null 2>&1 || { echo "perf_smoke: cross at 1 thread failed" >&2; exit 1; }
-    jq -e '.results[0] | (1 / .frees_per_sec_per_consumer + 1 / .allocs_per_sec_per_producer)
-           < 0.99 / .blocks_per_sec' "$tmp/cross1.json" >/dev/null ||
+    ok=no
+    for try in 1 2 3; do
+        "$bin" --workload cross --threads 1 --allocators shardbfc --baseline none --seconds 0.05 --runs 1 \
+            --json "$tmp/cross1.json" >/dev/null 2>&1 || { echo "perf_smoke: cross at 1 thread failed" >&2; exit 1; }
+        if jq -e '.results[0] | (1 / .frees_per_sec_per_consumer + 1 / .allocs_per_sec_per_producer)
+                  < 0.99 / .blocks_per_sec' "$tmp/cross1.json" >/dev/null; then
+            ok=yes
+            break
+        fi
+    done
+    [ $ok = yes ] ||
         { jq '.results[0]' "$tmp/cross1.json" >&2;
-          echo "perf_smoke: cross at 1 thread times more than its calls" >&2; exit 1; }
+          echo "perf_smoke: cross at 1 thread times more than its calls (3 runs)" >&2; exit 1; }
 fi
 exit 0

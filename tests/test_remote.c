@@ -137,6 +137,23 @@ END_TEST
  * allocates meanwhile.  Both places a link can be missing: the queue's
  * first (head to first node) and one between two nodes.
  */
+/* The shortest of five drains of a queue whose link stays missing (each
+ * drain leaves it as it found it): a walk that sleeps for the link, even
+ * once per drain, takes 10 ms every time, while a preemption on a loaded
+ * machine (10 to 21 ms seen under TSan) lengthens one drain, not five. */
+static uint64_t drain_min_ns(struct bfc__arena *a)
+{
+    uint64_t best = UINT64_MAX;
+    for (int i = 0; i < 5; i++) {
+        uint64_t t0 = now_ns();
+        drain(a);
+        uint64_t el = now_ns() - t0;
+        if (el < best)
+            best = el;
+    }
+    return best;
+}
+
 START_TEST(test_stalled_freer)
 {
     bfc_ctx_t *ctx = ctx_grow();
@@ -151,10 +168,8 @@ START_TEST(test_stalled_freer)
     struct cds_wfcq_node *pn = a->rq_head.node.next;
     ck_assert_ptr_nonnull(pn);
     a->rq_head.node.next = NULL;
-    uint64_t t0 = now_ns();
-    drain(a);
+    ck_assert_uint_lt(drain_min_ns(a), 5000000ull); /* no 10 ms sleep */
     void *r = xalloc(ctx, s1, 3000);
-    ck_assert_uint_lt(now_ns() - t0, 5000000ull); /* no 10 ms sleep */
     ck_assert_uint_eq(state(bp), BFC__CHUNK_FREEING);
     ck_assert_uint_eq(sst(ctx, s1).num_remote_frees, 0);
     a->rq_head.node.next = pn; /* the freer goes on */
@@ -164,9 +179,7 @@ START_TEST(test_stalled_freer)
     struct cds_wfcq_node *qn = pn->next;
     ck_assert_ptr_nonnull(qn);
     pn->next = NULL;
-    t0 = now_ns();
-    drain(a);
-    ck_assert_uint_lt(now_ns() - t0, 5000000ull);
+    ck_assert_uint_lt(drain_min_ns(a), 5000000ull);
     /* p waits for the link that follows it (handling it would recycle the
      * record the freer is about to write); so does q. */
     ck_assert_uint_eq(state(bp), BFC__CHUNK_FREEING);
@@ -714,8 +727,12 @@ static void litmus_run(unsigned rounds, double seconds, long out[4])
         while (atomic_load_explicit(&l.done, memory_order_acquire) != i)
             litmus_spin(&spins);
         out[l.freer_saw * 2 + retirer_saw]++;
-        if (i % 1024 == 0 && now_s() > deadline)
-            break; /* a loaded machine: what ran is checked */
+        /* A loaded machine: what ran is checked (at least 1,025 rounds,
+         * so that the count below can be met).  Every 16th round: each
+         * waits for a thread switch there, and 1,024 rounds between looks
+         * ran 2 to 6 s past the deadline. */
+        if (i > 1024 && i % 16 == 0 && now_s() > deadline)
+            break;
         /* Only the retirer saw: the freer was well ahead, so wait less;
          * only the freer: the retirer was, so wait more. */
         if (retirer_saw && !l.freer_saw && delay > 0)
@@ -759,7 +776,9 @@ static Suite *remote_suite(void)
 {
     Suite *s = suite_create("remote");
     TCase *tc = tcase_create("remote");
-    tcase_set_timeout(tc, 30);
+    /* Timeouts catch hangs, not slowness: test_retirement_handshake's two
+     * 5 s passes took up to 27 s under load on a 2-core machine. */
+    tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_enqueue_then_drain);
     tcase_add_test(tc, test_stalled_freer);
 #ifndef BFC_TEST_TSAN
