@@ -101,8 +101,9 @@ static int device_of(bfc_stream_t s, int *dev)
 /*
  * A configuration that parses but on which a context cannot be made
  * (bfc_ctx_create says BFC_EINVAL: a trace= path that cannot be created,
- * an oom_dump= path whose directory is not writable, vmm=on where the device has no virtual memory or the limit holds no
- * granule) stops the service as a bad spec does, with its one line on
+ * an oom_dump= path whose directory is missing or not writable, vmm=on
+ * where the device has no virtual memory or the limit holds no granule)
+ * stops the service as a bad spec does, with its one line on
  * stderr, rather than retry the creation at every call.  Where another
  * device's context already runs, only this device is refused (its users'
  * pointers stay valid).  Other failures (no device, no memory) are retried

@@ -371,12 +371,6 @@ __attribute__((constructor)) static void handlers_init_at_load(void)
 /* ------------------------------------------------------ observability */
 
 /*
- * The context's observability state (obs.h) is set up and torn down here,
- * and the OOM dump is written from here: they use the trace (trace.c), the
- * OOM report (obs_oom.c) and the snapshot (stats.c) -- all at this layer or
- * below -- so none of those has to call another to start or stop.
- */
-/*
  * An oom_dump path that can never be written -- its directory missing or
  * not writable, or the path a directory -- fails the context's creation
  * as an uncreatable trace= path does: the dump is wanted at the worst
@@ -401,6 +395,12 @@ static bool oom_dump_path_ok(const char *path)
     return access(dir, W_OK | X_OK) == 0;
 }
 
+/*
+ * The context's observability state (obs.h) is set up and torn down here,
+ * and the OOM dump is written from here: they use the trace (trace.c), the
+ * OOM report (obs_oom.c) and the snapshot (stats.c) -- all at this layer or
+ * below -- so none of those has to call another to start or stop.
+ */
 static int obs_init(struct bfc_ctx *ctx)
 {
     /* (A host context's cfg.oom_dump is "": ctx_create.) */
@@ -509,9 +509,12 @@ static void oom_dump(struct bfc_ctx *ctx)
     if (say)
         ctx->obs.dump_failed_said = true;
     bfc__unlock(&ctx->obs.lock);
-    if (say)
-        fprintf(stderr, "libshardbfc: oom_dump=%s: the snapshot could not be written (%s); later failures are not said\n",
-                ctx->cfg.oom_dump, strerror(err));
+    if (say) {
+        errno = err; /* %m: strerror's text, without its static buffer */
+        fprintf(stderr, "libshardbfc: oom_dump=%s: the snapshot could not be written (%m); later failures "
+                        "are not said\n",
+                ctx->cfg.oom_dump);
+    }
 }
 
 /* ------------------------------------------------------------ create */
