@@ -560,8 +560,10 @@ static int ctx_create(bfc_config_t cfg, bfc__backend_t *be, bool host, bfc_ctx_t
      * would "split off" a chunk of 0 bytes from an exact fit -- TensorFlow
      * would (its rule is leftover >= threshold), and a 0-byte chunk in the
      * bins is no chunk at all. */
+    /* Of the limit as configured, not as counted (rounded down to 256
+     * bytes): TensorFlow's fragmentation_fraction * memory_limit_. */
     if (cfg.fragmentation_fraction > 0) {
-        ctx->env.max_frag = (size_t)(cfg.fragmentation_fraction * (double)ctx->limit);
+        ctx->env.max_frag = (size_t)(cfg.fragmentation_fraction * (double)cfg.memory_limit);
         if (ctx->env.max_frag < BFC__MIN_ALLOC)
             ctx->env.max_frag = BFC__MIN_ALLOC;
     } else

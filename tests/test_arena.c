@@ -402,6 +402,25 @@ START_TEST(test_split_fraction_rule)
 }
 END_TEST
 
+/* The fraction is of the limit as configured, as TensorFlow's
+ * fragmentation_fraction * memory_limit_, not of the limit rounded down
+ * to 256 bytes: with 1048751 bytes and 0.3, the threshold is 314625, and
+ * the 314624 bytes a 733952-byte block leaves of the 1 MiB region stay
+ * in its chunk (of the rounded limit, 314572, they were split off). */
+START_TEST(test_split_fraction_of_configured_limit)
+{
+    bfc_config_t c = cfg_tf(1048751);
+    c.fragmentation_fraction = 0.3;
+    bfc_ctx_t *ctx = ctx_new(&c);
+    bfc_stream_t s = pick_stream(ctx, _i);
+    void *p = xalloc_full(ctx, s, 733952);
+    ck_assert_uint_eq(bfc_ctx_allocated_size(ctx, p), 1048576);
+    xfree(ctx, p, s);
+    xcheck(ctx);
+    ctx_done(ctx, s);
+}
+END_TEST
+
 /* A fraction so small that fraction x limit is under one chunk: a leftover
  * of 0 bytes must not be "split off" (a 0-byte chunk in the bins crashed
  * the next allocation that searched them); every leftover of 256 bytes or
@@ -2205,8 +2224,9 @@ static Suite *arena_suite(void)
         {"sizes",
          {test_zero_size, test_rounding_allocated_size, test_allocated_vs_requested, test_alloc_too_large,
           test_oom_not_sticky, NULL}},
-        {"split", {test_split_twice_rule, test_split_fraction_rule, test_split_fraction_tiny, test_split_128mib_rule,
-                   test_growth_huge_limit, NULL}},
+        {"split",
+         {test_split_twice_rule, test_split_fraction_rule, test_split_fraction_of_configured_limit,
+          test_split_fraction_tiny, test_split_128mib_rule, test_growth_huge_limit, NULL}},
         {"best_fit",
          {test_best_fit_smallest, test_best_fit_within_bin, test_best_fit_lowest_address, test_best_fit_open_bin,
           test_best_fit_100k_fragments, NULL}},
