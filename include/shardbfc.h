@@ -228,7 +228,7 @@ typedef struct bfc_config {
                                      false: the whole limit reserved at create, and a stream's first
                                      region is all of it (TensorFlow's layout, see "Memory") */
     size_t initial_region;        /* first region size when growing (default 2 MiB) */
-    double fragmentation_fraction;/* split threshold as a fraction of the limit (at least 256
+    double fragmentation_fraction;/* split threshold as a fraction of the limit as configured (at least 256
                                      bytes: an exact fit is never split); 0 = 128 MiB rule */
     bool garbage_collection;      /* under pressure, a shard also gives its own fully free regions
                                      back and the pool returns cached memory to the backend (without
