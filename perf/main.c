@@ -656,7 +656,11 @@ static void report_targets(const struct perf_report *rp, const struct opts *o)
             continue;
         /* With N threads the requested peak is sampled (see the table's
          * legend): the target is then read from a sampled figure. */
-        const char *how = s->req_sampled ? " (sampled)" : "";
+        const char *how = (s->have_cycles && s->prog_cycles == 0) ||
+                                  (l != NULL && l->have_cycles && l->prog_cycles == 0)
+                              ? " (part of the program)"
+                          : s->req_sampled ? " (sampled)"
+                                           : "";
         if (l != NULL && l->have_mem)
             snprintf(name, sizeof(name), "inference %u thr: shardbfc overhead%s"
                      " (single-lock %.3f)", o->threads[k], how, l->overhead);
@@ -836,7 +840,7 @@ static const char *measure(const struct opts *o, const struct perf_env *env, int
     else
         rc = perf_run_prog(&a, ps->p, &cfg, r);
     if (rc != 0)
-        *failed = true;
+        *failed = r->failed = true;
     r->have_mem = ops->stats(&a, &r->peak_reserved, &r->resv_bound) && r->peak_requested > 0;
     r->overhead = r->have_mem ? (double)r->peak_reserved / (double)r->peak_requested : 0.0;
     /* Map and unmap calls cost tens of microseconds each on a GPU: how
@@ -879,6 +883,11 @@ static void keep_median(struct perf_result *runs, unsigned nruns)
     for (unsigned k = 0; k < nruns; k++)
         rate[k] = runs[k].ops_per_sec;
     (void)perf_median(rate, nruns, &at);
+    /* A figure of which one run failed is a failed figure: the others
+     * did not run what it would have. */
+    bool failed = false;
+    for (unsigned k = 0; k < nruns; k++)
+        failed |= runs[k].failed;
     for (unsigned k = 0; k < nruns; k++)
         if (k != at)
             free(runs[k].hist);
@@ -887,6 +896,7 @@ static void keep_median(struct perf_result *runs, unsigned nruns)
         return;
     }
     results[nresults] = runs[at];
+    results[nresults].failed = failed;
     memcpy(results[nresults].runs, rate, nruns * sizeof(double));
     results[nresults].nruns = nruns;
     nresults++;
@@ -910,9 +920,13 @@ static void keep_base_median(struct perf_base *runs, unsigned nruns)
 /* The lines under a workload's table that the table does not carry. */
 static void workload_notes(int w, unsigned first, const struct opts *o)
 {
-    unsigned nver = 0, nok = 0;
+    unsigned nver = 0, nok = 0, nfailed = 0;
     for (unsigned i = first; i < nresults; i++) {
         const struct perf_result *r = &results[i];
+        if (r->failed) {
+            nfailed++;
+            continue;
+        }
         if (w == W_CROSS)
             printf("  cross %-12s %u thr: %.2fM frees/s per consumer, %.2fM allocs/s per"
                    " producer (time inside the calls only; %u pair%s); pipeline %.2fM"
@@ -951,6 +965,10 @@ static void workload_notes(int w, unsigned first, const struct opts *o)
         printf("  verified: libshardbfc's counters against the calls made (allocations, frees,"
                " nothing in use%s): %u of %u rows agree\n",
                w == W_CROSS ? ", every cross-stream free remote" : "", nok, nver);
+    if (nfailed > 0)
+        printf("  FAILED: %u row%s (an allocation or free failed: the messages above say which; no"
+               " figure of %s is reported)\n",
+               nfailed, nfailed == 1 ? "" : "s", nfailed == 1 ? "it" : "them");
     (void)o;
 }
 
@@ -1134,7 +1152,7 @@ int main(int argc, char **argv)
     rp.nskip = nskips;
     perf_report_scaling(&rp);
     for (unsigned i = 0; i < nresults; i++)
-        rp.disturbed |= results[i].disturbed;
+        rp.disturbed |= results[i].disturbed && !results[i].failed;
     for (unsigned i = 0; i < nbases; i++)
         rp.disturbed |= bases[i].disturbed;
     report_targets(&rp, &o);

@@ -210,6 +210,8 @@ struct perf_result {
     char workload[16];
     char allocator[16];
     unsigned threads;
+    bool failed;             /* an allocation or free failed (a message said which): its
+                                figures are not measurements and are not reported */
     double seconds;          /* timed window */
     uint64_t ops;            /* calls (allocations + frees) */
     double ops_per_sec;
@@ -227,6 +229,9 @@ struct perf_result {
     uint64_t peak_requested; /* always measured by the harness */
     bool req_sampled;        /* peak_requested is sampled (N threads), not exact */
     double overhead;         /* peak_reserved / peak_requested */
+    bool have_cycles;        /* prog_cycles known (the program workloads; not cross's pipeline) */
+    uint64_t prog_cycles;    /* full passes of the slowest thread through its cycled events:
+                                0 means the peaks are of the part of the program it reached */
     bool have_vmm;           /* maps_per_1k / unmaps_per_1k known (libshardbfc) */
     double maps_per_1k;      /* device map calls of expandable arenas per 1,000 allocations, whole run */
     double unmaps_per_1k;
@@ -397,7 +402,8 @@ struct perf_report {
     unsigned ntgt;
 };
 
-/* The result for (workload, allocator, threads), or NULL. */
+/* The result for (workload, allocator, threads), or NULL (none, or a failed
+ * one: no figure, target or speed-up is read from a failed run). */
 struct perf_result *perf_report_find(const struct perf_report *rp, const char *workload,
                                      const char *allocator, unsigned threads);
 /* The baseline of `kind` timed beside (workload, threads), or NULL. */

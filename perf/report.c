@@ -31,7 +31,7 @@ struct perf_result *perf_report_find(const struct perf_report *rp, const char *w
         struct perf_result *r = &rp->res[i];
         if (strcmp(r->workload, workload) == 0 && strcmp(r->allocator, allocator) == 0 &&
             r->threads == threads)
-            return r;
+            return r->failed ? NULL : r;
     }
     return NULL;
 }
@@ -85,6 +85,8 @@ void perf_report_scaling(struct perf_report *rp)
         struct perf_result *r = &rp->res[i];
         const struct perf_result *one =
             r->threads > 1 ? perf_report_find(rp, r->workload, r->allocator, 1) : NULL;
+        if (r->failed)
+            one = NULL; /* no speed-up of a failed run (nor against one: find) */
         r->speedup = one ? perf_speedup(r->ops_per_sec, one->ops_per_sec) : NAN;
         r->per_cpu_efficiency = one ? perf_speedup(r->ops_per_cpu_sec, one->ops_per_cpu_sec)
                                     : NAN;
@@ -190,7 +192,7 @@ void perf_report_table(const struct perf_report *rp, const char *workload, FILE 
                 "ns/pair");
     fprintf(f, " %11s %11s %6s %5s %8s %6s %5s %7s %9s %11s\n", "peak resv", "peak req", "ovhd", "cpu",
             "speed-up", "ALU", "eff", "maps/1k", "unmaps/1k", "window m/u");
-    bool marked_req = false, marked_resv = false;
+    bool marked_req = false, marked_resv = false, marked_part = false;
     for (unsigned k = 0; k < nt; k++) {
         const struct perf_result *base = base_row(rp, workload, threads[k]);
         for (unsigned i = 0; i < rp->nres; i++) {
@@ -199,17 +201,25 @@ void perf_report_table(const struct perf_report *rp, const char *workload, FILE 
             char maps[16], unmaps[16], win[40];
             if (strcmp(r->workload, workload) != 0 || r->threads != threads[k])
                 continue;
+            if (r->failed) {
+                fprintf(f, "  %3u %-12s FAILED: an allocation or free failed (the message above says"
+                           " which); no figure\n",
+                        r->threads, r->allocator);
+                continue;
+            }
             fmt_rate(rate, sizeof(rate), r->ops_per_sec);
             if (base != NULL && base->ops_per_sec > 0)
                 snprintf(ratio, sizeof(ratio), "%.2fx", r->ops_per_sec / base->ops_per_sec);
             else
                 snprintf(ratio, sizeof(ratio), "-");
-            /* "~": sampled, "<=": an upper bound (legend below the table). */
-            fmt_bytes(req, sizeof(req), r->req_sampled ? "~" : "", r->peak_requested);
+            /* "~": sampled, "<=": an upper bound, "*": of part of the
+             * program (legend below the table). */
+            bool part = r->have_cycles && r->prog_cycles == 0;
+            fmt_bytes(req, sizeof(req), part ? "*" : r->req_sampled ? "~" : "", r->peak_requested);
             if (r->have_mem) {
                 fmt_bytes(resv, sizeof(resv), r->resv_bound ? "<=" : "", r->peak_reserved);
-                snprintf(ovhd, sizeof(ovhd), "%s%.3f", r->req_sampled || r->resv_bound ? "~" : "",
-                         r->overhead);
+                snprintf(ovhd, sizeof(ovhd), "%s%.3f",
+                         part ? "*" : r->req_sampled || r->resv_bound ? "~" : "", r->overhead);
                 marked_resv |= r->resv_bound;
             } else {
                 snprintf(resv, sizeof(resv), "-");
@@ -239,7 +249,8 @@ void perf_report_table(const struct perf_report *rp, const char *workload, FILE 
                 fprintf(f, " %8.1f", ns_per_pair(r));
             fprintf(f, " %11s %11s %6s %4.0f%% %8s %6s %5s %7s %9s %11s\n", resv, req, ovhd,
                     100 * r->cpu_share, sp, alu, eff, maps, unmaps, win);
-            marked_req |= r->req_sampled;
+            marked_req |= r->req_sampled && !part;
+            marked_part |= part;
         }
     }
     if (marked_req)
@@ -247,6 +258,10 @@ void perf_report_table(const struct perf_report *rp, const char *workload, FILE 
                    " live requested bytes at every (16 x P)th allocation, so it can miss a short"
                    " peak (low) or count a block freed on one thread with one allocated on another"
                    " meanwhile (high, by a few blocks); ovhd then carries it (exact at 1 thread)\n");
+    if (marked_part)
+        fprintf(f, "  * peak req, ovhd: the run did not go once through its program (a short window"
+                   " for its speed): its peaks are of the events it reached, and rows that reached"
+                   " different events are not comparable (sampled too with N threads)\n");
     if (marked_resv)
         fprintf(f, "  <= peak resv: the sum of several contexts' peaks (a context per thread, or"
                    " host contexts of several NUMA nodes): an upper bound on the true peak\n");
@@ -257,7 +272,7 @@ void perf_report_table(const struct perf_report *rp, const char *workload, FILE 
         for (unsigned i = 0; i < rp->nres; i++) {
             const struct perf_result *r = &rp->res[i];
             char rate[32], eff[16];
-            if (strcmp(r->workload, workload) != 0 || r->threads != threads[k])
+            if (strcmp(r->workload, workload) != 0 || r->threads != threads[k] || r->failed)
                 continue;
             fmt_rate(rate, sizeof(rate), r->ops_per_cpu_sec);
             fmt_x(eff, sizeof(eff), r->per_cpu_efficiency, false);
@@ -292,7 +307,7 @@ void perf_report_table(const struct perf_report *rp, const char *workload, FILE 
                    " machine gives)\n");
     for (unsigned i = 0; i < rp->nres; i++) {
         const struct perf_result *r = &rp->res[i];
-        if (strcmp(r->workload, workload) == 0 && r->disturbed)
+        if (strcmp(r->workload, workload) == 0 && r->disturbed && !r->failed)
             fprintf(f, "  WARNING: %s %u thr: its threads ran %.0f%% of the window without"
                        " sleeping in a lock: other load on the machine; the figure"
                        " understates the allocator\n", r->allocator, r->threads,
@@ -342,7 +357,12 @@ static void json_result(FILE *f, const struct perf_result *r)
     perf_json_str(f, r->workload);
     fprintf(f, ", \"allocator\": ");
     perf_json_str(f, r->allocator);
-    fprintf(f, ", \"threads\": %u, \"ops_per_sec\": ", r->threads);
+    fprintf(f, ", \"threads\": %u, \"failed\": %s", r->threads, r->failed ? "true" : "false");
+    if (r->failed) { /* no figure: what ran was not the measurement */
+        fputc('}', f);
+        return;
+    }
+    fprintf(f, ", \"ops_per_sec\": ");
     json_num(f, r->ops_per_sec, true);
     fprintf(f, ", \"p50_ns\": ");
     json_u64(f, r->p50_ns, r->have_lat);
@@ -358,6 +378,8 @@ static void json_result(FILE *f, const struct perf_result *r)
     json_num(f, r->overhead, r->have_mem);
     fprintf(f, ", \"overhead_exact\": %s",
             r->have_mem ? (!r->req_sampled && !r->resv_bound ? "true" : "false") : "null");
+    fprintf(f, ", \"program_cycles\": ");
+    json_u64(f, r->prog_cycles, r->have_cycles);
     fprintf(f, ", \"maps_per_1k\": ");
     json_num(f, r->maps_per_1k, r->have_vmm);
     fprintf(f, ", \"unmaps_per_1k\": ");

@@ -227,6 +227,7 @@ struct worker {
     uint64_t calls_alloc, calls_free; /* every successful call of the run */
     double window_ns, cpu_ns;
     uint64_t vcsw;
+    uint64_t cycles;         /* full passes through the cycled events (warm-up included) */
     bool failed;
     char why[160];
 };
@@ -306,8 +307,10 @@ static bool batch_timed(struct worker *w, void **live, uint64_t *lsize, bfc_stre
             w->calls_free++;
         }
         *prev = now;
-        if (++*pos == pg->nev)
+        if (++*pos == pg->nev) {
             *pos = 0;
+            w->cycles++;
+        }
     }
     return true;
 }
@@ -378,8 +381,10 @@ static bool batch_counted(struct worker *w, void **live, uint64_t *lsize,
         }
         if (*cur > *lpeak)
             *lpeak = *cur;
-        if (*pos >= pg->nev)
+        if (*pos >= pg->nev) {
             *pos = 0;
+            w->cycles++;
+        }
     }
     w->ops += b;
     return true;
@@ -564,7 +569,7 @@ int perf_run_prog(struct perf_allocator *a, struct perf_prog *const *prog,
     struct perf_hist *ha = perf_xmalloc(sizeof(*ha)), *hf = perf_xmalloc(sizeof(*hf));
     struct chunks_at before = {.a = a};
     double window = 0, cpu = 0;
-    uint64_t ops = 0, vcsw = 0;
+    uint64_t ops = 0, vcsw = 0, cycles = UINT64_MAX;
     int rc = 0;
 
     shared_init(sh, n, n, n + 1, true);
@@ -601,10 +606,14 @@ int perf_run_prog(struct perf_allocator *a, struct perf_prog *const *prog,
         ops += w[i].ops;
         r->calls_alloc += w[i].calls_alloc;
         r->calls_free += w[i].calls_free;
+        if (w[i].cycles < cycles)
+            cycles = w[i].cycles;
     }
     shared_fini(sh);
     finish_common(r, ops, window, cpu, vcsw, n,
                   atomic_load_explicit(&sh->peak, memory_order_relaxed));
+    r->have_cycles = true;
+    r->prog_cycles = n > 0 ? cycles : 0;
     if (!cfg->count_only)
         finish_latency(r, ha, hf);
     /* In-library free rate of one thread (cross on one thread: every free

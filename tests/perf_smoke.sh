@@ -198,4 +198,30 @@ if command -v jq >/dev/null 2>&1; then
         { jq '.results[0]' "$tmp/cross1.json" >&2;
           echo "perf_smoke: cross at 1 thread times more than its calls (3 runs)" >&2; exit 1; }
 fi
+# A run whose allocation fails (a 64 MiB limit under churn's live set) has
+# no figures: exit 1, a FAILED row in the table, and in the JSON an object
+# that says failed and carries nothing else (it gave warm-up latencies and
+# a 0 rate as figures, and an 'other load' warning).
+"$bin" --workload churn --threads 1 --allocators shardbfc --seconds 0.05 --conf memory_limit=64M \
+    --json "$tmp/failed.json" >"$tmp/failed.txt" 2>&1
+[ $? -eq 1 ] || { cat "$tmp/failed.txt" >&2; echo "perf_smoke: a failed run does not exit 1" >&2; exit 1; }
+grep -q '^    1 shardbfc     FAILED: ' "$tmp/failed.txt" && ! grep -q 'WARNING: shardbfc 1 thr' "$tmp/failed.txt" ||
+    { cat "$tmp/failed.txt" >&2; echo "perf_smoke: a failed run's row shows figures" >&2; exit 1; }
+if command -v jq >/dev/null 2>&1; then
+    jq -e '.results == [{"workload":"churn","allocator":"shardbfc","threads":1,"failed":true}]' \
+        "$tmp/failed.json" >/dev/null ||
+        { jq '.results' "$tmp/failed.json" >&2; echo "perf_smoke: a failed run's JSON carries figures" >&2; exit 1; }
+fi
+# A run too short to go once through its program (inference: about 0.1 s a
+# pass here; 0.01 s and no warm-up) has peaks of the part it reached: '*'
+# on peak req and ovhd, the legend, and program_cycles 0 in the JSON.
+"$bin" --workload inference --threads 1 --allocators shardbfc --warmup 0 --seconds 0.01 --baseline none \
+    --json "$tmp/part.json" >"$tmp/part.txt" 2>&1 || { cat "$tmp/part.txt" >&2; echo "perf_smoke: a short inference run failed" >&2; exit 1; }
+grep -q '^    1 shardbfc .* \*[0-9.]* [KMG]iB \*[0-9.]* ' "$tmp/part.txt" &&
+    grep -q '^  \* peak req, ovhd: the run did not go once through its program' "$tmp/part.txt" ||
+    { cat "$tmp/part.txt" >&2; echo "perf_smoke: a partial program's peaks are not marked" >&2; exit 1; }
+if command -v jq >/dev/null 2>&1; then
+    jq -e '.results[0].program_cycles == 0' "$tmp/part.json" >/dev/null ||
+        { jq '.results[0]' "$tmp/part.json" >&2; echo "perf_smoke: program_cycles of a partial run is not 0" >&2; exit 1; }
+fi
 exit 0
