@@ -234,9 +234,12 @@ typedef struct bfc_config {
                                      back and the pool returns cached memory to the backend (without
                                      it only bfc_ctx_trim frees device memory: no cudaFree on the
                                      allocation path) */
-    size_t large_alloc;           /* requests whose 256-rounded size is >= this get a region of their own,
-                                     sized to the request rounded to 2 MiB, all of it the block's chunk
-                                     (not split: it goes back whole; default 32 MiB; 0 = off) */
+    size_t large_alloc;           /* classic regions with allow_growth (expandable arenas and
+                                     allow_growth=false ignore it): requests whose 256-rounded size is
+                                     >= this get a region of their own, sized to the request rounded
+                                     to 2 MiB (or its exact size where the pool has no such piece),
+                                     all of it the block's chunk (not split: it goes back whole;
+                                     default 32 MiB; 0 = off) */
     unsigned retry_ms;            /* on OOM, wait up to this long for memory other threads free
                                      before failing (TensorFlow's allow_retry_on_failure; default 0) */
     /* ---- libshardbfc's own additions (bfc_config_init sets them too) ---- */
@@ -247,8 +250,8 @@ typedef struct bfc_config {
                                      2-core VM, where without it no page is touched) */
     int host_numa;                /* bfc_host_numa_t or a node number (host arenas) */
     char oom_dump[256];           /* "": off; else on OOM the snapshot JSON is written to this path
-                                     (see bfc_ctx_set_oom_callback; its directory must be writable
-                                     when the context is created) */
+                                     (see bfc_ctx_set_oom_callback: it must be writable when the
+                                     context is created) */
     char trace[256];              /* "": off; else every context traces to this path from its
                                      creation (see bfc_ctx_trace_start) */
     /* ---- added in 0.9 from the reserved words (zero is the default) ---- */
@@ -310,7 +313,7 @@ BFC_API void bfc_config_init(bfc_config_t *cfg);
  *   initial_region    at least 1 byte (rounded up to 256 when used)
  *   large_alloc       any size; 0 turns the large-request rule off
  *   fragmentation_fraction   a decimal number from 0 to 1 (a non-zero one
- *                     that underflows to 0, below about 4.9e-324, is refused)
+ *                     that underflows to 0, below about 2.5e-324, is refused)
  *   retry_ms          0 to 3600000 (one hour)
  *   release_threshold any size
  *   slack_decay_ms    1 to 4294967295 milliseconds, or never (0 is the
@@ -518,8 +521,8 @@ BFC_API int bfc_config_validate_err(const bfc_config_t *cfg, char *err, size_t e
  * Creates an allocator context for one device.  cfg may be NULL (defaults).
  * With allow_growth=false the whole memory_limit is reserved from the backend
  * here.  Returns BFC_OK and *out, or BFC_EINVAL (bad config; also a trace=
- * path that cannot be created, an oom_dump= path whose directory is
- * missing or not writable, or that is a directory; vmm=on where the
+ * path that cannot be created, an oom_dump= path that cannot be written
+ * (see bfc_ctx_set_oom_callback); vmm=on where the
  * backend has no virtual memory or the limit holds no granule), BFC_ENODEV (the
  * chosen backend has no usable device), BFC_ENOMEM (also: the process's
  * first context starts liburcu's call_rcu thread, and no thread could be
@@ -681,7 +684,10 @@ BFC_API int64_t bfc_ctx_allocation_id(bfc_ctx_t *ctx, const void *p);
  * host context (bfc_host_ctx) trace and oom_dump are "", since host
  * contexts follow neither (bfc_ctx_trace_start still traces one), and
  * memory_limit and allow_growth are the node's memory and true, whatever
- * SHARDBFC_CONF says (see "host pinned memory").
+ * SHARDBFC_CONF says (see "host pinned memory").  The split threshold is
+ * fragmentation_fraction of the limit as configured, so a context made
+ * from this output may split differently where that limit was not a
+ * multiple of 256 bytes.
  * Context: thread-safe, lock-free, never blocks. */
 BFC_API int bfc_ctx_config(bfc_ctx_t *ctx, bfc_config_t *out);
 
@@ -706,8 +712,7 @@ BFC_API int bfc_ctx_config(bfc_ctx_t *ctx, bfc_config_t *out);
  * Settings valid alone but not together (vmm=on with allow_growth=false)
  * stop it the same way.  So does a spec on which the first device context
  * cannot be made (bfc_ctx_create says BFC_EINVAL: a trace= path that cannot
- * be created, an oom_dump= path in a directory that is missing or not
- * writable, vmm=on where the device has no virtual memory or the limit
+ * be created, an oom_dump= path that cannot be written, vmm=on where the device has no virtual memory or the limit
  * holds no granule), from the call that found it on, with its own line on
  * stderr (a host section already started keeps working, so that its
  * blocks stay valid).  Where another
@@ -1132,10 +1137,15 @@ BFC_API int bfc_ctx_oom_info(bfc_ctx_t *ctx, bfc_oom_info_t *out);
  * PATH.tmp.PID.N, opened close-on-exec, then renamed over PATH: contexts
  * and processes that share PATH leave it one complete snapshot, the last
  * written; a process killed mid-dump leaves its PATH.tmp.* behind).  A
- * path whose directory is missing or not writable fails bfc_ctx_create
- * (BFC_EINVAL), so a dump that was asked for is not silently missing; a
- * dump that fails later (the directory removed, the disk full) is said
- * on stderr, once per context.  A
+ * PATH that cannot be written fails bfc_ctx_create (BFC_EINVAL), so a
+ * dump that was asked for is not silently missing: its directory missing,
+ * or not writable and searchable by the effective user; PATH a directory
+ * (a symbolic link to one is fine: the rename replaces the link) or ending
+ * in '/'; its last component over 229 bytes (PATH.tmp.PID.N must fit
+ * NAME_MAX).  A relative PATH is checked against the working directory at
+ * creation and resolved against the one at each dump.  A dump that fails
+ * later (the directory removed, the disk full) is said on stderr, once
+ * per context.  A
  * thread writing a dump does not act on cancellation meanwhile.  BFC_OK
  * or BFC_EINVAL (ctx NULL).
  * Context: thread-safe; takes the context's observability lock, as

@@ -101,7 +101,7 @@ static int device_of(bfc_stream_t s, int *dev)
 /*
  * A configuration that parses but on which a context cannot be made
  * (bfc_ctx_create says BFC_EINVAL: a trace= path that cannot be created,
- * an oom_dump= path whose directory is missing or not writable, vmm=on
+ * an oom_dump= path that cannot be written, vmm=on
  * where the device has no virtual memory or the limit holds no granule)
  * stops the service as a bad spec does, with its one line on
  * stderr, rather than retry the creation at every call.  Where another
@@ -114,8 +114,8 @@ static void refuse_device(int dev)
     char why[320];
     snprintf(why, sizeof why,
              "the context for device %d cannot be created (a trace= path that cannot be created, an "
-             "oom_dump= path whose directory is missing or not writable, or vmm=on where the device has no "
-             "virtual memory or the limit holds no granule)",
+             "oom_dump= path that cannot be written, or vmm=on where the device has no virtual memory or the "
+             "limit holds no granule)",
              dev);
     for (int i = 0; i < MAX_DEVICES; i++)
         if (atomic_load_explicit(&devices[i], memory_order_relaxed)) {

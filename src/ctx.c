@@ -17,6 +17,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -371,28 +372,40 @@ __attribute__((constructor)) static void handlers_init_at_load(void)
 /* ------------------------------------------------------ observability */
 
 /*
- * An oom_dump path that can never be written -- its directory missing or
- * not writable, or the path a directory -- fails the context's creation
+ * An oom_dump path that can never be written fails the context's creation
  * as an uncreatable trace= path does: the dump is wanted at the worst
  * moment, and an operator must learn at start-up, not after the outage,
- * that it will not be there.  (The dump is written to PATH.tmp.* beside
- * PATH, then renamed over it: the directory is what must be writable.)
+ * that it will not be there.  The dump is written to PATH.tmp.PID.N beside
+ * PATH and renamed over it, so: the directory must exist and be writable
+ * and searchable by the effective user (faccessat's AT_EACCESS, as open
+ * and rename will act); PATH must not name a directory (a symbolic link
+ * to one is replaced by the rename, so it may) nor end in '/'; and the
+ * temporary name must fit NAME_MAX.  Checked before the backend opens
+ * (which reserves the whole limit with allow_growth=false).  A relative
+ * PATH is checked against the working directory now and resolved against
+ * the one at each dump.
  */
 static bool oom_dump_path_ok(const char *path)
 {
+    size_t len = strlen(path);
+    if (len == 0 || path[len - 1] == '/')
+        return false;
     struct stat st;
-    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+    if (lstat(path, &st) == 0 && S_ISDIR(st.st_mode))
+        return false;
+    const char *slash = strrchr(path, '/');
+    const char *base = slash ? slash + 1 : path;
+    /* ".tmp." + a pid + "." + a 32-bit sequence number: at most 26 bytes */
+    if (strlen(base) + 26 > NAME_MAX)
         return false;
     char dir[sizeof(((bfc_config_t *)0)->oom_dump)];
-    snprintf(dir, sizeof dir, "%s", path);
-    char *slash = strrchr(dir, '/');
     if (!slash)
         snprintf(dir, sizeof dir, ".");
-    else if (slash == dir)
-        dir[1] = '\0';
+    else if (slash == path)
+        snprintf(dir, sizeof dir, "/");
     else
-        *slash = '\0';
-    return access(dir, W_OK | X_OK) == 0;
+        snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    return faccessat(AT_FDCWD, dir, W_OK | X_OK, AT_EACCESS) == 0;
 }
 
 /*
@@ -403,9 +416,6 @@ static bool oom_dump_path_ok(const char *path)
  */
 static int obs_init(struct bfc_ctx *ctx)
 {
-    /* (A host context's cfg.oom_dump is "": ctx_create.) */
-    if (ctx->cfg.oom_dump[0] && !oom_dump_path_ok(ctx->cfg.oom_dump))
-        return BFC_EINVAL;
     int e = bfc__mutex_init(&ctx->obs.lock, BFC__RANK_OBS, "a context's obs lock");
     if (e != 0)
         return BFC_ENOMEM;
@@ -563,7 +573,9 @@ static int ctx_create(bfc_config_t cfg, bfc__backend_t *be, bool host, bfc_ctx_t
     /* Of the limit as configured, not as counted (rounded down to 256
      * bytes): TensorFlow's fragmentation_fraction * memory_limit_. */
     if (cfg.fragmentation_fraction > 0) {
-        ctx->env.max_frag = (size_t)(cfg.fragmentation_fraction * (double)cfg.memory_limit);
+        /* A limit near 2^64 times 1 rounds to 2^64, which no size_t holds. */
+        double t = cfg.fragmentation_fraction * (double)cfg.memory_limit;
+        ctx->env.max_frag = t < (double)SIZE_MAX ? (size_t)t : SIZE_MAX;
         if (ctx->env.max_frag < BFC__MIN_ALLOC)
             ctx->env.max_frag = BFC__MIN_ALLOC;
     } else
@@ -687,6 +699,9 @@ static int create(const bfc_config_t *cfg_in, bfc_ctx_t **out)
     else
         bfc_config_init(&cfg);
     if (bfc_config_validate(&cfg) != BFC_OK)
+        return BFC_EINVAL;
+    /* (Host contexts follow no oom_dump: create_with_backend.) */
+    if (cfg.oom_dump[0] && !oom_dump_path_ok(cfg.oom_dump))
         return BFC_EINVAL;
     int st = process_ready();
     if (st != BFC_OK)

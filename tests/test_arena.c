@@ -421,6 +421,27 @@ START_TEST(test_split_fraction_of_configured_limit)
 }
 END_TEST
 
+/* fraction x limit past what a size_t holds (1 x 2^64 - 1, which rounds
+ * to 2^64 as a double) is no threshold at all, never one of 256 bytes (the
+ * conversion's undefined result on x86): the 512 KiB a 1.5 MiB block
+ * leaves of a 2 MiB region stay in its chunk. */
+START_TEST(test_split_fraction_huge_limit)
+{
+    bfc_config_t c = cfg_grow(SIZE_MAX);
+    c.fragmentation_fraction = 1.0;
+    bfc_ctx_t *ctx = ctx_new(&c);
+    bfc_stream_t s = pick_stream(ctx, _i);
+    void *a = xalloc_full(ctx, s, 256);
+    void *p = xalloc_full(ctx, s, 1536 * KiB);
+    ck_assert_ptr_eq(p, cp(a) + 256);
+    ck_assert_uint_eq(bfc_ctx_allocated_size(ctx, p), 2 * MiB - 256);
+    xfree(ctx, p, s);
+    xfree(ctx, a, s);
+    xcheck(ctx);
+    ctx_done(ctx, s);
+}
+END_TEST
+
 /* A fraction so small that fraction x limit is under one chunk: a leftover
  * of 0 bytes must not be "split off" (a 0-byte chunk in the bins crashed
  * the next allocation that searched them); every leftover of 256 bytes or
@@ -2226,7 +2247,8 @@ static Suite *arena_suite(void)
           test_oom_not_sticky, NULL}},
         {"split",
          {test_split_twice_rule, test_split_fraction_rule, test_split_fraction_of_configured_limit,
-          test_split_fraction_tiny, test_split_128mib_rule, test_growth_huge_limit, NULL}},
+          test_split_fraction_huge_limit, test_split_fraction_tiny, test_split_128mib_rule,
+          test_growth_huge_limit, NULL}},
         {"best_fit",
          {test_best_fit_smallest, test_best_fit_within_bin, test_best_fit_lowest_address, test_best_fit_open_bin,
           test_best_fit_100k_fragments, NULL}},

@@ -772,16 +772,41 @@ START_TEST(test_oom_dump_path_checked_at_create)
     ck_assert_int_eq(create_with(spec), BFC_OK);
     if (geteuid() != 0) {
         ck_assert_int_eq(chmod(path, 0500), 0);
-        ck_assert_int_eq(create_with(spec), BFC_EINVAL);
+        int st = create_with(spec);
         ck_assert_int_eq(chmod(path, 0700), 0);
+        ck_assert_int_eq(st, BFC_EINVAL);
     }
+    /* A trailing '/' names a directory rename cannot make. */
+    snprintf(spec, sizeof spec, "oom_dump=%s/oom.json/", path);
+    ck_assert_int_eq(create_with(spec), BFC_EINVAL);
+    /* A symbolic link to a directory is replaced by the rename: allowed. */
+    char link[500];
+    tmp_path(link, sizeof link, "alink");
+    ck_assert_int_eq(symlink(path, link), 0);
+    snprintf(spec, sizeof spec, "oom_dump=%s", link);
+    ck_assert_int_eq(create_with(spec), BFC_OK);
+    ck_assert_int_eq(unlink(link), 0);
     ck_assert_int_eq(rmdir(path), 0);
-    char cwd[400];
+    /* Relative: against the working directory (restored before any
+     * assertion, for runs without Check's fork).  And PATH.tmp.PID.N must
+     * fit NAME_MAX: a 229-byte name does, 230 not. */
+    char cwd[400], name[240], spec2[260];
     ck_assert_ptr_nonnull(getcwd(cwd, sizeof cwd));
     ck_assert_int_eq(chdir(tmpdir), 0);
-    ck_assert_int_eq(create_with("oom_dump=oom.json"), BFC_OK);
-    ck_assert_int_eq(create_with("oom_dump=missing/oom.json"), BFC_EINVAL);
+    int here = create_with("oom_dump=oom.json");
+    int missing = create_with("oom_dump=missing/oom.json");
+    int named[2];
+    for (int n = 229; n <= 230; n++) {
+        memset(name, 'b', (size_t)n);
+        name[n] = '\0';
+        snprintf(spec2, sizeof spec2, "oom_dump=%s", name);
+        named[n - 229] = create_with(spec2);
+    }
     ck_assert_int_eq(chdir(cwd), 0);
+    ck_assert_int_eq(here, BFC_OK);
+    ck_assert_int_eq(missing, BFC_EINVAL);
+    ck_assert_int_eq(named[0], BFC_OK);
+    ck_assert_int_eq(named[1], BFC_EINVAL);
     tmp_teardown();
 }
 END_TEST
@@ -808,15 +833,24 @@ START_TEST(test_oom_dump_failure_said_once)
     ck_assert_int_eq(dup2(fd, 2), 2);
     close(fd);
     bfc_stream_t s = bfc_sim_stream_create(ctx);
+    /* Results kept, and stderr restored before any assertion (for runs
+     * without Check's fork). */
+    void *got[2];
+    int why[2];
     for (int i = 0; i < 2; i++) {
         if (i)
             usleep(1100 * 1000); /* past the one-dump-a-second limit */
-        ck_assert_ptr_null(bfc_ctx_alloc(ctx, s, 8 * MiB));
-        ck_assert_int_eq(bfc_last_error(), BFC_ENOMEM);
+        got[i] = bfc_ctx_alloc(ctx, s, 8 * MiB);
+        why[i] = bfc_last_error();
     }
     fflush(stderr);
-    ck_assert_int_eq(dup2(saved, 2), 2);
+    int restored = dup2(saved, 2);
     close(saved);
+    ck_assert_int_eq(restored, 2);
+    for (int i = 0; i < 2; i++) {
+        ck_assert_ptr_null(got[i]);
+        ck_assert_int_eq(why[i], BFC_ENOMEM);
+    }
     size_t len;
     char *text = read_file(errpath, &len);
     ck_assert_ptr_nonnull(text);
