@@ -221,7 +221,8 @@ static bool parse_bool(struct span s, bool *out)
 /*
  * A decimal number in [0, 1]: [+]digits[.digits][e[+-]digits] or
  * [+].digits[...].  No nan, inf, hex or locale-specific decimal point, and
- * no non-zero value so small that it reads as 0 (below about 4.9e-324).
+ * no non-zero value so small that it reads as 0 (below about 2.5e-324, half
+ * the least double).
  * The first 19 significant digits are kept; the result is the mantissa
  * divided by an exact power of ten, which is correctly rounded whenever the
  * mantissa is below 2^53 and at most 22 fraction digits are given (every
@@ -350,7 +351,7 @@ static const char *apply(bfc_config_t *cfg, const struct key *k, struct span v)
     case K_FRACTION: {
         double d;
         if (!parse_fraction(v, &d))
-            return "expected a decimal number from 0 to 1 (a non-zero one at least 4.9e-324)";
+            return "expected a decimal number from 0 to 1 (a non-zero one that does not read as 0: about 2.5e-324 or more)";
         *(double *)(void *)field = d;
         return NULL;
     }

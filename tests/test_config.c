@@ -758,7 +758,7 @@ START_TEST(test_err_names_key_value_reason)
     MSG("device=-1", "device=-1", "device ordinal");
     MSG("host_numa=near", "host_numa=near", "thread, gpu or a NUMA node");
     MSG("fragmentation_fraction=1.5", "fragmentation_fraction=1.5", "from 0 to 1");
-    MSG("fragmentation_fraction=1e-400", "fragmentation_fraction=1e-400", "at least 4.9e-324");
+    MSG("fragmentation_fraction=1e-400", "fragmentation_fraction=1e-400", "does not read as 0");
     MSG("poison=maybe", "poison=maybe", "true/false");
     MSG("sim_fail_alloc_every=3", "sim_fail_alloc_every=3", "unknown key");
     MSG("retry_ms=4294967296", "retry_ms=4294967296", "3600000");
