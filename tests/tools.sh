@@ -128,8 +128,11 @@ refused "a --compare SPEC whose settings conflict" "vmm=on,allow_growth=false: v
     --compare vmm=off vmm=on,allow_growth=false
 # What only a context refuses (vmm=on and a limit without a granule), before
 # the table too, with its SPEC named.
-refused "a SPEC that no context can run" "memory_limit=1M,vmm=on: bfc_ctx_create: .*granule" \
+refused "a SPEC that no context can run" "memory_limit=1M,vmm=on: bfc_ctx_create refused it: .*granule" \
     --compare vmm=off memory_limit=1M,vmm=on
+refused "an oom_dump= path that cannot be written" \
+    "vmm=on,oom_dump=/nonexistent/x.json: bfc_ctx_create refused it: its oom_dump= path cannot be written" \
+    --compare vmm=off vmm=on,oom_dump=/nonexistent/x.json
 
 # retry_ms and trace= in a SPEC are not used by a replay (one thread would
 # only wait; --trace-out traces it): said on stderr, and a retry_ms of an
@@ -229,6 +232,14 @@ grep -q '^libshardbfc snapshot v2: backend sim, device ?, limit ?, 0 shards' "$t
     grep -q '^  limit ?, reserved ?, unreserved ?, in use ?, pending ?$' "$tmp/out" &&
     grep -q '^  pool: ? free in ? spans, largest ?, fenced ?$' "$tmp/out" ||
     { cat "$tmp/out" >&2; fail "stat prints figures it was not given as zeros"; }
+printf '%s\n' '{"version":2,"backend":"sim","totals":{"bytes_in_use":5},"shards":[{"stream_id":1,"stream":"0x1",' \
+    '"stats":{},"regions":[{"base":"0x100","size":512,"chunks":[{"offset":0,"size":512,"state":"in_use"}]}]}]}' \
+    >"$tmp/sparse.json"
+"$stat" "$tmp/sparse.json" >"$tmp/sparse.out" 2>&1 || { cat "$tmp/sparse.out" >&2; fail "shardbfc-stat on a sparse snapshot failed"; }
+grep -q '^  allocated 5 (peak ?), requested ? (peak ?),' "$tmp/sparse.out" &&
+    grep -q 'fragmentation ?, pending ? blocks' "$tmp/sparse.out" &&
+    grep -q '^    Chunk +0 size 512 in_use requested ? id ?$' "$tmp/sparse.out" ||
+    { cat "$tmp/sparse.out" >&2; fail "stat prints a sparse snapshot's missing figures as numbers"; }
 grep -q 'stream=0x10 (requesting): mapped free <= 3145728 (bound), largest mapped free piece <= 2097152 (bound), largest block without a map 1048576,' "$tmp/out" ||
     { cat "$tmp/out" >&2; fail "shardbfc-stat prints an expandable shard's bounds as exact figures"; }
 grep -q 'stream=0x20: free 524288, largest free chunk 262144,' "$tmp/out" ||

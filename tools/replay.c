@@ -211,6 +211,20 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+int bfc_replay_config(const char *spec, bfc_config_t *cfg, char *err, size_t errlen)
+{
+    bfc_config_init(cfg);
+    if (spec && bfc_config_parse_err(cfg, spec, err, errlen) != BFC_OK)
+        return BFC_EINVAL;
+    cfg->backend = BFC_BACKEND_SIM;
+    cfg->trace[0] = '\0'; /* the replay traces only where asked to */
+    /* One thread replays: an allocation that fails would wait retry_ms for
+     * frees no other thread makes (75 failures of retry_ms=100 took 7.5 s),
+     * and end as it began. */
+    cfg->retry_ms = 0;
+    return BFC_OK;
+}
+
 int bfc_replay_run(const bfc_trace_event_t *ev, size_t n, const char *spec, const char *trace_out,
                    bfc_replay_result_t *out, char *err, size_t errlen)
 {
@@ -222,18 +236,11 @@ int bfc_replay_run(const bfc_trace_event_t *ev, size_t n, const char *spec, cons
     int rc = -1;
 
     memset(out, 0, sizeof(*out));
-    bfc_config_init(&cfg);
     char why[512];
-    if (spec && bfc_config_parse_err(&cfg, spec, why, sizeof(why)) != BFC_OK) {
+    if (bfc_replay_config(spec, &cfg, why, sizeof(why)) != BFC_OK) {
         set_err(err, errlen, "bad configuration: %s", why);
         return -1;
     }
-    cfg.backend = BFC_BACKEND_SIM;
-    cfg.trace[0] = '\0'; /* the replay traces only where asked to */
-    /* One thread replays: an allocation that fails would wait retry_ms for
-     * frees no other thread makes (75 failures of retry_ms=100 took 7.5 s),
-     * and end as it began. */
-    cfg.retry_ms = 0;
     int st = bfc_ctx_create(&cfg, &ctx);
     if (st != BFC_OK) {
         set_err(err, errlen, "bfc_ctx_create: %s", bfc_strerror(st));

@@ -10,6 +10,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <shardbfc.h>
+
 #include "trace_csv.h"
 
 /*
@@ -71,6 +73,11 @@ typedef struct bfc_replay_result {
  * 2^64 - 1 (sizes no real trace holds; the sum is not wrapped).
  */
 int bfc_replay_peak_requested(const bfc_trace_event_t *ev, size_t n, const size_t *order, uint64_t *peak);
+
+/* The configuration a replay of SPEC (NULL: the defaults) runs with: SPEC
+ * parsed, on SIM, without trace= and retry_ms (see bfc_replay_run).
+ * BFC_OK, or BFC_EINVAL with the parser's reason in err. */
+int bfc_replay_config(const char *spec, bfc_config_t *cfg, char *err, size_t errlen);
 
 int bfc_replay_run(const bfc_trace_event_t *ev, size_t n, const char *spec, const char *trace_out,
                    bfc_replay_result_t *out, char *err, size_t errlen);

@@ -40,6 +40,25 @@ static void usage(FILE *f)
                "       shardbfc-replay [--json] --compare SPEC... TRACE\n");
 }
 
+/* Why bfc_ctx_create refused a configuration that validates (BFC_EINVAL),
+ * found by creating it again without each setting that can cause that. */
+static const char *create_refusal(const bfc_config_t *cfg)
+{
+    bfc_config_t c = *cfg;
+    bfc_ctx_t *ctx;
+    if (c.oom_dump[0]) {
+        c.oom_dump[0] = '\0';
+        if (bfc_ctx_create(&c, &ctx) == BFC_OK) {
+            bfc_ctx_destroy(ctx);
+            return "its oom_dump= path cannot be written (a directory missing or not writable, a path that "
+                   "is a directory or ends in '/', a file name over 229 bytes)";
+        }
+    }
+    if (c.vmm == BFC_VMM_ON)
+        return "vmm=on needs a memory_limit of at least one granule of the backend";
+    return bfc_strerror(BFC_EINVAL);
+}
+
 static void help(void)
 {
     usage(stdout);
@@ -204,46 +223,44 @@ int main(int argc, char **argv)
      * leave a table with a row missing. */
     for (size_t i = 0; i < nspecs; i++) {
         bfc_config_t probe;
-        bfc_config_init(&probe);
-        if (bfc_config_parse_err(&probe, specs[i], err, sizeof(err)) != BFC_OK) {
+        if (bfc_replay_config(specs[i], &probe, err, sizeof(err)) != BFC_OK) {
             fprintf(stderr, "shardbfc-replay: bad configuration: %s\n", err);
             free(specs);
             return 1;
         }
-        /* Settings valid alone but not together (vmm=on with
-         * allow_growth=false), as the replay will run them: on SIM. */
-        probe.backend = BFC_BACKEND_SIM;
-        /* What the replay leaves out (replay.c), said rather than dropped. */
-        if (probe.trace[0])
+        /* What the replay leaves out (bfc_replay_config), said rather than
+         * dropped: the SPEC as written. */
+        bfc_config_t asked;
+        bfc_config_init(&asked);
+        (void)bfc_config_parse(&asked, specs[i]);
+        if (asked.trace[0])
             fprintf(stderr, "shardbfc-replay: %s: trace= is not used (--trace-out traces a replay)\n", specs[i]);
-        if (probe.retry_ms)
+        if (asked.retry_ms)
             fprintf(stderr,
                     "shardbfc-replay: %s: retry_ms is not used (the replay is one thread: no other would free "
                     "memory while it waited)\n",
                     specs[i]);
-        probe.trace[0] = '\0';
-        probe.retry_ms = 0;
         const char *name = specs[i][0] ? specs[i] : "(defaults)";
         if (bfc_config_validate_err(&probe, err, sizeof(err)) != BFC_OK) {
             fprintf(stderr, "shardbfc-replay: bad configuration: %s: %s\n", name, err);
             free(specs);
             return 1;
         }
-        /* What only a context can refuse (vmm=on where the limit holds no
-         * granule): made once here, so that a refusal comes before the
-         * table and says which SPEC. */
+        /* What only a context can refuse (an oom_dump= path that cannot
+         * be written, vmm=on where the limit holds no granule): made once
+         * here, so that a refusal comes before the table and says which
+         * SPEC and why.  Other failures (no memory for allow_growth=false's
+         * reservation) are the run's, reported with its row missing. */
         bfc_ctx_t *ctx;
         int st = bfc_ctx_create(&probe, &ctx);
-        if (st != BFC_OK) {
-            fprintf(stderr, "shardbfc-replay: bad configuration: %s: bfc_ctx_create: %s%s\n", name,
-                    bfc_strerror(st),
-                    st == BFC_EINVAL && probe.vmm == BFC_VMM_ON
-                        ? " (vmm=on needs a memory_limit of at least one granule of the backend)"
-                        : "");
+        if (st == BFC_OK)
+            bfc_ctx_destroy(ctx);
+        else if (st == BFC_EINVAL) {
+            fprintf(stderr, "shardbfc-replay: bad configuration: %s: bfc_ctx_create refused it: %s\n", name,
+                    create_refusal(&probe));
             free(specs);
             return 1;
         }
-        bfc_ctx_destroy(ctx);
     }
     if (bfc_trace_csv_read_ordered(trace, &ev, &n, &sorted, err, sizeof(err)) != 0) {
         fprintf(stderr, "shardbfc-replay: %s\n", err);

@@ -42,6 +42,20 @@ static const char *num(const json_object *o, const char *key)
     return b;
 }
 
+/* A fraction or a signed figure as text ("%.4f" or "%.0f"), or "?" where
+ * the input leaves it out; num's buffers. */
+static const char *numf(const json_object *o, const char *key, int decimals)
+{
+    static char buf[4][40];
+    static unsigned next;
+    char *b = buf[next++ % 4];
+    const json_object *v = bfc_json_get(o, key);
+    if (!v || !(json_object_is_type(v, json_type_double) || json_object_is_type(v, json_type_int)))
+        return "?";
+    snprintf(b, sizeof buf[0], "%.*f", decimals, bfc_json_num(o, key, 0));
+    return b;
+}
+
 static void print_peak(const json_object *s, const char *key, bool bound)
 {
     char bkey[64];
@@ -64,10 +78,10 @@ static void print_stats(const char *indent, const json_object *s, bool bound_pea
     print_peak(s, "peak_bytes_requested", bound_peaks);
     printf("), reserved %s (peak %s), limit %s\n", num(s, "bytes_reserved"),
            num(s, "peak_bytes_reserved"), num(s, "bytes_limit"));
-    printf("%sfree %s, largest free chunk %s, fragmentation %.4f, pending %s"
+    printf("%sfree %s, largest free chunk %s, fragmentation %s, pending %s"
            " blocks / %s bytes\n",
            indent, num(s, "bytes_free"), num(s, "largest_free_chunk"),
-           bfc_json_num(s, "fragmentation", 0), num(s, "num_pending_frees"),
+           numf(s, "fragmentation", 4), num(s, "num_pending_frees"),
            num(s, "bytes_pending"));
     printf("%sallocs %s, frees %s (remote %s), OOMs %s, regions %s"
            ", chunks %s, largest alloc %s\n",
@@ -242,8 +256,7 @@ int main(int argc, char **argv)
                 printf("    Chunk +%s size %s %s", num(c, "offset"),
                        num(c, "size"), state);
                 if (strcmp(state, "free") != 0)
-                    printf(" requested %s id %.0f", num(c, "requested"),
-                           bfc_json_num(c, "allocation_id", -1));
+                    printf(" requested %s id %s", num(c, "requested"), numf(c, "allocation_id", 0));
                 putchar('\n');
             }
         }
