@@ -613,7 +613,7 @@ int perf_report_svg(const struct perf_report *rp, FILE *f)
             seen |= threads[k] == r->threads;
         if (!seen && nt < 64)
             threads[nt++] = r->threads;
-        if (r->ops_per_sec > ymax)
+        if (!r->failed && r->ops_per_sec > ymax) /* a failed run is not drawn (find) */
             ymax = r->ops_per_sec;
     }
     /* Thread counts ascending. */

@@ -154,6 +154,21 @@ static uint64_t drain_min_ns(struct bfc__arena *a)
     return best;
 }
 
+/* The same for an allocation and its free on the owner's stream. */
+static uint64_t alloc_min_ns(bfc_ctx_t *ctx, bfc_stream_t s, size_t n)
+{
+    uint64_t best = UINT64_MAX;
+    for (int i = 0; i < 5; i++) {
+        uint64_t t0 = now_ns();
+        void *p = xalloc(ctx, s, n);
+        uint64_t el = now_ns() - t0;
+        xfree(ctx, p, s);
+        if (el < best)
+            best = el;
+    }
+    return best;
+}
+
 START_TEST(test_stalled_freer)
 {
     bfc_ctx_t *ctx = ctx_grow();
@@ -169,6 +184,7 @@ START_TEST(test_stalled_freer)
     ck_assert_ptr_nonnull(pn);
     a->rq_head.node.next = NULL;
     ck_assert_uint_lt(drain_min_ns(a), 5000000ull); /* no 10 ms sleep */
+    ck_assert_uint_lt(alloc_min_ns(ctx, s1, 3000), 5000000ull); /* nor on the allocation path */
     void *r = xalloc(ctx, s1, 3000);
     ck_assert_uint_eq(state(bp), BFC__CHUNK_FREEING);
     ck_assert_uint_eq(sst(ctx, s1).num_remote_frees, 0);
