@@ -569,9 +569,9 @@ static int ctx_create(bfc_config_t cfg, bfc__backend_t *be, bool host, bfc_ctx_t
      * threshold under 256 cuts the same leftovers (all but none), and 0
      * would "split off" a chunk of 0 bytes from an exact fit -- TensorFlow
      * would (its rule is leftover >= threshold), and a 0-byte chunk in the
-     * bins is no chunk at all. */
-    /* Of the limit as configured, not as counted (rounded down to 256
-     * bytes): TensorFlow's fragmentation_fraction * memory_limit_. */
+     * bins is no chunk at all.  The fraction is of the limit as
+     * configured, not as counted (rounded down to 256 bytes): TensorFlow's
+     * fragmentation_fraction * memory_limit_. */
     if (cfg.fragmentation_fraction > 0) {
         /* A limit near 2^64 times 1 rounds to 2^64, which no size_t holds. */
         double t = cfg.fragmentation_fraction * (double)cfg.memory_limit;
