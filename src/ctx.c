@@ -385,6 +385,10 @@ __attribute__((constructor)) static void handlers_init_at_load(void)
  * PATH is checked against the working directory now and resolved against
  * the one at each dump.
  */
+/* What a dump's temporary name adds to PATH: its pid and a process-wide
+ * sequence number (oom_dump). */
+#define DUMP_TMP_SUFFIX ".tmp.%ld.%u"
+
 static bool oom_dump_path_ok(const char *path)
 {
     size_t len = strlen(path);
@@ -395,8 +399,10 @@ static bool oom_dump_path_ok(const char *path)
         return false;
     const char *slash = strrchr(path, '/');
     const char *base = slash ? slash + 1 : path;
-    /* ".tmp." + a pid + "." + a 32-bit sequence number: at most 26 bytes */
-    if (strlen(base) + 26 > NAME_MAX)
+    /* The longest suffix: a pid (a positive int) and a sequence number at
+     * their widest, 26 bytes. */
+    int suffix = snprintf(NULL, 0, DUMP_TMP_SUFFIX, (long)INT_MAX, UINT_MAX);
+    if (suffix < 0 || strlen(base) + (size_t)suffix > NAME_MAX)
         return false;
     char dir[sizeof(((bfc_config_t *)0)->oom_dump)];
     if (!slash)
@@ -482,7 +488,7 @@ static void oom_dump(struct bfc_ctx *ctx)
     int fd = -1;
     bool failed = true; /* no file could be opened */
     for (int tries = 0; fd < 0 && tries < 8; tries++) {
-        int n = snprintf(tmp, sizeof(tmp), "%s.tmp.%ld.%u", ctx->cfg.oom_dump, (long)getpid(),
+        int n = snprintf(tmp, sizeof(tmp), "%s" DUMP_TMP_SUFFIX, ctx->cfg.oom_dump, (long)getpid(),
                          atomic_fetch_add_explicit(&dump_seq, 1, memory_order_relaxed));
         if (n <= 0 || (size_t)n >= sizeof(tmp))
             break;
