@@ -215,6 +215,13 @@ typedef enum { BFC_BACKEND_AUTO, BFC_BACKEND_CUDA, BFC_BACKEND_SIM } bfc_backend
 typedef enum {
     BFC_HOST_NUMA_THREAD = -1, /* the node of the calling thread */
     BFC_HOST_NUMA_GPU = -2     /* the node nearest the context's GPU */
+    /* A thread's node is the one local to the CPUs it is bound to, else to
+       the CPU it runs on at its first host call, chosen once per thread:
+       where several nodes hold memory for those CPUs, the one whose CPUs
+       are fewest (a memory-only node that hwloc attaches to the whole
+       machine, as CXL or persistent memory often is, is no CPU's own), then
+       the one hwloc gives no subtype (DRAM before MCDRAM or HBM), then the
+       lowest number. */
     /* >= 0: that NUMA node; one the machine lacks is served as THREAD,
        and stderr says so once (not a refusal: one spec may serve machines
        of several shapes) */

@@ -13,11 +13,17 @@
  * complete at once).  bfc_host_record_stream adds real stream fences, so a
  * buffer used by asynchronous copies is not reused before they complete.
  *
- * Node choice (config host_numa): the node the thread is bound to
- * (hwloc_get_cpubind covering one node), else the node of the CPU it runs on
- * at its first allocation (hwloc_get_last_cpu_location); `gpu` picks the node
- * nearest the GPU (hwloc_cudart_get_device_cpuset, CUDA builds); a number
- * picks that node.  The choice is made once per thread.
+ * Node choice (config host_numa): the node local to the CPUs the thread is
+ * bound to (hwloc_get_cpubind), else the node local to the CPU it runs on at
+ * its first allocation (hwloc_get_last_cpu_location); `gpu` picks the node
+ * local to the GPU's CPUs (hwloc_cudart_get_device_cpuset, CUDA builds); a
+ * number picks that node.  The choice is made once per thread.  "Local"
+ * (bfc__host_node_of_cpuset) is the node whose CPUs are the fewest that
+ * still cover the set: a memory-only node attached at the machine's level
+ * (CXL, persistent memory) spans more CPUs than the DRAM node of a core;
+ * of two nodes of one locality (a package's DRAM and its MCDRAM or HBM),
+ * the one hwloc gives no subtype, ordinary DRAM, which is also the
+ * kernel's default; then the lower number.
  *
  * When a thread exits, a thread-specific key destructor retires its arena
  * (live blocks stay valid and are freed later by anyone; free regions go back
@@ -44,14 +50,18 @@
 #include <hwloc/cudart.h>
 #endif
 
-#define MAX_NODES 64
-
 static int g_status = BFC_OK;
 static hwloc_topology_t g_topo;
 static int g_nnodes;
 static bfc_config_t g_cfg;
 static pthread_key_t g_key;
-static bfc_ctx_t *_Atomic g_ctx[MAX_NODES];
+/* The host contexts, indexed by node number (os index), which can be sparse
+ * and large (POWER9 numbers its GPUs' memory nodes 252 to 255): g_nslots is
+ * the topology's largest node number + 1.  Allocated by host_init, never
+ * freed (bfc__host_shutdown empties it), and read only after g_init_done
+ * (slot()). */
+static bfc_ctx_t *_Atomic *g_ctx;
+static int g_nslots;
 static __thread struct bfc__host_thread *tls_thread;
 
 static void thread_exit(void *arg);
@@ -82,6 +92,16 @@ static void host_init(void)
     g_nnodes = hwloc_get_nbobjs_by_type(g_topo, HWLOC_OBJ_NUMANODE);
     if (g_nnodes < 1)
         g_nnodes = 1;
+    int top = 0;
+    for (hwloc_obj_t o = NULL; (o = hwloc_get_next_obj_by_type(g_topo, HWLOC_OBJ_NUMANODE, o)) != NULL;)
+        if (o->os_index != HWLOC_UNKNOWN_INDEX && o->os_index < INT_MAX && (int)o->os_index > top)
+            top = (int)o->os_index;
+    g_ctx = bfc__meta_zalloc((size_t)(top + 1) * sizeof(*g_ctx));
+    if (!g_ctx) {
+        g_status = BFC_ENOMEM;
+        return;
+    }
+    g_nslots = top + 1;
     /* A node number this machine does not have: not a refusal (one spec
      * may serve machines of several shapes), but said once, as the
      * operator asked for something else. */
@@ -126,17 +146,41 @@ static int init(void)
     return g_status;
 }
 
+/* Is a a better local node than b for the same CPUs (equal cpusets)? */
+static bool plainer_node(hwloc_obj_t a, hwloc_obj_t b)
+{
+    if ((a->subtype == NULL) != (b->subtype == NULL))
+        return a->subtype == NULL;
+    return a->os_index < b->os_index;
+}
+
 int bfc__host_node_of_cpuset(void *topo, const void *cpuset)
 {
-    hwloc_nodeset_t ns = hwloc_bitmap_alloc();
-    int node = -1;
-    if (!ns)
+    hwloc_topology_t t = topo;
+    hwloc_const_cpuset_t set = cpuset;
+    hwloc_obj_t best = NULL;
+    if (hwloc_bitmap_iszero(set))
         return -1;
-    hwloc_cpuset_to_nodeset((hwloc_topology_t)topo, (hwloc_const_cpuset_t)cpuset, ns);
-    if (hwloc_bitmap_weight(ns) == 1)
-        node = hwloc_bitmap_first(ns);
-    hwloc_bitmap_free(ns);
-    return node;
+    /* The nodes whose CPUs meet the set; of those, the ones whose CPUs
+     * contain no other such node's (a node spanning the machine is not
+     * local where a core's own node exists).  They must all have the same
+     * CPUs, or the set spans several localities and has no node of its
+     * own; of nodes with the same CPUs, the plainest. */
+    for (hwloc_obj_t o = NULL; (o = hwloc_get_next_obj_by_type(t, HWLOC_OBJ_NUMANODE, o)) != NULL;) {
+        if (!o->cpuset || !hwloc_bitmap_intersects(o->cpuset, set))
+            continue;
+        bool wider = false;
+        for (hwloc_obj_t q = NULL; !wider && (q = hwloc_get_next_obj_by_type(t, HWLOC_OBJ_NUMANODE, q)) != NULL;)
+            wider = q != o && q->cpuset && hwloc_bitmap_intersects(q->cpuset, set) &&
+                    hwloc_bitmap_isincluded(q->cpuset, o->cpuset) && !hwloc_bitmap_isequal(q->cpuset, o->cpuset);
+        if (wider)
+            continue;
+        if (best && !hwloc_bitmap_isequal(best->cpuset, o->cpuset))
+            return -1;
+        if (!best || plainer_node(o, best))
+            best = o;
+    }
+    return best && best->os_index < INT_MAX ? (int)best->os_index : -1;
 }
 
 static int first_node(void)
@@ -183,21 +227,32 @@ static struct bfc__host_thread *thread_slot(void)
     return t;
 }
 
+/* The table entry of a node, or NULL: a number the topology has no slot
+ * for, or before the set-up. */
+static bfc_ctx_t *_Atomic *slot(int node)
+{
+    /* acquire: g_ctx and g_nslots were written before g_init_done. */
+    if (!atomic_load_explicit(&g_init_done, memory_order_acquire) || node < 0 || node >= g_nslots)
+        return NULL;
+    return &g_ctx[node];
+}
+
 static bfc_ctx_t *node_ctx(int node, int *status)
 {
-    if (node < 0 || node >= MAX_NODES) {
+    bfc_ctx_t *_Atomic *e = slot(node);
+    if (!e) {
         *status = BFC_EINVAL;
         return NULL;
     }
     /* acquire: pairs with the release store below. */
-    bfc_ctx_t *ctx = atomic_load_explicit(&g_ctx[node], memory_order_acquire);
+    bfc_ctx_t *ctx = atomic_load_explicit(e, memory_order_acquire);
     if (BFC__LIKELY(ctx != NULL))
         return ctx;
     /* The backend's open and the context's creation wait (liburcu, the
      * CUDA runtime) under the host lock (mutex.h). */
     int cs = bfc__nocancel_begin();
     bfc__lock(&bfc__ctx_host_lock);
-    ctx = atomic_load_explicit(&g_ctx[node], memory_order_relaxed);
+    ctx = atomic_load_explicit(e, memory_order_relaxed);
     if (!ctx) {
         hwloc_obj_t o = hwloc_get_numanode_obj_by_os_index(g_topo, (unsigned)node);
         size_t limit = o && o->attr && o->attr->numanode.local_memory ? (size_t)o->attr->numanode.local_memory
@@ -210,7 +265,7 @@ static bfc_ctx_t *node_ctx(int node, int *status)
         if (st == BFC_OK)
             st = bfc__ctx_create_with_backend(&cfg, be, true, &ctx);
         if (st == BFC_OK)
-            atomic_store_explicit(&g_ctx[node], ctx, memory_order_release);
+            atomic_store_explicit(e, ctx, memory_order_release);
         else
             *status = st;
     }
@@ -222,7 +277,8 @@ static bfc_ctx_t *node_ctx(int node, int *status)
 static void thread_exit(void *arg)
 {
     struct bfc__host_thread *t = arg;
-    bfc_ctx_t *ctx = atomic_load_explicit(&g_ctx[t->node], memory_order_acquire);
+    bfc_ctx_t *_Atomic *e = slot(t->node);
+    bfc_ctx_t *ctx = e ? atomic_load_explicit(e, memory_order_acquire) : NULL;
     if (ctx)
         (void)bfc_ctx_stream_release(ctx, (bfc_stream_t)t);
     bfc__lock(&bfc__ctx_host_lock);
@@ -352,7 +408,7 @@ int bfc_host_stats(bfc_stats_t *out)
     memset(out, 0, sizeof(*out));
     if (init() != BFC_OK)
         return g_status;
-    for (int i = 0; i < MAX_NODES; i++) {
+    for (int i = 0; i < g_nslots; i++) {
         bfc_ctx_t *ctx = atomic_load_explicit(&g_ctx[i], memory_order_acquire);
         bfc_stats_t s;
         if (ctx && bfc_ctx_stats(ctx, &s) == BFC_OK)
@@ -363,17 +419,15 @@ int bfc_host_stats(bfc_stats_t *out)
 
 int bfc_host_node_stats(int node, bfc_stats_t *out)
 {
-    if (!out || node < 0 || node >= MAX_NODES)
-        return BFC_EINVAL;
-    bfc_ctx_t *ctx = atomic_load_explicit(&g_ctx[node], memory_order_acquire);
-    return ctx ? bfc_ctx_stats(ctx, out) : BFC_EINVAL;
+    bfc_ctx_t *_Atomic *e = slot(node);
+    bfc_ctx_t *ctx = e ? atomic_load_explicit(e, memory_order_acquire) : NULL;
+    return out && ctx ? bfc_ctx_stats(ctx, out) : BFC_EINVAL;
 }
 
 bfc_ctx_t *bfc_host_ctx(int node)
 {
-    if (node < 0 || node >= MAX_NODES)
-        return NULL;
-    return atomic_load_explicit(&g_ctx[node], memory_order_acquire);
+    bfc_ctx_t *_Atomic *e = slot(node);
+    return e ? atomic_load_explicit(e, memory_order_acquire) : NULL;
 }
 
 int bfc_host_numa_nodes(void)
@@ -386,7 +440,7 @@ void bfc__host_shutdown(void)
 {
     /* bfc_shutdown did the process set-up: the fork handlers cover bfc__ctx_host_lock. */
     bfc__lock(&bfc__ctx_host_lock);
-    for (int i = 0; i < MAX_NODES; i++) {
+    for (int i = 0; slot(i) != NULL; i++) {
         bfc_ctx_t *ctx = atomic_exchange_explicit(&g_ctx[i], NULL, memory_order_acq_rel);
         if (ctx)
             bfc_ctx_destroy(ctx);

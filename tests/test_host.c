@@ -6,6 +6,7 @@
  */
 #include <check.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <hwloc.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -505,6 +506,142 @@ START_TEST(test_synthetic_two_nodes)
 }
 END_TEST
 
+/* Topologies for the node choice, in hwloc's XML: a package's DRAM and
+ * MCDRAM nodes share its CPUs (HBM in flat mode), and a memory-only node is
+ * attached to the whole machine (CXL, persistent memory). */
+#define XML_HEAD                                                                                         \
+    "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<!DOCTYPE topology SYSTEM \"hwloc2.dtd\">\n"           \
+    "<topology version=\"2.0\">\n"
+#define XML_TAIL                                                                                         \
+    "<support name=\"discovery.pu\"/><support name=\"discovery.numa\"/>"                                \
+    "<support name=\"discovery.numa_memory\"/></topology>\n"
+#define XML_SETS(cpus, nodes)                                                                            \
+    " cpuset=\"" cpus "\" complete_cpuset=\"" cpus "\" nodeset=\"" nodes "\" complete_nodeset=\"" nodes "\""
+#define XML_NODE(os, cpus, nodes, gp, extra)                                                             \
+    "<object type=\"NUMANode\" os_index=\"" #os "\"" XML_SETS(cpus, nodes) " gp_index=\"" #gp            \
+    "\" local_memory=\"1073741824\"" extra "/>\n"
+#define XML_PU(os, cpus, nodes, gp)                                                                      \
+    "<object type=\"PU\" os_index=\"" #os "\"" XML_SETS(cpus, nodes) " gp_index=\"" #gp "\"/>\n"
+
+/* Package 0: DRAM node 2 and DRAM node 0, listed in that order; package 1:
+ * MCDRAM node 1 and DRAM node 3. */
+static const char xml_hbm[] =
+    XML_HEAD "<object type=\"Machine\" os_index=\"0\"" XML_SETS("0x00000003", "0x0000000f")
+             " allowed_cpuset=\"0x00000003\" allowed_nodeset=\"0x0000000f\" gp_index=\"1\">\n"
+             "<object type=\"Package\" os_index=\"0\"" XML_SETS("0x00000001", "0x00000005") " gp_index=\"2\">\n"
+             XML_NODE(2, "0x00000001", "0x00000004", 3, "")
+             XML_NODE(0, "0x00000001", "0x00000001", 4, "")
+             XML_PU(0, "0x00000001", "0x00000005", 5)
+             "</object>\n"
+             "<object type=\"Package\" os_index=\"1\"" XML_SETS("0x00000002", "0x0000000a") " gp_index=\"6\">\n"
+             XML_NODE(1, "0x00000002", "0x00000002", 7, " subtype=\"MCDRAM\"")
+             XML_NODE(3, "0x00000002", "0x00000008", 8, "")
+             XML_PU(1, "0x00000002", "0x0000000a", 9)
+             "</object>\n</object>\n" XML_TAIL;
+
+/* A node per CPU, numbered 0 and 100, and CPU-less node 5 on the machine. */
+static const char xml_cxl[] =
+    XML_HEAD "<object type=\"Machine\" os_index=\"0\"" XML_SETS("0x00000003", "0x00000010,0x00000000,0x00000000,0x00000021")
+             " allowed_cpuset=\"0x00000003\" allowed_nodeset=\"0x00000010,0x00000000,0x00000000,0x00000021\" gp_index=\"1\">\n"
+             "<object type=\"Group\"" XML_SETS("0x00000001", "0x00000001") " gp_index=\"2\" kind=\"1001\" subkind=\"0\">\n"
+             XML_NODE(0, "0x00000001", "0x00000001", 3, "")
+             XML_PU(0, "0x00000001", "0x00000001", 4)
+             "</object>\n"
+             "<object type=\"Group\"" XML_SETS("0x00000002", "0x00000010,0x00000000,0x00000000,0x00000000")
+             " gp_index=\"5\" kind=\"1001\" subkind=\"0\">\n"
+             XML_NODE(100, "0x00000002", "0x00000010,0x00000000,0x00000000,0x00000000", 6, "")
+             XML_PU(1, "0x00000002", "0x00000010,0x00000000,0x00000000,0x00000000", 7)
+             "</object>\n"
+             XML_NODE(5, "0x00000003", "0x00000020", 8, "")
+             "</object>\n" XML_TAIL;
+
+static hwloc_topology_t xml_topology(const char *xml)
+{
+    hwloc_topology_t t;
+    ck_assert_int_eq(hwloc_topology_init(&t), 0);
+    ck_assert_int_eq(hwloc_topology_set_xmlbuffer(t, xml, (int)strlen(xml) + 1), 0);
+    ck_assert_int_eq(hwloc_topology_load(t), 0);
+    return t;
+}
+
+static int node_of_cpus(hwloc_topology_t t, int first, int last)
+{
+    hwloc_cpuset_t set = hwloc_bitmap_alloc();
+    ck_assert_ptr_nonnull(set);
+    hwloc_bitmap_set_range(set, (unsigned)first, last);
+    int node = bfc__host_node_of_cpuset(t, set);
+    hwloc_bitmap_free(set);
+    return node;
+}
+
+/* A CPU local to two nodes: the node of its own locality rather than one
+ * spanning more CPUs, and of two with the same CPUs the ordinary DRAM one
+ * (no subtype), then the lower number.  The choice was "exactly one node
+ * meets the CPUs, else the machine's first node": package 1's threads had
+ * their memory on package 0, and with a CXL node on the machine every
+ * thread had node 0's. */
+START_TEST(test_node_choice_shared_locality)
+{
+    hwloc_topology_t t = xml_topology(xml_hbm);
+    ck_assert_int_eq(hwloc_get_nbobjs_by_type(t, HWLOC_OBJ_NUMANODE), 4);
+    ck_assert_int_eq(node_of_cpus(t, 0, 0), 0); /* DRAM 0 and 2: the lower */
+    ck_assert_int_eq(node_of_cpus(t, 1, 1), 3); /* DRAM 3 over MCDRAM 1 */
+    ck_assert_int_eq(node_of_cpus(t, 0, 1), -1); /* two packages: none */
+    hwloc_topology_destroy(t);
+
+    t = xml_topology(xml_cxl);
+    ck_assert_int_eq(hwloc_get_nbobjs_by_type(t, HWLOC_OBJ_NUMANODE), 3);
+    ck_assert_int_eq(node_of_cpus(t, 0, 0), 0);
+    ck_assert_int_eq(node_of_cpus(t, 1, 1), 100);
+    ck_assert_int_eq(node_of_cpus(t, 0, 1), -1); /* node 5 spans both, but is no one's own */
+    hwloc_topology_destroy(t);
+}
+END_TEST
+
+/* Node numbers are the kernel's, which can be sparse and large (POWER9
+ * numbers its GPUs' memory nodes 252 to 255).  The host contexts were a
+ * table of 64 by number: node 69's allocations failed with BFC_EINVAL, and
+ * the exit of a thread of that node read past the table (a crash, or
+ * UBSan's out-of-bounds report). */
+static void *alloc_on_thread(void *arg)
+{
+    (void)arg;
+    return bfc_host_alloc(8192);
+}
+
+START_TEST(test_sparse_node_numbers)
+{
+    setenv("HWLOC_SYNTHETIC", "numa:70 pu:1", 1);
+    setenv("SHARDBFC_CONF", "backend=sim,host_numa=69", 1);
+    ck_assert_int_eq(bfc_host_numa_nodes(), 70);
+    void *p = bfc_host_alloc(4096);
+    ck_assert_msg(p != NULL, "error %d", bfc_last_error());
+    ck_assert_ptr_nonnull(bfc_host_ctx(69));
+    ck_assert_ptr_null(bfc_host_ctx(0));
+    ck_assert_ptr_null(bfc_host_ctx(70));
+    ck_assert_ptr_null(bfc_host_ctx(-1));
+    ck_assert_ptr_null(bfc_host_ctx(INT_MAX));
+    pthread_t th;
+    void *q = NULL;
+    ck_assert_int_eq(pthread_create(&th, NULL, alloc_on_thread, NULL), 0);
+    ck_assert_int_eq(pthread_join(th, &q), 0); /* its exit retires its arena */
+    ck_assert_ptr_nonnull(q);
+    bfc_stats_t s;
+    ck_assert_int_eq(bfc_host_node_stats(69, &s), BFC_OK);
+    ck_assert_uint_eq(s.num_allocs, 2);
+    ck_assert_uint_eq(s.num_shards, 1);
+    ck_assert_uint_eq(s.bytes_requested, 4096 + 8192);
+    ck_assert_int_eq(bfc_host_node_stats(70, &s), BFC_EINVAL);
+    ck_assert_int_eq(bfc_host_node_stats(0, &s), BFC_EINVAL);
+    ck_assert_uint_eq(host_stats().num_allocs, 2);
+    ck_assert_int_eq(bfc_host_free(q), BFC_OK);
+    ck_assert_int_eq(bfc_host_free(p), BFC_OK);
+    char buf[512] = "";
+    ck_assert_msg(bfc_ctx_check_report(bfc_host_ctx(69), buf, sizeof buf) == BFC_OK, "%s", buf);
+    ck_assert_uint_eq(host_stats().bytes_in_use, 0);
+}
+END_TEST
+
 /* A registration the driver will not let go of: the pages stay mapped
  * (the driver may still reach them), the free fails, and a later free,
  * once the driver lets go, returns them. */
@@ -545,6 +682,8 @@ int main(void)
     tcase_add_test(tc, test_host_config_reports_what_it_runs);
     tcase_add_test(tc, test_host_limit_is_the_nodes_memory);
     tcase_add_test(tc, test_synthetic_two_nodes);
+    tcase_add_test(tc, test_node_choice_shared_locality);
+    tcase_add_test(tc, test_sparse_node_numbers);
     tcase_add_test(tc, test_unregister_refused);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
