@@ -808,7 +808,8 @@ BFC_API void bfc_shutdown(void);
  * local memory; 16 GiB where the topology does not say) and it always
  * grows: memory_limit and allow_growth=false bound device memory, never
  * host memory, and trace and oom_dump apply to device contexts only
- * (bfc_host_stats reports the host limit as bytes_limit).
+ * (bfc_host_node_stats reports a node's limit as bytes_limit, bfc_host_stats
+ * the sum over the nodes that have host contexts).
  * Context: thread-safe; the calling thread's own arena lock on the common path.
  * bfc_host_alloc blocks as bfc_ctx_alloc does, where growing maps, binds,
  * touches and pins a region (mmap, hwloc, cudaHostRegister on CUDA).
@@ -944,7 +945,8 @@ BFC_API double bfc_stats_fragmentation(const bfc_stats_t *s);
 /*
  * Host statistics: all NUMA nodes summed, or one node's (os index), in the
  * same bfc_stats_t as device memory (num_shards = live thread arenas); the
- * sum's peaks are sums of the nodes' peaks, upper bounds.
+ * sum's peaks are sums of the nodes' peaks, upper bounds, and its
+ * bytes_limit is the sum of those nodes' limits (each node's memory).
  * bfc_host_node_stats gives BFC_EINVAL for a node with no host arena yet.
  * bfc_host_ctx returns the host context of a node (for bfc_ctx_dump,
  * bfc_ctx_check, bfc_ctx_snapshot_json), or NULL if it has none yet.

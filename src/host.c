@@ -387,12 +387,14 @@ int bfc_host_numa_node(const void *p)
     return node;
 }
 
-/* One node's figures into the sum, each as its table entry says. */
+/* One node's figures into the sum, each as its table entry says, except
+ * that a setting the shards of one context share is each node's own here
+ * (the limit: the node's memory), and the sum has the nodes' total. */
 static void stats_add(bfc_stats_t *sum, const bfc_stats_t *s)
 {
 #define SUM(f) sum->f += s->f;
 #define MAX(f) sum->f = sum->f > s->f ? sum->f : s->f;
-#define SAME(f) sum->f = s->f;
+#define SAME(f) sum->f += s->f;
 #define ADD_FIELD(name, combine, desc) combine(name)
     BFC_STATS_FIELDS(ADD_FIELD)
 #undef ADD_FIELD

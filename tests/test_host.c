@@ -4,6 +4,7 @@
  * exit with live blocks, record_stream fencing on the SIM backend, bad input,
  * and node selection on a synthetic two-node topology (white-box).
  */
+#define _GNU_SOURCE /* pthread_setaffinity_np */
 #include <check.h>
 #include <inttypes.h>
 #include <limits.h>
@@ -642,6 +643,67 @@ START_TEST(test_sparse_node_numbers)
 }
 END_TEST
 
+/* The same end to end: threads bound to CPU 0 and CPU 1 of the xml_cxl
+ * machine (hwloc told it is this one, so it reads the threads' bindings)
+ * allocate from nodes 0 and 100, and the host totals sum both nodes'
+ * limits (each node's memory; the sum took one node's).  Needs CPUs 0 and
+ * 1; where the test runs with fewer, the binding fails and it skips. */
+struct bound {
+    int cpu;
+    void *p;
+};
+
+static void *alloc_bound(void *arg)
+{
+    struct bound *b = arg;
+    cpu_set_t cs;
+    CPU_ZERO(&cs);
+    CPU_SET(b->cpu, &cs);
+    if (pthread_setaffinity_np(pthread_self(), sizeof cs, &cs) == 0)
+        b->p = bfc_host_alloc(4096);
+    return NULL;
+}
+
+START_TEST(test_bound_threads_find_their_nodes)
+{
+    if (sysconf(_SC_NPROCESSORS_ONLN) < 2)
+        return;
+    char path[] = "/tmp/test_host_xml.XXXXXX";
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(write(fd, xml_cxl, sizeof xml_cxl - 1), (ssize_t)(sizeof xml_cxl - 1));
+    close(fd);
+    setenv("HWLOC_XMLFILE", path, 1);
+    setenv("HWLOC_THISSYSTEM", "1", 1);
+    ck_assert_int_eq(bfc_host_numa_nodes(), 3);
+    unlink(path);
+    struct bound b[2] = {{0, NULL}, {1, NULL}};
+    for (int i = 0; i < 2; i++) {
+        pthread_t th;
+        ck_assert_int_eq(pthread_create(&th, NULL, alloc_bound, &b[i]), 0);
+        ck_assert_int_eq(pthread_join(th, NULL), 0);
+    }
+    if (!b[0].p || !b[1].p) {
+        bfc_host_free(b[0].p);
+        bfc_host_free(b[1].p);
+        return; /* CPU 0 or 1 is not ours to bind to */
+    }
+    bfc_stats_t s0, s1;
+    ck_assert_int_eq(bfc_host_node_stats(0, &s0), BFC_OK);
+    ck_assert_int_eq(bfc_host_node_stats(100, &s1), BFC_OK);
+    ck_assert_uint_eq(s0.bytes_requested, 4096);
+    ck_assert_uint_eq(s1.bytes_requested, 4096);
+    ck_assert_uint_eq(s0.bytes_limit, 1u << 30);
+    ck_assert_uint_eq(s1.bytes_limit, 1u << 30);
+    ck_assert_int_eq(bfc_host_node_stats(5, &s0), BFC_EINVAL); /* the CXL node: nobody's */
+    bfc_stats_t all = host_stats();
+    ck_assert_uint_eq(all.bytes_limit, 2u << 30);
+    ck_assert_uint_eq(all.bytes_requested, 8192);
+    ck_assert_int_eq(bfc_host_free(b[0].p), BFC_OK);
+    ck_assert_int_eq(bfc_host_free(b[1].p), BFC_OK);
+}
+END_TEST
+
 /* A registration the driver will not let go of: the pages stay mapped
  * (the driver may still reach them), the free fails, and a later free,
  * once the driver lets go, returns them. */
@@ -684,6 +746,7 @@ int main(void)
     tcase_add_test(tc, test_synthetic_two_nodes);
     tcase_add_test(tc, test_node_choice_shared_locality);
     tcase_add_test(tc, test_sparse_node_numbers);
+    tcase_add_test(tc, test_bound_threads_find_their_nodes);
     tcase_add_test(tc, test_unregister_refused);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
