@@ -256,7 +256,10 @@ static int dev_enter(int dev, int *saved)
 }
 
 /* Restores the caller's context or device; returns the first of `status`
- * and its own. */
+ * and its own.  For calls that ask or wait (a query, a record, a
+ * synchronisation): a failure to restore then reads as the call's, which
+ * fences more, never less (a query as busy, a record as not made).  Calls
+ * that change the device's state use done_leave. */
 static int dev_leave(int saved, int status)
 {
     cudaError_t err;
@@ -277,6 +280,25 @@ static int dev_leave(int saved, int status)
         if (status == BFC_OK)
             return st;
     }
+    return status;
+}
+
+/*
+ * Restores the caller's context or device after a call that changed the
+ * device's state -- memory allocated or freed, a range registered or
+ * unregistered, an event made or destroyed, a reservation or mapping made
+ * or undone -- or whose answer stands (a stream's id), and returns that
+ * call's own status.  Unlike dev_leave, a failure to
+ * restore does not turn the call's outcome into an error: what it did is
+ * done, and reporting a failure would make the caller believe otherwise (a
+ * segment the device took back kept in the pool and handed out again, a
+ * registered range unmapped, an event or a mapping leaked).  The caller's
+ * thread is then left on the wrong device whatever is reported.  The
+ * failure is still checked, and cleared from the runtime's last-error slot.
+ */
+static int done_leave(int saved, int status)
+{
+    (void)dev_leave(saved, BFC_OK);
     return status;
 }
 
@@ -318,19 +340,17 @@ static int cuda_mem_alloc(bfc__backend_t *be, size_t size, void **out)
     if (st != BFC_OK)
         return st;
     st = cuda_status(cudaMalloc(&p, size));
-    st = dev_leave(saved, st);
-    if (st != BFC_OK) {
-        if (p) /* only if restoring the device failed after a success */
-            (void)cudaFree(p);
-        return st;
+    if (st == BFC_OK && ((uintptr_t)p & (BFC__MIN_ALLOC - 1)) != 0) {
+        /* cudaMalloc guarantees 256-byte alignment; never hand out less.
+         * Given back on the device it came from (entered), and its own
+         * failure cleared from the last-error slot. */
+        (void)cuda_status(cudaFree(p));
+        st = BFC_EBACKEND;
     }
-    if (((uintptr_t)p & (BFC__MIN_ALLOC - 1)) != 0) {
-        /* cudaMalloc guarantees 256-byte alignment; never hand out less. */
-        (void)cudaFree(p);
-        return BFC_EBACKEND;
-    }
-    *out = p;
-    return BFC_OK;
+    st = done_leave(saved, st);
+    if (st == BFC_OK)
+        *out = p;
+    return st;
 }
 
 static int cuda_mem_free(bfc__backend_t *be, void *p, size_t size)
@@ -345,7 +365,7 @@ static int cuda_mem_free(bfc__backend_t *be, void *p, size_t size)
     if (st != BFC_OK)
         return st;
     st = cuda_status(cudaFree(p));
-    return dev_leave(saved, st);
+    return done_leave(saved, st);
 }
 
 static int cuda_event_create(bfc__backend_t *be, bfc__event_t *out)
@@ -361,7 +381,7 @@ static int cuda_event_create(bfc__backend_t *be, bfc__event_t *out)
     if (st != BFC_OK)
         return st;
     st = cuda_status(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
-    st = dev_leave(saved, st);
+    st = done_leave(saved, st);
     if (st != BFC_OK)
         return st;
     *out = (bfc__event_t)ev;
@@ -383,7 +403,7 @@ static int cuda_event_destroy(bfc__backend_t *be, bfc__event_t ev)
     if (st != BFC_OK)
         return st;
     st = cuda_status(cudaEventDestroy((cudaEvent_t)ev));
-    return dev_leave(saved, st);
+    return done_leave(saved, st);
 }
 
 static int cuda_event_record(bfc__backend_t *be, bfc__event_t ev, bfc_stream_t s)
@@ -471,7 +491,7 @@ static int cuda_stream_id(bfc__backend_t *be, bfc_stream_t s, uint64_t *id)
     if (st != BFC_OK)
         return st;
     st = cuda_status(cudaStreamGetId(s, &sid));
-    st = dev_leave(saved, st);
+    st = done_leave(saved, st); /* the id stands: a free must not fail for the restore */
     if (st == BFC_OK)
         *id = (uint64_t)sid;
     return st;
@@ -550,7 +570,7 @@ static int cuda_host_register(bfc__backend_t *be, void *p, size_t n)
     if (st != BFC_OK)
         return st;
     st = cuda_status(cudaHostRegister(p, n, cudaHostRegisterDefault));
-    return dev_leave(saved, st);
+    return done_leave(saved, st);
 }
 
 static int cuda_host_unregister(bfc__backend_t *be, void *p)
@@ -564,7 +584,7 @@ static int cuda_host_unregister(bfc__backend_t *be, void *p)
     if (st != BFC_OK)
         return st;
     st = cuda_status(cudaHostUnregister(p));
-    return dev_leave(saved, st);
+    return done_leave(saved, st);
 }
 
 /* ------------------------------------------------------ virtual memory */
@@ -755,18 +775,6 @@ static int vmm_enter(int dev, int *saved)
     return st;
 }
 
-/*
- * Restores the caller's device.  Unlike dev_leave, a failure to restore
- * does not turn the call's outcome into an error: the reservation or the
- * mappings exist and are in the book, and reporting a failure would leak
- * them.  The failure is still checked, and cleared from the runtime's
- * last-error slot.
- */
-static int vmm_leave(int saved, int status)
-{
-    (void)dev_leave(saved, BFC_OK);
-    return status;
-}
 
 /* Unmaps the granules of [addr, addr + size) one by one (each is a mapping
  * of its own); returns the status and, in *done, the bytes unmapped. */
@@ -809,7 +817,7 @@ static int cuda_va_reserve(bfc__backend_t *be, size_t size, uintptr_t *base)
         if (st != BFC_OK && g_drv.address_free(p, size) != CUDA_SUCCESS)
             st = BFC_EBACKEND;
     }
-    st = vmm_leave(saved, st);
+    st = done_leave(saved, st);
     if (st == BFC_OK)
         *base = (uintptr_t)p;
     return st;
@@ -852,7 +860,7 @@ static int cuda_va_release(bfc__backend_t *be, uintptr_t base, size_t size)
     r = bfc__vmm_book_exact(&b->book, base, size);
     st = r ? vmm_enter(be->device, &saved) : BFC_EINVAL;
     if (st == BFC_OK)
-        st = vmm_leave(saved, release_locked(b, r));
+        st = done_leave(saved, release_locked(b, r));
     bfc__unlock(&b->book.lock);
     return st;
 }
@@ -891,7 +899,7 @@ static int cuda_va_map(bfc__backend_t *be, uintptr_t addr, size_t size)
     if (st == BFC_OK)
         st = bfc__vmm_book_check(&b->book, addr, size, false, &r);
     if (st != BFC_OK) {
-        st = vmm_leave(saved, st);
+        st = done_leave(saved, st);
         goto out;
     }
     /* One physical allocation per granule (see the opening essay). */
@@ -935,7 +943,7 @@ static int cuda_va_map(bfc__backend_t *be, uintptr_t addr, size_t size)
             }
         }
     }
-    st = vmm_leave(saved, st);
+    st = done_leave(saved, st);
 out:
     bfc__unlock(&b->book.lock);
     return st;
@@ -960,7 +968,7 @@ static int cuda_va_unmap(bfc__backend_t *be, uintptr_t addr, size_t size, size_t
         st = unmap_granules(be->vmm_granule, addr, size, &done);
         /* On failure the leading granules are gone: the book says so. */
         bfc__vmm_book_mark(&b->book, r, addr, done, false);
-        st = vmm_leave(saved, st);
+        st = done_leave(saved, st);
         if (donep)
             *donep = done;
     }
@@ -984,7 +992,7 @@ static void cuda_close(bfc__backend_t *be)
                 if (release_locked(b, r) != BFC_OK)
                     bfc__vmm_book_remove(&b->book, r);
             }
-            (void)vmm_leave(saved, BFC_OK);
+            (void)done_leave(saved, BFC_OK);
         }
         bfc__unlock(&b->book.lock);
         bfc__vmm_book_fini(&b->book);

@@ -28,6 +28,7 @@
 #include <shardbfc.h>
 
 #include <check.h>
+#include <inttypes.h>
 #include <dlfcn.h>
 #include <pthread.h>
 #include <cuda.h>
@@ -412,6 +413,95 @@ START_TEST(test_plugin_device_switch)
 }
 END_TEST
 
+/* A call that changed the device's state -- cudaMalloc, cudaFree, an
+ * event's creation -- and then the caller's context could not be restored
+ * (cuCtxPopCurrent refused): the call's outcome stands.  The backend said
+ * BFC_EBACKEND for it, so a segment cudaFree had taken back stayed in the
+ * pool to be handed out again (and freed twice), and an event it had made
+ * was lost.  Device 1's context serves a thread on device 0, so every call
+ * pushes and pops; the k-th pop of a round (allocation, a cross-stream free
+ * on a held stream, the owner's next allocation, trim) is refused, for
+ * every k.  Each allocation and free succeeds (a free that failed for the
+ * restore was lost to a caller that cannot retry, as PyTorch's), after
+ * each round the pool agrees with the device, and once the context is gone
+ * the device holds nothing: no block, no event. */
+static void restore_round(bfc_ctx_t *ctx)
+{
+    cudaStream_t a = g_dev1_streams[0], b = g_dev1_streams[1];
+    void *p = bfc_ctx_alloc(ctx, a, 8 * MiB);
+    ck_assert_msg(p != NULL, "%s", bfc_err_name(bfc_last_error()));
+    fake_stream_hold(b); /* the free's fence is an event */
+    ck_assert_int_eq(bfc_ctx_free(ctx, p, b), BFC_OK);
+    fake_stream_drain(b);
+    void *q = bfc_ctx_alloc(ctx, a, 3 * MiB);
+    ck_assert_msg(q != NULL, "%s", bfc_err_name(bfc_last_error()));
+    ck_assert_int_eq(bfc_ctx_free(ctx, q, a), BFC_OK);
+    (void)bfc_ctx_trim(ctx);
+}
+
+/* Pops the context that a refused cuCtxPopCurrent left on the thread's
+ * stack, through the entry point. */
+static void pop_left_context(void)
+{
+    void *fn = NULL;
+    enum cudaDriverEntryPointQueryResult q;
+    CUcontext c = NULL;
+    ck_assert_int_eq(cudaGetDriverEntryPointByVersion("cuCtxPopCurrent", &fn, 12000, cudaEnableDefault, &q),
+                     cudaSuccess);
+    ck_assert_ptr_nonnull(fn);
+    ck_assert_int_eq(((PFN_cuCtxPopCurrent_v4000)fn)(&c), CUDA_SUCCESS);
+}
+
+/* Device 1's memory in use, from a thread on device 0. */
+static size_t device1_used(void)
+{
+    ck_assert_int_eq(cudaSetDevice(1), cudaSuccess);
+    size_t used = device_used();
+    ck_assert_int_eq(cudaSetDevice(0), cudaSuccess);
+    return used;
+}
+
+START_TEST(test_restore_refused_after_the_call)
+{
+    pthread_t th;
+    void *made = NULL;
+    ck_assert_int_eq(pthread_create(&th, NULL, make_dev1_streams, NULL), 0);
+    ck_assert_int_eq(pthread_join(th, &made), 0);
+    ck_assert_ptr_nonnull(made);
+    ck_assert_int_eq(cudaSetDevice(0), cudaSuccess);
+    FILE *null = fopen("/dev/null", "w");
+    ck_assert_ptr_nonnull(null);
+    int alive = fake_report(null);
+    size_t base = device1_used();
+    bfc_ctx_t *ctx = cuda_ctx("backend=cuda,device=1,vmm=off,memory_limit=64M");
+    unsigned long pops = fake_calls("cuCtxPopCurrent");
+    restore_round(ctx);
+    unsigned long n = fake_calls("cuCtxPopCurrent") - pops;
+    bfc_ctx_destroy(ctx);
+    ck_assert_uint_ge(n, 6);
+    for (unsigned long k = 1; k <= n; k++) {
+        ctx = cuda_ctx("backend=cuda,device=1,vmm=off,memory_limit=64M");
+        pops = fake_calls("cuCtxPopCurrent");
+        ck_assert(fake_fail_next("cuCtxPopCurrent", k, 0));
+        restore_round(ctx);
+        ck_assert_msg(fake_calls("cuCtxPopCurrent") - pops >= k, "pop %lu of %lu not reached", k, n);
+        pop_left_context(); /* the thread's own context again */
+        ck_assert_int_eq(cudaSetDevice(0), cudaSuccess);
+        ck_assert_msg(reserved(ctx) == device1_used() - base, "pop %lu refused: %" PRIu64 " reserved, %zu on the device",
+                      k, reserved(ctx), device1_used() - base);
+        ck_assert_int_eq(bfc_ctx_check(ctx), BFC_OK);
+        ck_assert_int_eq(bfc_ctx_trim(ctx), BFC_OK);
+        ck_assert_uint_eq(reserved(ctx), device1_used() - base);
+        bfc_ctx_destroy(ctx);
+        ck_assert_uint_eq(device1_used(), base);
+        ck_assert_msg(fake_report(null) == alive, "pop %lu refused: %d objects alive, %d before", k, fake_report(null),
+                      alive);
+    }
+    ck_assert_uint_eq(fake_violations(), 0);
+    fclose(null);
+}
+END_TEST
+
 int main(void)
 {
     /* Two devices, for test_device_switch_leaves_caller_alone (the others
@@ -430,6 +520,7 @@ int main(void)
     tcase_add_test(tc, test_plugin_device_switch);
     tcase_add_test(tc, test_switch_refused_keeps_app_error);
     tcase_add_test(tc, test_fork_frees_pctx_lock);
+    tcase_add_test(tc, test_restore_refused_after_the_call);
     suite_add_tcase(su, tc);
     SRunner *sr = srunner_create(su);
     srunner_run_all(sr, CK_ENV);
