@@ -187,10 +187,6 @@ static void vmm_charge_locked(struct bfc__pool *p, size_t size, bool add)
     if (add) {
         p->vmm_mapped += size;
         p->held += size;
-        if (p->held > p->peak_held) {
-            p->peak_held = p->held;
-            p->peak_rise_maps = p->vmm_maps; /* this map's number, counted from 0 */
-        }
     } else {
         p->vmm_mapped -= size;
         p->held -= size;
@@ -369,8 +365,8 @@ static int seg_new_locked(struct bfc__pool *p, size_t size, struct bfc__span **o
     p->segs = seg;
     p->held += size;
     p->backend_allocs++;
-    if (p->held > p->peak_held)
-        p->peak_held = p->held;
+    if (p->held - p->vmm_inflight > p->peak_held)
+        p->peak_held = p->held - p->vmm_inflight;
     span_insert_locked(p, seg->base, size, seg, NULL, 0, &s);
     if (s)
         bfc__meta_free(s, sizeof(*s)); /* cannot happen: a new segment joins nothing */
@@ -725,7 +721,7 @@ void bfc__pool_poll(struct bfc__pool *p)
 void bfc__pool_clear_peak(struct bfc__pool *p)
 {
     bfc__lock(&p->lock);
-    p->peak_held = p->held;
+    p->peak_held = p->held - p->vmm_inflight;
     bfc__unlock(&p->lock);
 }
 
@@ -850,15 +846,25 @@ int bfc__pool_vmm_map(struct bfc__pool *p, uintptr_t addr, size_t size)
         return BFC_ENOMEM;
     }
     /* Charged first, so that two shards mapping at once cannot both pass
-     * the limit; the driver call runs without the pool lock. */
+     * the limit; the driver call runs without the pool lock.  The peak
+     * counts a map once it is made, and only what is mapped then (not
+     * other maps still running, which may fail): a refused map raised
+     * peak_bytes_reserved by memory never held. */
     vmm_charge_locked(p, size, true);
+    p->vmm_inflight += size;
     bfc__unlock(&p->lock);
     int st = p->be->ops->va_map(p->be, addr, size);
     bfc__lock(&p->lock);
-    if (st != BFC_OK)
+    p->vmm_inflight -= size;
+    if (st != BFC_OK) {
         vmm_charge_locked(p, size, false);
-    else
+    } else {
+        if (p->held - p->vmm_inflight > p->peak_held) {
+            p->peak_held = p->held - p->vmm_inflight;
+            p->peak_rise_maps = p->vmm_maps; /* this map's number, counted from 0 */
+        }
         p->vmm_maps++;
+    }
     bfc__unlock(&p->lock);
     return st == BFC_OK || st == BFC_ENOMEM ? st : BFC_EBACKEND;
 }

@@ -92,6 +92,8 @@ struct bfc__pool {
      * the limit covers them), reservations waiting for their fences, and
      * the backend calls made. */
     size_t vmm_mapped;
+    size_t vmm_inflight;         /* charged to maps still running: in held
+                                    and vmm_mapped, not yet in peak_held */
     struct bfc__vmm_gone *vmm_gone;
     uint64_t vmm_maps, vmm_unmaps;
     uint64_t peak_rise_maps;     /* vmm_maps when a map last raised peak_held:

@@ -66,6 +66,13 @@ static uint64_t reserved(bfc_ctx_t *ctx)
     return st.bytes_reserved;
 }
 
+static uint64_t peak_reserved(bfc_ctx_t *ctx)
+{
+    bfc_stats_t st;
+    ck_assert_int_eq(bfc_ctx_stats(ctx, &st), BFC_OK);
+    return st.peak_bytes_reserved;
+}
+
 static bool mapped(bfc_ctx_t *ctx, const void *p, size_t n)
 {
     return bfc_sim_mapped(ctx, p, n) == 1;
@@ -595,11 +602,15 @@ START_TEST(test_map_failures)
     ck_assert_int_eq(bfc_last_error(), BFC_ENOMEM);
     check_ok(ctx);
     ck_assert_uint_eq(reserved(ctx), MiB);
+    /* A refused map is no part of the peak (it was charged before the
+     * call, and the peak kept it). */
+    ck_assert_uint_eq(peak_reserved(ctx), MiB);
     bfc_sim_fail_alloc_every(ctx, 0);
     /* A ceiling below the limit. */
     bfc_sim_set_alloc_ceiling(ctx, 4 * MiB);
     ck_assert_ptr_null(bfc_ctx_alloc(ctx, NULL, 8 * MiB));
     check_ok(ctx);
+    ck_assert_uint_eq(peak_reserved(ctx), MiB);
     char *b = bfc_ctx_alloc(ctx, NULL, 2 * MiB);
     ck_assert_ptr_nonnull(b);
     memset(b, 6, 2 * MiB);
