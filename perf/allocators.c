@@ -530,12 +530,13 @@ static const char *cuda_init_common(struct perf_allocator *a, const struct perf_
             cudaMemPoolSetAttribute(st->pool, cudaMemPoolAttrReleaseThreshold, &thr) !=
                 cudaSuccess)
             return "cannot configure the default memory pool";
-        /* Start each run from an empty pool with fresh peaks. */
-        (void)cudaDeviceSynchronize();
-        (void)cudaMemPoolTrimTo(st->pool, 0);
+        /* Start each run from an empty pool with fresh peaks (the run's
+         * overhead is read from them). */
         thr = 0;
-        (void)cudaMemPoolSetAttribute(st->pool, cudaMemPoolAttrReservedMemHigh, &thr);
-        (void)cudaMemPoolSetAttribute(st->pool, cudaMemPoolAttrUsedMemHigh, &thr);
+        if (cudaDeviceSynchronize() != cudaSuccess || cudaMemPoolTrimTo(st->pool, 0) != cudaSuccess ||
+            cudaMemPoolSetAttribute(st->pool, cudaMemPoolAttrReservedMemHigh, &thr) != cudaSuccess ||
+            cudaMemPoolSetAttribute(st->pool, cudaMemPoolAttrUsedMemHigh, &thr) != cudaSuccess)
+            return "cannot empty the default memory pool or reset its peaks";
     }
     why = make_streams(a, NULL, 0, mem == PERF_MEM_DEVICE,
                        mem == PERF_MEM_DEVICE ? nstreams : 0, nstreams);

@@ -492,8 +492,14 @@ static int parse_item(bfc_config_t *cfg, struct span item, size_t index, struct 
             return BFC_EINVAL;
         }
     char known[400], *o = known;
-    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
-        o += snprintf(o, sizeof known - (size_t)(o - known), "%s%s", i ? ", " : "", keys[i].name);
+    known[0] = '\0';
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        size_t room = sizeof known - (size_t)(o - known);
+        int n = snprintf(o, room, "%s%s", i ? ", " : "", keys[i].name);
+        if (n < 0 || (size_t)n >= room)
+            break; /* the list cut short rather than written past its end */
+        o += n;
+    }
     char kq[80];
     *put_quoted(kq, kq + sizeof kq - 1, key, 64) = '\0';
     set_err(e, key, val, true, "unknown key '%s' (keys: %s)", kq, known);

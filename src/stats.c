@@ -412,8 +412,9 @@ int bfc_ctx_snapshot_json(bfc_ctx_t *ctx, FILE *f)
     bfc_ctx_stats(ctx, &s);
     struct bfc__pool_stats ps;
     bfc__pool_stats(&ctx->pool, &ps);
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
+    struct timespec ts = {0, 0};
+    if (clock_gettime(CLOCK_REALTIME, &ts) != 0)
+        ts = (struct timespec){0, 0}; /* time_unix_ns 0 rather than garbage */
     /* The OOM report under obs.lock, the shards under their locks: not
      * cancellable while f's write(2)s happen under them, nor anywhere a
      * cancellation would cut the snapshot short (mutex.h). */
