@@ -66,9 +66,13 @@ static __thread struct bfc__host_thread *tls_thread;
 
 static void thread_exit(void *arg);
 
+/* Node numbers the table serves: Linux numbers nodes below 1024
+ * (MAX_NUMNODES); a topology file may say anything. */
+#define HOST_MAX_NODE 65535
+
 static bool node_exists(int n)
 {
-    return n >= 0 && hwloc_get_numanode_obj_by_os_index(g_topo, (unsigned)n) != NULL;
+    return n >= 0 && n <= HOST_MAX_NODE && hwloc_get_numanode_obj_by_os_index(g_topo, (unsigned)n) != NULL;
 }
 
 static void host_init(void)
@@ -94,10 +98,11 @@ static void host_init(void)
         g_nnodes = 1;
     int top = 0;
     for (hwloc_obj_t o = NULL; (o = hwloc_get_next_obj_by_type(g_topo, HWLOC_OBJ_NUMANODE, o)) != NULL;)
-        if (o->os_index != HWLOC_UNKNOWN_INDEX && o->os_index < INT_MAX && (int)o->os_index > top)
+        if (o->os_index <= HOST_MAX_NODE && (int)o->os_index > top)
             top = (int)o->os_index;
     g_ctx = bfc__meta_zalloc((size_t)(top + 1) * sizeof(*g_ctx));
     if (!g_ctx) {
+        hwloc_topology_destroy(g_topo);
         g_status = BFC_ENOMEM;
         return;
     }
@@ -113,6 +118,10 @@ static void host_init(void)
     /* The key first: a table mapped for nothing is harmless, a table
      * without the key would leave arenas unretired. */
     if (pthread_key_create(&g_key, thread_exit) != 0) {
+        bfc__meta_free(g_ctx, (size_t)g_nslots * sizeof(*g_ctx));
+        g_ctx = NULL;
+        g_nslots = 0;
+        hwloc_topology_destroy(g_topo);
         g_status = BFC_ENOMEM;
         return;
     }
