@@ -209,6 +209,8 @@ static bool tab_take(uintptr_t key, size_t *size)
 enum { OUT_CAP = 1 << 20 };
 static char *out_buf;
 static size_t out_len;
+static uint64_t out_lost;  /* bytes of rows a failed write dropped */
+static int out_errno;      /* the first failure's errno (write or close) */
 
 static void out_flush(void)
 {
@@ -218,6 +220,9 @@ static void out_flush(void)
         if (w < 0) {
             if (errno == EINTR)
                 continue;
+            if (!out_errno)
+                out_errno = errno;
+            out_lost += out_len - off; /* said by summary(): the trace is cut */
             break;
         }
         off += (size_t)w;
@@ -311,6 +316,15 @@ static void resolve(void)
     real_memalign = (void *(*)(size_t, size_t))dlsym(RTLD_NEXT, "memalign");
     real_realloc = (void *(*)(void *, size_t))dlsym(RTLD_NEXT, "realloc");
     real_free = (void (*)(void *))dlsym(RTLD_NEXT, "free");
+    if (!real_posix_memalign || !real_aligned_alloc || !real_memalign) {
+        /* free and realloc fall back to glibc's own entry points; these
+         * have none: nothing can be served without them. */
+        static const char msg[] = "alloc_trace: the C library's aligned allocation functions not found\n";
+        if (write(2, msg, sizeof msg - 1) < 0) {
+            /* nothing left to say it with */
+        }
+        abort();
+    }
     /* Pairs with the acquire above: the pointers are visible once done is. */
     atomic_store_explicit(&done, true, memory_order_release);
 }
@@ -351,6 +365,13 @@ static void summary(void)
                      (unsigned long long)n_lost);
     if (n > 0 && write(2, line, (size_t)n) < 0)
         return;
+    if (out_errno) {
+        n = snprintf(line, sizeof line,
+                     "alloc_trace: the trace is incomplete: %llu bytes of rows not written (%s)\n",
+                     (unsigned long long)out_lost, strerror(out_errno));
+        if (n > 0 && write(2, line, (size_t)n) < 0)
+            return;
+    }
     for (size_t i = 0; i < sizeof(ignored_mods) / sizeof(ignored_mods[0]); i++) {
         if (!ignored_mods[i].name)
             break;
@@ -368,7 +389,8 @@ EXPORT void alloc_trace_stop(void)
         atomic_store_explicit(&recording, false, memory_order_release);
         finished = true;
         out_flush();
-        close(out_fd);
+        if (close(out_fd) != 0 && !out_errno)
+            out_errno = errno; /* a delayed write error (NFS, a full disk) */
         out_fd = -1;
         summary();
     }
@@ -411,8 +433,9 @@ __attribute__((constructor)) static void init(void)
     out_fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (!out_buf || out_fd < 0) {
         static const char msg[] = "alloc_trace: cannot open ALLOC_TRACE; nothing recorded\n";
-        if (write(2, msg, sizeof msg - 1) < 0)
-            return;
+        if (write(2, msg, sizeof msg - 1) < 0) {
+            /* nothing left to say it with; still close the file below */
+        }
         if (out_fd >= 0)
             close(out_fd);
         out_fd = -1;
@@ -423,8 +446,9 @@ __attribute__((constructor)) static void init(void)
     out_len = sizeof hdr - 1;
     if (pthread_atfork(fork_prepare, fork_parent, fork_child) != 0) {
         static const char msg[] = "alloc_trace: pthread_atfork failed; nothing recorded\n";
-        if (write(2, msg, sizeof msg - 1) < 0)
-            return;
+        if (write(2, msg, sizeof msg - 1) < 0) {
+            /* nothing left to say it with; still close the file below */
+        }
         close(out_fd);
         out_fd = -1;
         return;
