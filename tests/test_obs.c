@@ -2078,6 +2078,70 @@ START_TEST(test_rmm_csv_edge_cases)
 }
 END_TEST
 
+/* Any number of columns (Stream, then Action, Pointer and Size past the
+ * 16th: those beyond were dropped, a Stream there silently, the others as
+ * "header lacks"), a UTF-8 byte-order mark before the first name (it hid
+ * Thread), and thousands of threads each in time order (over 2,047 the
+ * order check answered "not in time order" and the replay kept the file's
+ * order, with another peak). */
+START_TEST(test_csv_wide_marked_and_many_threads)
+{
+    tmp_setup();
+    char path[400];
+    tmp_path(path, sizeof path, "wide.csv");
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs("\xEF\xBB\xBFThread,Time", f);
+    for (int i = 0; i < 15; i++)
+        fprintf(f, ",x%d", i);
+    fputs(",Stream,Action,Pointer,Size\n", f);
+    for (int r = 0; r < 2; r++) {
+        fprintf(f, "%d,%d", 7 + r, 10 + r);
+        for (int i = 0; i < 15; i++)
+            fputs(",junk", f);
+        fprintf(f, ",0x%x,allocate,0x%x,%d\n", 0x500 + r, 0x1000 * (r + 1), 256 * (r + 1));
+    }
+    fclose(f);
+    bfc_trace_event_t *ev;
+    size_t n;
+    read_trace(path, &ev, &n);
+    ck_assert_uint_eq(n, 2);
+    for (int r = 0; r < 2; r++) {
+        ck_assert_uint_eq(ev[r].thread, 7u + (unsigned)r);
+        ck_assert_uint_eq(ev[r].time_ns, 10u + (unsigned)r);
+        ck_assert_uint_eq(ev[r].stream, 0x500u + (unsigned)r);
+        ck_assert_int_eq(ev[r].action, BFC_TRACE_ALLOC);
+        ck_assert_uint_eq(ev[r].ptr, 0x1000u * (unsigned)(r + 1));
+        ck_assert_uint_eq(ev[r].size, 256u * (unsigned)(r + 1));
+    }
+    free(ev);
+
+    /* 3,000 threads, one row each at times 1..3000, written in reverse:
+     * every thread's rows are in time order, so the replay sorts by time. */
+    enum { T = 3000 };
+    tmp_path(path, sizeof path, "threads.csv");
+    f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs("Thread,Time,Action,Pointer,Size\n", f);
+    for (int t = T; t >= 1; t--)
+        fprintf(f, "%d,%d,allocate,0x%x,256\n", t, t, t * 0x1000);
+    fclose(f);
+    read_trace(path, &ev, &n);
+    ck_assert_uint_eq(n, T);
+    size_t *order = malloc(T * sizeof(*order));
+    ck_assert_ptr_nonnull(order);
+    ck_assert_int_eq(bfc_trace_order(ev, n, order), 1);
+    for (size_t i = 0; i < T; i++)
+        ck_assert_uint_eq(ev[order[i]].time_ns, i + 1);
+    /* One thread out of order among them: file order. */
+    ev[5].thread = ev[7].thread; /* times 2995 then 2993: backwards */
+    ck_assert_int_eq(bfc_trace_order(ev, n, order), 0);
+    free(order);
+    free(ev);
+    tmp_teardown();
+}
+END_TEST
+
 /* ------------------------------------------------------------- replay */
 
 /* (index of the grow event whose region holds p, offset in it) */
@@ -2827,6 +2891,7 @@ static Suite *obs_suite(void)
     tcase_add_test(tc, test_trace_threads);
     tcase_add_test(tc, test_trace_from_config);
     tcase_add_test(tc, test_rmm_csv_edge_cases);
+    tcase_add_test(tc, test_csv_wide_marked_and_many_threads);
     tcase_add_test(tc, test_replay_reproduces_peaks_and_addresses);
     tcase_add_test(tc, test_replay_order_shared);
     tcase_add_test(tc, test_view_html);

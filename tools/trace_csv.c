@@ -190,15 +190,31 @@ int bfc_trace_csv_read_stream(FILE *f, const char *name, bfc_trace_event_t **out
         col[i] = -1;
 
     size_t linecap = 0;
+    char **fields = NULL; /* as many as the widest line has */
+    size_t fcap = 0;
     while ((len = getline(&line, &linecap, f)) >= 0) {
         lineno++;
-        char *fields[16];
-        char *l = trim(line);
+        char *l = line;
+        /* A UTF-8 byte-order mark (spreadsheets write one) is not part of
+         * the first column's name. */
+        if (lineno == 1 && strncmp(l, "\xEF\xBB\xBF", 3) == 0)
+            l += 3;
+        l = trim(l);
         if (*l == '\0')
             continue;
-        size_t nf = split(l, fields, 16);
-        if (nf > 16)
-            nf = 16;
+        size_t want = 1;
+        for (const char *c = l; (c = strchr(c, ',')) != NULL; c++)
+            want++;
+        if (want > fcap) {
+            char **nfields = realloc(fields, want * sizeof(*fields));
+            if (!nfields) {
+                set_err(err, errlen, "%s: out of memory", name);
+                goto fail;
+            }
+            fields = nfields;
+            fcap = want;
+        }
+        size_t nf = split(l, fields, want);
         if (!header) {
             for (size_t i = 0; i < nf; i++)
                 for (int c = 0; c < NCOLS; c++)
@@ -265,11 +281,13 @@ int bfc_trace_csv_read_stream(FILE *f, const char *name, bfc_trace_event_t **out
         goto fail;
     }
     free(line);
+    free(fields);
     *out = ev;
     *n = count;
     return 0;
 fail:
     free(line);
+    free(fields);
     free(ev);
     return -1;
 }
@@ -293,61 +311,37 @@ int bfc_trace_csv_read(const char *path, bfc_trace_event_t **out, size_t *n, cha
 
 /* ------------------------------------------------------------ replay order */
 
-static uint64_t mix(uint64_t x)
-{
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdull;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ull;
-    x ^= x >> 33;
-    return x;
-}
-
-/* Is every thread's sequence non-decreasing in time?  Threads are few: an
- * open-addressing table of last times per thread (more than 2,047 distinct
- * threads: answered "no", and the file order is kept).  -1: out of memory. */
-static int per_thread_monotone(const bfc_trace_event_t *ev, size_t n)
-{
-    enum { CAP = 1 << 12 };
-    uint64_t *tid = calloc(CAP, sizeof(*tid));
-    uint64_t *last = calloc(CAP, sizeof(*last));
-    bool *used = calloc(CAP, sizeof(*used));
-    int ok = tid && last && used ? 1 : -1;
-    size_t distinct = 0;
-    for (size_t i = 0; ok == 1 && i < n; i++) {
-        size_t j = mix(ev[i].thread) & (CAP - 1);
-        while (used[j] && tid[j] != ev[i].thread)
-            j = (j + 1) & (CAP - 1);
-        if (!used[j]) {
-            if (++distinct >= CAP / 2) {
-                ok = 0;
-                break;
-            }
-            used[j] = true;
-            tid[j] = ev[i].thread;
-        } else if (ev[i].time_ns < last[j]) {
-            ok = 0;
-            break;
-        }
-        last[j] = ev[i].time_ns;
-    }
-    free(tid);
-    free(last);
-    free(used);
-    return ok;
-}
-
+/* A key and the event's position: sorted by key, then position. */
 struct ord {
-    uint64_t time;
+    uint64_t key;
     size_t idx;
 };
 
 static int ord_cmp(const void *a, const void *b)
 {
     const struct ord *x = a, *y = b;
-    if (x->time != y->time)
-        return x->time < y->time ? -1 : 1;
+    if (x->key != y->key)
+        return x->key < y->key ? -1 : 1;
     return x->idx < y->idx ? -1 : x->idx > y->idx;
+}
+
+/* Is every thread's sequence non-decreasing in time?  The events sorted by
+ * thread, then by position: each thread's events in file order, side by
+ * side.  -1: out of memory. */
+static int per_thread_monotone(const bfc_trace_event_t *ev, size_t n)
+{
+    struct ord *t = malloc((n ? n : 1) * sizeof(*t));
+    if (!t)
+        return -1;
+    for (size_t i = 0; i < n; i++)
+        t[i] = (struct ord){ev[i].thread, i};
+    qsort(t, n, sizeof(*t), ord_cmp);
+    int ok = 1;
+    for (size_t i = 1; ok && i < n; i++)
+        if (t[i].key == t[i - 1].key && ev[t[i].idx].time_ns < ev[t[i - 1].idx].time_ns)
+            ok = 0;
+    free(t);
+    return ok;
 }
 
 int bfc_trace_order(const bfc_trace_event_t *ev, size_t n, size_t *order)
