@@ -134,17 +134,40 @@ refused "an oom_dump= path that cannot be written" \
     "vmm=on,oom_dump=/nonexistent/x.json: bfc_ctx_create refused it: its oom_dump= path cannot be written" \
     --compare vmm=off vmm=on,oom_dump=/nonexistent/x.json
 
-# retry_ms and trace= in a SPEC are not used by a replay (one thread would
-# only wait; --trace-out traces it): said on stderr, and a retry_ms of an
-# hour costs nothing on a trace whose allocation fails for want of room
-# (2 MiB with 1 MiB live in a 2 MiB limit; one larger than the limit would
-# be refused before any wait).
-timeout 30 "$replay" --config memory_limit=2M,retry_ms=3600000,trace=/nonexistent/t.csv "$tmp/batches.csv" \
-    >"$tmp/out" 2>"$tmp/err"
+# retry_ms, trace= and backend=cuda in a SPEC are not used by a replay (one
+# thread would only wait; --trace-out traces it; it runs on SIM): said on
+# stderr, and a retry_ms of an hour costs nothing on a trace whose
+# allocation fails for want of room (2 MiB with 1 MiB live in a 2 MiB
+# limit; one larger than the limit would be refused before any wait).
+timeout 30 "$replay" --config memory_limit=2M,retry_ms=3600000,trace=/nonexistent/t.csv,backend=cuda \
+    "$tmp/batches.csv" >"$tmp/out" 2>"$tmp/err"
 rs=$?
 [ $rs -eq 0 ] || { cat "$tmp/out" "$tmp/err" >&2; fail "a replay with retry_ms=3600000 failed or hung ($rs)"; }
-grep -q 'retry_ms is not used' "$tmp/err" && grep -q 'trace= is not used' "$tmp/err" ||
-    { cat "$tmp/err" >&2; fail "replay drops retry_ms or trace= without a word"; }
+grep -q 'retry_ms is not used' "$tmp/err" && grep -q 'trace= is not used' "$tmp/err" &&
+    grep -q 'backend=cuda is not used' "$tmp/err" ||
+    { cat "$tmp/err" >&2; fail "replay drops retry_ms, trace= or backend=cuda without a word"; }
+
+# A trace naming more streams than a run serves is refused before the
+# table (every run failed after its header); an unknown single-dash option
+# is a usage error, not a file name.
+{
+    echo "Thread,Time,Action,Pointer,Size,Stream"
+    i=1
+    while [ $i -le 2048 ]; do
+        printf '1,%d,allocate,0x%x000,256,0x%x\n' $i $i $((i + 16))
+        i=$((i + 1))
+    done
+} > "$tmp/streams.csv"
+"$replay" "$tmp/streams.csv" >"$tmp/out" 2>"$tmp/err"
+rs=$?
+[ $rs -eq 1 ] && [ ! -s "$tmp/out" ] && grep -q 'names 2048 streams; a replay serves at most 2047' "$tmp/err" ||
+    { cat "$tmp/out" "$tmp/err" >&2; fail "a trace of 2,048 streams: exit $rs, not refused before the table"; }
+sed '$d' "$tmp/streams.csv" > "$tmp/streams2047.csv"
+"$replay" --config vmm=off "$tmp/streams2047.csv" >"$tmp/out" 2>"$tmp/err" ||
+    { cat "$tmp/err" >&2; fail "a trace of 2,047 streams was not replayed"; }
+"$replay" -x "$tmp/batches.csv" >/dev/null 2>&1
+rs=$?
+[ $rs -eq 2 ] || fail "shardbfc-replay -x: exit $rs, not 2 (usage)"
 
 # The per-thread default stream's handle (0x2) is each thread's own stream:
 # two threads' blocks on it are two shards (a region each), not one.

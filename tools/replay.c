@@ -126,9 +126,9 @@ static void pmap_del(struct pmap *m, struct pslot *slot)
 /* -------------------------------------------------- stream map */
 
 struct smap {
-    uint64_t key[4096];
-    bfc_stream_t val[4096];
-    bool used[4096];
+    uint64_t key[2 * (BFC_REPLAY_MAX_STREAMS + 1)];
+    bfc_stream_t val[2 * (BFC_REPLAY_MAX_STREAMS + 1)];
+    bool used[2 * (BFC_REPLAY_MAX_STREAMS + 1)];
     size_t n;
 };
 
@@ -140,6 +140,28 @@ struct smap {
 static uint64_t stream_key(const bfc_trace_event_t *e)
 {
     return e->stream == 2 ? (UINT64_C(1) << 63) | e->thread : e->stream;
+}
+
+static int key_cmp(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+size_t bfc_replay_streams(const bfc_trace_event_t *ev, size_t n)
+{
+    uint64_t *k = malloc((n ? n : 1) * sizeof(*k));
+    size_t m = 0, distinct = 0;
+    if (!k)
+        return SIZE_MAX; /* unknown: the run will say if it is too many */
+    for (size_t i = 0; i < n; i++)
+        if ((ev[i].action == BFC_TRACE_ALLOC || ev[i].action == BFC_TRACE_FREE) && stream_key(&ev[i]) != 0)
+            k[m++] = stream_key(&ev[i]);
+    qsort(k, m, sizeof(*k), key_cmp);
+    for (size_t i = 0; i < m; i++)
+        distinct += i == 0 || k[i] != k[i - 1];
+    free(k);
+    return distinct;
 }
 
 static bfc_stream_t stream_for(bfc_ctx_t *ctx, struct smap *m, uint64_t key, bool *ok)

@@ -82,4 +82,11 @@ int bfc_replay_config(const char *spec, bfc_config_t *cfg, char *err, size_t err
 int bfc_replay_run(const bfc_trace_event_t *ev, size_t n, const char *spec, const char *trace_out,
                    bfc_replay_result_t *out, char *err, size_t errlen);
 
+/* The streams a replay can serve in one run (its stream map), and the
+ * streams that the allocate and free rows of ev[0..n) name, other than the
+ * default stream (the per-thread default stream counted once per thread):
+ * a trace naming more is refused by bfc_replay_run ("too many streams"). */
+#define BFC_REPLAY_MAX_STREAMS 2047
+size_t bfc_replay_streams(const bfc_trace_event_t *ev, size_t n);
+
 #endif /* SHARDBFC_REPLAY_H */

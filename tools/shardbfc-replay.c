@@ -182,8 +182,8 @@ int main(int argc, char **argv)
             help();
             free(specs);
             return 0;
-        } else if (a[0] == '-' && a[1] == '-') {
-            usage(stderr);
+        } else if (a[0] == '-' && a[1] != '\0') {
+            usage(stderr); /* an unknown option (a file of that name: ./-x) */
             free(specs);
             return 2;
         } else if (compare) {
@@ -240,6 +240,9 @@ int main(int argc, char **argv)
                     "shardbfc-replay: %s: retry_ms is not used (the replay is one thread: no other would free "
                     "memory while it waited)\n",
                     specs[i]);
+        if (asked.backend == BFC_BACKEND_CUDA)
+            fprintf(stderr, "shardbfc-replay: %s: backend=cuda is not used (the replay runs on the simulated device)\n",
+                    specs[i]);
         const char *name = specs[i][0] ? specs[i] : "(defaults)";
         if (bfc_config_validate_err(&probe, err, sizeof(err)) != BFC_OK) {
             fprintf(stderr, "shardbfc-replay: bad configuration: %s: %s\n", name, err);
@@ -264,6 +267,16 @@ int main(int argc, char **argv)
     }
     if (bfc_trace_csv_read_ordered(trace, &ev, &n, &sorted, err, sizeof(err)) != 0) {
         fprintf(stderr, "shardbfc-replay: %s\n", err);
+        free(specs);
+        return 1;
+    }
+    /* Before the table: a trace with more streams than a run can serve
+     * would fail every run after the header was printed. */
+    size_t nstreams = bfc_replay_streams(ev, n);
+    if (nstreams != SIZE_MAX && nstreams > BFC_REPLAY_MAX_STREAMS) {
+        fprintf(stderr, "shardbfc-replay: %s names %zu streams; a replay serves at most %d\n", trace, nstreams,
+                BFC_REPLAY_MAX_STREAMS);
+        free(ev);
         free(specs);
         return 1;
     }
