@@ -2468,6 +2468,13 @@ START_TEST(test_view_html)
          "shards[0].regions[0].chunks[0].size is not a non-negative integer"},
         {"{\"version\":2,\"shards\":[],\"oom\":{\"pool_spans\":[{\"size\":-1,\"fenced\":true}]}}",
          "oom.pool_spans[0].size is not a non-negative integer"},
+        /* the device ordinal and allocation ids too (printed as 0 and as
+         * "id 2" for -5 and 1.5) */
+        {"{\"version\":2,\"device\":-5,\"shards\":[]}", "device is not a non-negative integer"},
+        {"{\"version\":2,\"shards\":[{\"regions\":[{\"base\":\"0x10\",\"chunks\":[{\"allocation_id\":1.5}]}]}]}",
+         "chunks[0].allocation_id is not an allocation id"},
+        {"{\"version\":2,\"shards\":[{\"regions\":[{\"base\":\"0x10\",\"chunks\":[{\"allocation_id\":-5}]}]}]}",
+         "chunks[0].allocation_id is not an allocation id"},
     };
     for (size_t i = 0; i < sizeof wrong / sizeof wrong[0]; i++) {
         ck_assert_int_eq(bfc_view_write_html(wrong[i][0], strlen(wrong[i][0]), NULL, f, err, sizeof err), -1);
@@ -2845,12 +2852,17 @@ START_TEST(test_json_oracle_strict)
     /* The tools' reader itself refuses what json-c's strict mode takes but
      * a browser's JSON.parse does not (the viewer's page would stop on it):
      * a single-quoted string, a raw tab or newline inside a string. */
-    const char *lexical[] = {"{'a':1}", "[\"a\tb\"]", "[\"a\nb\"]", "{\"a\":'x'}"};
+    const char *lexical[] = {"{'a':1}", "[\"a\tb\"]", "[\"a\nb\"]", "{\"a\":'x'}",
+                             /* and integers that json-c would clamp to 64 bits, silently */
+                             "[18446744073709551616]", "{\"a\":99999999999999999999}", "[-9223372036854775809]"};
     for (size_t i = 0; i < sizeof lexical / sizeof lexical[0]; i++) {
         ck_assert_msg(bfc_json_parse(lexical[i], strlen(lexical[i]), &v, why, sizeof why) != 0,
                       "bfc_json_parse accepted '%s'", lexical[i]);
         ck_assert_ptr_null(v);
     }
+    const char *edges = "[18446744073709551615,-9223372036854775808,1.8446744073709551616e19,\"99999999999999999999\"]";
+    ck_assert_msg(bfc_json_parse(edges, strlen(edges), &v, why, sizeof why) == 0, "%s: %s", edges, why);
+    json_object_put(v);
     const char *quoted = "[\"it's \\\"fine\\\"\\t\"]"; /* quotes and escapes inside a string */
     ck_assert_msg(bfc_json_parse(quoted, strlen(quoted), &v, why, sizeof why) == 0, "%s: %s", quoted, why);
     ck_assert_str_eq(json_object_get_string(bfc_json_at(v, 0)), "it's \"fine\"\t");

@@ -67,15 +67,50 @@ static bool not_strict(json_object *v, const regex_t *number, char *err, size_t 
     }
 }
 
+/* Does the integer token t[0..n) (an optional '-', then digits) lie
+ * outside what json-c keeps exact (int64_t below zero, uint64_t above)?
+ * json-c clamps such a number to the nearest bound, silently. */
+static bool integer_clamped(const char *t, size_t n)
+{
+    bool neg = *t == '-';
+    const char *d = t + neg;
+    size_t nd = n - neg;
+    const char *bound = neg ? "9223372036854775808" : "18446744073709551615";
+    size_t nb = strlen(bound);
+    while (nd > 1 && *d == '0') { /* leading zeros: the tokener refuses them anyway */
+        d++;
+        nd--;
+    }
+    return nd > nb || (nd == nb && memcmp(d, bound, nb) > 0);
+}
+
 /* What json-c's strict mode still lets through at the level of characters:
- * a single-quoted string, and a raw control character inside a string
- * (RFC 8259 wants them escaped; a browser's JSON.parse refuses both).  The
- * offset of the first, or len. */
+ * a single-quoted string, a raw control character inside a string
+ * (RFC 8259 wants them escaped; a browser's JSON.parse refuses both), and
+ * an integer json-c would clamp.  The offset of the first, or len. */
 static size_t lexical_fault(const char *text, size_t len, const char **what)
 {
     bool in = false;
     for (size_t i = 0; i < len; i++) {
         unsigned char c = (unsigned char)text[i];
+        if (!in && (c == '-' || isdigit(c))) {
+            /* A number token, read whole (digits of its exponent are not
+             * seen again): an integer, unless it has a fraction or an
+             * exponent (a double, checked after parsing). */
+            size_t j = i + 1;
+            bool integer = true;
+            while (j < len && (isdigit((unsigned char)text[j]) || strchr(".eE+-", text[j]))) {
+                if (!isdigit((unsigned char)text[j]))
+                    integer = false;
+                j++;
+            }
+            if (integer && j - i > (c == '-') && integer_clamped(text + i, j - i)) {
+                *what = "an integer beyond 64 bits (json-c would change it)";
+                return i;
+            }
+            i = j - 1;
+            continue;
+        }
         if (in) {
             if (c == '\\')
                 i++;
@@ -251,7 +286,7 @@ static bool is_figure_key(const char *key)
         "large_alloc", "max_internal_frag", "stream_id", "size", "requested", "offset", "bin", "count",
         "min_size", "free", "fenced", "held", "peak_held", "committed", "in_use", "reserved", "pending",
         "largest_free", "largest_ready", "rounded", "bytes", "pool_free", "pool_fenced", "pool_largest_span",
-        "num_pool_spans", "bytes_unreserved",
+        "num_pool_spans", "bytes_unreserved", "device",
     };
     if (strcmp(key, "fragmentation") == 0)
         return false; /* a fraction in [0, 1] */
@@ -282,6 +317,12 @@ static bool figures_ok(const json_object *v, const char *where, char *err, size_
                    (!json_object_is_type(m, json_type_int) || json_object_get_int64(m) < 0);
         if (bad) {
             snprintf(err, errlen, "%s is not a non-negative integer", here);
+            return false;
+        }
+        /* An id, or -1 for a free chunk. */
+        if (m && strcmp(key, "allocation_id") == 0 &&
+            (!json_object_is_type(m, json_type_int) || json_object_get_int64(m) < -1)) {
+            snprintf(err, errlen, "%s is not an allocation id (an integer, -1 when free)", here);
             return false;
         }
         if (!figures_ok(m, here, err, errlen))

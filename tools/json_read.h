@@ -12,9 +12,9 @@
  * read a tree that json-c owns: a missing member, a member of another
  * type and JSON null all give the caller's default.
  *
- * Non-negative integers are exact as uint64_t (json-c keeps integers up to
- * UINT64_MAX as integers, beyond it it clamps them); nesting is limited to
- * 64 levels.
+ * Integers are exact: json-c keeps them up to UINT64_MAX (down to
+ * INT64_MIN) and would clamp larger ones to that bound, silently, so an
+ * integer beyond them is refused; nesting is limited to 64 levels.
  */
 #ifndef SHARDBFC_JSON_READ_H
 #define SHARDBFC_JSON_READ_H
