@@ -30,6 +30,7 @@
 #include "perf.h"
 #include "perfutil.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -330,7 +331,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
             char *end;
             errno = 0;
             o->seed = strtoull(v, &end, 10);
-            if (errno != 0 || *end != '\0' || end == v) {
+            if (errno != 0 || *end != '\0' || end == v || !isdigit((unsigned char)v[0])) { /* strtoull takes "-1" */
                 fprintf(stderr, PROG ": --seed %s: expected an unsigned integer\n", v);
                 return -1;
             }

@@ -223,6 +223,9 @@ bool perf_parse_uint_list(const char *s, unsigned *out, unsigned cap, unsigned *
     char buf[256], *save = NULL, *tok;
     if (strlen(s) >= sizeof(buf))
         return false;
+    /* strtok_r would pass over an empty item ("1,,2", ",1", "1,"). */
+    if (s[0] == ',' || strstr(s, ",,") || (s[0] && s[strlen(s) - 1] == ','))
+        return false;
     snprintf(buf, sizeof(buf), "%s", s);
     *n = 0;
     for (tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {

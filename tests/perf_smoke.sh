@@ -67,7 +67,8 @@ tail -n 12 "$tmp/out.txt"
     grep -q '"sim_vmm_cost_ns": 20000, "warmup_seconds": 0.100' "$tmp/cost.json" ||
     { echo "perf_smoke: --sim-vmm-cost 20000 --warmup 0.1 were not applied:" >&2; cat "$tmp/cost.txt" >&2; exit 1; }
 for bad in "--sim-vmm-cost -1" "--sim-vmm-cost 1us" "--sim-vmm-cost 10000001" "--warmup -1" \
-           "--warmup 1s" "--warmup 3601"; do
+           "--warmup 1s" "--warmup 3601" "--seed -1" "--seed +5" "--threads 1,,2" "--threads ,1" \
+           "--threads 1,"; do
     # shellcheck disable=SC2086 # an option and its value
     "$bin" $bad >/dev/null 2>&1
     [ $? -eq 2 ] || { echo "perf_smoke: $bad was not refused with status 2" >&2; exit 1; }
