@@ -837,7 +837,8 @@ BFC_API int bfc_host_record_stream(void *p, bfc_stream_t stream);
  * (the context's totals over shards, host stats over NUMA nodes, the dump,
  * the JSON snapshot, the tools) walks it, so a field added here is added
  * everywhere.  combine: how figures of several shards or nodes make one --
- * SUM, MAX, or SAME (a setting, e.g. the limit, taken from any of them).
+ * SUM, MAX, or SAME (a setting, e.g. the limit, taken from any of them;
+ * bfc_host_stats sums it over NUMA nodes, whose limits are their own).
  *
  * Measures, one vocabulary in the header, the snapshot, the tools and the
  * harness: requested bytes are what callers asked for; allocated bytes are

@@ -110,22 +110,31 @@ static void host_init(void)
     /* A node number this machine does not have: not a refusal (one spec
      * may serve machines of several shapes), but said once, as the
      * operator asked for something else. */
-    if (g_cfg.host_numa >= 0 && !node_exists(g_cfg.host_numa))
+    if (g_cfg.host_numa > HOST_MAX_NODE &&
+        hwloc_get_numanode_obj_by_os_index(g_topo, (unsigned)g_cfg.host_numa) != NULL)
+        fprintf(stderr,
+                "libshardbfc: SHARDBFC_CONF: host_numa=%d: host memory serves nodes numbered up to %d; "
+                "it follows each thread's node instead\n",
+                g_cfg.host_numa, HOST_MAX_NODE);
+    else if (g_cfg.host_numa >= 0 && !node_exists(g_cfg.host_numa))
         fprintf(stderr,
                 "libshardbfc: SHARDBFC_CONF: host_numa=%d: this machine has no NUMA node %d (%d node%s); "
                 "host memory follows each thread's node instead\n",
                 g_cfg.host_numa, g_cfg.host_numa, g_nnodes, g_nnodes == 1 ? "" : "s");
     /* The key first: a table mapped for nothing is harmless, a table
      * without the key would leave arenas unretired. */
-    if (pthread_key_create(&g_key, thread_exit) != 0) {
-        bfc__meta_free(g_ctx, (size_t)g_nslots * sizeof(*g_ctx));
-        g_ctx = NULL;
-        g_nslots = 0;
-        hwloc_topology_destroy(g_topo);
-        g_status = BFC_ENOMEM;
-        return;
+    int st = BFC_ENOMEM;
+    if (pthread_key_create(&g_key, thread_exit) == 0) {
+        st = bfc__backend_host_threads_init();
+        if (st == BFC_OK)
+            return;
+        (void)pthread_key_delete(g_key); /* no thread has a value under it yet */
     }
-    g_status = bfc__backend_host_threads_init();
+    bfc__meta_free(g_ctx, (size_t)g_nslots * sizeof(*g_ctx));
+    g_ctx = NULL;
+    g_nslots = 0;
+    hwloc_topology_destroy(g_topo);
+    g_status = st;
 }
 
 static atomic_bool g_init_done; /* host_init has run: the common path's one test */
@@ -189,13 +198,21 @@ int bfc__host_node_of_cpuset(void *topo, const void *cpuset)
         if (!best || plainer_node(o, best))
             best = o;
     }
-    return best && best->os_index < INT_MAX ? (int)best->os_index : -1;
+    /* Its CPUs must cover the set: a set with a CPU whose only node is
+     * wider (on the machine) spans two localities too. */
+    if (!best || !hwloc_bitmap_isincluded(set, best->cpuset))
+        return -1;
+    return best->os_index < INT_MAX ? (int)best->os_index : -1;
 }
 
+/* The machine's first node that host memory serves, or -1 (every node
+ * numbered above HOST_MAX_NODE: allocations then fail, BFC_EINVAL). */
 static int first_node(void)
 {
-    hwloc_obj_t o = hwloc_get_obj_by_type(g_topo, HWLOC_OBJ_NUMANODE, 0);
-    return o ? (int)o->os_index : 0;
+    for (hwloc_obj_t o = NULL; (o = hwloc_get_next_obj_by_type(g_topo, HWLOC_OBJ_NUMANODE, o)) != NULL;)
+        if (o->os_index <= HOST_MAX_NODE)
+            return (int)o->os_index;
+    return -1;
 }
 
 static int pick_node(void)
