@@ -187,6 +187,11 @@ static void vmm_charge_locked(struct bfc__pool *p, size_t size, bool add)
     if (add) {
         p->vmm_mapped += size;
         p->held += size;
+        if (p->held > p->peak_held) {
+            p->peak_held = p->held;
+            p->peak_rise_maps = p->vmm_maps; /* this map's number, counted from 0 */
+            p->peak_gen++;
+        }
     } else {
         p->vmm_mapped -= size;
         p->held -= size;
@@ -365,8 +370,10 @@ static int seg_new_locked(struct bfc__pool *p, size_t size, struct bfc__span **o
     p->segs = seg;
     p->held += size;
     p->backend_allocs++;
-    if (p->held - p->vmm_inflight > p->peak_held)
-        p->peak_held = p->held - p->vmm_inflight;
+    if (p->held > p->peak_held) {
+        p->peak_held = p->held;
+        p->peak_gen++;
+    }
     span_insert_locked(p, seg->base, size, seg, NULL, 0, &s);
     if (s)
         bfc__meta_free(s, sizeof(*s)); /* cannot happen: a new segment joins nothing */
@@ -721,7 +728,8 @@ void bfc__pool_poll(struct bfc__pool *p)
 void bfc__pool_clear_peak(struct bfc__pool *p)
 {
     bfc__lock(&p->lock);
-    p->peak_held = p->held - p->vmm_inflight;
+    p->peak_held = p->held;
+    p->peak_gen++; /* a refused map in flight keeps this peak */
     bfc__unlock(&p->lock);
 }
 
@@ -846,23 +854,25 @@ int bfc__pool_vmm_map(struct bfc__pool *p, uintptr_t addr, size_t size)
         return BFC_ENOMEM;
     }
     /* Charged first, so that two shards mapping at once cannot both pass
-     * the limit; the driver call runs without the pool lock.  The peak
-     * counts a map once it is made, and only what is mapped then (not
-     * other maps still running, which may fail): a refused map raised
-     * peak_bytes_reserved by memory never held. */
+     * the limit; the driver call runs without the pool lock.  The charge
+     * raises the peak at once (held never passes peak_held, and the peak
+     * is never below what was mapped); a map the device refuses takes
+     * back the rise it made, unless a later rise or a clear has built on
+     * it (then the peak stays an upper bound). */
+    size_t peak_before = p->peak_held;
+    uint64_t rise_before = p->peak_rise_maps;
     vmm_charge_locked(p, size, true);
-    p->vmm_inflight += size;
+    uint64_t gen = p->peak_held != peak_before ? p->peak_gen : 0;
     bfc__unlock(&p->lock);
     int st = p->be->ops->va_map(p->be, addr, size);
     bfc__lock(&p->lock);
-    p->vmm_inflight -= size;
     if (st != BFC_OK) {
         vmm_charge_locked(p, size, false);
-    } else {
-        if (p->held - p->vmm_inflight > p->peak_held) {
-            p->peak_held = p->held - p->vmm_inflight;
-            p->peak_rise_maps = p->vmm_maps; /* this map's number, counted from 0 */
+        if (gen && p->peak_gen == gen) {
+            p->peak_held = peak_before > p->held ? peak_before : p->held;
+            p->peak_rise_maps = rise_before;
         }
+    } else {
         p->vmm_maps++;
     }
     bfc__unlock(&p->lock);

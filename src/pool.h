@@ -92,12 +92,13 @@ struct bfc__pool {
      * the limit covers them), reservations waiting for their fences, and
      * the backend calls made. */
     size_t vmm_mapped;
-    size_t vmm_inflight;         /* charged to maps still running: in held
-                                    and vmm_mapped, not yet in peak_held */
     struct bfc__vmm_gone *vmm_gone;
     uint64_t vmm_maps, vmm_unmaps;
     uint64_t peak_rise_maps;     /* vmm_maps when a map last raised peak_held:
                                     how long the peak has stayed put */
+    uint64_t peak_gen;           /* counts changes of peak_held other than
+                                    falls: a refused map takes back its own
+                                    rise only while this is unchanged */
     uint64_t vmm_adoptions;      /* departed reservations taken back by their stream */
     /* Mapped-but-free bytes that the expandable arenas published at their
      * last policy check (expand.c): a hint, read and written relaxed. */
