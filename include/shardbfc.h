@@ -858,7 +858,11 @@ BFC_API int bfc_host_record_stream(void *p, bfc_stream_t stream);
  * upper bound on the true peak, never above the limit, and the true peak
  * while the context has had one shard.  peak_bytes_reserved is exact: the
  * pool's own peak, kept under the pool's lock where memory is taken from the
- * device or given back (slow-path events).  bfc_host_stats sums its nodes'
+ * device or given back (slow-path events; an expandable shard's map counts
+ * from its charge, just before the driver call, and a map the device
+ * refuses is taken back out of the peak -- unless another map raised the
+ * peak meanwhile, or the peaks were cleared, when the peak keeps it and is
+ * an upper bound).  bfc_host_stats sums its nodes'
  * figures, so its peaks are bounds too.  The JSON snapshot names a context's
  * bounds as such (doc/snapshot.md); a shard's figures are all exact.
  *
