@@ -151,12 +151,31 @@ static int key_cmp(const void *a, const void *b)
 size_t bfc_replay_streams(const bfc_trace_event_t *ev, size_t n)
 {
     uint64_t *k = malloc((n ? n : 1) * sizeof(*k));
+    struct pmap pm = {0};
     size_t m = 0, distinct = 0;
     if (!k)
         return SIZE_MAX; /* unknown: the run will say if it is too many */
-    for (size_t i = 0; i < n; i++)
-        if ((ev[i].action == BFC_TRACE_ALLOC || ev[i].action == BFC_TRACE_FREE) && stream_key(&ev[i]) != 0)
-            k[m++] = stream_key(&ev[i]);
+    /* As the run meets them: every allocate row's stream, and the stream
+     * of a free of a live pointer (a nil or unknown one is skipped). */
+    for (size_t i = 0; i < n; i++) {
+        const bfc_trace_event_t *e = &ev[i];
+        bool uses = e->action == BFC_TRACE_ALLOC;
+        if (e->action == BFC_TRACE_ALLOC && e->ptr && !pmap_put(&pm, e->ptr, NULL, 0, NULL)) {
+            free(pm.s);
+            free(k);
+            return SIZE_MAX;
+        }
+        if (e->action == BFC_TRACE_FREE) {
+            struct pslot *sl = e->ptr ? pmap_find(&pm, e->ptr) : NULL;
+            if (sl) {
+                uses = true;
+                pmap_del(&pm, sl);
+            }
+        }
+        if (uses && stream_key(e) != 0)
+            k[m++] = stream_key(e);
+    }
+    free(pm.s);
     qsort(k, m, sizeof(*k), key_cmp);
     for (size_t i = 0; i < m; i++)
         distinct += i == 0 || k[i] != k[i - 1];

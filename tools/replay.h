@@ -83,9 +83,12 @@ int bfc_replay_run(const bfc_trace_event_t *ev, size_t n, const char *spec, cons
                    bfc_replay_result_t *out, char *err, size_t errlen);
 
 /* The streams a replay can serve in one run (its stream map), and the
- * streams that the allocate and free rows of ev[0..n) name, other than the
- * default stream (the per-thread default stream counted once per thread):
- * a trace naming more is refused by bfc_replay_run ("too many streams"). */
+ * streams a run of ev[0..n), in replay order (as bfc_trace_csv_read_ordered
+ * leaves it), makes: those of its allocate rows and of its frees of live
+ * pointers, other than the default stream (the per-thread default stream
+ * once per thread; a free of a block whose allocation failed in a run
+ * counts too).  A trace needing more is refused by bfc_replay_run ("too
+ * many streams").  SIZE_MAX when out of memory. */
 #define BFC_REPLAY_MAX_STREAMS 2047
 size_t bfc_replay_streams(const bfc_trace_event_t *ev, size_t n);
 
