@@ -2475,6 +2475,9 @@ START_TEST(test_view_html)
          "chunks[0].allocation_id is not an allocation id"},
         {"{\"version\":2,\"shards\":[{\"regions\":[{\"base\":\"0x10\",\"chunks\":[{\"allocation_id\":-5}]}]}]}",
          "chunks[0].allocation_id is not an allocation id"},
+        {"{\"version\":2,\"shards\":[{\"regions\":[{\"base\":\"0x10\",\"chunks\":[{\"allocation_id\":"
+         "9223372036854775808}]}]}]}",
+         "chunks[0].allocation_id is not an allocation id"},
     };
     for (size_t i = 0; i < sizeof wrong / sizeof wrong[0]; i++) {
         ck_assert_int_eq(bfc_view_write_html(wrong[i][0], strlen(wrong[i][0]), NULL, f, err, sizeof err), -1);

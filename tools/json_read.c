@@ -319,9 +319,11 @@ static bool figures_ok(const json_object *v, const char *where, char *err, size_
             snprintf(err, errlen, "%s is not a non-negative integer", here);
             return false;
         }
-        /* An id, or -1 for a free chunk. */
+        /* An id (below 2^63, as bfc_ctx_allocation_id returns it), or -1
+         * for a free chunk. */
         if (m && strcmp(key, "allocation_id") == 0 &&
-            (!json_object_is_type(m, json_type_int) || json_object_get_int64(m) < -1)) {
+            (!json_object_is_type(m, json_type_int) || json_object_get_int64(m) < -1 ||
+             (json_object_get_int64(m) == INT64_MAX && json_object_get_uint64(m) != (uint64_t)INT64_MAX))) {
             snprintf(err, errlen, "%s is not an allocation id (an integer, -1 when free)", here);
             return false;
         }

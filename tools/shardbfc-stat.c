@@ -56,6 +56,18 @@ static const char *numf(const json_object *o, const char *key, int decimals)
     return b;
 }
 
+/* A chunk's allocation id, exact (bfc_json_snapshot_check let through only
+ * integers from -1 to 2^63 - 1), or "?". */
+static const char *id_text(const json_object *c)
+{
+    static char b[24];
+    const json_object *v = bfc_json_get(c, "allocation_id");
+    if (!v || !json_object_is_type(v, json_type_int))
+        return "?";
+    snprintf(b, sizeof b, "%" PRId64, json_object_get_int64(v));
+    return b;
+}
+
 static void print_peak(const json_object *s, const char *key, bool bound)
 {
     char bkey[64];
@@ -256,7 +268,7 @@ int main(int argc, char **argv)
                 printf("    Chunk +%s size %s %s", num(c, "offset"),
                        num(c, "size"), state);
                 if (strcmp(state, "free") != 0)
-                    printf(" requested %s id %s", num(c, "requested"), numf(c, "allocation_id", 0));
+                    printf(" requested %s id %s", num(c, "requested"), id_text(c));
                 putchar('\n');
             }
         }
