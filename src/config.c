@@ -496,8 +496,10 @@ static int parse_item(bfc_config_t *cfg, struct span item, size_t index, struct 
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
         size_t room = sizeof known - (size_t)(o - known);
         int n = snprintf(o, room, "%s%s", i ? ", " : "", keys[i].name);
-        if (n < 0 || (size_t)n >= room)
-            break; /* the list cut short rather than written past its end */
+        if (n < 0 || (size_t)n >= room) {
+            *o = '\0'; /* the list cut short, at a whole key, rather than written past its end */
+            break;
+        }
         o += n;
     }
     char kq[80];
