@@ -57,9 +57,9 @@ static bfc_config_t g_cfg;
 static pthread_key_t g_key;
 /* The host contexts, indexed by node number (os index), which can be sparse
  * and large (POWER9 numbers its GPUs' memory nodes 252 to 255): g_nslots is
- * the topology's largest node number + 1.  Allocated by host_init, never
- * freed (bfc__host_shutdown empties it), and read only after g_init_done
- * (slot()). */
+ * the topology's largest node number + 1 (at most HOST_MAX_NODE + 1).
+ * Allocated by host_init and, once the set-up succeeded, never freed
+ * (bfc__host_shutdown empties it); read only after g_init_done (slot()). */
 static bfc_ctx_t *_Atomic *g_ctx;
 static int g_nslots;
 static __thread struct bfc__host_thread *tls_thread;
