@@ -325,17 +325,27 @@ static int ord_cmp(const void *a, const void *b)
     return x->idx < y->idx ? -1 : x->idx > y->idx;
 }
 
-/* Is every thread's sequence non-decreasing in time?  The events sorted by
- * thread, then by position: each thread's events in file order, side by
- * side.  -1: out of memory. */
+/* The events' positions sorted by thread or by time, then by position (so
+ * ties keep file order); NULL when out of memory.  The caller frees it. */
+static struct ord *sorted_by(const bfc_trace_event_t *ev, size_t n, bool by_thread)
+{
+    struct ord *o = malloc((n ? n : 1) * sizeof(*o));
+    if (!o)
+        return NULL;
+    for (size_t i = 0; i < n; i++)
+        o[i] = (struct ord){by_thread ? ev[i].thread : ev[i].time_ns, i};
+    qsort(o, n, sizeof(*o), ord_cmp);
+    return o;
+}
+
+/* Is every thread's sequence non-decreasing in time?  Sorted by thread,
+ * each thread's events stand side by side in file order.  -1: out of
+ * memory. */
 static int per_thread_monotone(const bfc_trace_event_t *ev, size_t n)
 {
-    struct ord *t = malloc((n ? n : 1) * sizeof(*t));
+    struct ord *t = sorted_by(ev, n, true);
     if (!t)
         return -1;
-    for (size_t i = 0; i < n; i++)
-        t[i] = (struct ord){ev[i].thread, i};
-    qsort(t, n, sizeof(*t), ord_cmp);
     int ok = 1;
     for (size_t i = 1; ok && i < n; i++)
         if (t[i].key == t[i - 1].key && ev[t[i].idx].time_ns < ev[t[i - 1].idx].time_ns)
@@ -351,14 +361,11 @@ int bfc_trace_order(const bfc_trace_event_t *ev, size_t n, size_t *order)
     int mono = per_thread_monotone(ev, n);
     if (mono != 1)
         return mono;
-    struct ord *o = malloc((n ? n : 1) * sizeof(*o));
+    /* Ties keep file order, so events of one thread with equal times stay
+     * in the order they were recorded. */
+    struct ord *o = sorted_by(ev, n, false);
     if (!o)
         return -1;
-    for (size_t i = 0; i < n; i++)
-        o[i] = (struct ord){ev[i].time_ns, i};
-    /* Ties keep file order (the index is the second key), so events of one
-     * thread with equal times stay in the order they were recorded. */
-    qsort(o, n, sizeof(*o), ord_cmp);
     for (size_t i = 0; i < n; i++)
         order[i] = o[i].idx;
     free(o);
