@@ -636,7 +636,10 @@ BFC_API int bfc_ctx_record_stream(bfc_ctx_t *ctx, void *p, bfc_stream_t stream);
  * allocation on the same stream creates a new shard, which may take back at
  * once what the old one left fenced on the stream (its later work runs
  * after the earlier), without waiting for that work.
- * BFC_OK, or BFC_EINVAL if the stream has no shard.
+ * BFC_OK; BFC_EINVAL if the stream has no shard (or the backend refuses
+ * it); BFC_EBACKEND if the runtime fails to name the stream
+ * (cudaStreamGetId, or making the stream's device current), the shard
+ * left as it was.
  * Context: thread-safe; takes the shard's lock and the device-wide pool lock
  * (a rare path); calls the backend (the event; an expandable shard's unmaps
  * of granules whose fences have completed); does not block: it waits for

@@ -404,9 +404,13 @@ int bfc__shard_retire(struct bfc_ctx *ctx, bfc_stream_t s)
 {
     bfc__rcu_lock();
     uint64_t id;
-    struct bfc__arena *a = ctx->be->ops->stream_id(ctx->be, s, &id) == BFC_OK ? lookup(ctx, id) : NULL;
+    /* A stream the runtime fails to name says so (BFC_EBACKEND), as in
+     * record_stream; one it names without a shard is BFC_EINVAL. */
+    int st = ctx->be->ops->stream_id(ctx->be, s, &id);
+    struct bfc__arena *a = st == BFC_OK ? lookup(ctx, id) : NULL;
     bool dead = false;
-    int st = a ? retire(ctx, a, &dead) : BFC_EINVAL;
+    if (st == BFC_OK)
+        st = a ? retire(ctx, a, &dead) : BFC_EINVAL;
     if (st == BFC_OK && !dead)
         note_zombie(ctx, a);
     bfc__rcu_unlock();

@@ -13,7 +13,9 @@
  *     leaves the context serving: the next map over the stranded granule
  *     unmaps it first (before, every later map over it was refused);
  *   - an error that means "no device" from a call other than the open
- *     (cudaMalloc, cudaStreamGetId) is BFC_EBACKEND, not BFC_ENODEV;
+ *     (cudaMalloc, cudaStreamGetId) is BFC_EBACKEND, not BFC_ENODEV, and
+ *     a release whose stream cannot be named is BFC_EBACKEND, not
+ *     BFC_EINVAL (the shard stays);
  *   - a context on device 1 serves a thread without touching the thread's
  *     own device: one that never chose a device gets no device 0 context
  *     (memory on GPU 0, on a GPU), and one that chose device 0 keeps it.
@@ -171,6 +173,15 @@ START_TEST(test_no_device_error_after_open)
     void *p = bfc_ctx_alloc(ctx, s, 5000); /* and it serves again */
     ck_assert_ptr_nonnull(p);
     ck_assert_int_eq(bfc_ctx_free(ctx, p, s), BFC_OK);
+    /* A release whose stream the runtime fails to name says so, and the
+     * shard stays until a release that works. */
+    bfc_stats_t st;
+    ck_assert(fake_fail_next("cudaStreamGetId", 1, 0));
+    ck_assert_int_eq(bfc_ctx_stream_release(ctx, s), BFC_EBACKEND);
+    ck_assert_int_eq(bfc_ctx_stream_stats(ctx, s, &st), BFC_OK);
+    ck_assert_uint_eq(st.num_allocs, 1);
+    ck_assert_int_eq(bfc_ctx_stream_release(ctx, s), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_stream_stats(ctx, s, &st), BFC_EINVAL);
     ck_assert_int_eq(bfc_ctx_check(ctx), BFC_OK);
     bfc_ctx_destroy(ctx);
     ck_assert_int_eq(cudaStreamDestroy(s), cudaSuccess);
