@@ -519,6 +519,50 @@ START_TEST(test_fixed_second_stream)
 }
 END_TEST
 
+/*
+ * A stream used after its release.  The release records the shard's last
+ * fence on the stream, and once it has completed what leaves the shard
+ * records nothing more there (the stream may be destroyed).  But the stream
+ * may still run work on a block of the shard: one freed on the stream
+ * itself, or named for it with record_stream and freed on another stream.
+ * That work must still keep the block from other streams until it ends.
+ */
+static void released_then_used(const char *spec, bool recorded)
+{
+    bfc_ctx_t *ctx = ctx_spec(spec);
+    bfc_stream_t a = new_stream(ctx), b = new_stream(ctx), c = new_stream(ctx);
+    void *p = xalloc(ctx, a, 8 * MiB);
+    touch(p, 8 * MiB, 1);
+    if (recorded)
+        ck_assert_int_eq(bfc_ctx_record_stream(ctx, p, a), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_stream_release(ctx, a), BFC_OK); /* a idle: its fence completes */
+    bfc_sim_stream_hold(ctx, a);                               /* then work on a uses p */
+    xfree(ctx, p, recorded ? b : a);
+    void *q = bfc_ctx_alloc(ctx, c, 8 * MiB);
+    ck_assert_msg(q == NULL, "%s, %s: alloc(8 MiB) on c = %p while a, released, still runs work on the block", spec,
+                  recorded ? "recorded for a, freed on b" : "freed on a", q);
+    ck_assert_int_eq(bfc_last_error(), BFC_ENOMEM);
+    xcheck(ctx);
+    bfc_sim_stream_drain(ctx, a);
+    q = bfc_ctx_alloc(ctx, c, 8 * MiB);
+    ck_assert_msg(q != NULL, "%s: alloc(8 MiB) on c after a drained failed: %s", spec, bfc_err_name(bfc_last_error()));
+    touch(q, 8 * MiB, 2);
+    xfree(ctx, q, c);
+    xcheck(ctx);
+    bfc_ctx_destroy(ctx);
+}
+
+START_TEST(test_released_stream_used)
+{
+    static const char *const specs[] = { "memory_limit=8M,vmm=off", "memory_limit=8M,vmm=off,allow_growth=false",
+                                         "memory_limit=8M,vmm=on" };
+    for (size_t i = 0; i < sizeof(specs) / sizeof(specs[0]); i++) {
+        released_then_used(specs[i], false);
+        released_then_used(specs[i], true);
+    }
+}
+END_TEST
+
 /* ------------------------------------------------ 3. the randomized model */
 
 enum {
@@ -1559,6 +1603,7 @@ static Suite *safety_suite(void)
     tcase_add_test(p, test_tf_layout_large_off);
     tcase_add_test(p, test_tf_layout_default);
     tcase_add_test(p, test_fixed_second_stream);
+    tcase_add_test(p, test_released_stream_used);
     suite_add_tcase(s, p);
 
     /* Sanitizer builds run the same sizes several times slower. */
