@@ -682,6 +682,35 @@ START_TEST(test_fallback_node_is_served)
 }
 END_TEST
 
+/* The largest node number served is 65535 (the table's bound): as the
+ * machine's first node, and named by host_numa.  (The node's figures tell
+ * where the block went; bfc_host_numa_node would say where the kernel
+ * placed its pages, not on a node of a made-up topology.) */
+START_TEST(test_top_node_number)
+{
+    setenv("HWLOC_SYNTHETIC", "numa:2(indexes=65535,70000) pu:1", 1);
+    void *p = bfc_host_alloc(4096);
+    ck_assert_msg(p != NULL, "error %d", bfc_last_error());
+    bfc_stats_t s;
+    ck_assert_int_eq(bfc_host_node_stats(65535, &s), BFC_OK);
+    ck_assert_uint_eq(s.num_allocs, 1);
+    ck_assert_int_eq(bfc_host_free(p), BFC_OK);
+}
+END_TEST
+
+START_TEST(test_top_node_named)
+{
+    setenv("HWLOC_SYNTHETIC", "numa:2(indexes=3,65535) pu:1", 1);
+    setenv("SHARDBFC_CONF", "backend=sim,host_numa=65535", 1);
+    void *p = bfc_host_alloc(4096);
+    ck_assert_msg(p != NULL, "error %d", bfc_last_error());
+    bfc_stats_t s;
+    ck_assert_int_eq(bfc_host_node_stats(65535, &s), BFC_OK);
+    ck_assert_uint_eq(s.num_allocs, 1);
+    ck_assert_int_eq(bfc_host_free(p), BFC_OK);
+}
+END_TEST
+
 /* The same end to end: threads bound to CPU 0 and CPU 1 of the xml_cxl
  * machine (hwloc told it is this one, so it reads the threads' bindings)
  * allocate from nodes 0 and 100, and the host totals sum both nodes'
@@ -790,6 +819,8 @@ int main(void)
     tcase_add_test(tc, test_sparse_node_numbers);
     tcase_add_test(tc, test_bound_threads_find_their_nodes);
     tcase_add_test(tc, test_fallback_node_is_served);
+    tcase_add_test(tc, test_top_node_number);
+    tcase_add_test(tc, test_top_node_named);
     tcase_add_test(tc, test_unregister_refused);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
