@@ -174,6 +174,23 @@ rs=$?
 "$replay" -x "$tmp/batches.csv" >/dev/null 2>&1
 rs=$?
 [ $rs -eq 2 ] || fail "shardbfc-replay -x: exit $rs, not 2 (usage)"
+"$replay" -x >/dev/null 2>&1
+rs=$?
+[ $rs -eq 2 ] || fail "shardbfc-replay -x alone: exit $rs, not 2 (usage)"
+# Equal times within one thread are in order: the trace is replayed in time
+# order (thread 2's block, at 5, is live when thread 1's comes at 10), not
+# in file order (which would never hold both).
+cat > "$tmp/ties.csv" <<'CSV'
+Thread,Time,Action,Pointer,Size,Stream
+1,10,allocate,0x1000000,1048576,0x0
+1,10,free,0x1000000,1048576,0x0
+2,5,allocate,0x2000000,2097152,0x0
+2,50,free,0x2000000,2097152,0x0
+CSV
+"$replay" --json "$tmp/ties.csv" >"$tmp/ties.json" 2>"$tmp/ties.err" ||
+    { cat "$tmp/ties.err" >&2; fail "a trace with equal times in one thread was not replayed"; }
+grep -q '"peak_requested": *3145728' "$tmp/ties.json" ||
+    { cat "$tmp/ties.json" "$tmp/ties.err" >&2; fail "equal times in one thread: not replayed in time order"; }
 
 # The per-thread default stream's handle (0x2) is each thread's own stream:
 # two threads' blocks on it are two shards (a region each), not one.
@@ -269,6 +286,13 @@ grep -q '^  allocated 5 (peak ?), requested ? (peak ?),' "$tmp/sparse.out" &&
     grep -q 'fragmentation ?, pending ? blocks' "$tmp/sparse.out" &&
     grep -q '^    Chunk +0 size 512 in_use requested ? id ?$' "$tmp/sparse.out" ||
     { cat "$tmp/sparse.out" >&2; fail "stat prints a sparse snapshot's missing figures as numbers"; }
+# An allocation id is printed exactly, also above 2^53, where a double
+# would round it (9007199254740993 would read ...992).
+printf '%s\n' '{"version":2,"backend":"sim","shards":[{"stream_id":1,"stream":"0x1","stats":{},"regions":[' \
+    '{"base":"0x100","size":512,"chunks":[{"offset":0,"size":512,"state":"in_use","requested":500,' \
+    '"allocation_id":9007199254740993}]}]}]}' >"$tmp/bigid.json"
+"$stat" "$tmp/bigid.json" >"$tmp/bigid.out" 2>&1 && grep -q '^    Chunk +0 size 512 in_use requested 500 id 9007199254740993$' "$tmp/bigid.out" ||
+    { cat "$tmp/bigid.out" >&2; fail "stat does not print an allocation id above 2^53 exactly"; }
 grep -q 'stream=0x10 (requesting): mapped free <= 3145728 (bound), largest mapped free piece <= 2097152 (bound), largest block without a map 1048576,' "$tmp/out" ||
     { cat "$tmp/out" >&2; fail "shardbfc-stat prints an expandable shard's bounds as exact figures"; }
 grep -q 'stream=0x20: free 524288, largest free chunk 262144,' "$tmp/out" ||
