@@ -476,6 +476,39 @@ static size_t device1_used(void)
     return used;
 }
 
+/* Every cuCtxPopCurrent of restore_round refused in turn, on a context of
+ * `spec` (vmm=on: the granules' maps and unmaps switch devices too). */
+static void restore_refused(const char *spec, FILE *null)
+{
+    int alive = fake_report(null);
+    size_t base = device1_used();
+    bfc_ctx_t *ctx = cuda_ctx(spec);
+    unsigned long pops = fake_calls("cuCtxPopCurrent");
+    restore_round(ctx);
+    unsigned long n = fake_calls("cuCtxPopCurrent") - pops;
+    bfc_ctx_destroy(ctx);
+    ck_assert_uint_ge(n, 6);
+    for (unsigned long k = 1; k <= n; k++) {
+        ctx = cuda_ctx(spec);
+        pops = fake_calls("cuCtxPopCurrent");
+        ck_assert(fake_fail_next("cuCtxPopCurrent", k, 0));
+        restore_round(ctx);
+        ck_assert_msg(fake_calls("cuCtxPopCurrent") - pops >= k, "%s: pop %lu of %lu not reached", spec, k, n);
+        pop_left_context(); /* the thread's own context again */
+        ck_assert_int_eq(cudaSetDevice(0), cudaSuccess);
+        ck_assert_msg(reserved(ctx) == device1_used() - base,
+                      "%s: pop %lu refused: %" PRIu64 " reserved, %zu on the device", spec, k, reserved(ctx),
+                      device1_used() - base);
+        ck_assert_int_eq(bfc_ctx_check(ctx), BFC_OK);
+        ck_assert_int_eq(bfc_ctx_trim(ctx), BFC_OK);
+        ck_assert_uint_eq(reserved(ctx), device1_used() - base);
+        bfc_ctx_destroy(ctx);
+        ck_assert_uint_eq(device1_used(), base);
+        ck_assert_msg(fake_report(null) == alive, "%s: pop %lu refused: %d objects alive, %d before", spec, k,
+                      fake_report(null), alive);
+    }
+}
+
 START_TEST(test_restore_refused_after_the_call)
 {
     pthread_t th;
@@ -486,32 +519,8 @@ START_TEST(test_restore_refused_after_the_call)
     ck_assert_int_eq(cudaSetDevice(0), cudaSuccess);
     FILE *null = fopen("/dev/null", "w");
     ck_assert_ptr_nonnull(null);
-    int alive = fake_report(null);
-    size_t base = device1_used();
-    bfc_ctx_t *ctx = cuda_ctx("backend=cuda,device=1,vmm=off,memory_limit=64M");
-    unsigned long pops = fake_calls("cuCtxPopCurrent");
-    restore_round(ctx);
-    unsigned long n = fake_calls("cuCtxPopCurrent") - pops;
-    bfc_ctx_destroy(ctx);
-    ck_assert_uint_ge(n, 6);
-    for (unsigned long k = 1; k <= n; k++) {
-        ctx = cuda_ctx("backend=cuda,device=1,vmm=off,memory_limit=64M");
-        pops = fake_calls("cuCtxPopCurrent");
-        ck_assert(fake_fail_next("cuCtxPopCurrent", k, 0));
-        restore_round(ctx);
-        ck_assert_msg(fake_calls("cuCtxPopCurrent") - pops >= k, "pop %lu of %lu not reached", k, n);
-        pop_left_context(); /* the thread's own context again */
-        ck_assert_int_eq(cudaSetDevice(0), cudaSuccess);
-        ck_assert_msg(reserved(ctx) == device1_used() - base, "pop %lu refused: %" PRIu64 " reserved, %zu on the device",
-                      k, reserved(ctx), device1_used() - base);
-        ck_assert_int_eq(bfc_ctx_check(ctx), BFC_OK);
-        ck_assert_int_eq(bfc_ctx_trim(ctx), BFC_OK);
-        ck_assert_uint_eq(reserved(ctx), device1_used() - base);
-        bfc_ctx_destroy(ctx);
-        ck_assert_uint_eq(device1_used(), base);
-        ck_assert_msg(fake_report(null) == alive, "pop %lu refused: %d objects alive, %d before", k, fake_report(null),
-                      alive);
-    }
+    restore_refused("backend=cuda,device=1,vmm=off,memory_limit=64M", null);
+    restore_refused("backend=cuda,device=1,vmm=on,memory_limit=64M", null);
     ck_assert_uint_eq(fake_violations(), 0);
     fclose(null);
 }
