@@ -385,8 +385,7 @@ BFC_API int bfc_config_validate_err(const bfc_config_t *cfg, char *err, size_t e
  *     garbage collection, bfc_ctx_trim.  Memory leaving a shard carries an
  *     event recorded on the shard's stream when it leaves (unless the shard
  *     never handed any of it out; of a free region tail, the part above
- *     every block the region ever held leaves unfenced; a released stream's
- *     shard has its event from the release, bfc_ctx_stream_release); the pool gives it
+ *     every block the region ever held leaves unfenced); the pool gives it
  *     to another stream only once that event has completed, and to the same
  *     stream at once.  A block given other streams with bfc_ctx_record_stream
  *     is reusable, even on S, only once their work queued before its free
@@ -615,10 +614,7 @@ BFC_API int bfc_ctx_free(bfc_ctx_t *ctx, void *p, bfc_stream_t stream);
 /*
  * Declares that p is also used by `stream`: when p is freed, its reuse is
  * fenced on the work queued on `stream` up to the free, too (PyTorch's
- * recordStream).  Recording the owner stream fences nothing while its
- * shard lives (the shard's own memory follows the stream's work); once
- * the stream is released (bfc_ctx_stream_release), the block's free waits
- * for the stream's work up to that free, as for any other stream.
+ * recordStream).  Recording the owner stream is a no-op.
  * BFC_OK; BFC_ENOTOWNED / BFC_EDOUBLEFREE as for bfc_ctx_free; BFC_EINVAL
  * (ctx or p NULL, or a stream the backend refuses); BFC_ENOMEM if the
  * record cannot be stored; BFC_EBACKEND if the runtime fails to name the
@@ -636,13 +632,14 @@ BFC_API int bfc_ctx_record_stream(bfc_ctx_t *ctx, void *p, bfc_stream_t stream);
  * are freed normally later (the arena is reclaimed after its last block,
  * after an RCU grace period; when that block's free was fenced on work
  * still queued, at the next shard made or released once that work has
- * ended).  Call it before destroying the stream: what leaves the shard
- * afterwards is fenced by the event recorded now, and once that event has
- * completed nothing is recorded on the stream again (the frees of its
- * live blocks are fenced on the streams they are freed on and recorded
- * for); only memory leaving while the work queued before the release
- * still runs is fenced on the stream once more -- destroyed by then, the
- * free falls back to waiting for the device.  A later
+ * ended).  Call it before destroying the stream.  Memory that leaves the
+ * shard later (the regions its last blocks empty) is fenced by an event
+ * recorded on the stream at that moment, since the stream may still run
+ * work on those blocks; once the stream is destroyed that record fails,
+ * and the free that empties such a region waits for the whole device
+ * instead (cudaDeviceSynchronize: safe, but it blocks on every stream's
+ * work).  So free a released stream's blocks before destroying it where
+ * you can.  A later
  * allocation on the same stream creates a new shard, which may take back at
  * once what the old one left fenced on the stream (its later work runs
  * after the earlier), without waiting for that work.

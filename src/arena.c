@@ -235,48 +235,10 @@ static size_t unused_above(struct bfc__arena *a, const struct bfc__region *r, ui
     return bfc__pool_ticket_get(a->env->pool, t2) == BFC_OK ? base + size - r->used_end : 0;
 }
 
-/*
- * A retired shard's stream.  bfc_ctx_stream_release comes before the
- * stream's destruction, so after it nothing may be recorded on the stream:
- * its handle may be gone, or name another stream by then, and a fence
- * recorded there would fail (and fall back to waiting for the whole
- * device) or guard the wrong work.  So the retirement records one fence on
- * it (retire_fence) while it is known to exist.  All the work of the
- * stream on the shard's memory was queued before the release -- a block
- * freed later is guarded by the streams it is freed on and recorded for
- * (their own fences, pending in the shard until they complete) -- so once
- * that fence has completed, memory leaving the shard needs no fence of the
- * stream (bfc__arena_stream_done, arena.h).  Until then it departs fenced on the
- * stream as before: a stream destroyed while its work still runs then
- * costs a wait for the device (fence.c), and one whose handle was already
- * given to a new stream is fenced on that one's work instead.
- *
- * The stream may still be used after its release, though: a block of the
- * shard freed on it (bfc_ctx_free on the stream, bfc_free), or named for it
- * with record_stream and freed elsewhere, is guarded by its work up to that
- * free.  Such a free records the fence again (this function, from ctx.c's
- * frees on the owner's stream; bfc__arena_fence_recorded_locked for a
- * recorded owner), the stream being alive at that moment.
- */
-void bfc__arena_retire_fence_locked(struct bfc__arena *a)
-{
-    a->stream_done = false;
-    if (!a->retire_fence)
-        a->retire_fence = bfc__pool_fence_get(a->env->pool);
-    if (!a->retire_fence) /* departures are fenced on the stream, as before */
-        return;
-    bfc__fence_reset(a->retire_fence);
-    bfc__fence_arm(a->env->be, a->retire_fence, a->stream, a->stream_id);
-}
-
 static void depart_span(struct bfc__arena *a, const struct bfc__region *r, uintptr_t base, size_t size, bool used,
                         size_t unused, struct bfc__pool_ticket *t, struct bfc__pool_ticket *t2)
 {
-    /* `used` stays what the region map is told (a departed block's free
-     * is a double free); the pool needs no fence once the retired
-     * shard's stream is done. */
-    bool fenced = used && !bfc__arena_stream_done(a);
-    bfc__pool_put(a->env->pool, base, size - unused, r->seg, fenced, a->stream, a->stream_id, t);
+    bfc__pool_put(a->env->pool, base, size - unused, r->seg, used, a->stream, a->stream_id, t);
     if (unused)
         bfc__pool_put(a->env->pool, base + size - unused, unused, r->seg, false, a->stream, a->stream_id, t2);
 }
@@ -318,7 +280,7 @@ void bfc__arena_region_depart(struct bfc__arena *a, struct bfc__region *r, bool 
      * be handed the memory. */
     bfc__regionmap_remove(r, used);
     if (r->vmm) /* expandable arena: its reservation goes (expand.c) */
-        bfc__expand_depart_locked(a, fence && !bfc__arena_stream_done(a));
+        bfc__expand_depart_locked(a, fence);
     else
         depart_span(a, r, r->base, r->size, used, unused, &r->ticket, &t2);
     bfc__call_rcu(&r->rcu, region_free_cb);
@@ -588,11 +550,6 @@ void bfc__arena_fence_recorded_locked(struct bfc__arena *a, struct bfc__chunk *c
             f->extra = *chain;
             *chain = f;
         } else {
-            /* The owner's stream: fenced by the shard's own departures,
-             * but for a released stream, whose fence is recorded again
-             * (bfc__arena_retire_fence_locked). */
-            if (atomic_load_explicit(&a->retired, memory_order_relaxed))
-                bfc__arena_retire_fence_locked(a);
             bfc__arena_fence_put(a, f);
         }
         bfc__meta_free(rs, sizeof(*rs));
@@ -958,10 +915,6 @@ void bfc__arena_free(struct bfc__arena *a)
     /* Teardown path (context destroy, or an arena reclaimed after its
      * grace period): whatever is left goes, every fence record back to the
      * fence pool first so that bfc__arena_fence_pool_destroy frees them all. */
-    if (a->retire_fence) {
-        bfc__pool_fence_put(a->env->pool, a->retire_fence);
-        a->retire_fence = NULL;
-    }
     if (bfc__arena_rq_waiting(a)) {
         struct cds_wfcq_node *node, *next;
         /* Blocking: at teardown every freer has finished its enqueue (its

@@ -133,10 +133,6 @@ struct bfc__arena {
     struct bfc__expand *x;       /* expandable arena: its reservation, else NULL */
     bool dead;                   /* reclaimed: no regions, no chunks; awaiting RCU */
     bool unlinked;
-    /* Retired: a fence recorded on the stream at the retirement, kept until
-     * it completes; then NULL and stream_done (bfc__arena_stream_done). */
-    struct bfc__fence *retire_fence;
-    bool stream_done;
     size_t live;                 /* chunks in use, freeing or pending */
 
     /* ---- shared with cross-stream freers: each written by one side, so
@@ -227,16 +223,6 @@ void *bfc__arena_grow_locked(struct bfc__arena *a, size_t n, size_t rounded, boo
 void bfc__arena_drain_locked(struct bfc__arena *a, bool full);
 void bfc__arena_wait_pending_locked(struct bfc__arena *a, uint32_t timeout_ms);
 size_t bfc__arena_shed_locked(struct bfc__arena *a, bool tails);
-/* Under a's lock, at a retirement and at every later free that shows the
- * stream still in use: records retire_fence on the stream, while it is
- * known to exist (arena.c; bfc__arena_stream_done). */
-void bfc__arena_retire_fence_locked(struct bfc__arena *a);
-/* Under a's lock: has the work the stream had queued by the shard's
- * retirement completed?  False for a shard not retired. */
-static inline bool bfc__arena_stream_done(struct bfc__arena *a)
-{
-    return bfc__pool_fence_settled(a->env->pool, &a->retire_fence, &a->stream_done);
-}
 /* The bytes of a's classic regions with nothing live: what
  * bfc__arena_shed_locked(a, false) would give the pool.  Under a's lock. */
 size_t bfc__arena_idle_region_bytes(const struct bfc__arena *a);

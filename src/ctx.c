@@ -1560,11 +1560,6 @@ static inline __attribute__((always_inline)) int free_under_lock(struct bfc__are
          * stream_key (bfc_free, api.c). */
         if (bfc__tracing(a->env->obs))
             bfc__trace_event(a->env->obs, BFC__TR_FREE, p, c->requested, a->stream);
-        /* acquire: as bfc__arena_maybe_dead_locked.  A released stream
-         * still in use: what leaves the shard waits for it again (arena.c,
-         * bfc__arena_retire_fence_locked). */
-        if (BFC__UNLIKELY(atomic_load_explicit(&a->retired, memory_order_acquire)))
-            bfc__arena_retire_fence_locked(a);
         bfc__arena_free_chunk_inline(a, c);
         dead = bfc__arena_maybe_dead_locked(a);
     }
@@ -1685,9 +1680,6 @@ static __attribute__((noinline)) int free_locked_rest(struct bfc_ctx *ctx, struc
 static __attribute__((noinline)) int free_followup(struct bfc__arena *a, struct bfc__chunk *c)
 {
     struct bfc__region *r = c->region;
-    /* relaxed: the fast path's acquire load saw it.  As free_under_lock. */
-    if (atomic_load_explicit(&a->retired, memory_order_relaxed))
-        bfc__arena_retire_fence_locked(a);
     if (bfc__arena_release_followup_due(a, r))
         bfc__arena_release_followup(a, r);
     bool dead = bfc__arena_maybe_dead_locked(a);
@@ -1833,10 +1825,8 @@ static int record_fn(struct bfc__arena *a, struct bfc__chunk *c, void *arg)
 {
     struct record_arg *ra = arg;
     uint64_t id = ra->id;
-    /* The owner's own stream is kept too: nothing to fence while the shard
-     * lives (its later allocations follow the stream's work), but once its
-     * stream is released, the free records the shard's fence on it again
-     * (arena.c, bfc__arena_fence_recorded_locked). */
+    if (id == a->stream_id)
+        return BFC_OK;
     struct bfc__recorded *head = atomic_load_explicit((struct bfc__recorded *_Atomic *)&c->recorded,
                                                       memory_order_relaxed);
     for (struct bfc__recorded *x = head; x; x = x->next)

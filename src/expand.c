@@ -935,14 +935,9 @@ static size_t release(struct bfc__arena *a, uint32_t wait_ms, size_t g0, size_t 
     bfc__backend_t *be = a->env->be;
     size_t freed = unmap_if_fenced(a);
     if (mark_free(a, g0, g1, budget) || (x->leaving_bytes && !x->armed)) {
-        /* Recorded after the marks: covers every use of what is leaving
-         * (nothing to record once a retired shard's stream is done:
-         * arena.c, bfc__arena_retire_fence_locked). */
+        /* Recorded after the marks: covers every use of what is leaving. */
         bfc__fence_reset(x->fence);
-        if (bfc__arena_stream_done(a))
-            x->fence->synced = true;
-        else
-            bfc__fence_arm(be, x->fence, a->stream, a->stream_id);
+        bfc__fence_arm(be, x->fence, a->stream, a->stream_id);
         x->armed = true;
     }
     if (x->leaving_bytes) {

@@ -830,18 +830,6 @@ void bfc__pool_fence_put(struct bfc__pool *p, struct bfc__fence *f)
     bfc__unlock(&p->lock);
 }
 
-bool bfc__pool_fence_settled(struct bfc__pool *p, struct bfc__fence **f, bool *done)
-{
-    if (*done)
-        return true;
-    if (!*f || bfc__fence_query(p->be, *f) != BFC_OK)
-        return false;
-    bfc__pool_fence_put(p, *f);
-    *f = NULL;
-    *done = true;
-    return true;
-}
-
 int bfc__pool_vmm_reserve(struct bfc__pool *p, size_t size, uintptr_t *base)
 {
     int st = p->be->ops->va_reserve(p->be, size, base);

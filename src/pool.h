@@ -225,11 +225,6 @@ struct bfc__vmm_gone *bfc__pool_vmm_adopt(struct bfc__pool *p, uint64_t sid, siz
 size_t bfc__pool_vmm_gone_mapped(struct bfc__pool *p, uint64_t sid, size_t min);
 struct bfc__fence *bfc__pool_fence_get(struct bfc__pool *p);
 void bfc__pool_fence_put(struct bfc__pool *p, struct bfc__fence *f);
-/* A fence its holder keeps until it completes (a retired shard's last one
- * on its stream: arena.c, bfc__arena_retire_fence_locked).  True once it
- * has -- then it is back in the cache, *f NULL and *done true -- or *done
- * was already; false while it is pending, or with neither. */
-bool bfc__pool_fence_settled(struct bfc__pool *p, struct bfc__fence **f, bool *done);
 
 struct bfc__pool_stats {
     size_t held, peak_held, committed;

@@ -392,9 +392,6 @@ static int retire(struct bfc_ctx *ctx, struct bfc__arena *a, bool *dead)
     atomic_fetch_sub_explicit(&ctx->shards_live, 1, memory_order_relaxed);
     bfc__lock(&a->lock);
     bfc__arena_drain_locked(a, true);
-    /* The last fence on the stream, which may be destroyed once this
-     * returns (arena.c, bfc__arena_retire_fence_locked). */
-    bfc__arena_retire_fence_locked(a);
     /* A retired shard allocates no more: everything it does not use goes
      * back to the pool, fenced on its stream. */
     bfc__arena_shed_locked(a, true);

@@ -520,32 +520,40 @@ START_TEST(test_fixed_second_stream)
 END_TEST
 
 /*
- * A stream used after its release.  The release records the shard's last
- * fence on the stream, and once it has completed what leaves the shard
- * records nothing more there (the stream may be destroyed).  But the stream
- * may still run work on a block of the shard: one freed on the stream
- * itself, or named for it with record_stream and freed on another stream.
- * That work must still keep the block from other streams until it ends.
+ * A stream used after its release.  Its shard is retired, but the stream
+ * may still run work on the shard's live blocks; memory leaving the shard
+ * later carries an event recorded on the stream at that departure, so the
+ * work keeps the block from other streams until it ends -- whether the
+ * block is then freed on the stream itself, named for it with
+ * record_stream and freed elsewhere, or just freed elsewhere (the stream
+ * last used it: memory changes hands only after that stream's work).  A
+ * version that recorded the stream's fence once, at the release, and
+ * none at later departures (so as not to touch a stream destroyed since)
+ * handed the block over in all three cases.
  */
-static void released_then_used(const char *spec, bool recorded)
+enum released_use { FREED_ON_IT, RECORDED_FOR_IT, FREED_ELSEWHERE };
+
+static void released_then_used(const char *spec, enum released_use how)
 {
+    static const char *const what[] = { "freed on a", "recorded for a, freed on b", "freed on b" };
     bfc_ctx_t *ctx = ctx_spec(spec);
     bfc_stream_t a = new_stream(ctx), b = new_stream(ctx), c = new_stream(ctx);
     void *p = xalloc(ctx, a, 8 * MiB);
     touch(p, 8 * MiB, 1);
-    if (recorded)
+    if (how == RECORDED_FOR_IT)
         ck_assert_int_eq(bfc_ctx_record_stream(ctx, p, a), BFC_OK);
-    ck_assert_int_eq(bfc_ctx_stream_release(ctx, a), BFC_OK); /* a idle: its fence completes */
+    ck_assert_int_eq(bfc_ctx_stream_release(ctx, a), BFC_OK); /* a idle: the release's event completes */
     bfc_sim_stream_hold(ctx, a);                               /* then work on a uses p */
-    xfree(ctx, p, recorded ? b : a);
+    xfree(ctx, p, how == FREED_ON_IT ? a : b);
     void *q = bfc_ctx_alloc(ctx, c, 8 * MiB);
     ck_assert_msg(q == NULL, "%s, %s: alloc(8 MiB) on c = %p while a, released, still runs work on the block", spec,
-                  recorded ? "recorded for a, freed on b" : "freed on a", q);
+                  what[how], q);
     ck_assert_int_eq(bfc_last_error(), BFC_ENOMEM);
     xcheck(ctx);
     bfc_sim_stream_drain(ctx, a);
     q = bfc_ctx_alloc(ctx, c, 8 * MiB);
-    ck_assert_msg(q != NULL, "%s: alloc(8 MiB) on c after a drained failed: %s", spec, bfc_err_name(bfc_last_error()));
+    ck_assert_msg(q != NULL, "%s, %s: alloc(8 MiB) on c after a drained failed: %s", spec, what[how],
+                  bfc_err_name(bfc_last_error()));
     touch(q, 8 * MiB, 2);
     xfree(ctx, q, c);
     xcheck(ctx);
@@ -556,10 +564,9 @@ START_TEST(test_released_stream_used)
 {
     static const char *const specs[] = { "memory_limit=8M,vmm=off", "memory_limit=8M,vmm=off,allow_growth=false",
                                          "memory_limit=8M,vmm=on" };
-    for (size_t i = 0; i < sizeof(specs) / sizeof(specs[0]); i++) {
-        released_then_used(specs[i], false);
-        released_then_used(specs[i], true);
-    }
+    for (size_t i = 0; i < sizeof(specs) / sizeof(specs[0]); i++)
+        for (int how = FREED_ON_IT; how <= FREED_ELSEWHERE; how++)
+            released_then_used(specs[i], (enum released_use)how);
 }
 END_TEST
 

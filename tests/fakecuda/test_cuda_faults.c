@@ -9,10 +9,6 @@
  *     stays held and counted: bytes_reserved is what the device holds
  *     (cudaMemGetInfo's used bytes), trim says BFC_EBACKEND, the memory
  *     serves allocations again and a later trim returns it;
- *   - a stream released and then destroyed while blocks of its shard are
- *     live is not used again when they are freed on other streams and
- *     its shard is reclaimed: no call on the destroyed handle, no wait
- *     for the whole device;
  *   - a map that fails part way and whose roll-back the driver refuses
  *     leaves the context serving: the next map over the stranded granule
  *     unmaps it first (before, every later map over it was refused);
@@ -526,63 +522,6 @@ START_TEST(test_restore_refused_after_the_call)
 }
 END_TEST
 
-/*
- * A stream released, then destroyed (the documented order), while blocks of
- * its shard are still live: their frees on another stream, and the shard's
- * reclamation afterwards, record nothing more on the destroyed stream --
- * the release's own fence, completed, stands for its work -- so nothing
- * falls back to waiting for the device, which would end unrelated work
- * (here: a held stream).  Before, the last free recorded an event on the
- * destroyed handle (refused), synchronised it (refused) and then waited
- * for the whole device.
- */
-static void released_then_destroyed(const char *spec, bool last_free_pending)
-{
-    bfc_ctx_t *ctx = cuda_ctx(spec);
-    cudaStream_t a = new_stream(), b = new_stream(), d = new_stream(), busy = new_stream();
-    void *p = bfc_ctx_alloc(ctx, a, 4096), *q = bfc_ctx_alloc(ctx, a, 4096);
-    void *x = bfc_ctx_alloc(ctx, d, 4096);
-    ck_assert(p && q && x);
-    ck_assert_int_eq(bfc_ctx_stream_release(ctx, a), BFC_OK);
-    ck_assert_int_eq(cudaStreamDestroy(a), cudaSuccess);
-    fake_stream_hold(busy); /* unrelated work in flight on the device */
-    unsigned long rec = fake_calls("cudaEventRecord"), ss = fake_calls("cudaStreamSynchronize"),
-                  ds = fake_calls("cudaDeviceSynchronize"), bs = fake_blocking_syncs();
-    ck_assert_int_eq(bfc_ctx_free(ctx, p, b), BFC_OK);
-    if (last_free_pending)
-        fake_stream_hold(b); /* the shard is reclaimed at the next release */
-    ck_assert_int_eq(bfc_ctx_free(ctx, q, b), BFC_OK);
-    if (last_free_pending) {
-        fake_stream_drain(b);
-        ck_assert_int_eq(bfc_ctx_stream_release(ctx, d), BFC_OK);
-    }
-    /* One event for each free on b, and one for d's release. */
-    unsigned long want = 2 + last_free_pending;
-    ck_assert_msg(fake_calls("cudaEventRecord") - rec == want, "%s: %lu events recorded, %lu expected", spec,
-                  fake_calls("cudaEventRecord") - rec, want);
-    ck_assert_uint_eq(fake_calls("cudaStreamSynchronize") - ss, 0);
-    ck_assert_uint_eq(fake_calls("cudaDeviceSynchronize") - ds, 0);
-    ck_assert_uint_eq(fake_blocking_syncs() - bs, 0);
-    fake_stream_drain(busy);
-    ck_assert_int_eq(bfc_ctx_free(ctx, x, d), BFC_OK);
-    ck_assert_int_eq(bfc_ctx_check(ctx), BFC_OK);
-    bfc_ctx_destroy(ctx);
-    ck_assert_uint_eq(fake_violations(), 0);
-    ck_assert_int_eq(cudaStreamDestroy(b), cudaSuccess);
-    ck_assert_int_eq(cudaStreamDestroy(d), cudaSuccess);
-    ck_assert_int_eq(cudaStreamDestroy(busy), cudaSuccess);
-}
-
-START_TEST(test_released_stream_destroyed)
-{
-    static const char *const specs[] = { "backend=cuda,vmm=off,memory_limit=64M", "backend=cuda,vmm=on,memory_limit=64M" };
-    for (size_t i = 0; i < sizeof(specs) / sizeof(specs[0]); i++) {
-        released_then_destroyed(specs[i], false);
-        released_then_destroyed(specs[i], true);
-    }
-}
-END_TEST
-
 int main(void)
 {
     /* Two devices, for test_device_switch_leaves_caller_alone (the others
@@ -602,7 +541,6 @@ int main(void)
     tcase_add_test(tc, test_switch_refused_keeps_app_error);
     tcase_add_test(tc, test_fork_frees_pctx_lock);
     tcase_add_test(tc, test_restore_refused_after_the_call);
-    tcase_add_test(tc, test_released_stream_destroyed);
     suite_add_tcase(su, tc);
     SRunner *sr = srunner_create(su);
     srunner_run_all(sr, CK_ENV);
