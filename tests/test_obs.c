@@ -71,6 +71,15 @@ static void tmp_path(char *buf, size_t len, const char *name)
     snprintf(buf, len, "%s/%s", tmpdir, name);
 }
 
+/* tmp_path, and the file there opened for writing. */
+static FILE *tmp_create(char *buf, size_t len, const char *name)
+{
+    tmp_path(buf, len, name);
+    FILE *f = fopen(buf, "w");
+    ck_assert_msg(f != NULL, "%s: %s", buf, strerror(errno));
+    return f;
+}
+
 static bfc_ctx_t *mkctx(const char *spec)
 {
     bfc_config_t c;
@@ -2014,9 +2023,7 @@ START_TEST(test_rmm_csv_edge_cases)
 {
     tmp_setup();
     char path[400];
-    tmp_path(path, sizeof path, "rmm.csv");
-    FILE *f = fopen(path, "w");
-    ck_assert_ptr_nonnull(f);
+    FILE *f = tmp_create(path, sizeof path, "rmm.csv");
     /* Columns reordered, CR LF, blank line, RMM times, nil pointers. */
     fputs("Thread,Time,Action,Pointer,Size,Stream\r\n"
           "140230,09:15:02.123456,allocate,0x7f1200000000,1024,0x0\r\n"
@@ -2088,9 +2095,7 @@ START_TEST(test_csv_wide_marked_and_many_threads)
 {
     tmp_setup();
     char path[400];
-    tmp_path(path, sizeof path, "wide.csv");
-    FILE *f = fopen(path, "w");
-    ck_assert_ptr_nonnull(f);
+    FILE *f = tmp_create(path, sizeof path, "wide.csv");
     fputs("\xEF\xBB\xBFThread,Time", f);
     for (int i = 0; i < 15; i++)
         fprintf(f, ",x%d", i);
@@ -2119,9 +2124,7 @@ START_TEST(test_csv_wide_marked_and_many_threads)
     /* 3,000 threads, one row each at times 1..3000, written in reverse:
      * every thread's rows are in time order, so the replay sorts by time. */
     enum { T = 3000 };
-    tmp_path(path, sizeof path, "threads.csv");
-    f = fopen(path, "w");
-    ck_assert_ptr_nonnull(f);
+    f = tmp_create(path, sizeof path, "threads.csv");
     fputs("Thread,Time,Action,Pointer,Size\n", f);
     for (int t = T; t >= 1; t--)
         fprintf(f, "%d,%d,allocate,0x%x,256\n", t, t, t * 0x1000);
@@ -2286,9 +2289,7 @@ START_TEST(test_replay_order_shared)
 {
     tmp_setup();
     char path[400];
-    tmp_path(path, sizeof path, "batches.csv");
-    FILE *f = fopen(path, "w");
-    ck_assert_ptr_nonnull(f);
+    FILE *f = tmp_create(path, sizeof path, "batches.csv");
     fputs(batches_csv, f);
     fclose(f);
 
