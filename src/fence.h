@@ -65,11 +65,17 @@ struct bfc__fence {
      * ask about the stream's later ones (arena.c, "Stuck streams"). */
     uint64_t sid;
     struct bfc__fence *extra;    /* further fences of the same block (recorded streams) */
-    /* A fence is pending in its owner or idle in the pool's cache, never
-     * both at once. */
+    /* A fence is pending in its owner, idle in the pool's cache, or
+     * guarding departed memory in the pool, never two at once. */
     union {
         struct cds_list_head plink; /* owner's pending list, oldest first (owner's lock) */
         struct bfc__fence *cnext;   /* pool's fence cache (pool lock) */
+        /* A departure fence (pool.c, "Order"): how many departures the
+         * pool had taken in when it was armed, and its own number there. */
+        struct {
+            uint64_t armed_after;
+            uint64_t inserted;
+        } order;
     };
 };
 

@@ -27,6 +27,19 @@
  * when all of it is free and unfenced.  Under memory pressure a shard waits
  * for other streams' departure fences (bfc__pool_wait) outside the lock.
  *
+ * Order.  Two fenced ranges of one stream that meet merge into one span,
+ * and one fence can then guard both: the fences of a stream complete in
+ * the order they were recorded, so the newer covers the older.  But a
+ * departure is armed before the pool lock is taken, and two arenas of one
+ * stream id (a released stream's shard, still holding blocks, and the
+ * stream's new shard) depart from two threads at once: the departure
+ * taken in last need not be the one recorded last.  So each fenced
+ * departure is numbered as it is taken in (`inserted`), and notes how many
+ * had been taken in when it was armed: a fence covers exactly those
+ * recorded before it was armed (their number is at most its count), and a
+ * merged span keeps, chained through `extra`, every fence that no other of
+ * its fences covers.  Without concurrent departures that is one fence.
+ *
  * Metadata.  Giving memory back never allocates: the span record and the
  * fence it needs come from a ticket reserved beforehand (every region holds
  * one for its own departure), so a metadata failure can only refuse a new
@@ -64,10 +77,16 @@ static struct bfc__fence *fcache_get_locked(struct bfc__pool *p)
     return f;
 }
 
+/* Takes back f and every fence chained behind it. */
 static void fcache_put_locked(struct bfc__pool *p, struct bfc__fence *f)
 {
-    f->cnext = p->fcache;
-    p->fcache = f;
+    while (f) {
+        struct bfc__fence *next = f->extra;
+        f->extra = NULL;
+        f->cnext = p->fcache;
+        p->fcache = f;
+        f = next;
+    }
 }
 
 static void ticket_put_locked(struct bfc__pool *p, struct bfc__pool_ticket *t)
@@ -125,14 +144,30 @@ static bool joinable(const struct bfc__span *a, const struct bfc__span *b)
     return a->seg == b->seg && a->base + a->size == b->base && same_guard(a, b);
 }
 
-/* s takes `fence`, the newest on its stream: it covers every older fence
- * recorded on that stream, which goes back to the cache. */
+/* `fence`, just taken in, absorbs the fences of `chain` (same stream):
+ * those recorded before it was armed go back to the cache, the others stay
+ * chained behind it ("Order" above). */
+static void fence_absorb(struct bfc__pool *p, struct bfc__fence *fence, struct bfc__fence *chain)
+{
+    while (chain) {
+        struct bfc__fence *next = chain->extra;
+        chain->extra = NULL;
+        if (chain->order.inserted <= fence->order.armed_after) {
+            fcache_put_locked(p, chain);
+        } else {
+            chain->extra = fence->extra;
+            fence->extra = chain;
+        }
+        chain = next;
+    }
+}
+
+/* s takes in a range guarded by `fence` (NULL: none; then s has none). */
 static void span_refence(struct bfc__pool *p, struct bfc__span *s, struct bfc__fence *fence)
 {
     if (!fence)
         return;
-    if (s->fence)
-        fcache_put_locked(p, s->fence);
+    fence_absorb(p, fence, s->fence);
     s->fence = fence;
 }
 
@@ -149,13 +184,19 @@ static void span_insert_locked(struct bfc__pool *p, uintptr_t base, size_t size,
     struct bfc__span nw = { base, size, seg, next, prev, fence, fence ? sid : 0 };
     bool jp = prev && joinable(prev, &nw);
     bool jn = next && joinable(&nw, next);
-    if (fence)
+    if (fence) {
         p->fenced_bytes += size;
+        uint64_t n = atomic_load_explicit(&p->inserted, memory_order_relaxed) + 1;
+        fence->order.inserted = n;
+        /* release: pairs with the acquire load in bfc__pool_put_arm, which
+         * so sees this fence recorded before its own. */
+        atomic_store_explicit(&p->inserted, n, memory_order_release);
+    }
     if (jp && jn) {
         prev->size += size + next->size;
+        if (fence)
+            fence_absorb(p, fence, next->fence);
         span_refence(p, prev, fence);
-        if (next->fence)
-            fcache_put_locked(p, next->fence);
         span_unlink(p, next);
         bfc__meta_free(next, sizeof(*next));
     } else if (jp) {
@@ -517,16 +558,34 @@ out:
     return st;
 }
 
+void bfc__pool_put_arm(struct bfc__pool *p, bool used, bfc_stream_t s, uint64_t sid, struct bfc__pool_ticket *t)
+{
+    if (!used)
+        return;
+    struct bfc__fence *f = t->fence;
+    bfc__fence_reset(f);
+    /* acquire: pairs with the release store in span_insert_locked: every
+     * departure counted here was recorded before ours ("Order"). */
+    f->order.armed_after = atomic_load_explicit(&p->inserted, memory_order_acquire);
+    f->order.inserted = 0;
+    /* Armed before the lock: a failed record falls back to waiting. */
+    bfc__fence_arm(p->be, f, s, sid);
+}
+
 void bfc__pool_put(struct bfc__pool *p, uintptr_t base, size_t size, struct bfc__segment *seg, bool used,
                    bfc_stream_t s, uint64_t sid, struct bfc__pool_ticket *t)
 {
+    bfc__pool_put_arm(p, used, s, sid, t);
+    bfc__pool_put_armed(p, base, size, seg, used, sid, t);
+}
+
+void bfc__pool_put_armed(struct bfc__pool *p, uintptr_t base, size_t size, struct bfc__segment *seg, bool used,
+                         uint64_t sid, struct bfc__pool_ticket *t)
+{
     struct bfc__fence *f = NULL;
     if (used) {
-        /* Armed before the lock: a failed record falls back to waiting. */
         f = t->fence;
         t->fence = NULL;
-        bfc__fence_reset(f);
-        bfc__fence_arm(p->be, f, s, sid);
     }
     bfc__lock(&p->lock);
     p->departures++;
@@ -752,10 +811,15 @@ size_t bfc__pool_spans(struct bfc__pool *p, struct bfc__span_info *out, size_t m
 {
     size_t n = 0;
     bfc__lock(&p->lock);
-    for (struct bfc__span *s = p->spans; s; s = s->next, n++)
-        if (n < max)
-            out[n] = (struct bfc__span_info){ s->base, s->size, s->fence != NULL, s->sid, s->seg->base,
-                                              s->seg->size };
+    for (struct bfc__span *s = p->spans; s; s = s->next, n++) {
+        if (n >= max)
+            continue;
+        unsigned fences = 0;
+        for (struct bfc__fence *f = s->fence; f; f = f->extra)
+            fences++;
+        out[n] = (struct bfc__span_info){ s->base, s->size, s->fence != NULL, s->sid, s->seg->base, s->seg->size,
+                                          fences };
+    }
     bfc__unlock(&p->lock);
     return n;
 }
@@ -794,6 +858,15 @@ int bfc__pool_check_locked(struct bfc__pool *p, char *buf, size_t len)
                      s->size);
             return -1;
         }
+        /* "Order": a fence chained behind the first was not covered by it. */
+        uint64_t inserted = atomic_load_explicit(&p->inserted, memory_order_relaxed);
+        for (struct bfc__fence *f = s->fence; f; f = f->extra)
+            if (f->order.inserted == 0 || f->order.inserted > inserted ||
+                (f != s->fence && f->order.inserted <= s->fence->order.armed_after)) {
+                snprintf(buf, len, "invariant 6: pool span %#lx+%zu keeps a fence its newest covers",
+                         (unsigned long)s->base, s->size);
+                return -1;
+            }
     }
     size_t gone = 0;
     for (struct bfc__vmm_gone *g = p->vmm_gone; g; g = g->next)

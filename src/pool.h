@@ -88,6 +88,10 @@ struct bfc__pool {
     uint64_t refusals;           /* frees, unmaps and releases the device
                                     refused (the memory stays, held) */
     uint64_t departures, fenced_departures, fence_waits;
+    /* Fenced departures taken in so far: written (release) under `lock`,
+     * read (acquire) without it when a departure is armed (pool.c,
+     * "Order"). */
+    _Atomic uint64_t inserted;
     /* Expandable arenas: bytes mapped (counted in held and committed, so
      * the limit covers them), reservations waiting for their fences, and
      * the backend calls made. */
@@ -142,6 +146,19 @@ int bfc__pool_get(struct bfc__pool *p, size_t size, uint64_t sid, uintptr_t *bas
  */
 void bfc__pool_put(struct bfc__pool *p, uintptr_t base, size_t size, struct bfc__segment *seg, bool used,
                    bfc_stream_t s, uint64_t sid, struct bfc__pool_ticket *t);
+
+/*
+ * bfc__pool_put's two steps: bfc__pool_put_arm records the ticket's fence on
+ * s when `used` (outside the pool lock: it may block in the fallbacks), and
+ * bfc__pool_put_armed takes the range in under the lock.  Departures of one
+ * stream id armed by different threads may be taken in in the other order
+ * than they were armed; the pool keeps whichever fences that leaves
+ * unordered (pool.c, "Order").  Call them in this order on one ticket, with
+ * the same `used`.
+ */
+void bfc__pool_put_arm(struct bfc__pool *p, bool used, bfc_stream_t s, uint64_t sid, struct bfc__pool_ticket *t);
+void bfc__pool_put_armed(struct bfc__pool *p, uintptr_t base, size_t size, struct bfc__segment *seg, bool used,
+                         uint64_t sid, struct bfc__pool_ticket *t);
 
 /* Waits up to timeout_ms (UINT32_MAX: without bound) for the departure
  * fences that keep memory from stream `sid` (all: every departure fence),
@@ -269,6 +286,8 @@ struct bfc__span_info {
     uint64_t stream_id;          /* ... of this stream's shard */
     uintptr_t seg_base;          /* its segment (one backend allocation): spans of one */
     size_t seg_size;             /* segment are adjacent in the list, in address order */
+    unsigned fences;             /* the fences guarding it: more than one only where
+                                    departures of its stream crossed (pool.c, "Order") */
 };
 size_t bfc__pool_spans(struct bfc__pool *p, struct bfc__span_info *out, size_t max);
 

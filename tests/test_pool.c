@@ -3,7 +3,8 @@
  * API on a SIM backend with no context around it: segments from the backend
  * (growth) or one reservation of the limit (no growth), spans carved and
  * given back, coalescing within a segment, departure fences that keep
- * memory for its own stream until they complete, best fit over the runs a
+ * memory for its own stream until they complete (also when two departures
+ * of one stream are taken in out of order), best fit over the runs a
  * stream may take, waiting for other streams' fences, fits_with, tickets
  * that make a give-back never allocate, release to the backend, statistics,
  * and metadata and backend faults.  bfc__pool_check runs after every step
@@ -416,6 +417,103 @@ START_TEST(test_fence_merge_rules)
     poll_pool(&f);
     ck_assert_uint_eq(nspans(&f), 1);
     ck_assert_uint_eq(pstats(&f).fenced_bytes, 0);
+    fix_fini(&f);
+}
+END_TEST
+
+/* The fences guarding the span at `base` (0 when there is none). */
+static unsigned fences_at(struct fix *f, uintptr_t base)
+{
+    struct bfc__span_info info[16];
+    size_t n = bfc__pool_spans(&f->pool, info, 16);
+    ck_assert_uint_le(n, 16);
+    for (size_t i = 0; i < n; i++)
+        if (info[i].base == base) {
+            ck_assert(info[i].fenced == (info[i].fences > 0));
+            return info[i].fences;
+        }
+    ck_abort_msg("no span at %#lx", (unsigned long)base);
+    return 0;
+}
+
+static void ticket(struct fix *f, struct bfc__pool_ticket *t)
+{
+    ck_assert_int_eq(bfc__pool_ticket_get(&f->pool, t), BFC_OK);
+}
+
+/* Departures of one stream armed in one order and taken in in the other,
+ * as two arenas of one stream id (a released stream's shard and its new
+ * one) do from two threads: the older fence must not guard the newer's
+ * memory.  A departure armed on the idle stream stands for the older one
+ * (its work has all run); the stream is then held and the newer departure
+ * armed behind that work, and taken in first. */
+START_TEST(test_fence_order)
+{
+    struct fix f;
+    fix_init(&f, 4 * MiB, false);
+    struct rgn a = xget(&f, 1 * MiB, f.sid1);
+    struct rgn m = xget(&f, 1 * MiB, f.sid1);
+    struct rgn b = xget(&f, 1 * MiB, f.sid1);
+    struct rgn rest = xget(&f, 1 * MiB, f.sid2);
+    ck_assert_uint_eq(m.base, a.base + 1 * MiB);
+    ck_assert_uint_eq(b.base, m.base + 1 * MiB);
+    struct bfc__pool_ticket tm, tb;
+    ticket(&f, &tm);
+    ticket(&f, &tb);
+
+    /* Two that meet (the new range after the span: joins its end). */
+    bfc__pool_put_arm(&f.pool, true, f.s1, f.sid1, &tb);
+    bfc__sim_stream_hold(f.be, f.s1);
+    bfc__pool_put_arm(&f.pool, true, f.s1, f.sid1, &tm);
+    bfc__pool_put_armed(&f.pool, m.base, m.size, m.seg, true, f.sid1, &tm);
+    bfc__pool_put_armed(&f.pool, b.base, b.size, b.seg, true, f.sid1, &tb);
+    pcheck(&f.pool);
+    ck_assert_uint_eq(nspans(&f), 1);
+    ck_assert_uint_eq(fences_at(&f, m.base), 2);
+    /* m's fence has not completed: no other stream may take any of it. */
+    ck_assert(xget_fails(&f, 2 * MiB, f.sid2));
+    ck_assert(xget_fails(&f, 1 * MiB, f.sid2));
+    /* Its own stream still may (stream order). */
+    struct rgn own = xget(&f, 2 * MiB, f.sid1);
+    ck_assert(own.used);
+    xput(&f, own, true, f.s1, f.sid1); /* armed after both: covers them */
+    ck_assert_uint_eq(fences_at(&f, m.base), 1);
+    bfc__sim_stream_drain(f.be, f.s1);
+    struct rgn c = xget(&f, 2 * MiB, f.sid2);
+    ck_assert(!c.used);
+    xput(&f, c, false, f.s2, f.sid2);
+
+    /* Three: the middle one, armed first, taken in last between two
+     * fenced spans (joins both). */
+    m = xget(&f, 1 * MiB, f.sid1);
+    b = xget(&f, 1 * MiB, f.sid1);
+    ck_assert_uint_eq(m.base, a.base + 1 * MiB);
+    ck_assert_uint_eq(b.base, m.base + 1 * MiB);
+    ticket(&f, &tm);
+    bfc__pool_put_arm(&f.pool, true, f.s1, f.sid1, &tm);
+    bfc__sim_stream_hold(f.be, f.s1);
+    xput(&f, a, true, f.s1, f.sid1);
+    xput(&f, b, true, f.s1, f.sid1);
+    ck_assert_uint_eq(nspans(&f), 2);
+    bfc__pool_put_armed(&f.pool, m.base, m.size, m.seg, true, f.sid1, &tm);
+    pcheck(&f.pool);
+    ck_assert_uint_eq(nspans(&f), 1);
+    ck_assert_uint_eq(fences_at(&f, a.base), 3);
+    ck_assert(xget_fails(&f, 1 * MiB, f.sid2));
+    bfc__sim_stream_drain(f.be, f.s1);
+    c = xget(&f, 3 * MiB, f.sid2);
+    ck_assert(!c.used);
+    xput(&f, c, false, f.s2, f.sid2);
+
+    /* In order, one after the other: the newer fence alone guards both. */
+    a = xget(&f, 1 * MiB, f.sid1);
+    m = xget(&f, 1 * MiB, f.sid1);
+    bfc__sim_stream_hold(f.be, f.s1);
+    xput(&f, m, true, f.s1, f.sid1);
+    xput(&f, a, true, f.s1, f.sid1);
+    ck_assert_uint_eq(fences_at(&f, a.base), 1);
+    bfc__sim_stream_drain(f.be, f.s1);
+    xput(&f, rest, false, f.s2, f.sid2);
     fix_fini(&f);
 }
 END_TEST
@@ -868,6 +966,7 @@ static Suite *pool_suite(void)
     tcase_add_test(tc, test_reservation);
     tcase_add_test(tc, test_fence_own_stream_only);
     tcase_add_test(tc, test_fence_merge_rules);
+    tcase_add_test(tc, test_fence_order);
     tcase_add_test(tc, test_fence_record_fails);
     tcase_add_test(tc, test_best_fit_runs);
     tcase_add_test(tc, test_wait);
