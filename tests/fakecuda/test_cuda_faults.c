@@ -9,6 +9,10 @@
  *     stays held and counted: bytes_reserved is what the device holds
  *     (cudaMemGetInfo's used bytes), trim says BFC_EBACKEND, the memory
  *     serves allocations again and a later trim returns it;
+ *   - an expandable shard at the limit that must unmap its own free
+ *     granules to place a block waits for its stream's work on them (a
+ *     kernel still running there) and then serves, with no unmap under
+ *     that work;
  *   - a map that fails part way and whose roll-back the driver refuses
  *     leaves the context serving: the next map over the stranded granule
  *     unmaps it first (before, every later map over it was refused);
@@ -155,6 +159,41 @@ START_TEST(test_departed_release_refused)
     /* Nothing live: the released stream's reservation departs with its
      * granules mapped, and its release unmaps them. */
     refused_round_trip("backend=cuda,vmm=on,memory_limit=128M,release_threshold=1G", "cuMemUnmap", 3, true);
+}
+END_TEST
+
+/* An expandable shard at the limit whose free granules lie where its next
+ * block does not fit unmaps them to map where it does -- after its own
+ * stream's work on them has ended: it waits for that work (the device may
+ * still use the memory) rather than fail or unmap under it. */
+START_TEST(test_own_release_waits)
+{
+    bfc_ctx_t *ctx = cuda_ctx("backend=cuda,vmm=on,memory_limit=8M,release_threshold=1G");
+    cudaStream_t s = new_stream();
+    void *v[4];
+    for (int i = 0; i < 4; i++) {
+        v[i] = bfc_ctx_alloc(ctx, s, 2 * MiB);
+        ck_assert_msg(v[i] != NULL, "alloc %d: %s", i, bfc_err_name(bfc_last_error()));
+    }
+    unsigned long violations = fake_violations();
+    ck_assert_int_eq(fake_enqueue_spin(s, 200 * 1000 * 1000ull), cudaSuccess);
+    fake_launch(s, v[1], 2 * MiB);
+    fake_launch(s, v[3], 2 * MiB);
+    ck_assert_int_eq(bfc_ctx_free(ctx, v[1], s), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_free(ctx, v[3], s), BFC_OK);
+    ck_assert_uint_eq(reserved(ctx), 8 * MiB);
+    /* Two free granules, not adjacent: 4 MiB must be mapped elsewhere. */
+    void *big = bfc_ctx_alloc(ctx, s, 4 * MiB);
+    ck_assert_msg(big != NULL, "4 MiB: %s", bfc_err_name(bfc_last_error()));
+    ck_assert_uint_eq(fake_violations(), violations);
+    ck_assert_uint_le(reserved(ctx), 8 * MiB);
+    ck_assert_int_eq(bfc_ctx_check(ctx), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_free(ctx, big, s), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_free(ctx, v[0], s), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_free(ctx, v[2], s), BFC_OK);
+    bfc_ctx_destroy(ctx);
+    ck_assert_int_eq(cudaStreamDestroy(s), cudaSuccess);
+    ck_assert_uint_eq(fake_violations(), violations);
 }
 END_TEST
 
@@ -534,6 +573,7 @@ int main(void)
     tcase_add_test(tc, test_free_refused);
     tcase_add_test(tc, test_unmap_refused_part_way);
     tcase_add_test(tc, test_departed_release_refused);
+    tcase_add_test(tc, test_own_release_waits);
     tcase_add_test(tc, test_no_device_error_after_open);
     tcase_add_test(tc, test_map_rollback_refused);
     tcase_add_test(tc, test_device_switch_leaves_caller_alone);
