@@ -20,6 +20,9 @@
  *     (cudaMalloc, cudaStreamGetId) is BFC_EBACKEND, not BFC_ENODEV, and
  *     a release whose stream cannot be named is BFC_EBACKEND, not
  *     BFC_EINVAL (the shard stays);
+ *   - host memory pinned for device 1 from a thread on device 0 whose
+ *     context could not be restored after: the registration stands (the
+ *     allocation is served, and trim unregisters it later);
  *   - a context on device 1 serves a thread without touching the thread's
  *     own device: one that never chose a device gets no device 0 context
  *     (memory on GPU 0, on a GPU), and one that chose device 0 keeps it.
@@ -561,6 +564,62 @@ START_TEST(test_restore_refused_after_the_call)
 }
 END_TEST
 
+/* Host pinned memory on device 1 (SHARDBFC_CONF device=1) from a thread on
+ * device 0: every cuCtxPopCurrent of a round that pins a new region
+ * (cudaHostRegister), frees it and trims refused in turn.  The pinning
+ * stands whatever the restore says: each allocation is served, and after
+ * each round every registration went back (the fake counts them among its
+ * live objects).  Reported as failed, a registered range was unmapped
+ * with its registration left behind. */
+static void host_round(FILE *null, int *alive)
+{
+    void *p = bfc_host_alloc(8 * MiB);
+    ck_assert_msg(p != NULL, "%s", bfc_err_name(bfc_last_error()));
+    memset(p, 0x5a, 8 * MiB);
+    ck_assert_int_eq(bfc_host_free(p), BFC_OK);
+    for (int node = 0; node < 64; node++) {
+        bfc_ctx_t *h = bfc_host_ctx(node);
+        if (h) {
+            (void)bfc_ctx_trim(h);
+            ck_assert_int_eq(bfc_ctx_check(h), BFC_OK);
+        }
+    }
+    if (*alive < 0)
+        *alive = fake_report(null);
+}
+
+START_TEST(test_host_register_restore_refused)
+{
+    if (fake_primary_made(0) || fake_primary_made(1)) {
+        printf("SKIP test_host_register_restore_refused: contexts made by earlier cases (CK_FORK=no)\n");
+        return;
+    }
+    ck_assert_int_eq(setenv("SHARDBFC_CONF", "backend=cuda,device=1", 1), 0);
+    ck_assert_int_eq(cudaSetDevice(0), cudaSuccess);
+    ck_assert_int_eq(cudaFree(NULL), cudaSuccess); /* device 0's context current */
+    FILE *null = fopen("/dev/null", "w");
+    ck_assert_ptr_nonnull(null);
+    int alive = -1;
+    host_round(null, &alive); /* the host context made, trimmed empty */
+    unsigned long pops = fake_calls("cuCtxPopCurrent"), regs = fake_calls("cudaHostRegister");
+    host_round(null, &alive);
+    unsigned long n = fake_calls("cuCtxPopCurrent") - pops;
+    ck_assert_uint_eq(fake_calls("cudaHostRegister") - regs, 1);
+    ck_assert_uint_ge(n, 2); /* the registration's and the unregistration's */
+    for (unsigned long k = 1; k <= n; k++) {
+        pops = fake_calls("cuCtxPopCurrent");
+        ck_assert(fake_fail_next("cuCtxPopCurrent", k, 0));
+        host_round(null, &alive);
+        ck_assert_msg(fake_calls("cuCtxPopCurrent") - pops >= k, "pop %lu of %lu not reached", k, n);
+        pop_left_context();
+        ck_assert_msg(fake_report(null) == alive, "pop %lu of %lu refused: %d objects alive, %d before", k, n,
+                      fake_report(null), alive);
+    }
+    ck_assert_uint_eq(fake_violations(), 0);
+    fclose(null);
+}
+END_TEST
+
 int main(void)
 {
     /* Two devices, for test_device_switch_leaves_caller_alone (the others
@@ -581,6 +640,7 @@ int main(void)
     tcase_add_test(tc, test_switch_refused_keeps_app_error);
     tcase_add_test(tc, test_fork_frees_pctx_lock);
     tcase_add_test(tc, test_restore_refused_after_the_call);
+    tcase_add_test(tc, test_host_register_restore_refused);
     suite_add_tcase(su, tc);
     SRunner *sr = srunner_create(su);
     srunner_run_all(sr, CK_ENV);
