@@ -28,7 +28,8 @@ struct bfc__segment {
  * still be in use by that stream's work queued before the departure: only
  * that stream may take it until the fence completes.  Adjacent spans of one
  * segment are merged when they carry the same guard (none, or the same
- * stream -- the newer fence on a stream covers the older).
+ * stream: the fences that no newer one of the stream covers, chained
+ * through `extra`; pool.c, "Order").
  */
 struct bfc__span {
     uintptr_t base;
