@@ -38,7 +38,10 @@
  * any granule-aligned sub-range.  So every granule is its own physical
  * allocation: cuMemCreate of one granule, cuMemMap at its address, then
  * cuMemRelease of the handle at once -- the mapping keeps the memory alive,
- * and unmapping the granule then frees it (no handle table to keep).  One
+ * and unmapping the granule then frees it (no handle table to keep; only
+ * the few handles whose release the driver refused are kept, to be
+ * released again at the next call, else their memory would outlive every
+ * unmap).  One
  * cuMemSetAccess (read-write for this backend's device only, not its peers)
  * then covers the whole range just mapped.  A failure at any step unmaps
  * what the call had mapped: a failed va_map leaves nothing mapped.  Each
@@ -77,12 +80,18 @@ _Static_assert(sizeof(((struct cudaDeviceProp *)0)->name) >=
                    sizeof(((struct bfc__backend *)0)->name),
                "GPU name copy");
 
+#define CUDA_STRAYS 32
+
 struct cuda_backend {
     struct bfc__backend base; /* first: bfc__backend_t * casts to this */
     /* Virtual memory (base.vmm_granule != 0 only). */
     CUmemAllocationProp prop; /* pinned memory on this device */
     CUmemAccessDesc access;   /* read-write for this device */
     bfc__vmm_book_t book;
+    /* Handles whose cuMemRelease the driver refused, released again at
+     * every va_* call and at close (under the book's lock): see va_map. */
+    CUmemGenericAllocationHandle strays[CUDA_STRAYS];
+    unsigned nstrays;
 };
 
 /*
@@ -776,6 +785,18 @@ static int vmm_enter(int dev, int *saved)
 }
 
 
+/* Releases again the handles whose release was refused (book's lock held,
+ * device entered); those refused again stay for the next call. */
+static void strays_release_locked(struct cuda_backend *b)
+{
+    unsigned kept = 0;
+
+    for (unsigned i = 0; i < b->nstrays; i++)
+        if (cu_status(g_drv.release(b->strays[i])) != BFC_OK)
+            b->strays[kept++] = b->strays[i];
+    b->nstrays = kept;
+}
+
 /* Unmaps the granules of [addr, addr + size) one by one (each is a mapping
  * of its own); returns the status and, in *done, the bytes unmapped. */
 static int unmap_granules(size_t g, uintptr_t addr, size_t size, size_t *done)
@@ -859,8 +880,10 @@ static int cuda_va_release(bfc__backend_t *be, uintptr_t base, size_t size)
     bfc__lock(&b->book.lock);
     r = bfc__vmm_book_exact(&b->book, base, size);
     st = r ? vmm_enter(be->device, &saved) : BFC_EINVAL;
-    if (st == BFC_OK)
+    if (st == BFC_OK) {
+        strays_release_locked(b);
         st = done_leave(saved, release_locked(b, r));
+    }
     bfc__unlock(&b->book.lock);
     return st;
 }
@@ -884,6 +907,7 @@ static int cuda_va_map(bfc__backend_t *be, uintptr_t addr, size_t size)
     st = vmm_enter(be->device, &saved);
     if (st != BFC_OK)
         goto out;
+    strays_release_locked(b);
     /* Granules an earlier failed va_map left stranded (its roll-back was
      * refused) are unmapped now, before the book is asked: else the range
      * would read as partly mapped and every map over it be refused. */
@@ -912,13 +936,21 @@ static int cuda_va_map(bfc__backend_t *be, uintptr_t addr, size_t size)
             break;
         st = cu_status(g_drv.map((CUdeviceptr)(addr + done), g, 0, h, 0));
         /* Mapped: the mapping now keeps the memory alive, and unmapping
-         * frees it.  Not mapped: this frees it at once. */
+         * frees it.  Not mapped: this frees it at once.  Refused: the
+         * handle would keep the memory for the process's life, so it is
+         * kept and released again later (a mapped granule serves
+         * meanwhile); with no room to keep it, the call fails and rolls
+         * back, and the memory is lost. */
         rel = cu_status(g_drv.release(h));
+        if (rel != BFC_OK && b->nstrays < CUDA_STRAYS) {
+            b->strays[b->nstrays++] = h;
+            rel = BFC_OK;
+        }
         if (st != BFC_OK)
             break;
         done += g;
         if (rel != BFC_OK) {
-            st = rel; /* rolled back below; the handle's memory may leak */
+            st = rel;
             break;
         }
     }
@@ -965,6 +997,7 @@ static int cuda_va_unmap(bfc__backend_t *be, uintptr_t addr, size_t size, size_t
     if (st == BFC_OK)
         st = vmm_enter(be->device, &saved);
     if (st == BFC_OK) {
+        strays_release_locked(b);
         st = unmap_granules(be->vmm_granule, addr, size, &done);
         /* On failure the leading granules are gone: the book says so. */
         bfc__vmm_book_mark(&b->book, r, addr, done, false);
@@ -985,13 +1018,14 @@ static void cuda_close(bfc__backend_t *be)
         /* Reservations the allocator did not release go with the backend;
          * what the driver refuses to free is dropped from the book. */
         bfc__lock(&b->book.lock);
-        if (b->book.n > 0 && vmm_enter(be->device, &saved) == BFC_OK) {
+        if ((b->book.n > 0 || b->nstrays > 0) && vmm_enter(be->device, &saved) == BFC_OK) {
             while (b->book.n > 0) {
                 struct bfc__vmm_res *r = &b->book.res[b->book.n - 1];
 
                 if (release_locked(b, r) != BFC_OK)
                     bfc__vmm_book_remove(&b->book, r);
             }
+            strays_release_locked(b); /* unmapped now: this frees them */
             (void)done_leave(saved, BFC_OK);
         }
         bfc__unlock(&b->book.lock);

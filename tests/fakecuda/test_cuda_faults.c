@@ -13,6 +13,9 @@
  *     granules to place a block waits for its stream's work on them (a
  *     kernel still running there) and then serves, with no unmap under
  *     that work;
+ *   - a granule's handle whose cuMemRelease the driver refuses is released
+ *     again later: the allocation is served, and once trim has unmapped
+ *     everything the device holds nothing of it;
  *   - a map that fails part way and whose roll-back the driver refuses
  *     leaves the context serving: the next map over the stranded granule
  *     unmaps it first (before, every later map over it was refused);
@@ -197,6 +200,50 @@ START_TEST(test_own_release_waits)
     bfc_ctx_destroy(ctx);
     ck_assert_int_eq(cudaStreamDestroy(s), cudaSuccess);
     ck_assert_uint_eq(fake_violations(), violations);
+}
+END_TEST
+
+/* cuMemRelease refused for a granule's handle just after its map, alone
+ * (the granule serves) and with the map itself refused (the handle holds
+ * memory no mapping does): the handle is released again at a later call,
+ * so once trim has unmapped everything the device holds nothing more of
+ * it, where before the granule's memory stayed taken for the process's
+ * life. */
+static void release_refused(const char *also_fails)
+{
+    size_t base = device_used();
+    FILE *null = fopen("/dev/null", "w");
+    ck_assert_ptr_nonnull(null);
+    int alive = fake_report(null);
+    bfc_ctx_t *ctx = cuda_ctx("backend=cuda,vmm=on,memory_limit=64M");
+    cudaStream_t s = new_stream();
+    unsigned long releases = fake_calls("cuMemRelease");
+    ck_assert(fake_fail_next("cuMemRelease", 1, 0));
+    if (also_fails)
+        ck_assert(fake_fail_next(also_fails, 1, 0));
+    void *p = bfc_ctx_alloc(ctx, s, 4 * MiB);
+    if (!also_fails)
+        ck_assert_msg(p != NULL, "%s", bfc_err_name(bfc_last_error()));
+    ck_assert_uint_gt(fake_calls("cuMemRelease"), releases);
+    if (p) {
+        memset(p, 0x5a, 4 * MiB);
+        ck_assert_int_eq(bfc_ctx_free(ctx, p, s), BFC_OK);
+    }
+    ck_assert_int_eq(bfc_ctx_trim(ctx), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_check(ctx), BFC_OK);
+    ck_assert_msg(reserved(ctx) == device_used() - base, "%s: %" PRIu64 " reserved, %zu on the device",
+                  also_fails ? also_fails : "cuMemRelease", reserved(ctx), device_used() - base);
+    bfc_ctx_destroy(ctx);
+    ck_assert_int_eq(cudaStreamDestroy(s), cudaSuccess);
+    ck_assert_uint_eq(device_used(), base);
+    ck_assert_int_eq(fake_report(null), alive);
+    fclose(null);
+}
+
+START_TEST(test_release_refused_handle_kept)
+{
+    release_refused(NULL);
+    release_refused("cuMemMap");
 }
 END_TEST
 
@@ -633,6 +680,7 @@ int main(void)
     tcase_add_test(tc, test_unmap_refused_part_way);
     tcase_add_test(tc, test_departed_release_refused);
     tcase_add_test(tc, test_own_release_waits);
+    tcase_add_test(tc, test_release_refused_handle_kept);
     tcase_add_test(tc, test_no_device_error_after_open);
     tcase_add_test(tc, test_map_rollback_refused);
     tcase_add_test(tc, test_device_switch_leaves_caller_alone);
