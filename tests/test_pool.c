@@ -6,8 +6,9 @@
  * memory for its own stream until they complete (also when two departures
  * of one stream are taken in out of order), best fit over the runs a
  * stream may take, waiting for other streams' fences, fits_with, tickets
- * that make a give-back never allocate, release to the backend, statistics,
- * and metadata and backend faults.  bfc__pool_check runs after every step
+ * that make a give-back never allocate, release to the backend, statistics
+ * (also the peak when a refused map was in flight while another map was
+ * made), and metadata and backend faults.  bfc__pool_check runs after every step
  * that changes the pool.
  */
 #define BFC_TESTUTIL_NO_CTX
@@ -1077,6 +1078,105 @@ START_TEST(test_concurrent_churn)
 }
 END_TEST
 
+/*
+ * A map the device refuses takes back the rise of the peak its charge
+ * made -- unless a map made while it was in flight built on that rise.
+ * The refused map is held inside the device call (a va_map hooked to wait
+ * for the test), another map completes and is unmapped meanwhile, then the
+ * first is refused: the peak must still cover the memory the second map
+ * really held (it stays at the charged figure, an upper bound).  Taking
+ * the rise back regardless would leave the peak below it.
+ */
+static const struct bfc__backend_ops *g_real_ops;
+static struct bfc__backend_ops g_hooked_ops;
+static uintptr_t g_held_map; /* the map to hold, then refuse */
+static pthread_mutex_t g_hook_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_hook_cond = PTHREAD_COND_INITIALIZER;
+static int g_hook_state; /* 0: hold the map, 1: it is held in the device call, 2: refuse it */
+
+static int held_va_map(bfc__backend_t *be, uintptr_t addr, size_t size)
+{
+    if (addr != g_held_map)
+        return g_real_ops->va_map(be, addr, size);
+    pthread_mutex_lock(&g_hook_lock);
+    if (g_hook_state == 0) {
+        g_hook_state = 1;
+        pthread_cond_broadcast(&g_hook_cond);
+    }
+    while (g_hook_state != 2)
+        pthread_cond_wait(&g_hook_cond, &g_hook_lock);
+    pthread_mutex_unlock(&g_hook_lock);
+    return BFC_ENOMEM;
+}
+
+struct held_map {
+    struct bfc__pool *pool;
+    uintptr_t addr;
+    size_t size;
+    int status;
+};
+
+static void *map_thread(void *arg)
+{
+    struct held_map *m = arg;
+    m->status = bfc__pool_vmm_map(m->pool, m->addr, m->size);
+    return NULL;
+}
+
+START_TEST(test_refused_map_peak)
+{
+    struct fix f;
+    fix_init(&f, 64 * MiB, true);
+    ck_assert_uint_eq(f.be->vmm_granule, 2 * MiB);
+    g_real_ops = f.be->ops;
+    g_hooked_ops = *f.be->ops;
+    g_hooked_ops.va_map = held_va_map;
+    f.be->ops = &g_hooked_ops;
+    uintptr_t base = 0;
+    ck_assert_int_eq(bfc__pool_vmm_reserve(&f.pool, 16 * MiB, &base), BFC_OK);
+    ck_assert_int_eq(bfc__pool_vmm_map(&f.pool, base, 4 * MiB), BFC_OK);
+    ck_assert_uint_eq(pstats(&f).peak_held, 4 * MiB);
+
+    /* Alone, a refused map leaves the peak as it was. */
+    struct held_map m = { &f.pool, base + 4 * MiB, 2 * MiB, BFC_OK };
+    g_held_map = m.addr;
+    g_hook_state = 2;
+    map_thread(&m);
+    ck_assert_int_eq(m.status, BFC_ENOMEM);
+    ck_assert_uint_eq(pstats(&f).peak_held, 4 * MiB);
+
+    /* With a map made and unmapped while it is held. */
+    g_hook_state = 0;
+    pthread_t th;
+    ck_assert_int_eq(pthread_create(&th, NULL, map_thread, &m), 0);
+    pthread_mutex_lock(&g_hook_lock);
+    while (g_hook_state != 1)
+        pthread_cond_wait(&g_hook_cond, &g_hook_lock);
+    pthread_mutex_unlock(&g_hook_lock);
+    ck_assert_uint_eq(pstats(&f).peak_held, 6 * MiB); /* charged before the call */
+    size_t done = 0;
+    ck_assert_int_eq(bfc__pool_vmm_map(&f.pool, base + 6 * MiB, 2 * MiB), BFC_OK);
+    ck_assert_int_eq(bfc__pool_vmm_unmap(&f.pool, base + 6 * MiB, 2 * MiB, &done), BFC_OK);
+    ck_assert_uint_eq(done, 2 * MiB);
+    pthread_mutex_lock(&g_hook_lock);
+    g_hook_state = 2;
+    pthread_cond_broadcast(&g_hook_cond);
+    pthread_mutex_unlock(&g_hook_lock);
+    ck_assert_int_eq(pthread_join(th, NULL), 0);
+    ck_assert_int_eq(m.status, BFC_ENOMEM);
+    struct bfc__pool_stats st = pstats(&f);
+    ck_assert_uint_eq(st.held, 4 * MiB);
+    /* The device held 6 MiB (4 + the second map) at one time. */
+    ck_assert_uint_ge(st.peak_held, 6 * MiB);
+    ck_assert_uint_eq(st.peak_held, 8 * MiB);
+
+    ck_assert_int_eq(bfc__pool_vmm_unmap(&f.pool, base, 4 * MiB, &done), BFC_OK);
+    bfc__pool_vmm_unreserve(&f.pool, base, 16 * MiB);
+    f.be->ops = g_real_ops;
+    fix_fini(&f);
+}
+END_TEST
+
 /* -------------------------------------------------------------- main */
 
 static Suite *pool_suite(void)
@@ -1103,6 +1203,7 @@ static Suite *pool_suite(void)
     tcase_add_test(tc, test_get_meta_fault);
     tcase_add_test(tc, test_backend_refuses);
     tcase_add_loop_test(tc, test_concurrent_churn, 0, 2);
+    tcase_add_test(tc, test_refused_map_peak);
     suite_add_tcase(s, tc);
     return s;
 }
