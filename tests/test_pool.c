@@ -1137,13 +1137,19 @@ START_TEST(test_refused_map_peak)
     ck_assert_int_eq(bfc__pool_vmm_map(&f.pool, base, 4 * MiB), BFC_OK);
     ck_assert_uint_eq(pstats(&f).peak_held, 4 * MiB);
 
-    /* Alone, a refused map leaves the peak as it was. */
+    uint64_t since = 0;
+    ck_assert_uint_eq(bfc__pool_peak_excess(&f.pool, 0, &since), 0);
+    ck_assert_uint_eq(since, 1); /* the first map raised it */
+
+    /* Alone, a refused map leaves the peak as it was, and when it rose. */
     struct held_map m = { &f.pool, base + 4 * MiB, 2 * MiB, BFC_OK };
     g_held_map = m.addr;
     g_hook_state = 2;
     map_thread(&m);
     ck_assert_int_eq(m.status, BFC_ENOMEM);
     ck_assert_uint_eq(pstats(&f).peak_held, 4 * MiB);
+    ck_assert_uint_eq(bfc__pool_peak_excess(&f.pool, 0, &since), 0);
+    ck_assert_uint_eq(since, 1);
 
     /* With a map made and unmapped while it is held. */
     g_hook_state = 0;
@@ -1169,6 +1175,8 @@ START_TEST(test_refused_map_peak)
     /* The device held 6 MiB (4 + the second map) at one time. */
     ck_assert_uint_ge(st.peak_held, 6 * MiB);
     ck_assert_uint_eq(st.peak_held, 8 * MiB);
+    ck_assert_uint_eq(bfc__pool_peak_excess(&f.pool, 0, &since), 0);
+    ck_assert_uint_eq(since, 1); /* the second map's rise, one map ago */
 
     ck_assert_int_eq(bfc__pool_vmm_unmap(&f.pool, base, 4 * MiB, &done), BFC_OK);
     bfc__pool_vmm_unreserve(&f.pool, base, 16 * MiB);
