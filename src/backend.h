@@ -133,6 +133,13 @@ struct bfc__backend_ops {
      * mapped, as the book says, hold their memory and may be used or
      * unmapped again. */
     int (*va_unmap)(bfc__backend_t *be, uintptr_t addr, size_t size, size_t *done);
+    /* va_settle: gives back the memory the device kept when it refused to
+     * free it and that no reservation's book counts (CUDA: the handles
+     * whose cuMemRelease va_map saw refused, kept to be released again;
+     * va_map, va_unmap and va_release settle them too as they pass).
+     * BFC_OK when none is left (always on SIM), BFC_EBACKEND when the
+     * device still refuses. */
+    int (*va_settle)(bfc__backend_t *be);
     void (*close)(bfc__backend_t *be);
 };
 

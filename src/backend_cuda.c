@@ -88,8 +88,9 @@ struct cuda_backend {
     CUmemAllocationProp prop; /* pinned memory on this device */
     CUmemAccessDesc access;   /* read-write for this device */
     bfc__vmm_book_t book;
-    /* Handles whose cuMemRelease the driver refused, released again at
-     * every va_* call and at close (under the book's lock): see va_map. */
+    /* Handles whose cuMemRelease the driver refused (see va_map), under
+     * the book's lock: released again by va_settle (trim), at close, and
+     * by each va_map, va_unmap and va_release that reaches the driver. */
     CUmemGenericAllocationHandle strays[CUDA_STRAYS];
     unsigned nstrays;
 };
@@ -893,6 +894,22 @@ static size_t cuda_va_mapped(bfc__backend_t *be, uintptr_t base, size_t size)
     return be->vmm_granule ? bfc__vmm_book_res_mapped(&cuda_of(be)->book, base, size) : 0;
 }
 
+static int cuda_va_settle(bfc__backend_t *be)
+{
+    struct cuda_backend *b = cuda_of(be);
+    int saved, st = BFC_OK;
+
+    if (be->vmm_granule == 0)
+        return BFC_OK;
+    bfc__lock(&b->book.lock);
+    if (b->nstrays > 0 && (st = vmm_enter(be->device, &saved)) == BFC_OK) {
+        strays_release_locked(b);
+        st = done_leave(saved, b->nstrays > 0 ? BFC_EBACKEND : BFC_OK);
+    }
+    bfc__unlock(&b->book.lock);
+    return st;
+}
+
 static int cuda_va_map(bfc__backend_t *be, uintptr_t addr, size_t size)
 {
     struct cuda_backend *b = cuda_of(be);
@@ -1025,7 +1042,10 @@ static void cuda_close(bfc__backend_t *be)
                 if (release_locked(b, r) != BFC_OK)
                     bfc__vmm_book_remove(&b->book, r);
             }
-            strays_release_locked(b); /* unmapped now: this frees them */
+            /* Their granules unmapped above (or, where the driver
+             * refused, dropped with their reservation): this frees what
+             * it can. */
+            strays_release_locked(b);
             (void)done_leave(saved, BFC_OK);
         }
         bfc__unlock(&b->book.lock);
@@ -1055,6 +1075,7 @@ static const struct bfc__backend_ops cuda_ops = {
     .va_mapped = cuda_va_mapped,
     .va_map = cuda_va_map,
     .va_unmap = cuda_va_unmap,
+    .va_settle = cuda_va_settle,
     .close = cuda_close,
 };
 

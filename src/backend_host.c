@@ -296,6 +296,12 @@ static int host_va_unmap(bfc__backend_t *be, uintptr_t addr, size_t size, size_t
     return host_va_range(be, addr, size);
 }
 
+static int host_va_settle(bfc__backend_t *be)
+{
+    (void)be;
+    return BFC_OK; /* no virtual memory, nothing kept */
+}
+
 static void host_close(bfc__backend_t *be)
 {
     struct host_backend *h = hb(be);
@@ -323,6 +329,7 @@ static const struct bfc__backend_ops host_ops = {
     .va_mapped = host_va_mapped,
     .va_map = host_va_range,
     .va_unmap = host_va_unmap,
+    .va_settle = host_va_settle,
     .close = host_close,
 };
 

@@ -548,6 +548,12 @@ static size_t sim_va_mapped(bfc__backend_t *be, uintptr_t base, size_t size)
     return bfc__vmm_book_res_mapped(&sim_of(be)->book, base, size);
 }
 
+static int sim_va_settle(bfc__backend_t *be)
+{
+    (void)be;
+    return BFC_OK; /* nothing kept outside the book: a refused unmap stays mapped there */
+}
+
 static int sim_va_map(bfc__backend_t *be, uintptr_t addr, size_t size)
 {
     struct sim_backend *b = sim_of(be);
@@ -1005,6 +1011,7 @@ static const struct bfc__backend_ops sim_ops = {
     .va_mapped = sim_va_mapped,
     .va_map = sim_va_map,
     .va_unmap = sim_va_unmap,
+    .va_settle = sim_va_settle,
     .close = sim_close,
 };
 

@@ -1926,6 +1926,7 @@ int bfc_ctx_trim(bfc_ctx_t *ctx)
      * before it frees), so that trim returns what it can. */
     bfc__pool_wait(&ctx->pool, 0, true, fence_wait_ms(ctx));
     bfc__pool_release_free(&ctx->pool);
+    (void)bfc__pool_settle(&ctx->pool); /* a refusal is counted */
     /* Another thread's refusal meanwhile counts too: the device refused
      * memory back while trim ran. */
     int st = bfc__pool_refusals(&ctx->pool) == refused ? BFC_OK : BFC_EBACKEND;

@@ -734,6 +734,17 @@ size_t bfc__pool_release_free(struct bfc__pool *p)
     return n;
 }
 
+int bfc__pool_settle(struct bfc__pool *p)
+{
+    int st = p->be->ops->va_settle(p->be); /* without the pool lock: calls the driver */
+    if (st != BFC_OK) {
+        bfc__lock(&p->lock);
+        p->refusals++;
+        bfc__unlock(&p->lock);
+    }
+    return st;
+}
+
 void bfc__pool_stats(struct bfc__pool *p, struct bfc__pool_stats *out)
 {
     memset(out, 0, sizeof(*out));

@@ -196,6 +196,9 @@ size_t bfc__pool_largest_held(struct bfc__pool *p, uint64_t sid);
 /* Gives wholly free, unfenced segments back to the backend (growth mode
  * only); returns the bytes released. */
 size_t bfc__pool_release_free(struct bfc__pool *p);
+/* Asks the backend to give back what it kept after a refusal and counts
+ * nowhere (va_settle); a refusal again is counted as one.  For trim. */
+int bfc__pool_settle(struct bfc__pool *p);
 /* How many frees, unmaps and releases the device has refused so far (the
  * memory stays held and counted): trim compares it across its work. */
 uint64_t bfc__pool_refusals(struct bfc__pool *p);

@@ -15,7 +15,9 @@
  *     that work;
  *   - a granule's handle whose cuMemRelease the driver refuses is released
  *     again later: the allocation is served, and once trim has unmapped
- *     everything the device holds nothing of it;
+ *     everything the device holds nothing of it; trim releases a kept
+ *     handle that nothing else reaches (its map refused too), and says
+ *     BFC_EBACKEND while the driver refuses;
  *   - a map that fails part way and whose roll-back the driver refuses
  *     leaves the context serving: the next map over the stranded granule
  *     unmaps it first (before, every later map over it was refused);
@@ -209,14 +211,43 @@ END_TEST
  * so once trim has unmapped everything the device holds nothing more of
  * it, where before the granule's memory stayed taken for the process's
  * life. */
+/* An expandable context and a stream, with the device's use and the fake's
+ * live objects before them: vmm_done checks that both are back. */
+struct vmm_fix {
+    size_t base;
+    FILE *null;
+    int alive;
+    bfc_ctx_t *ctx;
+    cudaStream_t s;
+};
+
+static void vmm_open(struct vmm_fix *f)
+{
+    f->base = device_used();
+    f->null = fopen("/dev/null", "w");
+    ck_assert_ptr_nonnull(f->null);
+    f->alive = fake_report(f->null);
+    f->ctx = cuda_ctx("backend=cuda,vmm=on,memory_limit=64M");
+    f->s = new_stream();
+}
+
+static void vmm_done(struct vmm_fix *f)
+{
+    ck_assert_int_eq(bfc_ctx_check(f->ctx), BFC_OK);
+    bfc_ctx_destroy(f->ctx);
+    ck_assert_int_eq(cudaStreamDestroy(f->s), cudaSuccess);
+    ck_assert_uint_eq(device_used(), f->base);
+    ck_assert_int_eq(fake_report(f->null), f->alive);
+    fclose(f->null);
+}
+
 static void release_refused(const char *also_fails)
 {
-    size_t base = device_used();
-    FILE *null = fopen("/dev/null", "w");
-    ck_assert_ptr_nonnull(null);
-    int alive = fake_report(null);
-    bfc_ctx_t *ctx = cuda_ctx("backend=cuda,vmm=on,memory_limit=64M");
-    cudaStream_t s = new_stream();
+    struct vmm_fix f;
+    vmm_open(&f);
+    bfc_ctx_t *ctx = f.ctx;
+    cudaStream_t s = f.s;
+    size_t base = f.base;
     unsigned long releases = fake_calls("cuMemRelease");
     ck_assert(fake_fail_next("cuMemRelease", 1, 0));
     if (also_fails)
@@ -230,20 +261,49 @@ static void release_refused(const char *also_fails)
         ck_assert_int_eq(bfc_ctx_free(ctx, p, s), BFC_OK);
     }
     ck_assert_int_eq(bfc_ctx_trim(ctx), BFC_OK);
-    ck_assert_int_eq(bfc_ctx_check(ctx), BFC_OK);
     ck_assert_msg(reserved(ctx) == device_used() - base, "%s: %" PRIu64 " reserved, %zu on the device",
                   also_fails ? also_fails : "cuMemRelease", reserved(ctx), device_used() - base);
-    bfc_ctx_destroy(ctx);
-    ck_assert_int_eq(cudaStreamDestroy(s), cudaSuccess);
-    ck_assert_uint_eq(device_used(), base);
-    ck_assert_int_eq(fake_report(null), alive);
-    fclose(null);
+    vmm_done(&f);
 }
 
 START_TEST(test_release_refused_handle_kept)
 {
     release_refused(NULL);
     release_refused("cuMemMap");
+}
+END_TEST
+
+/* A kept handle that nothing else reaches: twice a map refused and its
+ * handle's release refused too, so that the allocation fails and the
+ * device holds a granule that no reservation counts.  Trim gives it back
+ * (it has nothing to unmap that would), and says BFC_EBACKEND while the
+ * driver still refuses. */
+START_TEST(test_trim_releases_kept_handles)
+{
+    struct vmm_fix f;
+    vmm_open(&f);
+    bfc_ctx_t *ctx = f.ctx;
+    cudaStream_t s = f.s;
+    size_t base = f.base;
+    void *keep = bfc_ctx_alloc(ctx, s, 2 * MiB);
+    ck_assert_ptr_nonnull(keep);
+    ck_assert_int_eq(bfc_ctx_trim(ctx), BFC_OK);
+    ck_assert_uint_eq(reserved(ctx), device_used() - base);
+    unsigned long maps = fake_calls("cuMemMap");
+    ck_assert(fake_fail_next("cuMemMap", 1, 0));
+    ck_assert(fake_fail_next("cuMemMap", 2, 0));
+    ck_assert(fake_fail_next("cuMemRelease", 1, 0));
+    ck_assert(fake_fail_next("cuMemRelease", 3, 0));
+    ck_assert_ptr_null(bfc_ctx_alloc(ctx, s, 2 * MiB));
+    ck_assert_uint_eq(fake_calls("cuMemMap") - maps, 2);
+    ck_assert_uint_eq(device_used() - base, reserved(ctx) + 2 * MiB); /* the second handle, kept */
+    ck_assert(fake_fail_next("cuMemRelease", 1, 0));
+    ck_assert_int_eq(bfc_ctx_trim(ctx), BFC_EBACKEND);
+    ck_assert_uint_eq(device_used() - base, reserved(ctx) + 2 * MiB);
+    ck_assert_int_eq(bfc_ctx_trim(ctx), BFC_OK);
+    ck_assert_uint_eq(reserved(ctx), device_used() - base);
+    ck_assert_int_eq(bfc_ctx_free(ctx, keep, s), BFC_OK);
+    vmm_done(&f);
 }
 END_TEST
 
@@ -681,6 +741,7 @@ int main(void)
     tcase_add_test(tc, test_departed_release_refused);
     tcase_add_test(tc, test_own_release_waits);
     tcase_add_test(tc, test_release_refused_handle_kept);
+    tcase_add_test(tc, test_trim_releases_kept_handles);
     tcase_add_test(tc, test_no_device_error_after_open);
     tcase_add_test(tc, test_map_rollback_refused);
     tcase_add_test(tc, test_device_switch_leaves_caller_alone);
