@@ -670,15 +670,15 @@ BFC_API int bfc_ctx_stream_release(bfc_ctx_t *ctx, bfc_stream_t stream);
  * take some of it back (a runtime failure): that memory stays held and
  * counted in bytes_reserved and against the limit, the allocator may use
  * it again, and a later trim (or the context's destruction) offers it
- * back once more.  (Two exceptions, after driver failures.  A map that
+ * back once more.  (Two exceptions, after driver failures, where the
+ * device holds a granule beyond bytes_reserved for a while.  A map that
  * fails part way and whose undoing the driver refuses leaves a granule
  * mapped that the allocator does not count, until the next map over it
- * gives it back first or the reservation is released.  A granule whose
- * physical handle the driver refused to release after its map keeps that
- * handle, released again by the next map, unmap or trim -- trim says
- * BFC_EBACKEND while the driver still refuses; where its map was refused
- * too, nothing counts that memory meanwhile.  In both cases the device
- * holds that granule beyond bytes_reserved.)
+ * gives it back first or the reservation is released.  And a granule's
+ * physical handle that the driver refused to release at its map is kept
+ * and released again by the next map, unmap or trim (trim says
+ * BFC_EBACKEND while the driver still refuses): once that granule is
+ * unmapped, or where its map failed, the handle alone holds it.)
  * Context: thread-safe; takes each arena lock in turn and the pool lock;
  * blocks while it waits for device work (CUDA) and in the backend.
  */
