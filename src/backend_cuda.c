@@ -80,7 +80,11 @@ _Static_assert(sizeof(((struct cudaDeviceProp *)0)->name) >=
                    sizeof(((struct bfc__backend *)0)->name),
                "GPU name copy");
 
-#define CUDA_STRAYS 32
+/* A handle whose cuMemRelease the driver refused (see va_map). */
+struct cuda_stray {
+    CUmemGenericAllocationHandle h;
+    struct cuda_stray *next;
+};
 
 struct cuda_backend {
     struct bfc__backend base; /* first: bfc__backend_t * casts to this */
@@ -91,8 +95,7 @@ struct cuda_backend {
     /* Handles whose cuMemRelease the driver refused (see va_map), under
      * the book's lock: released again by va_settle (trim), at close, and
      * by each va_map, va_unmap and va_release that reaches the driver. */
-    CUmemGenericAllocationHandle strays[CUDA_STRAYS];
-    unsigned nstrays;
+    struct cuda_stray *strays;
 };
 
 /*
@@ -790,12 +793,32 @@ static int vmm_enter(int dev, int *saved)
  * device entered); those refused again stay for the next call. */
 static void strays_release_locked(struct cuda_backend *b)
 {
-    unsigned kept = 0;
+    struct cuda_stray **pp = &b->strays;
 
-    for (unsigned i = 0; i < b->nstrays; i++)
-        if (cu_status(g_drv.release(b->strays[i])) != BFC_OK)
-            b->strays[kept++] = b->strays[i];
-    b->nstrays = kept;
+    while (*pp) {
+        struct cuda_stray *st = *pp;
+
+        if (cu_status(g_drv.release(st->h)) == BFC_OK) {
+            *pp = st->next;
+            bfc__meta_free(st, sizeof(*st));
+        } else {
+            pp = &st->next;
+        }
+    }
+}
+
+/* Keeps h to be released again (book's lock held); false when no record
+ * can be had (host metadata exhausted). */
+static bool stray_keep_locked(struct cuda_backend *b, CUmemGenericAllocationHandle h)
+{
+    struct cuda_stray *st = bfc__meta_alloc(sizeof(*st));
+
+    if (!st)
+        return false;
+    st->h = h;
+    st->next = b->strays;
+    b->strays = st;
+    return true;
 }
 
 /* Unmaps the granules of [addr, addr + size) one by one (each is a mapping
@@ -902,9 +925,9 @@ static int cuda_va_settle(bfc__backend_t *be)
     if (be->vmm_granule == 0)
         return BFC_OK;
     bfc__lock(&b->book.lock);
-    if (b->nstrays > 0 && (st = vmm_enter(be->device, &saved)) == BFC_OK) {
+    if (b->strays && (st = vmm_enter(be->device, &saved)) == BFC_OK) {
         strays_release_locked(b);
-        st = done_leave(saved, b->nstrays > 0 ? BFC_EBACKEND : BFC_OK);
+        st = done_leave(saved, b->strays ? BFC_EBACKEND : BFC_OK);
     }
     bfc__unlock(&b->book.lock);
     return st;
@@ -956,13 +979,12 @@ static int cuda_va_map(bfc__backend_t *be, uintptr_t addr, size_t size)
          * frees it.  Not mapped: this frees it at once.  Refused: the
          * handle would keep the memory for the process's life, so it is
          * kept and released again later (a mapped granule serves
-         * meanwhile); with no room to keep it, the call fails and rolls
-         * back, and the memory is lost. */
+         * meanwhile); with no record to keep it in (host metadata
+         * exhausted), the call fails and rolls back, and the memory is
+         * lost. */
         rel = cu_status(g_drv.release(h));
-        if (rel != BFC_OK && b->nstrays < CUDA_STRAYS) {
-            b->strays[b->nstrays++] = h;
+        if (rel != BFC_OK && stray_keep_locked(b, h))
             rel = BFC_OK;
-        }
         if (st != BFC_OK)
             break;
         done += g;
@@ -1035,7 +1057,7 @@ static void cuda_close(bfc__backend_t *be)
         /* Reservations the allocator did not release go with the backend;
          * what the driver refuses to free is dropped from the book. */
         bfc__lock(&b->book.lock);
-        if ((b->book.n > 0 || b->nstrays > 0) && vmm_enter(be->device, &saved) == BFC_OK) {
+        if ((b->book.n > 0 || b->strays) && vmm_enter(be->device, &saved) == BFC_OK) {
             while (b->book.n > 0) {
                 struct bfc__vmm_res *r = &b->book.res[b->book.n - 1];
 
@@ -1047,6 +1069,12 @@ static void cuda_close(bfc__backend_t *be)
              * it can. */
             strays_release_locked(b);
             (void)done_leave(saved, BFC_OK);
+        }
+        while (b->strays) { /* refused to the end: only the records go */
+            struct cuda_stray *st = b->strays;
+
+            b->strays = st->next;
+            bfc__meta_free(st, sizeof(*st));
         }
         bfc__unlock(&b->book.lock);
         bfc__vmm_book_fini(&b->book);

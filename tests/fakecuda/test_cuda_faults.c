@@ -227,7 +227,7 @@ static void vmm_open(struct vmm_fix *f)
     f->null = fopen("/dev/null", "w");
     ck_assert_ptr_nonnull(f->null);
     f->alive = fake_report(f->null);
-    f->ctx = cuda_ctx("backend=cuda,vmm=on,memory_limit=64M");
+    f->ctx = cuda_ctx("backend=cuda,vmm=on,memory_limit=128M");
     f->s = new_stream();
 }
 
@@ -270,6 +270,24 @@ START_TEST(test_release_refused_handle_kept)
 {
     release_refused(NULL);
     release_refused("cuMemMap");
+}
+END_TEST
+
+/* Every release of a 66 MiB growth (33 granules) refused: every handle is
+ * kept, whatever their number (a table of 32 once lost the 33rd). */
+START_TEST(test_release_refused_many)
+{
+    struct vmm_fix f;
+    vmm_open(&f);
+    for (unsigned long k = 1; k <= 33; k++)
+        ck_assert(fake_fail_next("cuMemRelease", k, 0));
+    void *p = bfc_ctx_alloc(f.ctx, f.s, 66 * MiB);
+    ck_assert_msg(p != NULL, "%s", bfc_err_name(bfc_last_error()));
+    memset(p, 0x5a, 66 * MiB);
+    ck_assert_int_eq(bfc_ctx_free(f.ctx, p, f.s), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_trim(f.ctx), BFC_OK);
+    ck_assert_uint_eq(reserved(f.ctx), device_used() - f.base);
+    vmm_done(&f);
 }
 END_TEST
 
@@ -741,6 +759,7 @@ int main(void)
     tcase_add_test(tc, test_departed_release_refused);
     tcase_add_test(tc, test_own_release_waits);
     tcase_add_test(tc, test_release_refused_handle_kept);
+    tcase_add_test(tc, test_release_refused_many);
     tcase_add_test(tc, test_trim_releases_kept_handles);
     tcase_add_test(tc, test_no_device_error_after_open);
     tcase_add_test(tc, test_map_rollback_refused);
