@@ -562,7 +562,10 @@ BFC_API void bfc_ctx_destroy(bfc_ctx_t *ctx);
  * with bfc_last_error() == BFC_OK for n == 0, NULL with BFC_ENOMEM when the
  * request cannot be served (also when rounding would overflow or n exceeds the
  * limit: no memory moves, and the failure is counted in num_ooms and
- * reported, cause BFC_OOM_TOO_LARGE, like any other).
+ * reported, cause BFC_OOM_TOO_LARGE, like any other), and NULL with
+ * BFC_EBACKEND when the device failed a call the allocation needed (a
+ * runtime or driver error, not a lack of memory: the OOM callback and
+ * report do not run; a later allocation may succeed).
  * Context: thread-safe.  Common path: lock-free shard lookup plus the stream's
  * own arena lock (uncontended when one thread drives the stream).  May block
  * on the slow path (growing, reclaiming memory from other shards, retry_ms;
