@@ -29,6 +29,13 @@ fail() { echo "tools.sh: $*" >&2; exit 1; }
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/shardbfc-tools.XXXXXX") || exit 1
 trap 'rm -rf "$tmp"' EXIT
 replay=./tools/shardbfc-replay stat=./tools/shardbfc-stat view=./tools/shardbfc-view
+# replay_ok WHAT ARGS...: replay --json ARGS into $tmp/out (stderr in
+# $tmp/err), failing the test with WHAT when the replay fails.
+replay_ok() {
+    what=$1
+    shift
+    "$replay" --json "$@" >"$tmp/out" 2>"$tmp/err" || { cat "$tmp/out" "$tmp/err" >&2; fail "$what"; }
+}
 for t in "$replay" "$stat" "$view"; do [ -x "$t" ] || fail "$t not built"; done
 
 # ----------------------------------------------------------- replay
@@ -82,7 +89,7 @@ Thread,Time,Action,Pointer,Size,Stream
 2,50,free,0x3000,5000,0x2
 1,60,free,0x2000,3000,0x1
 CSV
-"$replay" --json "$tmp/measures.csv" >"$tmp/out" 2>"$tmp/err" || { cat "$tmp/err" >&2; fail "replay of measures.csv failed"; }
+replay_ok "replay of measures.csv failed" "$tmp/measures.csv"
 grep -q '"peak_requested":8000,"peak_reserved":4194304,"peak_allocated":8192,"overhead":524.288000,' "$tmp/out" ||
     { cat "$tmp/out" >&2; fail "measures of measures.csv wrong"; }
 "$replay" --compare memory_limit=1G "allow_growth=false,memory_limit=64M" "$tmp/measures.csv" >"$tmp/out" 2>&1 ||
@@ -107,7 +114,7 @@ Thread,Time,Action,Pointer,Size,Stream
 1,80,free,0x3000,262144,0x10
 1,90,free,0x5000,256,0x10
 CSV
-"$replay" --json --config vmm=off "$tmp/frag.csv" >"$tmp/out" 2>"$tmp/err" || { cat "$tmp/err" >&2; fail "replay of frag.csv failed"; }
+replay_ok "replay of frag.csv failed" --config vmm=off "$tmp/frag.csv"
 grep -q '"fragmentation":0.250000,"fragmentation_max_at_peaks":0.250000,' "$tmp/out" ||
     { cat "$tmp/out" >&2; fail "fragmentation at the peaks of frag.csv wrong"; }
 
@@ -187,10 +194,9 @@ Thread,Time,Action,Pointer,Size,Stream
 2,5,allocate,0x2000000,2097152,0x0
 2,50,free,0x2000000,2097152,0x0
 CSV
-"$replay" --json "$tmp/ties.csv" >"$tmp/ties.json" 2>"$tmp/ties.err" ||
-    { cat "$tmp/ties.err" >&2; fail "a trace with equal times in one thread was not replayed"; }
-grep -q '"peak_requested": *3145728' "$tmp/ties.json" ||
-    { cat "$tmp/ties.json" "$tmp/ties.err" >&2; fail "equal times in one thread: not replayed in time order"; }
+replay_ok "a trace with equal times in one thread was not replayed" "$tmp/ties.csv"
+grep -q '"peak_requested": *3145728' "$tmp/out" ||
+    { cat "$tmp/out" "$tmp/err" >&2; fail "equal times in one thread: not replayed in time order"; }
 
 # The per-thread default stream's handle (0x2) is each thread's own stream:
 # two threads' blocks on it are two shards (a region each), not one.
@@ -201,8 +207,7 @@ Thread,Time,Action,Pointer,Size,Stream
 12,300,allocate,0x2000000,1048576,0x2
 12,400,free,0x2000000,1048576,0x2
 CSV
-"$replay" --json --config vmm=off "$tmp/perthread.csv" >"$tmp/out" 2>"$tmp/err" ||
-    { cat "$tmp/out" "$tmp/err" >&2; fail "replay of perthread.csv failed"; }
+replay_ok "replay of perthread.csv failed" --config vmm=off "$tmp/perthread.csv"
 grep -q '"peak_reserved":4194304' "$tmp/out" ||
     { cat "$tmp/out" >&2; fail "two threads' per-thread streams were replayed as one stream"; }
 
@@ -210,8 +215,7 @@ grep -q '"peak_reserved":4194304' "$tmp/out" ||
 # row of zeros, exit 0 (its sort copied from a NULL array, which UBSan
 # builds stop on).
 printf 'Thread,Time,Action,Pointer,Size,Stream\n' >"$tmp/header.csv"
-"$replay" --json "$tmp/header.csv" >"$tmp/out" 2>"$tmp/err" ||
-    { cat "$tmp/out" "$tmp/err" >&2; fail "replay of a trace with no events failed"; }
+replay_ok "replay of a trace with no events failed" "$tmp/header.csv"
 grep -q '"peak_requested":0' "$tmp/out" || { cat "$tmp/out" >&2; fail "an empty trace's peak is not 0"; }
 
 # --json stays JSON when a run fails (exit 1, the reason on stderr): a
@@ -227,8 +231,7 @@ grep -q 'bfc_ctx_trace_start(/nonexistent/dir/t.csv)' "$tmp/err" || { cat "$tmp/
 [ $? -eq 1 ] || fail "replay with a configuration the context refuses does not exit 1"
 grep -q 'memory_limit=1M,vmm=on' "$tmp/err" || { cat "$tmp/err" >&2; fail "replay does not name the refused configuration"; }
 [ ! -s "$tmp/out" ] || { cat "$tmp/out" >&2; fail "replay ran configurations beside one the context refuses"; }
-"$replay" --json --config "oom_dump=$tmp/$(printf 'a\377b\303\251').json" "$tmp/header.csv" >"$tmp/out" 2>"$tmp/err" ||
-    { cat "$tmp/out" "$tmp/err" >&2; fail "replay with a non-UTF-8 oom_dump path failed"; }
+replay_ok "replay with a non-UTF-8 oom_dump path failed" --config "oom_dump=$tmp/$(printf 'a\377b\303\251').json" "$tmp/header.csv"
 grep -q "a\\\\ufffdb$(printf '\303\251').json\"" "$tmp/out" ||
     { cat "$tmp/out" >&2; fail "--json copies a spec's non-UTF-8 bytes raw"; }
 
@@ -247,7 +250,7 @@ for f in vt:Size negtime:Time bighour:Time nofrac:Time; do
     grep -q "malformed ${f#*:}" "$tmp/err" || { cat "$tmp/err" >&2; fail "${f%%:*}.csv: no malformed ${f#*:}"; }
 done
 printf '%s\n1,01:02:03.5,allocate,0x1000,100,0x0\n1,01:02:04,free,0x1000,100,0x0\n' "$hdr" >"$tmp/hms.csv"
-"$replay" --json "$tmp/hms.csv" >"$tmp/out" 2>"$tmp/err" || { cat "$tmp/err" >&2; fail "replay of an H:M:S trace failed"; }
+replay_ok "replay of an H:M:S trace failed" "$tmp/hms.csv"
 grep -q '"peak_requested":100,' "$tmp/out" || { cat "$tmp/out" >&2; fail "an H:M:S trace's peak is not 100"; }
 printf '%s\n1,10,allocate,0x1000,9223372036854775808,0x0\n1,11,allocate,0x2000,9223372036854775808,0x0\n' "$hdr" >"$tmp/wrap.csv"
 "$replay" --json "$tmp/wrap.csv" >"$tmp/out" 2>"$tmp/err"
