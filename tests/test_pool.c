@@ -15,6 +15,8 @@
 #include "testutil.h"
 
 #include <pthread.h>
+#include <string.h>
+#include <unistd.h>
 
 #include <shardbfc_sim.h>
 
@@ -644,6 +646,194 @@ START_TEST(test_fence_order_model)
 }
 END_TEST
 
+static struct bfc__span *span_at(struct fix *f, uintptr_t base)
+{
+    for (struct bfc__span *s = f->pool.spans; s; s = s->next)
+        if (s->base == base)
+            return s;
+    ck_abort_msg("no span at %#lx", (unsigned long)base);
+    return NULL;
+}
+
+/*
+ * A departure of stream 1 taken in while another of its departures is
+ * being armed, between its event record and its look at `inserted` (a
+ * second thread's departure, here run from a hooked event_record): the
+ * fence being armed was recorded before that departure's, so it must not
+ * count as covering it.  Its own record is on the idle stream (complete),
+ * the other's behind held work: stream 2 may take nothing until the drain.
+ */
+static const struct bfc__backend_ops *g_rec_real;
+static struct bfc__backend_ops g_rec_ops;
+static struct fix *g_rec_fix;
+static struct rgn g_rec_rgn;
+static int g_rec_state; /* 1: the next record takes in g_rec_rgn after it; 2: done */
+
+static int racing_record(bfc__backend_t *be, bfc__event_t ev, bfc_stream_t s)
+{
+    int st = g_rec_real->event_record(be, ev, s);
+    if (g_rec_state == 1) {
+        struct fix *f = g_rec_fix;
+        struct bfc__pool_ticket t;
+        g_rec_state = 2;
+        be->ops = g_rec_real; /* the SIM's own calls know their backend by its ops */
+        ck_assert_int_eq(bfc__pool_ticket_get(&f->pool, &t), BFC_OK);
+        bfc__sim_stream_hold(f->be, f->s1);
+        bfc__pool_put(&f->pool, g_rec_rgn.base, g_rec_rgn.size, g_rec_rgn.seg, true, f->s1, f->sid1, &t);
+        be->ops = &g_rec_ops;
+    }
+    return st;
+}
+
+START_TEST(test_fence_order_arm_race)
+{
+    struct fix f;
+    fix_init(&f, 2 * MiB, false);
+    struct rgn a = xget(&f, 1 * MiB, f.sid1);
+    g_rec_rgn = xget(&f, 1 * MiB, f.sid1);
+    ck_assert_uint_eq(g_rec_rgn.base, a.base + 1 * MiB);
+    g_rec_real = f.be->ops;
+    g_rec_ops = *f.be->ops;
+    g_rec_ops.event_record = racing_record;
+    f.be->ops = &g_rec_ops;
+    g_rec_fix = &f;
+    g_rec_state = 1;
+    struct bfc__pool_ticket ta;
+    ticket(&f, &ta);
+    bfc__pool_put_arm(&f.pool, true, f.s1, f.sid1, &ta);
+    ck_assert_int_eq(g_rec_state, 2);
+    bfc__pool_put_armed(&f.pool, a.base, a.size, a.seg, true, f.sid1, &ta);
+    f.be->ops = g_rec_real;
+    pcheck(&f.pool);
+    ck_assert_uint_eq(nspans(&f), 1);
+    ck_assert_uint_eq(fences_at(&f, a.base), 2);
+    ck_assert(xget_fails(&f, 1 * MiB, f.sid2));
+    bfc__sim_stream_drain(f.be, f.s1);
+    struct rgn c = xget(&f, 2 * MiB, f.sid2);
+    ck_assert(!c.used);
+    xput(&f, c, false, f.s2, f.sid2);
+    fix_fini(&f);
+}
+END_TEST
+
+/* Builds, on a fresh 3 MiB pool with one earlier fenced departure taken in
+ * and back (so that armed_after counts are not 0), one span of stream 1
+ * guarded by two fences: the head, taken in last, armed on the idle stream
+ * (complete), and behind it one armed later behind held work.  *zp: the
+ * pool's other megabyte, out. */
+static uintptr_t chain_of_two(struct fix *f, struct rgn *zp)
+{
+    fix_init(f, 3 * MiB, false);
+    struct rgn z = xget(f, 1 * MiB, f->sid1);
+    xput(f, z, true, f->s1, f->sid1);
+    z = xget(f, 1 * MiB, f->sid1);
+    struct rgn m = xget(f, 1 * MiB, f->sid1);
+    struct rgn b = xget(f, 1 * MiB, f->sid1);
+    ck_assert_uint_eq(b.base, m.base + 1 * MiB);
+    struct bfc__pool_ticket tm, tb;
+    ticket(f, &tm);
+    ticket(f, &tb);
+    bfc__pool_put_arm(&f->pool, true, f->s1, f->sid1, &tb);
+    bfc__sim_stream_hold(f->be, f->s1);
+    bfc__pool_put_arm(&f->pool, true, f->s1, f->sid1, &tm);
+    bfc__pool_put_armed(&f->pool, m.base, m.size, m.seg, true, f->sid1, &tm);
+    bfc__pool_put_armed(&f->pool, b.base, b.size, b.seg, true, f->sid1, &tb);
+    pcheck(&f->pool);
+    ck_assert_uint_eq(fences_at(f, m.base), 2);
+    *zp = z; /* still out: the chain's span is the only free memory */
+    return m.base;
+}
+
+static void *drain_s1_later(void *arg)
+{
+    struct fix *f = arg;
+    usleep(100 * 1000);
+    bfc__sim_stream_drain(f->be, f->s1);
+    return NULL;
+}
+
+/* Waiting for a chained span waits for every fence of the chain, not the
+ * head alone (complete here): the drain comes while it waits. */
+START_TEST(test_fence_chain_wait)
+{
+    struct fix f;
+    struct rgn z;
+    uintptr_t base = chain_of_two(&f, &z);
+    ck_assert(xget_fails(&f, 1 * MiB, f.sid2));
+    pthread_t th;
+    ck_assert_int_eq(pthread_create(&th, NULL, drain_s1_later, &f), 0);
+    ck_assert(bfc__pool_wait(&f.pool, f.sid2, false, 10 * 1000));
+    ck_assert_int_eq(pthread_join(th, NULL), 0);
+    ck_assert_uint_eq(fences_at(&f, base), 0);
+    struct rgn c = xget(&f, 2 * MiB, f.sid2);
+    xput(&f, c, false, f.s2, f.sid2);
+    xput(&f, z, false, f.s1, f.sid1);
+    fix_fini(&f);
+}
+END_TEST
+
+/* A chain's fences all go back to the pool's cache (none lost: every
+ * metadata byte comes back with the pool and backend), whether the chain
+ * is carved by its stream or freed by a poll. */
+START_TEST(test_fence_chain_recycled)
+{
+    size_t meta0 = bfc__meta_bytes();
+    struct fix f;
+    struct rgn z;
+    uintptr_t base = chain_of_two(&f, &z);
+    struct rgn own = xget(&f, 2 * MiB, f.sid1); /* carves the chain's span whole */
+    ck_assert(own.used);
+    ck_assert_uint_eq(own.base, base);
+    bfc__sim_stream_drain(f.be, f.s1);
+    xput(&f, own, false, f.s1, f.sid1);
+    xput(&f, z, false, f.s1, f.sid1);
+    fix_fini(&f);
+    ck_assert_uint_eq(bfc__meta_bytes(), meta0);
+
+    base = chain_of_two(&f, &z);
+    bfc__sim_stream_drain(f.be, f.s1);
+    bfc__pool_poll(&f.pool); /* the whole chain completes */
+    ck_assert_uint_eq(fences_at(&f, base), 0);
+    xput(&f, z, false, f.s1, f.sid1);
+    fix_fini(&f);
+    ck_assert_uint_eq(bfc__meta_bytes(), meta0);
+}
+END_TEST
+
+/* bfc__pool_check sees a broken chain: a chained fence its head covers,
+ * one never numbered, one numbered past the pool's count. */
+START_TEST(test_fence_chain_check)
+{
+    struct fix f;
+    struct rgn z;
+    uintptr_t base = chain_of_two(&f, &z);
+    struct bfc__span *s = span_at(&f, base);
+    struct bfc__fence *head = s->fence, *second = head->extra;
+    ck_assert_ptr_nonnull(second);
+    ck_assert_uint_ge(head->order.armed_after, 1);
+    uint64_t count = atomic_load(&f.pool.inserted);
+    struct { struct bfc__fence *f; uint64_t v; } bad[] = {
+        { second, head->order.armed_after }, /* covered by the head */
+        { second, 0 },
+        { second, count + 1 },
+        { head, 0 },
+        { head, count + 1 },
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char buf[256] = "";
+        uint64_t saved = bad[i].f->order.inserted;
+        bad[i].f->order.inserted = bad[i].v;
+        int r = bfc__pool_check(&f.pool, buf, sizeof buf);
+        bad[i].f->order.inserted = saved;
+        ck_assert_msg(r == -1 && strstr(buf, "invariant 6"), "case %zu: check says %d (%s)", i, r, buf);
+    }
+    pcheck(&f.pool);
+    bfc__sim_stream_drain(f.be, f.s1);
+    xput(&f, z, false, f.s1, f.sid1);
+    fix_fini(&f);
+}
+END_TEST
+
 /* A departure whose event cannot be recorded on a busy stream: never
  * complete before the stream's work is, whatever fails. */
 START_TEST(test_fence_record_fails)
@@ -1201,6 +1391,10 @@ static Suite *pool_suite(void)
     tcase_add_test(tc, test_fence_merge_rules);
     tcase_add_test(tc, test_fence_order);
     tcase_add_loop_test(tc, test_fence_order_model, 0, 8);
+    tcase_add_test(tc, test_fence_order_arm_race);
+    tcase_add_test(tc, test_fence_chain_wait);
+    tcase_add_test(tc, test_fence_chain_recycled);
+    tcase_add_test(tc, test_fence_chain_check);
     tcase_add_test(tc, test_fence_record_fails);
     tcase_add_test(tc, test_best_fit_runs);
     tcase_add_test(tc, test_wait);
