@@ -38,6 +38,7 @@
  */
 #include "fake_cudart.h"
 #include "backend.h" /* white-box: the primary-context table's fork lock */
+#include "meta.h"    /* white-box: bfc__meta_bytes */
 
 #include <shardbfc.h>
 
@@ -291,6 +292,35 @@ START_TEST(test_release_refused_many)
 }
 END_TEST
 
+/* Leaves one granule's handle kept and mapped nowhere: an allocation whose
+ * two tries at a map are both refused, and each try's release of its
+ * handle too (the first handle goes at the second try's pass over the kept
+ * ones).  The allocation fails; the device holds 2 MiB that no
+ * reservation counts. */
+static void keep_unmapped_handle(struct vmm_fix *f)
+{
+    ck_assert(fake_fail_next("cuMemMap", 1, 0));
+    ck_assert(fake_fail_next("cuMemMap", 2, 0));
+    ck_assert(fake_fail_next("cuMemRelease", 1, 0));
+    ck_assert(fake_fail_next("cuMemRelease", 3, 0));
+    ck_assert_ptr_null(bfc_ctx_alloc(f->ctx, f->s, 2 * MiB));
+    ck_assert_uint_eq(device_used() - f->base, reserved(f->ctx) + 2 * MiB);
+}
+
+/* The host metadata a second context's fixture starts from: the process's
+ * first context leaves records behind for the process (its primary
+ * context's), so a count of what a context leaves starts after one. */
+static size_t meta_after_first_ctx(void)
+{
+    struct vmm_fix f;
+    vmm_open(&f);
+    void *p = bfc_ctx_alloc(f.ctx, f.s, 2 * MiB);
+    ck_assert_ptr_nonnull(p);
+    ck_assert_int_eq(bfc_ctx_free(f.ctx, p, f.s), BFC_OK);
+    vmm_done(&f);
+    return bfc__meta_bytes();
+}
+
 /* A kept handle that nothing else reaches: twice a map refused and its
  * handle's release refused too, so that the allocation fails and the
  * device holds a granule that no reservation counts.  Trim gives it back
@@ -308,13 +338,8 @@ START_TEST(test_trim_releases_kept_handles)
     ck_assert_int_eq(bfc_ctx_trim(ctx), BFC_OK);
     ck_assert_uint_eq(reserved(ctx), device_used() - base);
     unsigned long maps = fake_calls("cuMemMap");
-    ck_assert(fake_fail_next("cuMemMap", 1, 0));
-    ck_assert(fake_fail_next("cuMemMap", 2, 0));
-    ck_assert(fake_fail_next("cuMemRelease", 1, 0));
-    ck_assert(fake_fail_next("cuMemRelease", 3, 0));
-    ck_assert_ptr_null(bfc_ctx_alloc(ctx, s, 2 * MiB));
+    keep_unmapped_handle(&f); /* the second map's handle */
     ck_assert_uint_eq(fake_calls("cuMemMap") - maps, 2);
-    ck_assert_uint_eq(device_used() - base, reserved(ctx) + 2 * MiB); /* the second handle, kept */
     ck_assert(fake_fail_next("cuMemRelease", 1, 0));
     ck_assert_int_eq(bfc_ctx_trim(ctx), BFC_EBACKEND);
     ck_assert_uint_eq(device_used() - base, reserved(ctx) + 2 * MiB);
@@ -322,6 +347,97 @@ START_TEST(test_trim_releases_kept_handles)
     ck_assert_uint_eq(reserved(ctx), device_used() - base);
     ck_assert_int_eq(bfc_ctx_free(ctx, keep, s), BFC_OK);
     vmm_done(&f);
+}
+END_TEST
+
+/* A kept handle that holds memory no mapping does (its map refused) is
+ * released by the next map that passes, without a trim. */
+START_TEST(test_map_releases_kept_handles)
+{
+    struct vmm_fix f;
+    vmm_open(&f);
+    void *keep = bfc_ctx_alloc(f.ctx, f.s, 2 * MiB);
+    ck_assert_ptr_nonnull(keep);
+    keep_unmapped_handle(&f); /* one handle kept */
+    void *p = bfc_ctx_alloc(f.ctx, f.s, 2 * MiB);
+    ck_assert_msg(p != NULL, "%s", bfc_err_name(bfc_last_error()));
+    ck_assert_uint_eq(device_used() - f.base, reserved(f.ctx)); /* released by that map */
+    ck_assert_int_eq(bfc_ctx_free(f.ctx, p, f.s), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_free(f.ctx, keep, f.s), BFC_OK);
+    vmm_done(&f);
+}
+END_TEST
+
+/* Kept handles are each released again, also when the driver refuses one
+ * of them again: three kept (maps refused, and their releases), then a map
+ * whose pass refuses the first: the other two go. */
+START_TEST(test_kept_handles_released_past_a_refusal)
+{
+    struct vmm_fix f;
+    vmm_open(&f);
+    void *keep = bfc_ctx_alloc(f.ctx, f.s, 2 * MiB);
+    ck_assert_ptr_nonnull(keep);
+    keep_unmapped_handle(&f);
+    /* Again, every release refused: the kept one stays, two more join it. */
+    unsigned long releases = fake_calls("cuMemRelease");
+    ck_assert(fake_fail_next("cuMemMap", 1, 0));
+    ck_assert(fake_fail_next("cuMemMap", 2, 0));
+    for (unsigned long k = 1; k <= 5; k++)
+        ck_assert(fake_fail_next("cuMemRelease", k, 0));
+    ck_assert_ptr_null(bfc_ctx_alloc(f.ctx, f.s, 2 * MiB));
+    ck_assert_uint_eq(fake_calls("cuMemRelease") - releases, 5);
+    ck_assert_uint_eq(device_used() - f.base, reserved(f.ctx) + 6 * MiB);
+    ck_assert(fake_fail_next("cuMemRelease", 1, 0));
+    void *p = bfc_ctx_alloc(f.ctx, f.s, 2 * MiB);
+    ck_assert_msg(p != NULL, "%s", bfc_err_name(bfc_last_error()));
+    ck_assert_uint_eq(device_used() - f.base, reserved(f.ctx) + 2 * MiB); /* only the refused one */
+    ck_assert_int_eq(bfc_ctx_free(f.ctx, p, f.s), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_free(f.ctx, keep, f.s), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_trim(f.ctx), BFC_OK);
+    ck_assert_uint_eq(device_used() - f.base, reserved(f.ctx));
+    vmm_done(&f);
+}
+END_TEST
+
+/* A kept handle the driver still refuses at trim goes at the context's
+ * destruction: the device holds nothing of it after (and no record of it
+ * is left behind). */
+START_TEST(test_close_releases_kept_handles)
+{
+    size_t meta0 = meta_after_first_ctx();
+    struct vmm_fix f;
+    vmm_open(&f);
+    keep_unmapped_handle(&f);
+    unsigned long releases = fake_calls("cuMemRelease");
+    ck_assert(fake_fail_next("cuMemRelease", 1, 0));
+    ck_assert(fake_fail_next("cuMemRelease", 2, 0));
+    ck_assert_int_eq(bfc_ctx_trim(f.ctx), BFC_EBACKEND);
+    ck_assert_uint_eq(fake_calls("cuMemRelease") - releases, 2); /* no failure left pending */
+    ck_assert_uint_eq(device_used() - f.base, reserved(f.ctx) + 2 * MiB);
+    vmm_done(&f); /* the device's use and the fake's live objects as before */
+    ck_assert_uint_eq(bfc__meta_bytes(), meta0);
+}
+END_TEST
+
+/* ... and when the driver refuses it to the end, the context's destruction
+ * still frees its record (the device keeps the granule: lost to the
+ * process, as the fake reports). */
+START_TEST(test_close_frees_refused_handle_records)
+{
+    size_t meta0 = meta_after_first_ctx();
+    struct vmm_fix f;
+    vmm_open(&f);
+    keep_unmapped_handle(&f);
+    for (unsigned long k = 1; k <= 8; k++) /* every release from now on */
+        ck_assert(fake_fail_next("cuMemRelease", k, 0));
+    unsigned long releases = fake_calls("cuMemRelease");
+    bfc_ctx_destroy(f.ctx);
+    ck_assert_uint_ge(fake_calls("cuMemRelease") - releases, 1);
+    ck_assert_uint_le(fake_calls("cuMemRelease") - releases, 8);
+    ck_assert_int_eq(cudaStreamDestroy(f.s), cudaSuccess);
+    ck_assert_uint_eq(device_used() - f.base, 2 * MiB);
+    ck_assert_uint_eq(bfc__meta_bytes(), meta0);
+    fclose(f.null);
 }
 END_TEST
 
@@ -761,6 +877,10 @@ int main(void)
     tcase_add_test(tc, test_release_refused_handle_kept);
     tcase_add_test(tc, test_release_refused_many);
     tcase_add_test(tc, test_trim_releases_kept_handles);
+    tcase_add_test(tc, test_map_releases_kept_handles);
+    tcase_add_test(tc, test_kept_handles_released_past_a_refusal);
+    tcase_add_test(tc, test_close_releases_kept_handles);
+    tcase_add_test(tc, test_close_frees_refused_handle_records);
     tcase_add_test(tc, test_no_device_error_after_open);
     tcase_add_test(tc, test_map_rollback_refused);
     tcase_add_test(tc, test_device_switch_leaves_caller_alone);
