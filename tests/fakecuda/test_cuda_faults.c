@@ -38,7 +38,7 @@
  */
 #include "fake_cudart.h"
 #include "backend.h" /* white-box: the primary-context table's fork lock */
-#include "meta.h"    /* white-box: bfc__meta_bytes */
+#include "meta.h"    /* white-box: bfc__meta_bytes, its fault injection */
 
 #include <shardbfc.h>
 
@@ -206,12 +206,6 @@ START_TEST(test_own_release_waits)
 }
 END_TEST
 
-/* cuMemRelease refused for a granule's handle just after its map, alone
- * (the granule serves) and with the map itself refused (the handle holds
- * memory no mapping does): the handle is released again at a later call,
- * so once trim has unmapped everything the device holds nothing more of
- * it, where before the granule's memory stayed taken for the process's
- * life. */
 /* An expandable context and a stream, with the device's use and the fake's
  * live objects before them: vmm_done checks that both are back. */
 struct vmm_fix {
@@ -242,6 +236,12 @@ static void vmm_done(struct vmm_fix *f)
     fclose(f->null);
 }
 
+/* cuMemRelease refused for a granule's handle just after its map, alone
+ * (the granule serves) and with the map itself refused (the handle holds
+ * memory no mapping does): the handle is released again at a later call,
+ * so once trim has unmapped everything the device holds nothing more of
+ * it, where before the granule's memory stayed taken for the process's
+ * life. */
 static void release_refused(const char *also_fails)
 {
     struct vmm_fix f;
@@ -368,6 +368,25 @@ START_TEST(test_map_releases_kept_handles)
 }
 END_TEST
 
+/* ... and so does an unmap outside trim: a free whose granules go. */
+START_TEST(test_unmap_releases_kept_handles)
+{
+    struct vmm_fix f;
+    vmm_open(&f);
+    void *keep = bfc_ctx_alloc(f.ctx, f.s, 2 * MiB);
+    void *big = bfc_ctx_alloc(f.ctx, f.s, 32 * MiB);
+    ck_assert_ptr_nonnull(keep);
+    ck_assert_ptr_nonnull(big);
+    keep_unmapped_handle(&f);
+    unsigned long unmaps = fake_calls("cuMemUnmap");
+    ck_assert_int_eq(bfc_ctx_free(f.ctx, big, f.s), BFC_OK);
+    ck_assert_uint_gt(fake_calls("cuMemUnmap"), unmaps);
+    ck_assert_uint_eq(device_used() - f.base, reserved(f.ctx));
+    ck_assert_int_eq(bfc_ctx_free(f.ctx, keep, f.s), BFC_OK);
+    vmm_done(&f);
+}
+END_TEST
+
 /* Kept handles are each released again, also when the driver refuses one
  * of them again: three kept (maps refused, and their releases), then a map
  * whose pass refuses the first: the other two go. */
@@ -437,6 +456,62 @@ START_TEST(test_close_frees_refused_handle_records)
     ck_assert_int_eq(cudaStreamDestroy(f.s), cudaSuccess);
     ck_assert_uint_eq(device_used() - f.base, 2 * MiB);
     ck_assert_uint_eq(bfc__meta_bytes(), meta0);
+    fclose(f.null);
+}
+END_TEST
+
+
+/* A refused release whose handle cannot be kept (no host metadata for its
+ * record): the map fails and is rolled back, and the allocation's next try
+ * maps afresh.  The granule is lost to the process (the driver holds it),
+ * the one case where the device keeps more than the reservations count,
+ * even after the context's destruction. */
+/* A trim with no kept handle and nothing to unmap enters no device: no
+ * context is asked for, pushed or switched to (a kept handle's pass runs
+ * only when there is one). */
+START_TEST(test_idle_trim_leaves_device_alone)
+{
+    static const char *const calls[] = {"cuCtxGetCurrent", "cuCtxPushCurrent", "cudaSetDevice"};
+    unsigned long before[3];
+    struct vmm_fix f;
+    vmm_open(&f);
+    void *p = bfc_ctx_alloc(f.ctx, f.s, 2 * MiB);
+    ck_assert_ptr_nonnull(p);
+    ck_assert_int_eq(bfc_ctx_free(f.ctx, p, f.s), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_trim(f.ctx), BFC_OK);
+    for (int i = 0; i < 3; i++)
+        before[i] = fake_calls(calls[i]);
+    ck_assert_int_eq(bfc_ctx_trim(f.ctx), BFC_OK);
+    for (int i = 0; i < 3; i++)
+        ck_assert_msg(fake_calls(calls[i]) == before[i], "%s called", calls[i]);
+    vmm_done(&f);
+}
+END_TEST
+
+START_TEST(test_release_refused_no_record)
+{
+    struct vmm_fix f;
+    vmm_open(&f);
+    void *keep = bfc_ctx_alloc(f.ctx, f.s, 2 * MiB);
+    ck_assert_ptr_nonnull(keep);
+    unsigned long maps = fake_calls("cuMemMap"), unmaps = fake_calls("cuMemUnmap");
+    uint64_t failed = bfc__meta_failures();
+    ck_assert(fake_fail_next("cuMemRelease", 1, 0));
+    bfc__meta_fail_every(1);
+    void *p = bfc_ctx_alloc(f.ctx, f.s, 2 * MiB);
+    bfc__meta_fail_every(0);
+    ck_assert_uint_eq(bfc__meta_failures() - failed, 1); /* the record, alone */
+    ck_assert_msg(p != NULL, "%s", bfc_err_name(bfc_last_error()));
+    ck_assert_uint_eq(fake_calls("cuMemMap") - maps, 2);
+    ck_assert_uint_eq(fake_calls("cuMemUnmap") - unmaps, 1);
+    ck_assert_uint_eq(device_used() - f.base, reserved(f.ctx) + 2 * MiB);
+    ck_assert_int_eq(bfc_ctx_free(f.ctx, p, f.s), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_free(f.ctx, keep, f.s), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_trim(f.ctx), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_check(f.ctx), BFC_OK);
+    bfc_ctx_destroy(f.ctx);
+    ck_assert_int_eq(cudaStreamDestroy(f.s), cudaSuccess);
+    ck_assert_uint_eq(device_used() - f.base, 2 * MiB);
     fclose(f.null);
 }
 END_TEST
@@ -878,9 +953,12 @@ int main(void)
     tcase_add_test(tc, test_release_refused_many);
     tcase_add_test(tc, test_trim_releases_kept_handles);
     tcase_add_test(tc, test_map_releases_kept_handles);
+    tcase_add_test(tc, test_unmap_releases_kept_handles);
     tcase_add_test(tc, test_kept_handles_released_past_a_refusal);
     tcase_add_test(tc, test_close_releases_kept_handles);
     tcase_add_test(tc, test_close_frees_refused_handle_records);
+    tcase_add_test(tc, test_idle_trim_leaves_device_alone);
+    tcase_add_test(tc, test_release_refused_no_record);
     tcase_add_test(tc, test_no_device_error_after_open);
     tcase_add_test(tc, test_map_rollback_refused);
     tcase_add_test(tc, test_device_switch_leaves_caller_alone);
