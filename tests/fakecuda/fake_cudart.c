@@ -276,11 +276,15 @@ struct vres {
     struct vres *next;
 };
 
+/* A physical allocation.  Every live one is on g_handles, as a driver
+ * keeps its own: a handle the library lost (its release refused to the
+ * end) is the device's memory still, not a leak of this process's heap. */
 struct vhandle {
     size_t size;
     int device;
     bool released;
     int nmaps;
+    struct vhandle *prev, *next;
 };
 
 struct vmapping {
@@ -298,6 +302,7 @@ static struct dalloc *g_allocs;
 static struct hostreg *g_hostregs;
 static struct vres *g_res;
 static struct vmapping *g_maps;
+static struct vhandle *g_handles;
 static _Thread_local struct fstream *t_pts[MAX_DEV]; /* cudaStreamPerThread */
 
 /* Calls counted per function name, and the failures to inject. */
@@ -1968,6 +1973,10 @@ static CUresult fk_cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, con
 
         v->size = size;
         v->device = dev;
+        v->next = g_handles;
+        if (g_handles)
+            g_handles->prev = v;
+        g_handles = v;
         g_used[dev] += size;
         *h = (CUmemGenericAllocationHandle)(uintptr_t)v;
     }
@@ -1983,6 +1992,12 @@ static void handle_maybe_free(struct vhandle *v)
 {
     if (v->released && v->nmaps == 0) {
         g_used[v->device] -= v->size;
+        if (v->prev)
+            v->prev->next = v->next;
+        else
+            g_handles = v->next;
+        if (v->next)
+            v->next->prev = v->prev;
         free(v);
     }
 }
