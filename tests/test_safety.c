@@ -1618,7 +1618,7 @@ struct dep_race {
     size_t b2n;
     atomic_bool stop;
     atomic_int violations, errors;
-    atomic_uint_fast64_t c_got, c_refused;
+    atomic_uint_fast64_t c_got;
     char first[256];
     atomic_flag first_taken;
 };
@@ -1718,12 +1718,11 @@ static void *dep_taker(void *arg)
         size_t n = (1 + rng_next(&rng) % 8) << 20;
         for (; k < 32 && (v[k] = bfc_ctx_alloc(r->ctx, r->c, n)) != NULL; k++) {
             size_t got = bfc_ctx_allocated_size(r->ctx, v[k]);
-            if (r->b2 && (char *)v[k] < (char *)r->b2 + r->b2n && (char *)r->b2 < (char *)v[k] + got)
+            if (r->b2 && overlaps(v[k], got, r->b2, r->b2n))
                 dep_note(r, &r->violations, "seed %" PRIu64 " cycle %d: C got [%p, +%zu) inside b2 [%p, +%zu), freed on A while A is held",
                          r->seed, i, v[k], got, r->b2, r->b2n);
         }
         atomic_fetch_add(&r->c_got, (uint64_t)k);
-        atomic_fetch_add(&r->c_refused, k < 32);
         if (r->b2 && !dep_b2_mapped(r))
             dep_note(r, &r->violations, "seed %" PRIu64 " cycle %d: b2's granules unmapped while A is held", r->seed, i);
         for (int j = 0; j < k; j++)
