@@ -1600,8 +1600,9 @@ END_TEST
  * statistics throughout.  The departures reach the region pool within a
  * few hundred nanoseconds of each other, taken in in either order.  A pool
  * that kept only the fence taken in last handed b2 to C a few times in
- * 3,000 cycles (the first configuration, seed 1, on a quiet machine: all
- * of eight runs failed; beside two busy loops, the one run tried passed).
+ * 3,000 cycles (the first configuration, seed 1: nine of ten runs on a
+ * mostly quiet machine failed; beside two busy loops, the one run tried
+ * passed).
  * Each seed bounds the random spins before each side's step differently,
  * which moves that moment around.  test_pool's fence-order cases check
  * the rule itself, deterministically.
