@@ -57,6 +57,9 @@
  * legacy default stream (NULL and cudaStreamLegacy) allocates and frees;
  * granules an expandable shard marked to leave while its stream was busy
  * go to another stream's growth once its work is done (leaving_to_growth);
+ * a stream released and destroyed while its work still runs, its blocks
+ * freed afterwards on another stream, which gets their memory only once
+ * that work is done (released_destroyed, a child process per arena kind);
  * device errors surface as BFC_EBACKEND (a child process whose context a
  * trapping kernel broke: a sticky error cannot be undone in-process).
  * BFC_GPU_NO_TRAP=1 leaves that child out (compute-sanitizer reports the
@@ -864,6 +867,23 @@ static int sticky_child(void)
     return fails ? 1 : 0;
 }
 
+/* Runs this program again with arg1 and arg2 (a child process) and asserts
+ * that it exits 0, or 77 (nothing to check here) where may_skip. */
+static void spawn_child(const char *arg1, const char *arg2, bool may_skip, const char *what)
+{
+    char *argv[] = {(char *)"test_gpu_streams", (char *)arg1, (char *)arg2, NULL};
+    pid_t pid;
+    int status = 0, rc;
+
+    fflush(stdout);
+    rc = posix_spawn(&pid, "/proc/self/exe", NULL, NULL, argv, environ);
+    ck_assert_msg(rc == 0, "posix_spawn: %s", strerror(rc));
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    ck_assert_msg(WIFEXITED(status) &&
+                      (WEXITSTATUS(status) == 0 || (may_skip && WEXITSTATUS(status) == 77)),
+                  "%s (status %d): see its lines above", what, status);
+}
+
 /*
  * In a child process (a fault would break its context for good): an
  * expandable context destroyed while a kernel queued before the free still
@@ -904,37 +924,122 @@ static int destroy_child(void)
 
 START_TEST(test_destroy_waits)
 {
-    char *argv[] = {(char *)"test_gpu_streams", (char *)"--destroy-child", NULL};
-    pid_t pid;
-    int status = 0, rc;
+    spawn_child("--destroy-child", NULL, true,
+                "the destroy child failed: an expandable context unmapped pages a queued "
+                "kernel still wrote");
+}
+END_TEST
 
-    fflush(stdout);
-    rc = posix_spawn(&pid, "/proc/self/exe", NULL, NULL, argv, environ);
-    ck_assert_msg(rc == 0, "posix_spawn: %s", strerror(rc));
-    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
-    ck_assert_msg(WIFEXITED(status) && (WEXITSTATUS(status) == 0 || WEXITSTATUS(status) == 77),
-                  "the destroy child failed (status %d): an expandable context unmapped pages a "
-                  "queued kernel still wrote",
-                  status);
+/*
+ * In a child process (an early unmap is a fault that breaks the context
+ * for good): a stream released while its work still runs, then destroyed
+ * -- as bfc_ctx_stream_release's contract allows --, its blocks freed
+ * afterwards on an idle stream C.  The last free makes the retired
+ * shard's memory leave while A's spin and late fill still run, so that
+ * departure is fenced on A, whose handle is gone: the library either
+ * records on it (a driver that keeps a busy stream's object until its
+ * work ends) or, refused, waits for the whole device.  C then takes the
+ * memory under a limit that leaves it nothing else; every block must hold
+ * C's pattern, and the device must be healthy.  vmm selects an expandable
+ * arena.  Exit 0 when it holds, 1 when a block was overwritten or the
+ * device faulted, 2 on a failed call, 77 when vmm=on is refused.
+ */
+static int released_destroyed_child(bool vmm)
+{
+    static const size_t n[] = TIGHT_SET;
+    enum { NB = sizeof(n) / sizeof(n[0]) };
+    const char *spec = vmm ? VTIGHT : TIGHT;
+    bfc_config_t cfg;
+    bfc_ctx_t *ctx = NULL;
+    cudaStream_t a, c;
+    void *first[NB], *second[NB];
+    double t0, t_free, t_alloc;
+    cudaError_t e;
+    int fails = 0;
+
+    if (bfc_test_load() != cudaSuccess)
+        return 2;
+    bfc_config_init(&cfg);
+    if (bfc_config_parse(&cfg, "backend=cuda") != BFC_OK)
+        return 2;
+    if (bfc_config_parse(&cfg, spec) != BFC_OK || bfc_ctx_create(&cfg, &ctx) != BFC_OK) {
+        printf("released-destroyed child: %s refused: not checked\n", spec);
+        return vmm ? 77 : 2;
+    }
+    if (cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking) != cudaSuccess ||
+        cudaStreamCreateWithFlags(&c, cudaStreamNonBlocking) != cudaSuccess)
+        return 2;
+    for (unsigned i = 0; i < NB; i++)
+        if (!(first[i] = bfc_ctx_alloc(ctx, (bfc_stream_t)a, n[i])) ||
+            bfc_test_fill(first[i], n[i], 0x800 + i, a) != cudaSuccess)
+            return 2;
+    if (bfc_test_spin(a, spin_ns()) != cudaSuccess)
+        return 2;
+    for (unsigned i = 0; i < NB; i++)
+        if (bfc_test_fill(first[i], n[i], 0x900 + i, a) != cudaSuccess)
+            return 2;
+    if (bfc_ctx_stream_release(ctx, (bfc_stream_t)a) != BFC_OK ||
+        cudaStreamDestroy(a) != cudaSuccess) /* A's work runs on */
+        return 2;
+    t0 = now_s();
+    for (unsigned i = 0; i < NB; i++)
+        if (bfc_ctx_free(ctx, first[i], (bfc_stream_t)c) != BFC_OK)
+            return 2;
+    t_free = now_s() - t0;
+    t0 = now_s();
+    for (unsigned i = 0; i < NB; i++) {
+        if (!(second[i] = bfc_ctx_alloc(ctx, (bfc_stream_t)c, n[i]))) {
+            printf("released-destroyed child: alloc(%zu) on C: %s\n", n[i],
+                   bfc_err_name(bfc_last_error()));
+            return 2;
+        }
+        if (bfc_test_fill(second[i], n[i], 0xa00 + i, c) != cudaSuccess)
+            return 2;
+    }
+    t_alloc = now_s() - t0;
+    e = cudaDeviceSynchronize();
+    printf("released-destroyed child (%s): the frees took %.1f ms, C's allocations %.1f ms "
+           "(spin %.0f ms); the device after: %s\n",
+           vmm ? "expandable" : "classic", t_free * 1e3, t_alloc * 1e3, spin_ns() * 1e-6,
+           cudaGetErrorName(e));
+    if (e != cudaSuccess)
+        return 1;
+    for (unsigned i = 0; i < NB; i++) {
+        unsigned long long bad = count_bad_raw(second[i], n[i], 0xa00 + i);
+
+        if (bad == ULLONG_MAX)
+            return 2;
+        if (bad) {
+            printf("released-destroyed child: block %u (%zu bytes) has %llu words written by "
+                   "the destroyed stream's late fill: reused too early\n",
+                   i, n[i], bad);
+            fails++;
+        }
+    }
+    for (unsigned i = 0; i < NB; i++)
+        if (bfc_ctx_free(ctx, second[i], (bfc_stream_t)c) != BFC_OK)
+            return 2;
+    if (cudaDeviceSynchronize() != cudaSuccess || bfc_ctx_check(ctx) != BFC_OK)
+        return 2;
+    bfc_ctx_destroy(ctx);
+    return fails ? 1 : 0;
+}
+
+START_TEST(test_released_destroyed)
+{
+    spawn_child("--released-destroyed-child", _i ? "vmm" : "classic", true,
+                _i ? "the released, destroyed stream's expandable shard"
+                   : "the released, destroyed stream's shard");
 }
 END_TEST
 
 START_TEST(test_device_errors)
 {
-    char *argv[] = {(char *)"test_gpu_streams", (char *)"--sticky-error-child", NULL};
-    pid_t pid;
-    int status = 0, rc;
-
     if (getenv("BFC_GPU_NO_TRAP")) {
         printf("test_gpu_streams: device errors: SKIP (BFC_GPU_NO_TRAP is set)\n");
         return;
     }
-    fflush(stdout);
-    rc = posix_spawn(&pid, "/proc/self/exe", NULL, NULL, argv, environ);
-    ck_assert_msg(rc == 0, "posix_spawn: %s", strerror(rc));
-    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
-    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0,
-                  "the sticky-error child failed (status %d): see its lines above", status);
+    spawn_child("--sticky-error-child", NULL, false, "the sticky-error child failed");
 }
 END_TEST
 
@@ -956,6 +1061,7 @@ static int run_suite(void)
     tcase_add_test(sp, test_leaving_to_growth);
     tcase_add_test(sp, test_device_errors);
     tcase_add_test(sp, test_destroy_waits);
+    tcase_add_loop_test(sp, test_released_destroyed, 0, 2);
     tcase_set_timeout(tp, 120);
     tcase_set_timeout(sp, 120);
     suite_add_tcase(s, ctl);
@@ -990,6 +1096,8 @@ int main(int argc, char **argv)
         return sticky_child();
     if (argc > 1 && strcmp(argv[1], "--destroy-child") == 0)
         return destroy_child();
+    if (argc > 2 && strcmp(argv[1], "--released-destroyed-child") == 0)
+        return released_destroyed_child(strcmp(argv[2], "vmm") == 0);
     e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess || n == 0) {
         printf("test_gpu_streams: no usable CUDA device (%s): skipping the GPU tests\n",
