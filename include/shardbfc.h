@@ -423,8 +423,10 @@ BFC_API int bfc_config_validate_err(const bfc_config_t *cfg, char *err, size_t e
  *     too -- RLIMIT_AS, valgrind, a limit beyond it, thousands of
  *     shards -- a sixteenth of the limit, halved
  *     until it fits but never below the first block: that shard grows
- *     within its range only, and an allocation fails with BFC_ENOMEM when
- *     not even its block's addresses can be had) and
+ *     within its range only, but a block larger than the range, asked for
+ *     while nothing of the shard is live, makes it reserve again, the full
+ *     range where the address space takes it by then; an allocation fails
+ *     with BFC_ENOMEM when not even its block's addresses can be had) and
  *     maps device memory behind it granule by granule (2 MiB on SIM and
  *     most GPUs): an allocation maps exactly the granules its block lacks
  *     -- no doubling --, and bytes_reserved counts mapped bytes.  Free

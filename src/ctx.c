@@ -918,22 +918,29 @@ static void *expand_fit(struct bfc__arena *a, size_t n, size_t rounded, int *st)
 }
 
 /*
- * A shard with nothing live trades its reservation for a departed one of
- * its own stream that holds more mapped memory, as a new shard of the
- * stream would adopt it (expand.c, "Departure").  The case: a shard was
- * released while a block of it was pending on another stream's fence, its
- * stream meanwhile made this shard, and the old reservation departed only
- * later, fenced on the stream's queued work.  Without the trade the
- * stream's allocations are refused (or wait for its own work, on a GPU)
- * while its own memory holds the limit (found by make fuzz: limit 4 MiB,
- * all of it departed, 13 KB refused).  Ours departs fenced as any other;
- * nothing is mapped or unmapped.
+ * A shard with nothing live trades its reservation for another:
+ *  - for a departed one of its own stream that holds more mapped memory,
+ *    as a new shard of the stream would adopt it (expand.c, "Departure").
+ *    The case: a shard was released while a block of it was pending on
+ *    another stream's fence, its stream meanwhile made this shard, and the
+ *    old reservation departed only later, fenced on the stream's queued
+ *    work.  Without the trade the stream's allocations are refused (or
+ *    wait for its own work, on a GPU) while its own memory holds the limit
+ *    (found by make fuzz: limit 4 MiB, all of it departed, 13 KB refused).
+ *  - for a new one, when the block does not fit its range at all: a range
+ *    short of the limit is a fallback taken while the address space was
+ *    short (expand.c, reserve()), and the addresses may have come back
+ *    since.  Without it such a shard refused every larger block until a
+ *    trim or its stream's release, with the limit free.  If the address
+ *    space still refuses, the shard is left without a reservation, which
+ *    its next allocation asks for again.
+ * Ours departs fenced as any other; nothing is mapped or unmapped.
  */
 static bool expand_trade(struct bfc__arena *a, size_t rounded)
 {
     struct bfc__expand *x = a->x;
     if (!x || x->region->live != 0 ||
-        bfc__pool_vmm_gone_mapped(a->env->pool, a->stream_id, rounded) <= x->mapped_bytes)
+        (rounded <= x->size && bfc__pool_vmm_gone_mapped(a->env->pool, a->stream_id, rounded) <= x->mapped_bytes))
         return false;
     bfc__arena_region_depart(a, x->region, true);
     return true;

@@ -283,7 +283,9 @@ static size_t range_bytes(const struct bfc__arena_env *env)
  * (128 TiB of user addresses hold about 1,000 ranges of 128 GiB and their
  * handle tables) -- a sixteenth of the limit, halved until the
  * address space takes it but never below `need` (the block that asks,
- * rounded to the granule): the shard then grows within that range only, and
+ * rounded to the granule): the shard then grows within that range only
+ * (until, holding nothing live, it is asked for a block the range cannot
+ * hold: ctx.c's expand_trade gives the range up and reserves again), and
  * the sixteenth leaves room for many more shards where a plain halving would
  * let each next shard take half of what is left.  BFC_ENOMEM when not even
  * `need` fits.

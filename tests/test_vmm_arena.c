@@ -1848,6 +1848,47 @@ START_TEST(test_reserve_fallback)
 }
 END_TEST
 
+/*
+ * A shard left in a fallback range (a sixteenth of the limit) while the
+ * address space was short: once it holds nothing live, a block larger
+ * than that range makes it reserve again -- the full range, the addresses
+ * having come back meanwhile -- instead of failing until a trim or its
+ * stream's release.  While it still holds a live block it grows within
+ * its range only, as before.
+ */
+START_TEST(test_reserve_fallback_regrows)
+{
+    const size_t limit = 64 * MiB, range = 2 * limit;
+    bfc_ctx_t *ctx = ctx_spec("memory_limit=64M,vmm=on,retry_ms=0", G);
+    bfc__sim_set_va_ceiling(ctx->be, range + limit / 8);
+    bfc_stream_t s0 = bfc_sim_stream_create(ctx), s1 = bfc_sim_stream_create(ctx);
+    char *a0 = touch_alloc(ctx, s0, MiB); /* the whole range */
+    char *a1 = touch_alloc(ctx, s1, MiB); /* a sixteenth: 4 MiB */
+    char *b1 = touch_alloc(ctx, s1, MiB);
+    /* s0's addresses go back, and the trim leaves s1's range alone (live). */
+    ck_assert_int_eq(bfc_ctx_free(ctx, a0, s0), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_stream_release(ctx, s0), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_trim(ctx), BFC_OK);
+    /* A live block: the range is all s1 has. */
+    ck_assert_int_eq(bfc_ctx_free(ctx, a1, s1), BFC_OK);
+    ck_assert_ptr_null(bfc_ctx_alloc(ctx, s1, 8 * MiB));
+    ck_assert_int_eq(bfc_last_error(), BFC_ENOMEM);
+    check_ok(ctx);
+    /* Nothing live: a new reservation serves 32 MiB. */
+    ck_assert_int_eq(bfc_ctx_free(ctx, b1, s1), BFC_OK);
+    char *c1 = touch_alloc(ctx, s1, 32 * MiB);
+    char *d1 = touch_alloc(ctx, s1, 16 * MiB);
+    check_ok(ctx);
+    ck_assert_uint_le(reserved(ctx), limit);
+    ck_assert_int_eq(bfc_ctx_free(ctx, c1, s1), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_free(ctx, d1, s1), BFC_OK);
+    check_ok(ctx);
+    bfc_ctx_destroy(ctx);
+    bfc_sim_stream_destroy(NULL, s0);
+    bfc_sim_stream_destroy(NULL, s1);
+}
+END_TEST
+
 /* One stream whose blocks leave holes that a larger request does not fit:
  * the limit still has room, and the shard's addresses must too (a range of
  * exactly the limit refused the 30 MiB block below with 20 MiB mapped). */
@@ -2162,6 +2203,7 @@ static Suite *vmm_suite(void)
     tcase_add_test(tc, test_leaving_taken_is_churn);
     tcase_add_test(tc, test_growth_elsewhere_at_limit);
     tcase_add_test(tc, test_reserve_fallback);
+    tcase_add_test(tc, test_reserve_fallback_regrows);
     tcase_add_test(tc, test_address_holes);
     tcase_add_test(tc, test_limit_near_2_64);
     tcase_add_test(tc, test_reserve_table_refused);
