@@ -424,9 +424,12 @@ BFC_API int bfc_config_validate_err(const bfc_config_t *cfg, char *err, size_t e
  *     shards -- a sixteenth of the limit, halved
  *     until it fits but never below the first block: that shard grows
  *     within its range only, but a block larger than the range, asked for
- *     while nothing of the shard is live, makes it reserve again, the full
- *     range where the address space takes it by then; an allocation fails
- *     with BFC_ENOMEM when not even its block's addresses can be had) and
+ *     while the shard holds no block (none live, none whose free waits for
+ *     a fence), makes it reserve again -- the full range where the address
+ *     space takes it by then, or a departed reservation of its stream --
+ *     and give the old range up, which it keeps where the address space
+ *     still refuses; an allocation fails with BFC_ENOMEM when not even its
+ *     block's addresses can be had) and
  *     maps device memory behind it granule by granule (2 MiB on SIM and
  *     most GPUs): an allocation maps exactly the granules its block lacks
  *     -- no doubling --, and bytes_reserved counts mapped bytes.  Free

@@ -931,16 +931,40 @@ static void *expand_fit(struct bfc__arena *a, size_t n, size_t rounded, int *st)
  *    short of the limit is a fallback taken while the address space was
  *    short (expand.c, reserve()), and the addresses may have come back
  *    since.  Without it such a shard refused every larger block until a
- *    trim or its stream's release, with the limit free.  If the address
- *    space still refuses, the shard is left without a reservation, which
- *    its next allocation asks for again.
+ *    trim or its stream's release, with the limit free.  The new range is
+ *    had before the old one goes (expand_regrow): where the address space
+ *    still refuses, the shard keeps its range, as a hopeless request must
+ *    leave it.
  * Ours departs fenced as any other; nothing is mapped or unmapped.
  */
+static bool expand_regrow(struct bfc__arena *a, size_t rounded)
+{
+    /* bfc__arena_expand_locked makes a->x; the old one is set aside until
+     * the new exists, then departs as itself (bfc__expand_depart_locked
+     * works on a->x).  Both regions are the arena's meanwhile, under its
+     * lock: the old one holds nothing, so no lookup finds a block in it. */
+    struct bfc__expand *old = a->x;
+    a->x = NULL;
+    if (bfc__arena_expand_locked(a, rounded) != BFC_OK) {
+        a->x = old;
+        return false;
+    }
+    struct bfc__expand *nx = a->x;
+    nx->deferred = true; /* as a shard's first: the slow path maps where it must */
+    a->x = old;
+    bfc__arena_region_depart(a, old->region, true);
+    a->x = nx;
+    return true;
+}
+
 static bool expand_trade(struct bfc__arena *a, size_t rounded)
 {
     struct bfc__expand *x = a->x;
-    if (!x || x->region->live != 0 ||
-        (rounded <= x->size && bfc__pool_vmm_gone_mapped(a->env->pool, a->stream_id, rounded) <= x->mapped_bytes))
+    if (!x || x->region->live != 0)
+        return false;
+    if (rounded > x->size)
+        return expand_regrow(a, rounded);
+    if (bfc__pool_vmm_gone_mapped(a->env->pool, a->stream_id, rounded) <= x->mapped_bytes)
         return false;
     bfc__arena_region_depart(a, x->region, true);
     return true;

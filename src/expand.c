@@ -159,7 +159,10 @@
  *     already holds a reservation when its stream's old one departs (the
  *     released shard still owned a block pending on another stream) trades
  *     its own for it once it has nothing live and cannot fit (ctx.c,
- *     expand_trade); the pool hands out the one with the most mapped.
+ *     expand_trade); the pool hands out the one with the most mapped.  A
+ *     shard in a fallback range (reserve(), below) with nothing live that
+ *     is asked for a block its range cannot hold makes a new reservation
+ *     first, then lets the old one depart (ctx.c, expand_regrow).
  *
  * large_alloc is ignored: a big block is one chunk like any other, and its
  * granules go back when it is freed.
@@ -285,7 +288,8 @@ static size_t range_bytes(const struct bfc__arena_env *env)
  * address space takes it but never below `need` (the block that asks,
  * rounded to the granule): the shard then grows within that range only
  * (until, holding nothing live, it is asked for a block the range cannot
- * hold: ctx.c's expand_trade gives the range up and reserves again), and
+ * hold: ctx.c's expand_regrow reserves again and only then gives the range
+ * up), and
  * the sixteenth leaves room for many more shards where a plain halving would
  * let each next shard take half of what is left.  BFC_ENOMEM when not even
  * `need` fits.

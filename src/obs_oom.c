@@ -325,7 +325,7 @@ static void diagnose(struct bfc_ctx *ctx, struct bfc__oom_report *r)
     in->num_pool_spans = r->nspans_total;
     /* The requesting stream's id: pool memory it fences is its own work's. */
     const uint64_t own_sid = r->have_id ? r->stream_id : UINT64_MAX;
-    uint64_t own_pending = 0, own_range = 0, own_run = 0, granule_room = 0;
+    uint64_t own_pending = 0, own_range = 0, own_run = 0, own_in_use = 0, granule_room = 0;
     bool own = false;
     for (size_t i = 0; i < r->nshards; i++) {
         const struct bfc__shard_free *s = &r->shards[i];
@@ -345,6 +345,7 @@ static void diagnose(struct bfc_ctx *ctx, struct bfc__oom_report *r)
             if (s->largest_range > own_range)
                 own_range = s->largest_range;
             own = true;
+            own_in_use += s->in_use;
             if (s->largest_run > own_run)
                 own_run = s->largest_run;
             own_pending += s->pending_bytes;
@@ -410,6 +411,17 @@ static void diagnose(struct bfc_ctx *ctx, struct bfc__oom_report *r)
                      "limit reached: %s in use + %s requested > %s, what the %s limit holds in whole "
                      "granules; only freeing live blocks (or a higher memory_limit) helps",
                      a, need, b, lim);
+    } else if (ctx->vmm && own && own_range < R && own_in_use == 0 && own_pending == 0) {
+        /* A range short of the block with nothing in it: a fallback range,
+         * and the new one the shard asked for was refused (ctx.c,
+         * expand_regrow). */
+        in->cause = BFC_OOM_FRAGMENTED;
+        fmt_bytes(a, sizeof a, own_range);
+        snprintf(o, len,
+                 "address space: this stream's reserved range (%s, taken while the address space was "
+                 "short) cannot hold %s, and a larger range was refused; addresses other reservations "
+                 "give back (other streams' or contexts', RLIMIT_AS) let it reserve again",
+                 a, need);
     } else if (ctx->vmm && own && own_range < R) {
         /* Addresses, not memory: the shard's reserved range has no free
          * run for the block (or the address space refused a range). */

@@ -919,14 +919,21 @@ END_TEST
  * granules, and the report says so: a request that needs more of them than
  * the limit holds is too large, one that would pass them with the blocks in
  * use is the limit -- not the device refusing (the backend never saw it). */
-static bfc_oom_info_t expect_oom_cause(bfc_ctx_t *ctx, size_t n, bfc_oom_cause_t cause, const char *text)
+static bfc_oom_info_t expect_oom_cause_on(bfc_ctx_t *ctx, bfc_stream_t s, size_t n, bfc_oom_cause_t cause,
+                                          const char *text)
 {
     bfc_oom_info_t i;
-    ck_assert_ptr_null(bfc_ctx_alloc(ctx, NULL, n));
+    ck_assert_ptr_null(bfc_ctx_alloc(ctx, s, n));
+    ck_assert_int_eq(bfc_last_error(), BFC_ENOMEM);
     ck_assert_int_eq(bfc_ctx_oom_info(ctx, &i), BFC_OK);
     ck_assert_msg(i.cause == cause, "cause %d: %s", (int)i.cause, i.diagnosis);
-    ck_assert_ptr_nonnull(strstr(i.diagnosis, text));
+    ck_assert_msg(strstr(i.diagnosis, text), "no \"%s\" in: %s", text, i.diagnosis);
     return i;
+}
+
+static bfc_oom_info_t expect_oom_cause(bfc_ctx_t *ctx, size_t n, bfc_oom_cause_t cause, const char *text)
+{
+    return expect_oom_cause_on(ctx, NULL, n, cause, text);
 }
 
 START_TEST(test_oom_report_whole_granules)
@@ -1853,17 +1860,29 @@ END_TEST
  * address space was short: once it holds nothing live, a block larger
  * than that range makes it reserve again -- the full range, the addresses
  * having come back meanwhile -- instead of failing until a trim or its
- * stream's release.  While it still holds a live block it grows within
- * its range only, as before.
+ * stream's release.  Where the address space still refuses, the request
+ * fails and the shard keeps its range (another stream cannot take those
+ * addresses from it); while it holds a live block it grows within its
+ * range only, as before.
  */
 START_TEST(test_reserve_fallback_regrows)
 {
     const size_t limit = 64 * MiB, range = 2 * limit;
     bfc_ctx_t *ctx = ctx_spec("memory_limit=64M,vmm=on,retry_ms=0", G);
-    bfc__sim_set_va_ceiling(ctx->be, range + limit / 8);
-    bfc_stream_t s0 = bfc_sim_stream_create(ctx), s1 = bfc_sim_stream_create(ctx);
+    bfc__sim_set_va_ceiling(ctx->be, range + limit / 16);
+    bfc_stream_t s0 = bfc_sim_stream_create(ctx), s1 = bfc_sim_stream_create(ctx),
+                 s2 = bfc_sim_stream_create(ctx);
     char *a0 = touch_alloc(ctx, s0, MiB); /* the whole range */
-    char *a1 = touch_alloc(ctx, s1, MiB); /* a sixteenth: 4 MiB */
+    char *a1 = touch_alloc(ctx, s1, 3 * MiB); /* a sixteenth: 4 MiB, all that is left */
+    /* Nothing live, no addresses anywhere: refused, and the range stays;
+     * the report says the address space refused, not that freeing blocks
+     * of the stream would help (it holds none). */
+    ck_assert_int_eq(bfc_ctx_free(ctx, a1, s1), BFC_OK);
+    expect_oom_cause_on(ctx, s1, 8 * MiB, BFC_OOM_FRAGMENTED, "larger range was refused");
+    check_ok(ctx);
+    ck_assert_ptr_null(bfc_ctx_alloc(ctx, s2, MiB));
+    ck_assert_int_eq(bfc_last_error(), BFC_ENOMEM);
+    a1 = touch_alloc(ctx, s1, MiB);
     char *b1 = touch_alloc(ctx, s1, MiB);
     /* s0's addresses go back, and the trim leaves s1's range alone (live). */
     ck_assert_int_eq(bfc_ctx_free(ctx, a0, s0), BFC_OK);
@@ -1871,8 +1890,7 @@ START_TEST(test_reserve_fallback_regrows)
     ck_assert_int_eq(bfc_ctx_trim(ctx), BFC_OK);
     /* A live block: the range is all s1 has. */
     ck_assert_int_eq(bfc_ctx_free(ctx, a1, s1), BFC_OK);
-    ck_assert_ptr_null(bfc_ctx_alloc(ctx, s1, 8 * MiB));
-    ck_assert_int_eq(bfc_last_error(), BFC_ENOMEM);
+    expect_oom_cause_on(ctx, s1, 8 * MiB, BFC_OOM_FRAGMENTED, "fragmented addresses");
     check_ok(ctx);
     /* Nothing live: a new reservation serves 32 MiB. */
     ck_assert_int_eq(bfc_ctx_free(ctx, b1, s1), BFC_OK);
@@ -1886,6 +1904,7 @@ START_TEST(test_reserve_fallback_regrows)
     bfc_ctx_destroy(ctx);
     bfc_sim_stream_destroy(NULL, s0);
     bfc_sim_stream_destroy(NULL, s1);
+    bfc_sim_stream_destroy(NULL, s2);
 }
 END_TEST
 
