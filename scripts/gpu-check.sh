@@ -633,6 +633,13 @@ st_perf() {
     else
         args=(--backend cuda --workload churn,cross,inference --threads 1,4,16 --seconds 0.5
               --allocators shardbfc,cuda,cuda-async,torch --contexts both)
+        # PyTorch's column needs the shim: built here when the torch-shim
+        # step was skipped (a perf-only run), as that step builds it.
+        if [ ! -f "$build/perf/libshardbfc_perf_torch.so" ]; then
+            local n0=$note
+            st_torch_shim || true
+            note=$n0
+        fi
     fi
     echo "### perf/shardbfc-perf ${args[*]}" >>"$out/perf.log"
     (cd "$build" && SHARDBFC_PERF_TORCH="$build/perf/libshardbfc_perf_torch.so" \
