@@ -412,16 +412,22 @@ static void diagnose(struct bfc_ctx *ctx, struct bfc__oom_report *r)
                      "granules; only freeing live blocks (or a higher memory_limit) helps",
                      a, need, b, lim);
     } else if (ctx->vmm && own && own_range < R && own_in_use == 0 && own_pending == 0) {
-        /* A range short of the block with nothing in it: a fallback range,
-         * and the new one the shard asked for was refused (ctx.c,
-         * expand_regrow). */
+        /* Nothing in the shard's range, yet too short for the block: a
+         * fallback range, and the larger one asked for was refused (ctx.c,
+         * expand_regrow); or no range at all (expand.c, reserve()). */
         in->cause = BFC_OOM_FRAGMENTED;
         fmt_bytes(a, sizeof a, own_range);
-        snprintf(o, len,
-                 "address space: this stream's reserved range (%s, taken while the address space was "
-                 "short) cannot hold %s, and a larger range was refused; addresses other reservations "
-                 "give back (other streams' or contexts', RLIMIT_AS) let it reserve again",
-                 a, need);
+        if (own_range)
+            snprintf(o, len,
+                     "address space: this stream's reserved range (%s, a fallback taken while addresses "
+                     "were short) cannot hold %s, and a larger range was refused; it reserves again once "
+                     "addresses come back (other ranges released, a higher RLIMIT_AS)",
+                     a, need);
+        else
+            snprintf(o, len,
+                     "address space: no range for %s could be reserved for this stream; it reserves "
+                     "again once addresses come back (other ranges released, a higher RLIMIT_AS)",
+                     need);
     } else if (ctx->vmm && own && own_range < R) {
         /* Addresses, not memory: the shard's reserved range has no free
          * run for the block (or the address space refused a range). */
