@@ -171,6 +171,38 @@ START_TEST(test_departed_release_refused)
 }
 END_TEST
 
+/* On the driver: a shard whose first allocation found the address space
+ * short (two cuMemAddressReserve calls refused) grows within a sixteenth
+ * of the limit; once it holds nothing, a block larger than that range is
+ * served from a new reservation, and the old one is freed. */
+START_TEST(test_fallback_range_regrows)
+{
+    size_t base = device_used();
+    bfc_ctx_t *ctx = cuda_ctx("backend=cuda,vmm=on,memory_limit=64M,retry_ms=0,release_threshold=0");
+    cudaStream_t s = new_stream();
+    unsigned long r0 = fake_calls("cuMemAddressReserve"), f0 = fake_calls("cuMemAddressFree");
+    ck_assert(fake_fail_next("cuMemAddressReserve", 1, CUDA_ERROR_OUT_OF_MEMORY));
+    ck_assert(fake_fail_next("cuMemAddressReserve", 2, CUDA_ERROR_OUT_OF_MEMORY));
+    void *a = bfc_ctx_alloc(ctx, s, MiB);
+    ck_assert_ptr_nonnull(a);
+    ck_assert_uint_eq(fake_calls("cuMemAddressReserve"), r0 + 3); /* twice the limit, the limit, 4 MiB */
+    ck_assert_int_eq(bfc_ctx_free(ctx, a, s), BFC_OK);
+    void *b = bfc_ctx_alloc(ctx, s, 32 * MiB);
+    ck_assert_msg(b != NULL, "32 MiB in a 4 MiB range with nothing live: %s", bfc_err_name(bfc_last_error()));
+    ck_assert_uint_eq(fake_calls("cuMemAddressReserve"), r0 + 4);
+    ck_assert_uint_eq(reserved(ctx), device_used() - base);
+    ck_assert_int_eq(bfc_ctx_free(ctx, b, s), BFC_OK);
+    ck_assert_int_eq(cudaStreamSynchronize(s), cudaSuccess);
+    ck_assert_int_eq(bfc_ctx_trim(ctx), BFC_OK);
+    ck_assert_uint_eq(device_used(), base);
+    ck_assert_int_eq(bfc_ctx_check(ctx), BFC_OK);
+    bfc_ctx_destroy(ctx);
+    /* Every reservation made was freed: the old range, and the new one. */
+    ck_assert_uint_eq(fake_calls("cuMemAddressFree"), f0 + 2);
+    ck_assert_int_eq(cudaStreamDestroy(s), cudaSuccess);
+}
+END_TEST
+
 /* An expandable shard at the limit whose free granules lie where its next
  * block does not fit unmaps them to map where it does -- after its own
  * stream's work on them has ended: it waits for that work (the device may
@@ -949,6 +981,7 @@ int main(void)
     tcase_add_test(tc, test_unmap_refused_part_way);
     tcase_add_test(tc, test_departed_release_refused);
     tcase_add_test(tc, test_own_release_waits);
+    tcase_add_test(tc, test_fallback_range_regrows);
     tcase_add_test(tc, test_release_refused_handle_kept);
     tcase_add_test(tc, test_release_refused_many);
     tcase_add_test(tc, test_trim_releases_kept_handles);
