@@ -1094,7 +1094,10 @@ typedef int (*bfc_oom_fn)(bfc_ctx_t *ctx, size_t size, bfc_stream_t stream,
  *                       (chunk, pool span, unreserved limit) is large enough;
  *                       with expandable arenas also (tested before
  *                       BFC_OOM_BACKEND): the stream's reserved range has
- *                       no free run of addresses for the block.
+ *                       no free run of addresses for the block, or the
+ *                       stream has no range that could hold it and the
+ *                       address space refused one (the diagnosis then
+ *                       begins "address space").
  */
 typedef enum {
     BFC_OOM_NONE = 0, /* no allocation of the context has failed yet */
