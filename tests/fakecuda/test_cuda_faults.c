@@ -173,8 +173,9 @@ END_TEST
 
 /* On the driver: a shard whose first allocation found the address space
  * short (two cuMemAddressReserve calls refused) grows within a sixteenth
- * of the limit; once it holds nothing, a block larger than that range is
- * served from a new reservation, and the old one is freed. */
+ * of the limit -- a block of exactly that size is served there --; once it
+ * holds nothing, a block larger than that range is served from a new
+ * reservation, and the old one is freed. */
 START_TEST(test_fallback_range_regrows)
 {
     size_t base = device_used();
@@ -187,6 +188,11 @@ START_TEST(test_fallback_range_regrows)
     ck_assert_ptr_nonnull(a);
     ck_assert_uint_eq(fake_calls("cuMemAddressReserve"), r0 + 3); /* twice the limit, the limit, 4 MiB */
     ck_assert_int_eq(bfc_ctx_free(ctx, a, s), BFC_OK);
+    /* A block the range holds exactly is served there: no new reservation. */
+    void *w = bfc_ctx_alloc(ctx, s, 4 * MiB);
+    ck_assert_ptr_eq(w, a);
+    ck_assert_uint_eq(fake_calls("cuMemAddressReserve"), r0 + 3);
+    ck_assert_int_eq(bfc_ctx_free(ctx, w, s), BFC_OK);
     void *b = bfc_ctx_alloc(ctx, s, 32 * MiB);
     ck_assert_msg(b != NULL, "32 MiB in a 4 MiB range with nothing live: %s", bfc_err_name(bfc_last_error()));
     ck_assert_uint_eq(fake_calls("cuMemAddressReserve"), r0 + 4);
