@@ -1854,6 +1854,42 @@ START_TEST(test_reserve_fallback)
 }
 END_TEST
 
+/* Three SIM streams in a 64 MiB expandable context whose address space
+ * (SIM's ceiling) holds one full range and a sixteenth of the limit: s0's
+ * first block takes the full range, s1's the sixteenth (4 MiB). */
+struct fallback {
+    bfc_ctx_t *ctx;
+    bfc_stream_t s0, s1, s2;
+    char *a0;
+};
+
+static void fallback_setup(struct fallback *f, const char *spec)
+{
+    f->ctx = ctx_spec(spec, G);
+    bfc__sim_set_va_ceiling(f->ctx->be, 2 * 64 * MiB + 4 * MiB);
+    f->s0 = bfc_sim_stream_create(f->ctx);
+    f->s1 = bfc_sim_stream_create(f->ctx);
+    f->s2 = bfc_sim_stream_create(f->ctx);
+    f->a0 = touch_alloc(f->ctx, f->s0, MiB);
+}
+
+/* s0's addresses go back: its block freed, its stream released, a trim. */
+static void fallback_s0_leaves(struct fallback *f)
+{
+    ck_assert_int_eq(bfc_ctx_free(f->ctx, f->a0, f->s0), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_stream_release(f->ctx, f->s0), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_trim(f->ctx), BFC_OK);
+}
+
+static void fallback_teardown(struct fallback *f)
+{
+    check_ok(f->ctx);
+    bfc_ctx_destroy(f->ctx);
+    bfc_sim_stream_destroy(NULL, f->s0);
+    bfc_sim_stream_destroy(NULL, f->s1);
+    bfc_sim_stream_destroy(NULL, f->s2);
+}
+
 /*
  * A shard left in a fallback range (a sixteenth of the limit) while the
  * address space was short: once it holds nothing live, a block larger
@@ -1866,44 +1902,62 @@ END_TEST
  */
 START_TEST(test_reserve_fallback_regrows)
 {
-    const size_t limit = 64 * MiB, range = 2 * limit;
-    bfc_ctx_t *ctx = ctx_spec("memory_limit=64M,vmm=on,retry_ms=0", G);
-    bfc__sim_set_va_ceiling(ctx->be, range + limit / 16);
-    bfc_stream_t s0 = bfc_sim_stream_create(ctx), s1 = bfc_sim_stream_create(ctx),
-                 s2 = bfc_sim_stream_create(ctx);
-    char *a0 = touch_alloc(ctx, s0, MiB); /* the whole range */
-    char *a1 = touch_alloc(ctx, s1, 3 * MiB); /* a sixteenth: 4 MiB, all that is left */
+    struct fallback f;
+    fallback_setup(&f, "memory_limit=64M,vmm=on,retry_ms=0");
+    bfc_ctx_t *ctx = f.ctx;
+    char *a1 = touch_alloc(ctx, f.s1, 3 * MiB); /* all that is left */
     /* Nothing live, no addresses anywhere: refused, and the range stays;
      * the report says the address space refused, not that freeing blocks
      * of the stream would help (it holds none). */
-    ck_assert_int_eq(bfc_ctx_free(ctx, a1, s1), BFC_OK);
-    expect_oom_cause_on(ctx, s1, 8 * MiB, BFC_OOM_FRAGMENTED, "(4.0 MiB, a fallback");
+    ck_assert_int_eq(bfc_ctx_free(ctx, a1, f.s1), BFC_OK);
+    expect_oom_cause_on(ctx, f.s1, 8 * MiB, BFC_OOM_FRAGMENTED, "(4.0 MiB, a fallback");
     check_ok(ctx);
-    ck_assert_ptr_null(bfc_ctx_alloc(ctx, s2, MiB));
+    ck_assert_ptr_null(bfc_ctx_alloc(ctx, f.s2, MiB));
     ck_assert_int_eq(bfc_last_error(), BFC_ENOMEM);
-    a1 = touch_alloc(ctx, s1, MiB);
-    char *b1 = touch_alloc(ctx, s1, MiB);
-    /* s0's addresses go back, and the trim leaves s1's range alone (live). */
-    ck_assert_int_eq(bfc_ctx_free(ctx, a0, s0), BFC_OK);
-    ck_assert_int_eq(bfc_ctx_stream_release(ctx, s0), BFC_OK);
-    ck_assert_int_eq(bfc_ctx_trim(ctx), BFC_OK);
+    a1 = touch_alloc(ctx, f.s1, MiB);
+    char *b1 = touch_alloc(ctx, f.s1, MiB);
+    fallback_s0_leaves(&f); /* the trim leaves s1's range alone (live) */
     /* A live block: the range is all s1 has. */
-    ck_assert_int_eq(bfc_ctx_free(ctx, a1, s1), BFC_OK);
-    expect_oom_cause_on(ctx, s1, 8 * MiB, BFC_OOM_FRAGMENTED, "fragmented addresses");
+    ck_assert_int_eq(bfc_ctx_free(ctx, a1, f.s1), BFC_OK);
+    expect_oom_cause_on(ctx, f.s1, 8 * MiB, BFC_OOM_FRAGMENTED, "fragmented addresses");
     check_ok(ctx);
     /* Nothing live: a new reservation serves 32 MiB. */
-    ck_assert_int_eq(bfc_ctx_free(ctx, b1, s1), BFC_OK);
-    char *c1 = touch_alloc(ctx, s1, 32 * MiB);
-    char *d1 = touch_alloc(ctx, s1, 16 * MiB);
+    ck_assert_int_eq(bfc_ctx_free(ctx, b1, f.s1), BFC_OK);
+    char *c1 = touch_alloc(ctx, f.s1, 32 * MiB);
+    char *d1 = touch_alloc(ctx, f.s1, 16 * MiB);
     check_ok(ctx);
-    ck_assert_uint_le(reserved(ctx), limit);
-    ck_assert_int_eq(bfc_ctx_free(ctx, c1, s1), BFC_OK);
-    ck_assert_int_eq(bfc_ctx_free(ctx, d1, s1), BFC_OK);
+    ck_assert_uint_le(reserved(ctx), 64 * MiB);
+    ck_assert_int_eq(bfc_ctx_free(ctx, c1, f.s1), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_free(ctx, d1, f.s1), BFC_OK);
+    fallback_teardown(&f);
+}
+END_TEST
+
+/* The regrow lets the old range go fenced on the shard's stream: with its
+ * work held, the old range's granules (a block freed on the stream itself
+ * lay there, reusable by that stream at once) stay mapped and counted, and
+ * another stream gets their share of the limit only after the drain. */
+START_TEST(test_reserve_fallback_regrow_fenced)
+{
+    struct fallback f;
+    fallback_setup(&f, "memory_limit=64M,vmm=on,retry_ms=0,release_threshold=1G");
+    bfc_ctx_t *ctx = f.ctx;
+    char *b1 = touch_alloc(ctx, f.s1, 3 * MiB);
+    fallback_s0_leaves(&f);
+    bfc__sim_set_va_ceiling(ctx->be, 1 * GiB); /* addresses for every stream now */
+    bfc_sim_stream_hold(ctx, f.s1);
+    ck_assert_int_eq(bfc_ctx_free(ctx, b1, f.s1), BFC_OK);
+    char *big = touch_alloc(ctx, f.s1, 8 * MiB); /* a new range */
+    ck_assert(big < b1 || big >= b1 + 4 * MiB);
+    ck_assert(mapped(ctx, b1, 3 * MiB));
+    ck_assert_ptr_null(bfc_ctx_alloc(ctx, f.s2, 56 * MiB));
+    ck_assert(mapped(ctx, b1, 3 * MiB));
     check_ok(ctx);
-    bfc_ctx_destroy(ctx);
-    bfc_sim_stream_destroy(NULL, s0);
-    bfc_sim_stream_destroy(NULL, s1);
-    bfc_sim_stream_destroy(NULL, s2);
+    bfc_sim_stream_drain(ctx, f.s1);
+    char *c2 = touch_alloc(ctx, f.s2, 56 * MiB);
+    ck_assert_int_eq(bfc_ctx_free(ctx, c2, f.s2), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_free(ctx, big, f.s1), BFC_OK);
+    fallback_teardown(&f);
 }
 END_TEST
 
@@ -2222,6 +2276,7 @@ static Suite *vmm_suite(void)
     tcase_add_test(tc, test_growth_elsewhere_at_limit);
     tcase_add_test(tc, test_reserve_fallback);
     tcase_add_test(tc, test_reserve_fallback_regrows);
+    tcase_add_test(tc, test_reserve_fallback_regrow_fenced);
     tcase_add_test(tc, test_address_holes);
     tcase_add_test(tc, test_limit_near_2_64);
     tcase_add_test(tc, test_reserve_table_refused);
