@@ -1036,6 +1036,13 @@ static void *expand_escalate(struct bfc_ctx *ctx, struct bfc__arena *a, size_t n
             return p;
         if (st != BFC_ENOMEM)
             goto fail;
+        /* The departed ranges' addresses gave us a reservation just now:
+         * other shards' free granules help us from here on, so this pass
+         * runs again with them (once: a reservation is never given up
+         * unreplaced).  Else a request the limit could serve failed, as
+         * "held by other streams", with nothing pending anywhere. */
+        if (!reserved && a->x)
+            continue;
         /* Last resort before waiting: best fit chose a chunk whose granules
          * need a map the limit refuses, while a larger free chunk has the
          * block's bytes mapped already (a free tail past a live block,

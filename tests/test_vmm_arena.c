@@ -1961,6 +1961,44 @@ START_TEST(test_reserve_fallback_regrow_fenced)
 }
 END_TEST
 
+/* A shard the address space refused any range (its first block found no
+ * addresses) reserves once a released stream's departed range goes back
+ * during its escalation; from then on other shards' free granules help it
+ * as they help any shard: unmapped to make room in the limit, in the same
+ * call (a second call succeeded where the first said "held by other
+ * streams" with every stream drained and nothing pending). */
+START_TEST(test_reserve_after_departed_range)
+{
+    const size_t range = 2 * 64 * MiB;
+    bfc_ctx_t *ctx = ctx_spec("memory_limit=64M,vmm=on,retry_ms=0,release_threshold=1G", G);
+    bfc__sim_set_va_ceiling(ctx->be, 2 * range); /* two full ranges, no more */
+    bfc_stream_t s0 = bfc_sim_stream_create(ctx), s1 = bfc_sim_stream_create(ctx),
+                 s2 = bfc_sim_stream_create(ctx);
+    char *a0 = touch_alloc(ctx, s0, MiB);
+    char *f0 = touch_alloc(ctx, s0, 40 * MiB);
+    ck_assert_int_eq(bfc_ctx_free(ctx, f0, s0), BFC_OK); /* mapped, free (threshold) */
+    /* s1's range departs fenced on its held stream, and its work ends. */
+    char *a1 = touch_alloc(ctx, s1, 2 * MiB);
+    bfc_sim_stream_hold(ctx, s1);
+    ck_assert_int_eq(bfc_ctx_free(ctx, a1, s1), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_stream_release(ctx, s1), BFC_OK);
+    bfc_sim_stream_drain(ctx, s1);
+    /* 32 MiB on s2: no addresses until s1's range goes back, and then 24
+     * MiB of the limit unmapped at most -- s0's free granules must go. */
+    char *b2 = touch_alloc(ctx, s2, 32 * MiB);
+    ck_assert(mapped(ctx, a0, MiB));
+    check_ok(ctx);
+    ck_assert_uint_le(reserved(ctx), 64 * MiB);
+    ck_assert_int_eq(bfc_ctx_free(ctx, b2, s2), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_free(ctx, a0, s0), BFC_OK);
+    check_ok(ctx);
+    bfc_ctx_destroy(ctx);
+    bfc_sim_stream_destroy(NULL, s0);
+    bfc_sim_stream_destroy(NULL, s1);
+    bfc_sim_stream_destroy(NULL, s2);
+}
+END_TEST
+
 /* One stream whose blocks leave holes that a larger request does not fit:
  * the limit still has room, and the shard's addresses must too (a range of
  * exactly the limit refused the 30 MiB block below with 20 MiB mapped). */
@@ -2277,6 +2315,7 @@ static Suite *vmm_suite(void)
     tcase_add_test(tc, test_reserve_fallback);
     tcase_add_test(tc, test_reserve_fallback_regrows);
     tcase_add_test(tc, test_reserve_fallback_regrow_fenced);
+    tcase_add_test(tc, test_reserve_after_departed_range);
     tcase_add_test(tc, test_address_holes);
     tcase_add_test(tc, test_limit_near_2_64);
     tcase_add_test(tc, test_reserve_table_refused);
