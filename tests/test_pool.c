@@ -15,7 +15,9 @@
 #include "testutil.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <shardbfc_sim.h>
@@ -716,6 +718,104 @@ START_TEST(test_fence_order_arm_race)
 }
 END_TEST
 
+/*
+ * The release/acquire pair on the pool's `inserted` count ("Order"): a
+ * fence counts as covering the departures taken in when it was armed
+ * (armed_after) because each of them was recorded before it, and "before"
+ * must be a happens-before edge from that departure's event record
+ * (thread A, before bfc__pool_put_armed numbers it with the release
+ * store) to the covering fence's record (thread B, after its acquire load
+ * in bfc__pool_put_arm).  Nothing else orders the two records: B takes no
+ * pool lock between its look and its record, and SIM's record is a
+ * lock-free load of the stream's state and a store to the event, so B's
+ * record could read the stream as idle while A's fence covered queued
+ * work; B's fence would then complete at once, with A's already sent back
+ * to the cache.  A hooked event_record keeps a plain "driver log" word,
+ * written by A's record and read by B's once B's armed_after counts A's
+ * departure: under ThreadSanitizer either side weakened to relaxed is a
+ * data race on it (TSan never shows a stale atomic value, so the
+ * stream-safety failure itself cannot be forced on x86).
+ */
+static const struct bfc__backend_ops *g_hb_real;
+static struct bfc__backend_ops g_hb_ops;
+static __thread int t_hb_role; /* 1: departure A, 2: covering fence B */
+static int g_hb_log;           /* plain: the "driver's" record log */
+static int g_hb_seen = -1;     /* what B's covering record read (plain, B only) */
+static struct bfc__pool_ticket g_hb_tb;
+static uint64_t g_hb_target; /* A's departure number */
+
+static int hb_record(bfc__backend_t *be, bfc__event_t ev, bfc_stream_t s)
+{
+    int st = g_hb_real->event_record(be, ev, s);
+    /* After the real record: SIM's own atomics must not carry the edge. */
+    if (t_hb_role == 1)
+        g_hb_log = 1;
+    else if (t_hb_role == 2 && g_hb_tb.fence->order.armed_after >= g_hb_target)
+        g_hb_seen = g_hb_log;
+    return st;
+}
+
+struct hb_dep {
+    struct fix *f;
+    struct rgn r;
+    struct bfc__pool_ticket t;
+};
+
+static void *hb_depart_a(void *arg)
+{
+    struct hb_dep *d = arg;
+    t_hb_role = 1;
+    bfc__pool_put_arm(&d->f->pool, true, d->f->s1, d->f->sid1, &d->t);
+    bfc__pool_put_armed(&d->f->pool, d->r.base, d->r.size, d->r.seg, true, d->f->sid1, &d->t);
+    return NULL;
+}
+
+static void *hb_arm_b(void *arg)
+{
+    struct fix *f = arg;
+    t_hb_role = 2;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    do {
+        /* Re-arms B's fence: a later record fences more, never less. */
+        bfc__pool_put_arm(&f->pool, true, f->s1, f->sid1, &g_hb_tb);
+        if (g_hb_tb.fence->order.armed_after >= g_hb_target)
+            break;
+        sched_yield();
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+    } while (t1.tv_sec - t0.tv_sec < 20);
+    return NULL;
+}
+
+START_TEST(test_fence_order_happens_before)
+{
+    struct fix f;
+    fix_init(&f, 2 * MiB, false);
+    struct hb_dep a = { &f, xget(&f, 1 * MiB, f.sid1), { 0 } };
+    struct rgn b = xget(&f, 1 * MiB, f.sid1);
+    ticket(&f, &a.t);
+    ticket(&f, &g_hb_tb);
+    g_hb_target = atomic_load_explicit(&f.pool.inserted, memory_order_relaxed) + 1;
+    g_hb_real = f.be->ops;
+    g_hb_ops = *f.be->ops;
+    g_hb_ops.event_record = hb_record;
+    f.be->ops = &g_hb_ops;
+    pthread_t tb, ta;
+    ck_assert_int_eq(pthread_create(&tb, NULL, hb_arm_b, &f), 0);
+    ck_assert_int_eq(pthread_create(&ta, NULL, hb_depart_a, &a), 0);
+    ck_assert_int_eq(pthread_join(ta, NULL), 0);
+    ck_assert_int_eq(pthread_join(tb, NULL), 0);
+    f.be->ops = g_hb_real;
+    ck_assert_uint_ge(g_hb_tb.fence->order.armed_after, g_hb_target);
+    /* B's covering record saw A's record: the departure it counts. */
+    ck_assert_int_eq(g_hb_seen, 1);
+    bfc__pool_put_armed(&f.pool, b.base, b.size, b.seg, true, f.sid1, &g_hb_tb);
+    pcheck(&f.pool);
+    ck_assert_uint_eq(nspans(&f), 1); /* the two meet, B's fence covering A's */
+    fix_fini(&f);
+}
+END_TEST
+
 /* Builds, on a fresh 3 MiB pool with one earlier fenced departure taken in
  * and back (so that armed_after counts are not 0), one span of stream 1
  * guarded by two fences: the head, taken in last, armed on the idle stream
@@ -1392,6 +1492,7 @@ static Suite *pool_suite(void)
     tcase_add_test(tc, test_fence_order);
     tcase_add_loop_test(tc, test_fence_order_model, 0, 8);
     tcase_add_test(tc, test_fence_order_arm_race);
+    tcase_add_test(tc, test_fence_order_happens_before);
     tcase_add_test(tc, test_fence_chain_wait);
     tcase_add_test(tc, test_fence_chain_recycled);
     tcase_add_test(tc, test_fence_chain_check);
