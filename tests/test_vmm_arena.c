@@ -1961,6 +1961,153 @@ START_TEST(test_reserve_fallback_regrow_fenced)
 }
 END_TEST
 
+/*
+ * The header (shardbfc.h, vmm): a block larger than the range makes the
+ * shard reserve again only "while the shard holds no block (none live,
+ * none whose free waits for a fence)".  A block of s1's, freed on s2 while
+ * s2 is held, is pending in s1's shard: s1's fallback range must stay (its
+ * chunk is in it), the larger request fails; after s2's drain it regrows.
+ * (A regrow tested on the live bytes alone, which a pending free has left,
+ * fails it; so does an OOM report that blames the address space while a
+ * free is pending.)
+ */
+START_TEST(test_regrow_not_while_pending)
+{
+    struct fallback f;
+    fallback_setup(&f, "memory_limit=64M,vmm=on,retry_ms=0,release_threshold=1G");
+    bfc_ctx_t *ctx = f.ctx;
+    char *a1 = touch_alloc(ctx, f.s1, 3 * MiB); /* s1: a 4 MiB fallback range */
+    fallback_s0_leaves(&f);
+    bfc__sim_set_va_ceiling(ctx->be, 1 * GiB); /* addresses for a new range now */
+    bfc_sim_stream_hold(ctx, f.s2);
+    ck_assert_int_eq(bfc_ctx_free(ctx, a1, f.s2), BFC_OK); /* pending on s2's fence */
+    /* No regrow was tried, so the report must not blame the address
+     * space (obs_oom.c: that diagnosis needs own_pending == 0). */
+    expect_oom_cause_on(ctx, f.s1, 8 * MiB, BFC_OOM_FRAGMENTED, "fragmented addresses");
+    check_ok(ctx);
+    ck_assert(mapped(ctx, a1, 3 * MiB)); /* s2's work may still use it */
+    bfc_sim_stream_drain(ctx, f.s2);
+    check_ok(ctx);
+    /* Nothing pending now: the regrow serves it. */
+    char *big = touch_alloc(ctx, f.s1, 8 * MiB);
+    check_ok(ctx);
+    ck_assert_int_eq(bfc_ctx_free(ctx, big, f.s1), BFC_OK);
+    fallback_teardown(&f);
+}
+END_TEST
+
+/*
+ * A request that fails for want of device memory (the device refuses the
+ * map: SIM's allocation ceiling) must leave the shard as it was (ctx.c:
+ * "where the address space still refuses, the shard keeps its range, as a
+ * hopeless request must leave it"), and only a block LARGER than the range
+ * reserves again (shardbfc.h: "a block larger than the range ... makes it
+ * reserve again").  So s1 keeps its range: its next small block comes from
+ * the range's start, where its earlier block lay, and no reservation is
+ * made or given up.
+ *  (1) a full range (twice the limit), nothing live, the request far
+ *      within the range (a regrow whenever the block exceeds the mapped
+ *      bytes fails it);
+ *  (2) a fallback range of 4 MiB, nothing live, a request of exactly 4 MiB
+ *      (a regrow at a block of the range's size fails it).
+ */
+START_TEST(test_refused_map_keeps_range)
+{
+    /* (1) */
+    bfc_ctx_t *ctx = ctx_spec("memory_limit=64M,vmm=on,retry_ms=0,release_threshold=1G", G);
+    bfc_stream_t s1 = bfc_sim_stream_create(ctx);
+    char *p = touch_alloc(ctx, s1, 2 * MiB);
+    ck_assert_int_eq(bfc_ctx_free(ctx, p, s1), BFC_OK);
+    bfc__sim_set_alloc_ceiling(ctx->be, 3 * MiB);
+    ck_assert_ptr_null(bfc_ctx_alloc(ctx, s1, 4 * MiB));
+    ck_assert_int_eq(bfc_last_error(), BFC_ENOMEM);
+    check_ok(ctx);
+    bfc__sim_set_alloc_ceiling(ctx->be, SIZE_MAX);
+    char *r = touch_alloc(ctx, s1, MiB);
+    ck_assert_msg(r == p, "s1's range moved: its block at %p, now %p", (void *)p, (void *)r);
+    ck_assert_int_eq(bfc_ctx_free(ctx, r, s1), BFC_OK);
+    check_ok(ctx);
+    bfc_ctx_destroy(ctx);
+    bfc_sim_stream_destroy(NULL, s1);
+
+    /* (2) */
+    struct fallback f;
+    fallback_setup(&f, "memory_limit=64M,vmm=on,retry_ms=0,release_threshold=1G");
+    ctx = f.ctx;
+    char *a1 = touch_alloc(ctx, f.s1, 3 * MiB); /* s1: a 4 MiB fallback range */
+    fallback_s0_leaves(&f);                    /* a1 live: s1 keeps its range */
+    ck_assert_int_eq(bfc_ctx_free(ctx, a1, f.s1), BFC_OK);
+    bfc__sim_set_va_ceiling(ctx->be, 1 * GiB); /* a new range would be had */
+    bfc__sim_set_alloc_ceiling(ctx->be, 3 * MiB);
+    ck_assert_ptr_null(bfc_ctx_alloc(ctx, f.s1, 4 * MiB)); /* fits the range; the device refuses */
+    ck_assert_int_eq(bfc_last_error(), BFC_ENOMEM);
+    check_ok(ctx);
+    bfc__sim_set_alloc_ceiling(ctx->be, SIZE_MAX);
+    r = touch_alloc(ctx, f.s1, MiB);
+    ck_assert_msg(r == a1, "s1's range moved: its block at %p, now %p", (void *)a1, (void *)r);
+    ck_assert_int_eq(bfc_ctx_free(ctx, r, f.s1), BFC_OK);
+    fallback_teardown(&f);
+}
+END_TEST
+
+/*
+ * The regrow's new range is mapped at once ("as a shard's first: the slow
+ * path maps where it must"), with the limit's room: it does not send the
+ * escalation after other shards' free granules, which they keep under
+ * release_threshold (expand.c, "When").  s2's freed block stays mapped and
+ * s2 sees no unmap (a regrow reported as failed, the escalation then
+ * serving the block from other shards' granules, fails it).
+ */
+START_TEST(test_regrow_leaves_others_alone)
+{
+    struct fallback f;
+    fallback_setup(&f, "memory_limit=64M,vmm=on,retry_ms=0,release_threshold=1G");
+    bfc_ctx_t *ctx = f.ctx;
+    char *b1 = touch_alloc(ctx, f.s1, 3 * MiB); /* s1: a 4 MiB fallback range */
+    fallback_s0_leaves(&f);
+    bfc__sim_set_va_ceiling(ctx->be, 1 * GiB);
+    char *c = touch_alloc(ctx, f.s2, 8 * MiB);
+    ck_assert_int_eq(bfc_ctx_free(ctx, c, f.s2), BFC_OK);
+    ck_assert(mapped(ctx, c, 8 * MiB)); /* under release_threshold */
+    uint64_t unmaps2 = stream_stats(ctx, f.s2).num_vmm_unmaps;
+    ck_assert_int_eq(bfc_ctx_free(ctx, b1, f.s1), BFC_OK);
+    char *big = touch_alloc(ctx, f.s1, 8 * MiB); /* the regrow: 3 + 8 + 8 < 64 */
+    ck_assert(mapped(ctx, c, 8 * MiB));
+    ck_assert_uint_eq(stream_stats(ctx, f.s2).num_vmm_unmaps, unmaps2);
+    check_ok(ctx);
+    ck_assert_int_eq(bfc_ctx_free(ctx, big, f.s1), BFC_OK);
+    fallback_teardown(&f);
+}
+END_TEST
+
+/*
+ * The regrow's reservation is for the block (bfc__arena_expand_locked(a,
+ * rounded)): where the address space has room for a range, but not for
+ * one that holds the block, the request fails and the shard keeps its old
+ * range (ctx.c: "where the address space still refuses, the shard keeps
+ * its range").  Here 6 MiB of addresses are free: an 8 MiB block cannot
+ * have a range; a reservation asked for less would take a 4 MiB one and
+ * give the old range up for nothing (a reservation asked for no size,
+ * or for one byte more than the old range, fails it).
+ */
+START_TEST(test_regrow_refused_keeps_range)
+{
+    struct fallback f;
+    fallback_setup(&f, "memory_limit=64M,vmm=on,retry_ms=0,release_threshold=1G");
+    bfc_ctx_t *ctx = f.ctx;
+    char *a1 = touch_alloc(ctx, f.s1, 3 * MiB); /* s1: a 4 MiB fallback range */
+    ck_assert_int_eq(bfc_ctx_free(ctx, a1, f.s1), BFC_OK);
+    bfc__sim_set_va_ceiling(ctx->be, 2 * 64 * MiB + 4 * MiB + 6 * MiB);
+    expect_oom_cause_on(ctx, f.s1, 8 * MiB, BFC_OOM_FRAGMENTED, "(4.0 MiB, a fallback");
+    check_ok(ctx);
+    char *r = touch_alloc(ctx, f.s1, MiB);
+    ck_assert_msg(r == a1, "s1's range moved: its block at %p, now %p", (void *)a1, (void *)r);
+    ck_assert_int_eq(bfc_ctx_free(ctx, r, f.s1), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_free(ctx, f.a0, f.s0), BFC_OK);
+    fallback_teardown(&f);
+}
+END_TEST
+
 /* A shard the address space refused any range (its first block found no
  * addresses) reserves once a released stream's departed range goes back
  * during its escalation; from then on other shards' free granules help it
@@ -2315,6 +2462,10 @@ static Suite *vmm_suite(void)
     tcase_add_test(tc, test_reserve_fallback);
     tcase_add_test(tc, test_reserve_fallback_regrows);
     tcase_add_test(tc, test_reserve_fallback_regrow_fenced);
+    tcase_add_test(tc, test_regrow_not_while_pending);
+    tcase_add_test(tc, test_refused_map_keeps_range);
+    tcase_add_test(tc, test_regrow_leaves_others_alone);
+    tcase_add_test(tc, test_regrow_refused_keeps_range);
     tcase_add_test(tc, test_reserve_after_departed_range);
     tcase_add_test(tc, test_address_holes);
     tcase_add_test(tc, test_limit_near_2_64);
