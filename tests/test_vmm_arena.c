@@ -1890,6 +1890,23 @@ static void fallback_teardown(struct fallback *f)
     bfc_sim_stream_destroy(NULL, f->s2);
 }
 
+/* The set-up most fallback tests share: free granules stay mapped
+ * (release_threshold), and s1 holds a 3 MiB block in its 4 MiB fallback
+ * range (returned). */
+static char *fallback_with_s1(struct fallback *f)
+{
+    fallback_setup(f, "memory_limit=64M,vmm=on,retry_ms=0,release_threshold=1G");
+    return touch_alloc(f->ctx, f->s1, 3 * MiB);
+}
+
+/* s kept its range: its next small block lands where `old` lay. */
+static void expect_range_kept(bfc_ctx_t *ctx, bfc_stream_t s, char *old)
+{
+    char *r = touch_alloc(ctx, s, MiB);
+    ck_assert_msg(r == old, "the range moved: its block at %p, now %p", (void *)old, (void *)r);
+    ck_assert_int_eq(bfc_ctx_free(ctx, r, s), BFC_OK);
+}
+
 /*
  * A shard left in a fallback range (a sixteenth of the limit) while the
  * address space was short: once it holds nothing live, a block larger
@@ -1940,9 +1957,8 @@ END_TEST
 START_TEST(test_reserve_fallback_regrow_fenced)
 {
     struct fallback f;
-    fallback_setup(&f, "memory_limit=64M,vmm=on,retry_ms=0,release_threshold=1G");
+    char *b1 = fallback_with_s1(&f); /* s1: a 4 MiB fallback range */
     bfc_ctx_t *ctx = f.ctx;
-    char *b1 = touch_alloc(ctx, f.s1, 3 * MiB);
     fallback_s0_leaves(&f);
     bfc__sim_set_va_ceiling(ctx->be, 1 * GiB); /* addresses for every stream now */
     bfc_sim_stream_hold(ctx, f.s1);
@@ -1974,9 +1990,8 @@ END_TEST
 START_TEST(test_regrow_not_while_pending)
 {
     struct fallback f;
-    fallback_setup(&f, "memory_limit=64M,vmm=on,retry_ms=0,release_threshold=1G");
+    char *a1 = fallback_with_s1(&f); /* s1: a 4 MiB fallback range */
     bfc_ctx_t *ctx = f.ctx;
-    char *a1 = touch_alloc(ctx, f.s1, 3 * MiB); /* s1: a 4 MiB fallback range */
     fallback_s0_leaves(&f);
     bfc__sim_set_va_ceiling(ctx->be, 1 * GiB); /* addresses for a new range now */
     bfc_sim_stream_hold(ctx, f.s2);
@@ -2023,19 +2038,16 @@ START_TEST(test_refused_map_keeps_range)
     ck_assert_int_eq(bfc_last_error(), BFC_ENOMEM);
     check_ok(ctx);
     bfc__sim_set_alloc_ceiling(ctx->be, SIZE_MAX);
-    char *r = touch_alloc(ctx, s1, MiB);
-    ck_assert_msg(r == p, "s1's range moved: its block at %p, now %p", (void *)p, (void *)r);
-    ck_assert_int_eq(bfc_ctx_free(ctx, r, s1), BFC_OK);
+    expect_range_kept(ctx, s1, p);
     check_ok(ctx);
     bfc_ctx_destroy(ctx);
     bfc_sim_stream_destroy(NULL, s1);
 
     /* (2) */
     struct fallback f;
-    fallback_setup(&f, "memory_limit=64M,vmm=on,retry_ms=0,release_threshold=1G");
+    char *a1 = fallback_with_s1(&f); /* s1: a 4 MiB fallback range */
     ctx = f.ctx;
-    char *a1 = touch_alloc(ctx, f.s1, 3 * MiB); /* s1: a 4 MiB fallback range */
-    fallback_s0_leaves(&f);                    /* a1 live: s1 keeps its range */
+    fallback_s0_leaves(&f); /* a1 live: s1 keeps its range */
     ck_assert_int_eq(bfc_ctx_free(ctx, a1, f.s1), BFC_OK);
     bfc__sim_set_va_ceiling(ctx->be, 1 * GiB); /* a new range would be had */
     bfc__sim_set_alloc_ceiling(ctx->be, 3 * MiB);
@@ -2043,9 +2055,7 @@ START_TEST(test_refused_map_keeps_range)
     ck_assert_int_eq(bfc_last_error(), BFC_ENOMEM);
     check_ok(ctx);
     bfc__sim_set_alloc_ceiling(ctx->be, SIZE_MAX);
-    r = touch_alloc(ctx, f.s1, MiB);
-    ck_assert_msg(r == a1, "s1's range moved: its block at %p, now %p", (void *)a1, (void *)r);
-    ck_assert_int_eq(bfc_ctx_free(ctx, r, f.s1), BFC_OK);
+    expect_range_kept(ctx, f.s1, a1);
     fallback_teardown(&f);
 }
 END_TEST
@@ -2061,9 +2071,8 @@ END_TEST
 START_TEST(test_regrow_leaves_others_alone)
 {
     struct fallback f;
-    fallback_setup(&f, "memory_limit=64M,vmm=on,retry_ms=0,release_threshold=1G");
+    char *b1 = fallback_with_s1(&f); /* s1: a 4 MiB fallback range */
     bfc_ctx_t *ctx = f.ctx;
-    char *b1 = touch_alloc(ctx, f.s1, 3 * MiB); /* s1: a 4 MiB fallback range */
     fallback_s0_leaves(&f);
     bfc__sim_set_va_ceiling(ctx->be, 1 * GiB);
     char *c = touch_alloc(ctx, f.s2, 8 * MiB);
@@ -2093,16 +2102,13 @@ END_TEST
 START_TEST(test_regrow_refused_keeps_range)
 {
     struct fallback f;
-    fallback_setup(&f, "memory_limit=64M,vmm=on,retry_ms=0,release_threshold=1G");
+    char *a1 = fallback_with_s1(&f); /* s1: a 4 MiB fallback range */
     bfc_ctx_t *ctx = f.ctx;
-    char *a1 = touch_alloc(ctx, f.s1, 3 * MiB); /* s1: a 4 MiB fallback range */
     ck_assert_int_eq(bfc_ctx_free(ctx, a1, f.s1), BFC_OK);
     bfc__sim_set_va_ceiling(ctx->be, 2 * 64 * MiB + 4 * MiB + 6 * MiB);
     expect_oom_cause_on(ctx, f.s1, 8 * MiB, BFC_OOM_FRAGMENTED, "(4.0 MiB, a fallback");
     check_ok(ctx);
-    char *r = touch_alloc(ctx, f.s1, MiB);
-    ck_assert_msg(r == a1, "s1's range moved: its block at %p, now %p", (void *)a1, (void *)r);
-    ck_assert_int_eq(bfc_ctx_free(ctx, r, f.s1), BFC_OK);
+    expect_range_kept(ctx, f.s1, a1);
     ck_assert_int_eq(bfc_ctx_free(ctx, f.a0, f.s0), BFC_OK);
     fallback_teardown(&f);
 }
