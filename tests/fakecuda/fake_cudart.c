@@ -1071,10 +1071,20 @@ bool fake_fail_next(const char *fn, unsigned long k, int code)
     bool ok;
 
     lock();
-    ok = fn && strlen(fn) < sizeof f->name && k >= 1 && code >= 0 && g_nfail < MAX_FAIL;
+    /* A failure that has fired leaves its slot to the next: the table
+     * bounds the pending ones (a long fault-injection run arms thousands). */
+    int slot = g_nfail;
+    for (int i = 0; i < g_nfail; i++)
+        if (g_fail[i].used) {
+            slot = i;
+            break;
+        }
+    ok = fn && strlen(fn) < sizeof f->name && k >= 1 && code >= 0 && slot < MAX_FAIL;
     if (ok) {
         n = count_of(fn, false);
-        f = &g_fail[g_nfail++];
+        f = &g_fail[slot];
+        if (slot == g_nfail)
+            g_nfail++;
         snprintf(f->name, sizeof f->name, "%s", fn);
         f->nth = (n ? *n : 0) + k;
         f->code = code;

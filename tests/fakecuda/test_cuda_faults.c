@@ -974,6 +974,25 @@ START_TEST(test_host_register_restore_refused)
 }
 END_TEST
 
+/* The fake's table bounds the pending failures only: one that has fired
+ * leaves its slot, so a long fault-injection run can arm any number in
+ * turn (a model fuzzer arms thousands), and a full table of pending ones
+ * still refuses the next. */
+START_TEST(test_fake_fail_slots_reused)
+{
+    int n = 0;
+    for (int i = 0; i < 200; i++) {
+        ck_assert_msg(fake_fail_next("cudaGetDeviceCount", 1, cudaErrorNotReady), "arm %d refused", i);
+        ck_assert_int_eq(cudaGetDeviceCount(&n), cudaErrorNotReady);
+        ck_assert_int_eq(cudaGetDeviceCount(&n), cudaSuccess);
+    }
+    int armed = 0;
+    while (armed < 1000 && fake_fail_next("cudaGetDeviceCount", 1000 + (unsigned long)armed, cudaErrorNotReady))
+        armed++;
+    ck_assert_int_eq(armed, 64);
+}
+END_TEST
+
 int main(void)
 {
     /* Two devices, for test_device_switch_leaves_caller_alone (the others
@@ -988,6 +1007,7 @@ int main(void)
     tcase_add_test(tc, test_departed_release_refused);
     tcase_add_test(tc, test_own_release_waits);
     tcase_add_test(tc, test_fallback_range_regrows);
+    tcase_add_test(tc, test_fake_fail_slots_reused);
     tcase_add_test(tc, test_release_refused_handle_kept);
     tcase_add_test(tc, test_release_refused_many);
     tcase_add_test(tc, test_trim_releases_kept_handles);
