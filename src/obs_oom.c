@@ -473,8 +473,21 @@ static void diagnose(struct bfc_ctx *ctx, struct bfc__oom_report *r)
         if (held_chunk) {
             fmt_bytes(a, sizeof a, in->other_largest_free);
             fmt_bytes(b, sizeof b, in->other_free);
-            clause(&l, "stream %p's shard has a free chunk of %s (%s free in other shards)",
-                   (void *)in->other_largest_stream, a, b);
+            if (ctx->vmm && !held_granules) {
+                /* No unmap makes room: the chunk's granules hold that
+                 * stream's live blocks too, and stay its own until they are
+                 * freed -- the bound of one granule per stream with a block
+                 * (many streams' small blocks fill the limit). */
+                fmt_bytes(c, sizeof c, gran);
+                clause(&l,
+                       "stream %p's shard has a free chunk of %s (%s free in other shards) in granules its live "
+                       "blocks hold (a stream with a block holds a %s granule or more: %" PRIu64
+                       " fill this limit)",
+                       (void *)in->other_largest_stream, a, b, c, LG / gran);
+            } else {
+                clause(&l, "stream %p's shard has a free chunk of %s (%s free in other shards)",
+                       (void *)in->other_largest_stream, a, b);
+            }
         }
         if (held_span) {
             fmt_bytes(a, sizeof a, pp.fenced_largest);
