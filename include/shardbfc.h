@@ -1091,11 +1091,11 @@ typedef int (*bfc_oom_fn)(bfc_ctx_t *ctx, size_t size, bfc_stream_t stream,
  *                       requesting shard's pending frees with the free
  *                       chunks beside them are one piece; where another
  *                       shard's free chunk lies in granules that its live
- *                       blocks hold, and no unmap would make room, the
- *                       diagnosis says so (that chunk is its stream's
- *                       until those blocks are freed) and names how many
- *                       streams with a block fill the limit, one granule
- *                       apiece);
+ *                       blocks hold, and neither an unmap nor a pending
+ *                       free would make room, the diagnosis says so (that
+ *                       chunk is its stream's until those blocks are
+ *                       freed) and names how many streams with a block
+ *                       fill the limit, one granule apiece);
  *   BFC_OOM_FRAGMENTED  enough bytes are free in total, but no free piece
  *                       (chunk, pool span, unreserved limit) is large enough;
  *                       with expandable arenas also (tested before

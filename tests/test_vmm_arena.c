@@ -114,6 +114,18 @@ START_TEST(test_granule_per_stream)
             expect_oom_cause_on(ctx, s[39], KiB, BFC_OOM_HELD,
                                 "in granules its live blocks hold (a stream with a block holds a 64.0 KiB granule "
                                 "or more: 32 fill this limit); this stream's largest free chunk is 0 B");
+            /* A free of another stream's block still pending (record_stream
+             * on a held stream) may make room: the report says that, and
+             * its last clause still fits the line. */
+            void *b0 = bfc_ctx_alloc(ctx, s[0], 4 * KiB);
+            ck_assert_ptr_nonnull(b0);
+            bfc_sim_stream_hold(ctx, s[1]);
+            ck_assert_int_eq(bfc_ctx_record_stream(ctx, b0, s[1]), BFC_OK);
+            ck_assert_int_eq(bfc_ctx_free(ctx, b0, s[0]), BFC_OK);
+            bfc_oom_info_t i = expect_oom_cause_on(ctx, s[39], KiB, BFC_OOM_HELD, "4.0 KiB of freed blocks wait");
+            ck_assert_msg(strstr(i.diagnosis, "; this stream's largest free chunk is 0 B, 1.0 KiB needed"),
+                          "cut: %s", i.diagnosis);
+            bfc_sim_stream_drain(ctx, s[1]);
         }
         for (int i = 0; i < 40; i++) {
             if (p[i])
