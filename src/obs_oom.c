@@ -416,18 +416,16 @@ static void diagnose(struct bfc_ctx *ctx, struct bfc__oom_report *r)
          * fallback range, and the larger one asked for was refused (ctx.c,
          * expand_regrow); or no range at all (expand.c, reserve()). */
         in->cause = BFC_OOM_FRAGMENTED;
+        static const char again[] =
+            "it reserves again once addresses come back (other ranges released, a higher RLIMIT_AS)";
         fmt_bytes(a, sizeof a, own_range);
         if (own_range)
             snprintf(o, len,
                      "address space: this stream's reserved range (%s, a fallback taken while addresses "
-                     "were short) cannot hold %s, and a larger range was refused; it reserves again once "
-                     "addresses come back (other ranges released, a higher RLIMIT_AS)",
-                     a, need);
+                     "were short) cannot hold %s, and a larger range was refused; %s",
+                     a, need, again);
         else
-            snprintf(o, len,
-                     "address space: no range for %s could be reserved for this stream; it reserves "
-                     "again once addresses come back (other ranges released, a higher RLIMIT_AS)",
-                     need);
+            snprintf(o, len, "address space: no range for %s could be reserved for this stream; %s", need, again);
     } else if (ctx->vmm && own && own_range < R) {
         /* Addresses, not memory: the shard's reserved range has no free
          * run for the block (or the address space refused a range). */
@@ -473,6 +471,7 @@ static void diagnose(struct bfc_ctx *ctx, struct bfc__oom_report *r)
         if (held_chunk) {
             fmt_bytes(a, sizeof a, in->other_largest_free);
             fmt_bytes(b, sizeof b, in->other_free);
+            char why[192] = "";
             if (ctx->vmm && !held_granules && !held_pending) {
                 /* No unmap makes room, and no pending free is large enough
                  * to: the chunk's granules hold that stream's live blocks
@@ -481,15 +480,13 @@ static void diagnose(struct bfc_ctx *ctx, struct bfc__oom_report *r)
                  * small blocks fill the limit).  With the pending clause
                  * too the line would pass the diagnosis's 320 bytes. */
                 fmt_bytes(c, sizeof c, gran);
-                clause(&l,
-                       "stream %p's shard has a free chunk of %s (%s free in other shards) in granules its live "
-                       "blocks hold (a stream with a block holds a %s granule or more: %" PRIu64
-                       " fill this limit)",
-                       (void *)in->other_largest_stream, a, b, c, LG / gran);
-            } else {
-                clause(&l, "stream %p's shard has a free chunk of %s (%s free in other shards)",
-                       (void *)in->other_largest_stream, a, b);
+                snprintf(why, sizeof why,
+                         " in granules its live blocks hold (a stream with a block holds a %s granule or more: "
+                         "%" PRIu64 " fill this limit)",
+                         c, LG / gran);
             }
+            clause(&l, "stream %p's shard has a free chunk of %s (%s free in other shards)%s",
+                   (void *)in->other_largest_stream, a, b, why);
         }
         if (held_span) {
             fmt_bytes(a, sizeof a, pp.fenced_largest);

@@ -1902,6 +1902,13 @@ static void fallback_s0_leaves(struct fallback *f)
     ck_assert_int_eq(bfc_ctx_trim(f->ctx), BFC_OK);
 }
 
+/* ... and addresses come back for every stream (SIM's ceiling raised). */
+static void fallback_addresses_back(struct fallback *f)
+{
+    fallback_s0_leaves(f);
+    bfc__sim_set_va_ceiling(f->ctx->be, 1 * GiB);
+}
+
 static void fallback_teardown(struct fallback *f)
 {
     check_ok(f->ctx);
@@ -1980,8 +1987,7 @@ START_TEST(test_reserve_fallback_regrow_fenced)
     struct fallback f;
     char *b1 = fallback_with_s1(&f); /* s1: a 4 MiB fallback range */
     bfc_ctx_t *ctx = f.ctx;
-    fallback_s0_leaves(&f);
-    bfc__sim_set_va_ceiling(ctx->be, 1 * GiB); /* addresses for every stream now */
+    fallback_addresses_back(&f);
     bfc_sim_stream_hold(ctx, f.s1);
     ck_assert_int_eq(bfc_ctx_free(ctx, b1, f.s1), BFC_OK);
     char *big = touch_alloc(ctx, f.s1, 8 * MiB); /* a new range */
@@ -2013,8 +2019,7 @@ START_TEST(test_regrow_not_while_pending)
     struct fallback f;
     char *a1 = fallback_with_s1(&f); /* s1: a 4 MiB fallback range */
     bfc_ctx_t *ctx = f.ctx;
-    fallback_s0_leaves(&f);
-    bfc__sim_set_va_ceiling(ctx->be, 1 * GiB); /* addresses for a new range now */
+    fallback_addresses_back(&f);
     bfc_sim_stream_hold(ctx, f.s2);
     ck_assert_int_eq(bfc_ctx_free(ctx, a1, f.s2), BFC_OK); /* pending on s2's fence */
     /* No regrow was tried, so the report must not blame the address
@@ -2068,9 +2073,8 @@ START_TEST(test_refused_map_keeps_range)
     struct fallback f;
     char *a1 = fallback_with_s1(&f); /* s1: a 4 MiB fallback range */
     ctx = f.ctx;
-    fallback_s0_leaves(&f); /* a1 live: s1 keeps its range */
+    fallback_addresses_back(&f); /* a1 live: s1 keeps its range; a new one would be had */
     ck_assert_int_eq(bfc_ctx_free(ctx, a1, f.s1), BFC_OK);
-    bfc__sim_set_va_ceiling(ctx->be, 1 * GiB); /* a new range would be had */
     bfc__sim_set_alloc_ceiling(ctx->be, 3 * MiB);
     ck_assert_ptr_null(bfc_ctx_alloc(ctx, f.s1, 4 * MiB)); /* fits the range; the device refuses */
     ck_assert_int_eq(bfc_last_error(), BFC_ENOMEM);
@@ -2094,8 +2098,7 @@ START_TEST(test_regrow_leaves_others_alone)
     struct fallback f;
     char *b1 = fallback_with_s1(&f); /* s1: a 4 MiB fallback range */
     bfc_ctx_t *ctx = f.ctx;
-    fallback_s0_leaves(&f);
-    bfc__sim_set_va_ceiling(ctx->be, 1 * GiB);
+    fallback_addresses_back(&f);
     char *c = touch_alloc(ctx, f.s2, 8 * MiB);
     ck_assert_int_eq(bfc_ctx_free(ctx, c, f.s2), BFC_OK);
     ck_assert(mapped(ctx, c, 8 * MiB)); /* under release_threshold */
