@@ -1070,11 +1070,11 @@ fail:
  * The slow path of an expandable arena.  The fast path comes here instead
  * of growing while other shards hold spare granules (`deferred`, set by
  * bfc__expand_make_ready_locked), or for a shard with no reservation yet
- * when they say they do (the pool's vmm_idle hint, or vmm_lendable for a
- * growth that would raise the peak reserved): their spare goes first
- * (fenced, not waited for), as one allocator over the device would reuse
- * it, then the escalation maps where it must -- and at the limit takes
- * everything free (expand_escalate).
+ * (or one the escalation will give a new one) when they say they do (the
+ * pool's vmm_idle hint, or vmm_lendable for a growth that would raise the
+ * peak reserved): their spare goes first (fenced, not waited for), as one
+ * allocator over the device would reuse it, then the escalation maps where
+ * it must -- and at the limit takes everything free (expand_escalate).
  */
 static void *expand_alloc_slow(struct bfc_ctx *ctx, struct bfc__arena *a, size_t n, size_t rounded, int *status)
 {
@@ -1083,9 +1083,15 @@ static void *expand_alloc_slow(struct bfc_ctx *ctx, struct bfc__arena *a, size_t
      * peak reserved: below it, what a shard keeps for its churn costs no
      * memory the context has not held already (expand.c, "When", (a)). */
     bool peak = bfc__pool_would_peak(&ctx->pool, need);
-    bool others = a->x ? a->x->deferred
-                       : atomic_load_explicit(&ctx->pool.vmm_idle, memory_order_relaxed) >= gran ||
-                             (peak && atomic_load_explicit(&ctx->pool.vmm_lendable, memory_order_relaxed) >= gran);
+    /* A range the escalation gives up for a new one (expand_trade's
+     * regrow: nothing live, the block larger than the range) grows as a
+     * shard's first block does: the new range maps at once, so the other
+     * shards are asked here or not at all. */
+    bool regrow = a->x && a->x->region->live == 0 && rounded > a->x->size;
+    bool others = !a->x ? atomic_load_explicit(&ctx->pool.vmm_idle, memory_order_relaxed) >= gran ||
+                              (peak && atomic_load_explicit(&ctx->pool.vmm_lendable, memory_order_relaxed) >= gran)
+                  : regrow ? bfc__expand_ask_others(a, need)
+                           : a->x->deferred;
     if (others) {
         bfc__unlock(&a->lock);
         expand_unmap_others(ctx, a, 0, false, peak ? need : 0);

@@ -610,11 +610,7 @@ static bool others_hold(const struct bfc__arena *a, _Atomic size_t *h, size_t mi
     return all > mine && all - mine >= GRAN(a->x);
 }
 
-/* Shall a growth of `need` bytes ask the other shards first?  When they
- * hold spare granules; or granules an open loan would lend and the growth
- * would raise the peak reserved (bfc__pool_would_peak: below it, what a
- * shard keeps for its churn costs no memory the context has not held). */
-static bool ask_others(const struct bfc__arena *a, size_t need)
+bool bfc__expand_ask_others(const struct bfc__arena *a, size_t need)
 {
     struct bfc__pool *pool = a->env->pool;
     return others_hold(a, &pool->vmm_idle, a->x->published) ||
@@ -779,7 +775,7 @@ int bfc__expand_make_ready_locked(struct bfc__arena *a, uintptr_t p, size_t size
          * (the context's, ctx.c) takes theirs first, as one allocator
          * over the device would reuse it, and comes back with `deferred`
          * set to map. */
-        if (!x->deferred && ask_others(a, need)) {
+        if (!x->deferred && bfc__expand_ask_others(a, need)) {
             x->deferred = true;
             x->map_status = BFC_ENOMEM;
             return BFC_ENOMEM;

@@ -101,6 +101,12 @@ void bfc__expand_destroy_locked(struct bfc__arena *a);
 /* Maps (or takes back from leaving) the granules under [p, p + size).
  * BFC_OK, BFC_ENOMEM (limit or device), BFC_EBACKEND. */
 int bfc__expand_make_ready_locked(struct bfc__arena *a, uintptr_t p, size_t size);
+/* Shall a growth of `need` bytes ask the other shards first?  When they
+ * hold spare granules; or granules an open loan would lend and the growth
+ * would raise the peak reserved (bfc__pool_would_peak: below it, what a
+ * shard keeps for its churn costs no memory the context has not held).
+ * A hint (relaxed reads), net of what this shard publishes itself. */
+bool bfc__expand_ask_others(const struct bfc__arena *a, size_t need);
 /* Marks the free whole granules to leave, records the departure fence, and
  * unmaps what may go: waits up to wait_ms for the fence (0: only when it
  * has already completed).  Returns the bytes unmapped. */

@@ -2114,6 +2114,42 @@ START_TEST(test_regrow_leaves_others_alone)
 END_TEST
 
 /*
+ * The regrow's new range takes a loan as a stream's first block does
+ * (test_loan_first_block): a growth past the peak reserved gets the slack
+ * another shard keeps for its churn before it maps anew.  u's fallback
+ * range (made while the address space held only s's and t's full ranges
+ * and a sixteenth of the limit) holds nothing live; s has churned; the
+ * addresses come back, and u's 8 MiB block makes a new range: s's 7 whole
+ * free granules go, so the context holds at most 8 MiB - 7 granules more.
+ * (A regrow that mapped at once, as if the slow path had asked the other
+ * shards, fails it: s keeps its slack and the peak rises by the block.)
+ */
+START_TEST(test_regrow_takes_loan)
+{
+    struct churned w;
+    churned_init(&w, "memory_limit=64M,vmm=on,retry_ms=0");
+    bfc__sim_set_va_ceiling(w.ctx->be, 2 * 2 * 64 * MiB + 4 * MiB);
+    bfc_stream_t u = bfc_sim_stream_create(w.ctx);
+    char *a = touch_alloc(w.ctx, u, MiB);
+    ck_assert_int_eq(bfc_ctx_free(w.ctx, a, u), BFC_OK);
+    churned_cycles(&w);
+    bfc__sim_set_va_ceiling(w.ctx->be, 1 * GiB);
+    uint64_t s_unmaps = stream_stats(w.ctx, w.s).num_vmm_unmaps;
+    uint64_t before = reserved(w.ctx);
+    char *b = touch_alloc(w.ctx, u, 8 * MiB);
+    ck_assert(b < a || b >= a + 4 * MiB); /* a new range */
+    ck_assert(!mapped(w.ctx, w.p[3], 1));
+    ck_assert_uint_gt(stream_stats(w.ctx, w.s).num_vmm_unmaps, s_unmaps);
+    ck_assert_uint_le(reserved(w.ctx), before + 8 * MiB - 7 * G);
+    ck_assert_int_eq(bfc_ctx_free(w.ctx, b, u), BFC_OK);
+    char *tb = bfc_ctx_alloc(w.ctx, w.t, 256);
+    ck_assert_ptr_nonnull(tb);
+    churned_teardown(&w, tb);
+    bfc_sim_stream_destroy(NULL, u);
+}
+END_TEST
+
+/*
  * The regrow's reservation is for the block (bfc__arena_expand_locked(a,
  * rounded)): where the address space has room for a range, but not for
  * one that holds the block, the request fails and the shard keeps its old
@@ -2495,6 +2531,7 @@ static Suite *vmm_suite(void)
     tcase_add_test(tc, test_regrow_not_while_pending);
     tcase_add_test(tc, test_refused_map_keeps_range);
     tcase_add_test(tc, test_regrow_leaves_others_alone);
+    tcase_add_test(tc, test_regrow_takes_loan);
     tcase_add_test(tc, test_regrow_refused_keeps_range);
     tcase_add_test(tc, test_reserve_after_departed_range);
     tcase_add_test(tc, test_address_holes);
