@@ -615,6 +615,7 @@ static int ctx_create(bfc_config_t cfg, bfc__backend_t *be, bool host, bfc_ctx_t
     st = bfc__pool_init(&ctx->pool, be, ctx->limit, cfg.allow_growth, cfg.garbage_collection);
     if (st != BFC_OK)
         goto fail_be;
+    ctx->pool.obs = &ctx->obs;
     /* What the arenas see (max_frag and bins_max are set above). */
     ctx->env.limit = ctx->limit;
     ctx->env.initial_region = cfg.initial_region;

@@ -376,8 +376,8 @@ int bfc__expand_create_locked(struct bfc__arena *a, size_t need, size_t most)
         /* Back to the pool as it came, fenced on our stream again (a later
          * record covers the work the first one did). */
         bfc__fence_arm(env->be, x->fence, a->stream, a->stream_id);
-        bfc__pool_vmm_depart(env->pool, g0, g0->base, g0->size, g0->mapped, x->fence, a->stream_id, g0->bits,
-                             g0->words);
+        bfc__pool_vmm_depart(env->pool, g0, g0->base, g0->size, g0->mapped, x->fence, a->stream_id, a->stream,
+                             g0->bits, g0->words);
         x->fence = NULL;
         expand_free(a, x);
         return BFC_ENOMEM;
@@ -440,7 +440,7 @@ void bfc__expand_depart_locked(struct bfc__arena *a, bool fence)
      * adopt the reservation (bfc__pool_vmm_adopt). */
     uint64_t *bits = x->mapped;
     x->mapped = NULL;
-    bfc__pool_vmm_depart(a->env->pool, rec, x->base, x->size, x->mapped_bytes, f, a->stream_id, bits,
+    bfc__pool_vmm_depart(a->env->pool, rec, x->base, x->size, x->mapped_bytes, f, a->stream_id, a->stream, bits,
                          (x->ngran + 63) / 64);
     a->x = NULL;
     expand_free(a, x);

@@ -63,6 +63,7 @@
 #include <string.h>
 
 #include "meta.h"
+#include "obs.h"
 #include "pool.h"
 
 /* ------------------------------------------------------- fence cache */
@@ -239,6 +240,29 @@ static void vmm_charge_locked(struct bfc__pool *p, size_t size, bool add)
     }
 }
 
+/* The trace's "release" rows for g's mapped granules, one per run, as a
+ * shard's own unmaps write them.  A release the device refused part way
+ * writes none: the book says how many bytes it kept, not which granules,
+ * so g's rows are written when it goes at a later poll (what the device
+ * had taken back by then is in them too). */
+static void vmm_gone_trace(struct bfc__pool *p, const struct bfc__vmm_gone *g)
+{
+    if (!p->obs || !g->mapped || !bfc__tracing(p->obs))
+        return;
+    size_t gran = p->be->vmm_granule, n = g->size / gran;
+    for (size_t i = 0; i < n;) {
+        if (!(g->bits[i / 64] >> (i % 64) & 1)) {
+            i++;
+            continue;
+        }
+        size_t e = i + 1;
+        while (e < n && g->bits[e / 64] >> (e % 64) & 1)
+            e++;
+        bfc__trace_event(p->obs, BFC__TR_RELEASE, g->base + i * gran, (e - i) * gran, g->stream);
+        i = e;
+    }
+}
+
 /* Departed reservations whose fences completed (all: every one, teardown)
  * go back to the backend. */
 static void vmm_gone_poll_locked(struct bfc__pool *p, bool all)
@@ -269,6 +293,7 @@ static void vmm_gone_poll_locked(struct bfc__pool *p, bool all)
             continue;
         }
         *pp = g->next;
+        vmm_gone_trace(p, g);
         vmm_charge_locked(p, g->mapped, false);
         if (g->mapped)
             p->vmm_unmaps++;
@@ -982,9 +1007,10 @@ int bfc__pool_vmm_unmap(struct bfc__pool *p, uintptr_t addr, size_t size, size_t
 }
 
 void bfc__pool_vmm_depart(struct bfc__pool *p, struct bfc__vmm_gone *rec, uintptr_t base, size_t size,
-                          size_t mapped, struct bfc__fence *fence, uint64_t sid, uint64_t *bits, size_t words)
+                          size_t mapped, struct bfc__fence *fence, uint64_t sid, bfc_stream_t stream, uint64_t *bits,
+                          size_t words)
 {
-    *rec = (struct bfc__vmm_gone){ base, size, mapped, fence, sid, bits, words, false, NULL };
+    *rec = (struct bfc__vmm_gone){ base, size, mapped, fence, sid, stream, bits, words, false, NULL };
     bfc__lock(&p->lock);
     rec->next = p->vmm_gone;
     p->vmm_gone = rec;

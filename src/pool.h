@@ -59,6 +59,7 @@ struct bfc__vmm_gone {
     size_t size, mapped;
     struct bfc__fence *fence;    /* NULL: release at once */
     uint64_t sid;                /* the stream whose shard it left */
+    bfc_stream_t stream;         /* that stream's handle (the trace's rows) */
     uint64_t *bits;              /* its mapped granules, one bit each (freed with it) */
     size_t words;                /* of bits */
     bool refused;                /* the device refused its release part way:
@@ -98,6 +99,10 @@ struct bfc__pool {
      * the backend calls made. */
     size_t vmm_mapped;
     struct bfc__vmm_gone *vmm_gone;
+    /* The context's trace (set after bfc__pool_init; NULL: none): a
+     * departed reservation's granules going back write its "release"
+     * rows here, as a shard's own unmaps write theirs (expand.c). */
+    struct bfc__obs *obs;
     uint64_t vmm_maps, vmm_unmaps;
     uint64_t peak_rise_maps;     /* vmm_maps when a map last raised peak_held:
                                     how long the peak has stayed put */
@@ -241,7 +246,8 @@ void bfc__pool_vmm_unreserve(struct bfc__pool *p, uintptr_t base, size_t size);
 int bfc__pool_vmm_map(struct bfc__pool *p, uintptr_t addr, size_t size);
 int bfc__pool_vmm_unmap(struct bfc__pool *p, uintptr_t addr, size_t size, size_t *done);
 void bfc__pool_vmm_depart(struct bfc__pool *p, struct bfc__vmm_gone *rec, uintptr_t base, size_t size,
-                          size_t mapped, struct bfc__fence *fence, uint64_t sid, uint64_t *bits, size_t words);
+                          size_t mapped, struct bfc__fence *fence, uint64_t sid, bfc_stream_t stream, uint64_t *bits,
+                          size_t words);
 struct bfc__vmm_gone *bfc__pool_vmm_adopt(struct bfc__pool *p, uint64_t sid, size_t min);
 size_t bfc__pool_vmm_gone_mapped(struct bfc__pool *p, uint64_t sid, size_t min);
 struct bfc__fence *bfc__pool_fence_get(struct bfc__pool *p);

@@ -1987,6 +1987,73 @@ START_TEST(test_trace_threads)
 }
 END_TEST
 
+/* Bytes of one action's rows, for one stream (NULL: any). */
+static uint64_t action_bytes(const bfc_trace_event_t *ev, size_t n, int action, bfc_stream_t s)
+{
+    uint64_t b = 0;
+    for (size_t i = 0; i < n; i++)
+        if (ev[i].action == action && (!s || ev[i].stream == (uintptr_t)s))
+            b += ev[i].size;
+    return b;
+}
+
+/*
+ * Expandable arenas: every run of granules unmapped gets its "release" row,
+ * also where a released stream's reservation goes back to the device from
+ * the pool rather than from its shard:
+ *  (a) the stream released while it still holds a block: the reservation
+ *      departs at that block's free, and goes at once (nothing queued);
+ *  (b) the stream busy at its release: the reservation departs fenced, is
+ *      taken back by the stream's next shard (no rows: it stays mapped),
+ *      departs again at the second release, and goes when the fence has
+ *      completed (the drain, then a trim).
+ * Either way the granules mapped and unmapped balance, stream by stream,
+ * once nothing is reserved (a departed reservation's unmap wrote no row:
+ * 2 MiB grown and never released in (a)).
+ */
+START_TEST(test_trace_vmm_departed)
+{
+    tmp_setup();
+    char path[400];
+    for (int k = 0; k < 2; k++) {
+        tmp_path(path, sizeof path, k ? "vmm_b.csv" : "vmm_a.csv");
+        bfc_ctx_t *ctx = mkctx(k ? "memory_limit=64M,vmm=on,release_threshold=64M" : "memory_limit=64M,vmm=on");
+        bfc_stream_t s = bfc_sim_stream_create(ctx);
+        ck_assert_int_eq(bfc_ctx_trace_start(ctx, path), BFC_OK);
+        void *big = xalloc(ctx, s, 4 * MiB), *small = xalloc(ctx, s, 1000);
+        xfree(ctx, big, s);
+        if (k == 0) {
+            ck_assert_int_eq(bfc_ctx_stream_release(ctx, s), BFC_OK);
+            xfree(ctx, small, s);
+        } else {
+            xfree(ctx, small, s);
+            bfc_sim_stream_hold(ctx, s);
+            ck_assert_int_eq(bfc_ctx_stream_release(ctx, s), BFC_OK);
+            ck_assert_uint_eq(stats(ctx).bytes_reserved, 6 * MiB); /* departed, fenced */
+            void *again = xalloc(ctx, s, 1000); /* adopts it */
+            ck_assert_uint_eq(stats(ctx).bytes_reserved, 6 * MiB);
+            xfree(ctx, again, s);
+            ck_assert_int_eq(bfc_ctx_stream_release(ctx, s), BFC_OK);
+            bfc_sim_stream_drain(ctx, s);
+        }
+        ck_assert_int_eq(bfc_ctx_trim(ctx), BFC_OK);
+        ck_assert_uint_eq(stats(ctx).bytes_reserved, 0);
+        ck_assert_int_eq(bfc_ctx_trace_stop(ctx), BFC_OK);
+        bfc_trace_event_t *ev;
+        size_t n;
+        read_trace(path, &ev, &n);
+        ck_assert_uint_eq(action_bytes(ev, n, BFC_TRACE_GROW, NULL), 6 * MiB);
+        ck_assert_uint_eq(action_bytes(ev, n, BFC_TRACE_GROW, s), 6 * MiB);
+        ck_assert_uint_eq(action_bytes(ev, n, BFC_TRACE_RELEASE, s), 6 * MiB);
+        ck_assert_uint_eq(action_bytes(ev, n, BFC_TRACE_RELEASE, NULL), 6 * MiB);
+        free(ev);
+        bfc_sim_stream_destroy(ctx, s);
+        bfc_ctx_destroy(ctx);
+    }
+    tmp_teardown();
+}
+END_TEST
+
 /* trace=PATH in the configuration traces from creation to destruction. */
 START_TEST(test_trace_from_config)
 {
@@ -2904,6 +2971,7 @@ static Suite *obs_suite(void)
     tcase_add_test(tc, test_oom_report_in_callback);
     tcase_add_test(tc, test_config_paths);
     tcase_add_test(tc, test_trace_round_trip);
+    tcase_add_test(tc, test_trace_vmm_departed);
     tcase_add_test(tc, test_trace_threads);
     tcase_add_test(tc, test_trace_from_config);
     tcase_add_test(tc, test_rmm_csv_edge_cases);
