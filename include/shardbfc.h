@@ -814,9 +814,10 @@ BFC_API void bfc_shutdown(void);
  * NUMA node (see host_numa).  Same rounding, alignment and NULL rules as
  * bfc_ctx_alloc.  bfc_host_free frees from any thread (another thread's block
  * returns to its owner's arena).  bfc_host_numa_node reports where the pages
- * of a live block actually are (a freed block: BFC_EDOUBLEFREE; a pointer
- * that is not a block's start: BFC_ENOTOWNED).  bfc_host_record_stream: the block is not reused until the
- * stream's work queued before the free has completed.  Otherwise nothing
+ * of a live block actually are (NULL: BFC_EINVAL; a freed block:
+ * BFC_EDOUBLEFREE; a pointer that is not a block's start: BFC_ENOTOWNED).
+ * bfc_host_record_stream: the block is not reused until the stream's work
+ * queued before the free has completed.  Otherwise nothing
  * waits for device work still using a freed block (a queued copy): it is
  * reusable at once by its owner thread's later allocations (freed by
  * another thread: from the owner's next allocation on, which takes it
