@@ -113,10 +113,11 @@ struct bfc__backend_ops {
      * longer held.  On BFC_EBACKEND the reservation stays in the book with
      * what could not be unmapped, and may be released again. */
     int (*va_release)(bfc__backend_t *be, uintptr_t base, size_t size);
-    /* va_mapped: the bytes of the reservation at base (base and size exactly
-     * as reserved) that are mapped, as the book says; 0 for no such
-     * reservation.  What a refused va_release left. */
-    size_t (*va_mapped)(bfc__backend_t *be, uintptr_t base, size_t size);
+    /* va_mapped: the bytes of [addr, addr + size) that are mapped, as the
+     * book says, for a granule-aligned sub-range of one reservation (the
+     * whole reservation included); 0 for anything else.  What a refused
+     * va_release left, and where. */
+    size_t (*va_mapped)(bfc__backend_t *be, uintptr_t addr, size_t size);
     /* va_map: fresh physical memory, read-write for the backend's device,
      * at [addr, addr + size), every granule of which must be unmapped.
      * BFC_ENOMEM when the device refuses (SIM: its ceiling or fault
@@ -276,7 +277,7 @@ int bfc__vmm_book_add(bfc__vmm_book_t *bk, uintptr_t base, size_t size);
 /* The reservation [base, base + size) exactly, or NULL. */
 struct bfc__vmm_res *bfc__vmm_book_exact(bfc__vmm_book_t *bk, uintptr_t base, size_t size);
 /* va_mapped over a book: takes its lock. */
-size_t bfc__vmm_book_res_mapped(bfc__vmm_book_t *bk, uintptr_t base, size_t size);
+size_t bfc__vmm_book_res_mapped(bfc__vmm_book_t *bk, uintptr_t addr, size_t size);
 /* Drops r (a record of bk) from the book. */
 void bfc__vmm_book_remove(bfc__vmm_book_t *bk, struct bfc__vmm_res *r);
 /* BFC_OK and *out when [addr, addr + size) is a non-empty, granule-aligned

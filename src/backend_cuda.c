@@ -912,9 +912,9 @@ static int cuda_va_release(bfc__backend_t *be, uintptr_t base, size_t size)
     return st;
 }
 
-static size_t cuda_va_mapped(bfc__backend_t *be, uintptr_t base, size_t size)
+static size_t cuda_va_mapped(bfc__backend_t *be, uintptr_t addr, size_t size)
 {
-    return be->vmm_granule ? bfc__vmm_book_res_mapped(&cuda_of(be)->book, base, size) : 0;
+    return be->vmm_granule ? bfc__vmm_book_res_mapped(&cuda_of(be)->book, addr, size) : 0;
 }
 
 static int cuda_va_settle(bfc__backend_t *be)

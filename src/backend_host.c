@@ -281,10 +281,10 @@ static int host_va_range(bfc__backend_t *be, uintptr_t addr, size_t size)
     return BFC_EINVAL;
 }
 
-static size_t host_va_mapped(bfc__backend_t *be, uintptr_t base, size_t size)
+static size_t host_va_mapped(bfc__backend_t *be, uintptr_t addr, size_t size)
 {
     (void)be;
-    (void)base;
+    (void)addr;
     (void)size;
     return 0;
 }

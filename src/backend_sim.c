@@ -543,9 +543,9 @@ static int sim_va_release(bfc__backend_t *be, uintptr_t base, size_t size)
     return st;
 }
 
-static size_t sim_va_mapped(bfc__backend_t *be, uintptr_t base, size_t size)
+static size_t sim_va_mapped(bfc__backend_t *be, uintptr_t addr, size_t size)
 {
-    return bfc__vmm_book_res_mapped(&sim_of(be)->book, base, size);
+    return bfc__vmm_book_res_mapped(&sim_of(be)->book, addr, size);
 }
 
 static int sim_va_settle(bfc__backend_t *be)

@@ -182,11 +182,15 @@ struct bfc__vmm_res *bfc__vmm_book_exact(bfc__vmm_book_t *bk, uintptr_t base, si
     return r && r->base == base && r->size == size ? r : NULL;
 }
 
-size_t bfc__vmm_book_res_mapped(bfc__vmm_book_t *bk, uintptr_t base, size_t size)
+size_t bfc__vmm_book_res_mapped(bfc__vmm_book_t *bk, uintptr_t addr, size_t size)
 {
+    size_t g = bk->granule, n = 0;
     bfc__lock(&bk->lock);
-    struct bfc__vmm_res *r = bfc__vmm_book_exact(bk, base, size);
-    size_t n = r ? r->n_mapped * bk->granule : 0;
+    struct bfc__vmm_res *r = holder(bk, addr);
+    if (r && g && size % g == 0 && (addr - r->base) % g == 0 && size <= r->size - (addr - r->base)) {
+        size_t lo = (addr - r->base) / g;
+        n = bits_count(r->bits, lo, lo + size / g) * g;
+    }
     bfc__unlock(&bk->lock);
     return n;
 }

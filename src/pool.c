@@ -240,27 +240,40 @@ static void vmm_charge_locked(struct bfc__pool *p, size_t size, bool add)
     }
 }
 
-/* The trace's "release" rows for g's mapped granules, one per run, as a
- * shard's own unmaps write them.  A release the device refused part way
- * writes none: the book says how many bytes it kept, not which granules,
- * so g's rows are written when it goes at a later poll (what the device
- * had taken back by then is in them too). */
-static void vmm_gone_trace(struct bfc__pool *p, const struct bfc__vmm_gone *g)
+/* Did g's granule i go back to the device at its release?  Every mapped
+ * one, unless the device refused part way (`refused`): then the backend's
+ * book says, granule by granule (a rare path). */
+static bool gone_went(struct bfc__pool *p, const struct bfc__vmm_gone *g, size_t i, bool refused)
 {
-    if (!p->obs || !g->mapped || !bfc__tracing(p->obs))
-        return;
-    size_t gran = p->be->vmm_granule, n = g->size / gran;
+    size_t gran = p->be->vmm_granule;
+    return (g->bits[i / 64] >> (i % 64) & 1) && !(refused && p->be->ops->va_mapped(p->be, g->base + i * gran, gran));
+}
+
+/* After g's release: clears from g->bits the granules that went back to
+ * the device (the bits then say what it still holds), writes their trace
+ * rows -- one per run, as a shard's own unmaps do -- and returns the bytes
+ * still mapped. */
+static size_t vmm_gone_settle(struct bfc__pool *p, struct bfc__vmm_gone *g, bool refused)
+{
+    size_t gran = p->be->vmm_granule, n = g->size / gran, still = 0;
+    bool trace = p->obs && bfc__tracing(p->obs);
     for (size_t i = 0; i < n;) {
-        if (!(g->bits[i / 64] >> (i % 64) & 1)) {
+        if (!gone_went(p, g, i, refused)) {
             i++;
             continue;
         }
         size_t e = i + 1;
-        while (e < n && g->bits[e / 64] >> (e % 64) & 1)
+        while (e < n && gone_went(p, g, e, refused))
             e++;
-        bfc__trace_event(p->obs, BFC__TR_RELEASE, g->base + i * gran, (e - i) * gran, g->stream);
+        for (size_t k = i; k < e; k++)
+            g->bits[k / 64] &= ~(UINT64_C(1) << (k % 64));
+        if (trace)
+            bfc__trace_event(p->obs, BFC__TR_RELEASE, g->base + i * gran, (e - i) * gran, g->stream);
         i = e;
     }
+    for (size_t w = 0; w < g->words; w++)
+        still += (size_t)__builtin_popcountll(g->bits[w]) * gran;
+    return still;
 }
 
 /* Departed reservations whose fences completed (all: every one, teardown)
@@ -280,9 +293,10 @@ static void vmm_gone_poll_locked(struct bfc__pool *p, bool all)
         g->fence = NULL;
         if (st != BFC_OK && !all) {
             /* The device refused part way; its book says what it still
-             * holds, which stays charged.  No shard adopts g (its bits are
-             * stale), and the next poll offers it again. */
-            size_t still = p->be->ops->va_mapped(p->be, g->base, g->size);
+             * holds, which stays charged.  No shard adopts g (it is not
+             * the reservation that departed), and the next poll offers it
+             * again. */
+            size_t still = vmm_gone_settle(p, g, true);
             if (still < g->mapped) {
                 vmm_charge_locked(p, g->mapped - still, false);
                 g->mapped = still;
@@ -293,7 +307,7 @@ static void vmm_gone_poll_locked(struct bfc__pool *p, bool all)
             continue;
         }
         *pp = g->next;
-        vmm_gone_trace(p, g);
+        (void)vmm_gone_settle(p, g, false);
         vmm_charge_locked(p, g->mapped, false);
         if (g->mapped)
             p->vmm_unmaps++;

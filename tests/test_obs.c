@@ -2054,6 +2054,54 @@ START_TEST(test_trace_vmm_departed)
 }
 END_TEST
 
+/*
+ * The same when the device refuses part of a departed reservation's release
+ * (SIM: every second unmap refused): the granules it took back get their
+ * rows at once, and the later release, once the device takes the rest,
+ * writes rows for the rest only -- so at every stop the rows say what the
+ * device holds.  (Rows written only at the last release, for every granule
+ * mapped at the departure: 8 MiB grown, nothing released, while the device
+ * held 6; then 8 MiB released where it gave back 6.)
+ */
+START_TEST(test_trace_vmm_refused_release)
+{
+    tmp_setup();
+    char path[400];
+    bfc_ctx_t *ctx = mkctx("memory_limit=64M,vmm=on,release_threshold=64M");
+    bfc_stream_t s = bfc_sim_stream_create(ctx);
+    bfc_trace_event_t *ev;
+    size_t n;
+    tmp_path(path, sizeof path, "refused_a.csv");
+    ck_assert_int_eq(bfc_ctx_trace_start(ctx, path), BFC_OK);
+    xfree(ctx, xalloc(ctx, s, 8 * MiB), s);
+    bfc_sim_fail_free_every(ctx, 2);
+    ck_assert_int_eq(bfc_ctx_stream_release(ctx, s), BFC_OK); /* goes at once, in part */
+    uint64_t held = bfc_sim_backend_bytes_held(ctx);
+    ck_assert_uint_gt(held, 0);
+    ck_assert_uint_lt(held, 8 * MiB);
+    ck_assert_uint_eq(stats(ctx).bytes_reserved, held);
+    ck_assert_int_eq(bfc_ctx_trace_stop(ctx), BFC_OK);
+    read_trace(path, &ev, &n);
+    ck_assert_uint_eq(action_bytes(ev, n, BFC_TRACE_GROW, s), 8 * MiB);
+    ck_assert_uint_eq(action_bytes(ev, n, BFC_TRACE_RELEASE, s), 8 * MiB - held);
+    free(ev);
+
+    tmp_path(path, sizeof path, "refused_b.csv");
+    ck_assert_int_eq(bfc_ctx_trace_start(ctx, path), BFC_OK);
+    bfc_sim_fail_free_every(ctx, 0);
+    ck_assert_int_eq(bfc_ctx_trim(ctx), BFC_OK); /* offered again: the rest goes */
+    ck_assert_uint_eq(bfc_sim_backend_bytes_held(ctx), 0);
+    ck_assert_int_eq(bfc_ctx_trace_stop(ctx), BFC_OK);
+    read_trace(path, &ev, &n);
+    ck_assert_uint_eq(action_bytes(ev, n, BFC_TRACE_GROW, NULL), 0);
+    ck_assert_uint_eq(action_bytes(ev, n, BFC_TRACE_RELEASE, s), held);
+    free(ev);
+    bfc_sim_stream_destroy(ctx, s);
+    bfc_ctx_destroy(ctx);
+    tmp_teardown();
+}
+END_TEST
+
 /* trace=PATH in the configuration traces from creation to destruction. */
 START_TEST(test_trace_from_config)
 {
@@ -2972,6 +3020,7 @@ static Suite *obs_suite(void)
     tcase_add_test(tc, test_config_paths);
     tcase_add_test(tc, test_trace_round_trip);
     tcase_add_test(tc, test_trace_vmm_departed);
+    tcase_add_test(tc, test_trace_vmm_refused_release);
     tcase_add_test(tc, test_trace_threads);
     tcase_add_test(tc, test_trace_from_config);
     tcase_add_test(tc, test_rmm_csv_edge_cases);

@@ -183,6 +183,16 @@ START_TEST(test_subranges)
         fill(base + i * G, G, (unsigned char)(i + 1));
     ck_assert_int_eq(be->ops->va_unmap(be, base + 2 * G, 3 * G, NULL), BFC_OK);
     ck_assert_uint_eq(bfc__sim_bytes_held(be), 5 * G);
+    /* va_mapped: the whole reservation, any granule-aligned part of it. */
+    ck_assert_uint_eq(be->ops->va_mapped(be, base, 8 * G), 5 * G);
+    ck_assert_uint_eq(be->ops->va_mapped(be, base + G, 2 * G), G);
+    ck_assert_uint_eq(be->ops->va_mapped(be, base + 3 * G, G), 0);
+    ck_assert_uint_eq(be->ops->va_mapped(be, base + 4 * G, 4 * G), 3 * G);
+    /* ... and 0 for anything else: past the end, unaligned, no reservation. */
+    ck_assert_uint_eq(be->ops->va_mapped(be, base + 4 * G, 5 * G), 0);
+    ck_assert_uint_eq(be->ops->va_mapped(be, base + 4096, G), 0);
+    ck_assert_uint_eq(be->ops->va_mapped(be, base, G + 4096), 0);
+    ck_assert_uint_eq(be->ops->va_mapped(be, base - G, G), 0);
     ck_assert_int_eq(mapped(be, base, 2 * G), 1);
     ck_assert_int_eq(mapped(be, base + 5 * G, 3 * G), 1);
     ck_assert_int_eq(mapped(be, base, 3 * G), 0);
