@@ -486,7 +486,8 @@ static int cuda_event_wait(bfc__backend_t *be, bfc__event_t ev, uint32_t timeout
         st = cuda_event_query(be, ev);
         if (st != BFC_EBUSY)
             return st;
-        if (bfc__clock_ns(CLOCK_MONOTONIC) >= deadline)
+        uint64_t now = bfc__clock_ns(CLOCK_MONOTONIC);
+        if (now == 0 || now >= deadline) /* 0: no clock (internal.h) */
             return BFC_EBUSY;
         nanosleep(&nap, NULL); /* EINTR: just poll again */
     }

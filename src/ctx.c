@@ -801,11 +801,12 @@ static uint64_t now_ms(void)
  */
 static bool retry_wait(struct bfc_ctx *ctx, struct bfc__arena *a, uint64_t *deadline)
 {
-    if (ctx->cfg.retry_ms == 0)
+    uint64_t now = now_ms();
+    if (ctx->cfg.retry_ms == 0 || now == 0) /* 0: no clock (internal.h) */
         return false;
     if (*deadline == 0)
-        *deadline = now_ms() + ctx->cfg.retry_ms;
-    if (now_ms() >= *deadline)
+        *deadline = now + ctx->cfg.retry_ms;
+    if (now >= *deadline)
         return false;
     bfc__unlock(&a->lock);
     sleep_ms(1);

@@ -39,7 +39,9 @@
 #define BFC__SHARE_SPAN 128
 
 /* Nanoseconds on `clock` (CLOCK_MONOTONIC, CLOCK_MONOTONIC_COARSE, ...); 0
- * when it cannot be read, which callers take as "unknown". */
+ * when it cannot be read, which callers take as "unknown" -- and a timed
+ * wait as its budget spent, so that no wait outlives its bound for want of
+ * a clock (a seccomp policy that refuses clock_gettime). */
 static inline uint64_t bfc__clock_ns(clockid_t clock)
 {
     struct timespec ts;

@@ -8,6 +8,7 @@
  */
 #define BFC_TESTUTIL_NO_CTX
 #include "testutil.h"
+#include "clockfail.h"
 
 #include "backend.h"
 #include "meta.h"
@@ -423,6 +424,12 @@ START_TEST(test_event_wait_timeout)
     t0 = now_s();
     ck_assert_int_eq(be->ops->event_wait(be, ev, 0), BFC_EBUSY);
     ck_assert(now_s() - t0 < 0.5);
+    /* A clock that cannot be read spends the budget at once (the wait
+     * went on for ever: its deadline was a clock of 0 plus the bound). */
+    atomic_store(&clock_broken, true);
+    int st = be->ops->event_wait(be, ev, 20);
+    atomic_store(&clock_broken, false);
+    ck_assert_int_eq(st, BFC_EBUSY);
     bfc__sim_stream_drain(be, s);
     ck_assert_int_eq(be->ops->event_wait(be, ev, UINT32_MAX), BFC_OK);
     be->ops->event_destroy(be, ev);

@@ -23,6 +23,7 @@
  * A threaded variant runs two workloads on one context at once.
  */
 #include "testutil.h"
+#include "clockfail.h"
 
 #include <shardbfc.h>
 #include <shardbfc_sim.h>
@@ -739,6 +740,35 @@ START_TEST(test_fail_free_kept)
 }
 END_TEST
 
+/* retry_ms waits for other threads' frees up to its bound, read on the
+ * clock; a clock that cannot be read spends the budget at once, so the
+ * request fails with BFC_ENOMEM instead of waiting for ever (its deadline
+ * was "now + retry_ms" on a clock that read 0 at every look). */
+START_TEST(test_retry_without_clock)
+{
+    bfc_config_t c = cfg_sim(64 * MiB);
+    c.retry_ms = 50;
+    bfc_ctx_t *ctx = NULL;
+    ck_assert_int_eq(bfc_ctx_create(&c, &ctx), BFC_OK);
+    bfc_stream_t s = bfc_sim_stream_create(ctx), t = bfc_sim_stream_create(ctx);
+    void *p = bfc_ctx_alloc(ctx, s, 48 * MiB);
+    ck_assert_ptr_nonnull(p);
+    atomic_store(&clock_broken, true);
+    void *q = bfc_ctx_alloc(ctx, t, 48 * MiB);
+    atomic_store(&clock_broken, false);
+    ck_assert_ptr_null(q);
+    ck_assert_int_eq(bfc_last_error(), BFC_ENOMEM);
+    ck_assert_int_eq(bfc_ctx_free(ctx, p, s), BFC_OK);
+    q = bfc_ctx_alloc(ctx, t, 48 * MiB);
+    ck_assert_ptr_nonnull(q);
+    ck_assert_int_eq(bfc_ctx_free(ctx, q, t), BFC_OK);
+    xcheck(ctx);
+    bfc_sim_stream_destroy(ctx, s);
+    bfc_sim_stream_destroy(ctx, t);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("faults");
@@ -755,6 +785,10 @@ int main(void)
     tcase_add_test(tc, test_meta_failure_counted);
     tcase_add_loop_test(tc, test_fail_free_kept, 0, 3);
     suite_add_tcase(s, tc);
+    TCase *clock = tcase_create("clock");
+    tcase_set_timeout(clock, 10); /* a wait without bound fails it here */
+    tcase_add_test(clock, test_retry_without_clock);
+    suite_add_tcase(s, clock);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_ENV);
     int failed = srunner_ntests_failed(sr);
