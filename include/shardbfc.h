@@ -841,7 +841,8 @@ BFC_API void bfc_shutdown(void);
  * bfc_host_numa_node takes the owner arena's lock and asks the kernel where
  * the pages are; none of these three blocks.  The process's first call of
  * the four reads SHARDBFC_CONF and the machine's topology (hwloc, from
- * /sys) once; a thread's first bfc_host_alloc or bfc_host_free picks its
+ * /sys) once (a set-up that fails for want of memory or of the topology
+ * is tried again at the next call; an invalid SHARDBFC_CONF is final); a thread's first bfc_host_alloc or bfc_host_free picks its
  * node and takes the host context table lock briefly; a node's first
  * allocation creates its host context under that lock (the backend, as
  * bfc_ctx_create), which other threads' first calls then wait for.

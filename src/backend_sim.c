@@ -142,13 +142,22 @@ struct sim_backend {
 static struct sim_stream *g_streams;
 static atomic_uint g_n_streams = 1; /* record 0: the default stream */
 static bfc__mutex_t g_reg_lock = BFC__MUTEX_INIT(BFC__RANK_SIM_STREAMS, "the SIM stream table");
-static pthread_once_t g_streams_once = PTHREAD_ONCE_INIT;
 
-static void streams_init(void)
+/* The table, mapped at the first open (zero-filled: every stream idle,
+ * generation 0).  Under g_reg_lock, not in pthread_once: an open that
+ * finds no addresses for it (ulimit -v) fails, and a later one maps it. */
+static struct sim_stream *streams_init(void)
 {
-    void *tab = mmap(NULL, (size_t)SIM_MAX_STREAMS * sizeof(struct sim_stream), PROT_READ | PROT_WRITE,
-                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    g_streams = tab == MAP_FAILED ? NULL : tab; /* zero-filled: every stream idle, generation 0 */
+    bfc__lock(&g_reg_lock);
+    if (!g_streams) {
+        void *tab = mmap(NULL, (size_t)SIM_MAX_STREAMS * sizeof(struct sim_stream), PROT_READ | PROT_WRITE,
+                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (tab != MAP_FAILED)
+            g_streams = tab;
+    }
+    struct sim_stream *t = g_streams;
+    bfc__unlock(&g_reg_lock);
+    return t;
 }
 
 /*
@@ -1028,12 +1037,11 @@ int bfc__backend_sim_open(const bfc_config_t *cfg, bfc__backend_t **out)
     if (!b)
         return BFC_ENOMEM;
     memset(b, 0, sizeof(*b));
-    if (pthread_once(&g_streams_once, streams_init) != 0 || !g_streams ||
-        bfc__vmm_book_init(&b->book, SIM_VMM_GRANULE) != BFC_OK) {
+    b->streams = streams_init();
+    if (!b->streams || bfc__vmm_book_init(&b->book, SIM_VMM_GRANULE) != BFC_OK) {
         bfc__meta_free(b, sizeof(*b));
         return BFC_ENOMEM;
     }
-    b->streams = g_streams;
     b->base.ops = &sim_ops;
     b->base.kind = BFC_BACKEND_SIM;
     b->base.device = 0;

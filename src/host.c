@@ -77,6 +77,7 @@ static bool node_exists(int n)
 
 static void host_init(void)
 {
+    g_status = BFC_OK;
     bfc__process_init();
     /* An invalid SHARDBFC_CONF stops host memory as it stops device
      * memory (api.c): config.c has printed why. */
@@ -154,12 +155,19 @@ static int init(void)
          * lock is held (mutex.h). */
         int cs = bfc__nocancel_begin();
         bfc__lock(&bfc__host_setup_lock);
+        /* Final once done, or for an invalid SHARDBFC_CONF (as device
+         * memory refuses it); a failure for want of memory or of the
+         * topology left nothing behind, and the next call tries again
+         * (g_status is then read under the lock only). */
         if (!atomic_load_explicit(&g_init_done, memory_order_relaxed)) {
             host_init();
-            atomic_store_explicit(&g_init_done, true, memory_order_release);
+            if (g_status == BFC_OK || g_status == BFC_EINVAL)
+                atomic_store_explicit(&g_init_done, true, memory_order_release);
         }
+        int st = g_status;
         bfc__unlock(&bfc__host_setup_lock);
         bfc__nocancel_end(cs);
+        return st;
     }
     return g_status;
 }
@@ -434,8 +442,9 @@ int bfc_host_stats(bfc_stats_t *out)
     if (!out)
         return BFC_EINVAL;
     memset(out, 0, sizeof(*out));
-    if (init() != BFC_OK)
-        return g_status;
+    int st = init();
+    if (st != BFC_OK)
+        return st;
     for (int i = 0; i < g_nslots; i++) {
         bfc_ctx_t *ctx = atomic_load_explicit(&g_ctx[i], memory_order_acquire);
         bfc_stats_t s;

@@ -18,6 +18,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <errno.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 
 static bfc__backend_t *open_sim_cfg(const bfc_config_t *cfg)
 {
@@ -406,6 +409,53 @@ START_TEST(test_stream_table_exhaustion)
 }
 END_TEST
 
+/* The process-wide stream table (4 MiB of addresses) is mapped at the
+ * first open.  An open that finds no addresses for it (RLIMIT_AS) fails
+ * with BFC_ENOMEM, and a later one, with addresses back, maps it (it was
+ * mapped in pthread_once: the first failure was for the life of the
+ * process).  In a child, the table not yet mapped there; plain builds
+ * only (sanitizers and valgrind manage their own address space). */
+START_TEST(test_stream_table_mapped_later)
+{
+#if defined(BFC_TEST_ASAN) || defined(BFC_TEST_TSAN)
+    return;
+#endif
+    if (under_valgrind())
+        return;
+    size_t vm = vm_size();
+    ck_assert_uint_gt(vm, 0);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        struct rlimit old, rl;
+        if (getrlimit(RLIMIT_AS, &old) != 0)
+            _exit(10);
+        rl = old;
+        rl.rlim_cur = vm + 1024 * 1024;
+        if (setrlimit(RLIMIT_AS, &rl) != 0)
+            _exit(11);
+        bfc_config_t cfg;
+        bfc_config_init(&cfg);
+        cfg.backend = BFC_BACKEND_SIM;
+        bfc__backend_t *be = NULL;
+        if (bfc__backend_sim_open(&cfg, &be) != BFC_ENOMEM || be)
+            _exit(12);
+        if (setrlimit(RLIMIT_AS, &old) != 0)
+            _exit(13);
+        if (bfc__backend_sim_open(&cfg, &be) != BFC_OK || !be)
+            _exit(14);
+        be->ops->close(be);
+        _exit(0);
+    }
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+        ;
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+                  "child: status %d (12: the open under the limit did not fail; 14: the open after it failed)",
+                  status);
+}
+END_TEST
+
 START_TEST(test_event_wait_timeout)
 {
     bfc__backend_t *be = open_sim();
@@ -694,6 +744,7 @@ static Suite *sim_suite(void)
     tcase_add_test(ev, test_streams_independent);
     tcase_add_test(ev, test_stream_ids);
     tcase_add_test(ev, test_stream_table_exhaustion);
+    tcase_add_test(ev, test_stream_table_mapped_later);
     tcase_add_test(ev, test_public_stream_create_status);
     tcase_add_test(ev, test_event_wait_timeout);
     tcase_add_test(ev, test_event_wait_released_by_drain);

@@ -406,6 +406,26 @@ START_TEST(test_host_numa_config)
 }
 END_TEST
 
+/* A set-up that fails for want of the topology (hwloc's discovery
+ * stopped: HWLOC_COMPONENTS=stop) or of memory is not final: once hwloc
+ * loads it, the next call sets host memory up (the first failure was
+ * for the life of the process). */
+START_TEST(test_setup_failure_retried)
+{
+    setenv("HWLOC_COMPONENTS", "stop", 1);
+    ck_assert_ptr_null(bfc_host_alloc(4096));
+    ck_assert_int_eq(bfc_last_error(), BFC_EBACKEND);
+    bfc_stats_t s;
+    ck_assert_int_eq(bfc_host_stats(&s), BFC_EBACKEND);
+    unsetenv("HWLOC_COMPONENTS");
+    void *p = bfc_host_alloc(4096);
+    ck_assert_ptr_nonnull(p);
+    ck_assert_int_eq(bfc_host_stats(&s), BFC_OK);
+    ck_assert_uint_eq(s.num_allocs, 1);
+    ck_assert_int_eq(bfc_host_free(p), BFC_OK);
+}
+END_TEST
+
 /* A host context follows neither trace= nor oom_dump= of SHARDBFC_CONF,
  * and bfc_ctx_config says so; a device context made from the same spec
  * follows both.  (The trace file must not appear for the host context.) */
@@ -801,6 +821,7 @@ int main(void)
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_set_timeout(tc, 30);
     tcase_add_test(tc, test_alloc_on_node0);
+    tcase_add_test(tc, test_setup_failure_retried);
     tcase_add_test(tc, test_shutdown_waits_for_device);
     tcase_add_test(tc, test_per_thread_arenas_and_cross_thread_free);
     tcase_add_test(tc, test_remote_free_returns_to_owner);

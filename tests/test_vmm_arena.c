@@ -2280,18 +2280,6 @@ START_TEST(test_limit_near_2_64)
 END_TEST
 
 /* The process's own bytes of address space (VmSize), or 0. */
-static size_t vm_size(void)
-{
-    unsigned long pages = 0;
-    FILE *f = fopen("/proc/self/statm", "r");
-    if (!f)
-        return 0;
-    if (fscanf(f, "%lu", &pages) != 1)
-        pages = 0;
-    fclose(f);
-    return pages * (size_t)sysconf(_SC_PAGESIZE);
-}
-
 /* Under RLIMIT_AS (ulimit -v) below the default limit (SIM: 16 GiB), in a
  * child process: four streams allocate and write 64 MiB each.  Plain builds
  * only: sanitizers and valgrind manage their own address space. */

@@ -30,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #ifndef BFC_TESTUTIL_NO_CTX
 #include <shardbfc.h>
@@ -63,6 +64,20 @@ static inline bool under_valgrind(void)
 {
     const char *pre = getenv("LD_PRELOAD");
     return pre && strstr(pre, "vgpreload") != NULL;
+}
+
+/* The process's address space in use (VmSize), in bytes; 0 if unknown.
+ * RLIMIT_AS tests set their limit from it. */
+static inline size_t vm_size(void)
+{
+    unsigned long pages = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (!f)
+        return 0;
+    if (fscanf(f, "%lu", &pages) != 1)
+        pages = 0;
+    fclose(f);
+    return pages * (size_t)sysconf(_SC_PAGESIZE);
 }
 
 /* ------------------------------------------------- cheap assertions */
