@@ -744,7 +744,8 @@ BFC_API int bfc_ctx_config(bfc_ctx_t *ctx, bfc_config_t *out);
  * be created, an oom_dump= path that cannot be written, vmm=on where the device has no virtual memory or the limit
  * holds no granule), from the call that found it on, with its own line on
  * stderr (a host section already started keeps working, so that its
- * blocks stay valid).  Where another
+ * blocks stay valid); a context that cannot be made for want of memory,
+ * file descriptors or disk is tried again at the next call.  Where another
  * device's context already runs, only the device that cannot be served
  * is refused.  No usable device (backend=cuda on a machine without a GPU
  * or a driver) is not a refusal: those calls fail with BFC_ENODEV, the
@@ -1220,9 +1221,12 @@ BFC_API int bfc_ctx_set_oom_callback(bfc_ctx_t *ctx, bfc_oom_fn fn, void *arg);
  * bfc_ctx_create.  With no trace running the allocation paths test one
  * flag.
  * bfc_ctx_trace_start: BFC_OK, BFC_EBUSY (a trace is already running),
- * BFC_EINVAL (path cannot be created), BFC_EBACKEND (its header line could
- * not be written: a full disk), BFC_ENOMEM (no memory, or the exit handler
- * could not be registered).
+ * BFC_EINVAL (path cannot be created: no such directory, no permission, a
+ * directory...), BFC_EBACKEND (the file system is full or failing: the
+ * file could not be created or its header line not written), BFC_ENOMEM
+ * (no memory or no file descriptor left, or the exit handler could not be
+ * registered); only BFC_EINVAL says the path will not do, so only it stops
+ * the process-wide service (see "The process-wide service").
  * bfc_ctx_trace_stop: BFC_OK, BFC_ESTATE (no trace running), BFC_EBACKEND
  * (a write to the file failed: the trace is incomplete).
  * Context: thread-safe; start/stop serialise on a per-context lock (the

@@ -334,6 +334,26 @@ void bfc__trace_event(struct bfc__obs *obs, enum bfc__trace_action action, uintp
     bfc__rcu_unlock();
 }
 
+/* Why an open of a trace's path failed: BFC_ENOMEM for descriptors or
+ * memory exhausted, BFC_EBACKEND for a file system out of space or failing
+ * (as a header that cannot be written), else BFC_EINVAL: the path (no such
+ * directory, no permission, a directory, a read-only file system...). */
+static int open_status(int err)
+{
+    switch (err) {
+    case EMFILE:
+    case ENFILE:
+    case ENOMEM:
+        return BFC_ENOMEM;
+    case ENOSPC:
+    case EDQUOT:
+    case EIO:
+        return BFC_EBACKEND;
+    default:
+        return BFC_EINVAL;
+    }
+}
+
 static void run_unlink(struct bfc__trace *t)
 {
     if (t->run_prev)
@@ -457,10 +477,11 @@ int bfc_ctx_trace_start(bfc_ctx_t *ctx, const char *path)
         t->fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
     while (t->fd < 0 && errno == EINTR);
     if (t->fd < 0 || !write_all(t->fd, header, sizeof header - 1)) {
-        /* A path that cannot be opened is the caller's; a header that
-         * cannot be written (a full disk) is the file system's, as a
-         * failed write is at bfc_ctx_trace_stop. */
-        st = t->fd < 0 ? BFC_EINVAL : BFC_EBACKEND;
+        /* A path that cannot be opened is the caller's, unless the process
+         * or the file system is short of something for now (a later start
+         * may not be); a header that cannot be written (a full disk) is
+         * the file system's, as a failed write is at bfc_ctx_trace_stop. */
+        st = t->fd < 0 ? open_status(errno) : BFC_EBACKEND;
         if (t->fd >= 0)
             (void)close(t->fd);
         bfc__mutex_destroy(&t->flock);

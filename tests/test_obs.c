@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -1784,6 +1785,39 @@ static void read_trace(const char *path, bfc_trace_event_t **ev, size_t *n)
     ck_assert_msg(bfc_trace_csv_read(path, ev, n, err, sizeof err) == 0, "read %s: %s", path, err);
 }
 
+/* A trace file that cannot be opened for want of a descriptor is not the
+ * path's fault: BFC_ENOMEM, and the same path opens once descriptors are
+ * back.  (It said BFC_EINVAL, "the path will not do", which for trace= in
+ * SHARDBFC_CONF stops the process-wide service for good.) */
+START_TEST(test_trace_start_out_of_descriptors)
+{
+    tmp_setup();
+    char path[400];
+    tmp_path(path, sizeof path, "fd.csv");
+    bfc_ctx_t *ctx = mkctx("memory_limit=16M");
+    struct rlimit old, rl;
+    ck_assert_int_eq(getrlimit(RLIMIT_NOFILE, &old), 0);
+    rl = old;
+    rl.rlim_cur = 256;
+    ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &rl), 0);
+    int fds[256], n = 0, fd;
+    while (n < 256 && (fd = open("/dev/null", O_RDONLY | O_CLOEXEC)) >= 0)
+        fds[n++] = fd;
+    ck_assert_int_eq(errno, EMFILE);
+    int st = bfc_ctx_trace_start(ctx, path);
+    while (n > 0)
+        close(fds[--n]);
+    ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &old), 0);
+    ck_assert_int_eq(st, BFC_ENOMEM);
+    ck_assert_int_eq(bfc_ctx_trace_start(ctx, path), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_trace_stop(ctx), BFC_OK);
+    /* And a path whose directory does not exist is the caller's. */
+    ck_assert_int_eq(bfc_ctx_trace_start(ctx, "/nonexistent-dir/x.csv"), BFC_EINVAL);
+    bfc_ctx_destroy(ctx);
+    tmp_teardown();
+}
+END_TEST
+
 START_TEST(test_trace_round_trip)
 {
     tmp_setup();
@@ -3019,6 +3053,7 @@ static Suite *obs_suite(void)
     tcase_add_test(tc, test_oom_report_in_callback);
     tcase_add_test(tc, test_config_paths);
     tcase_add_test(tc, test_trace_round_trip);
+    tcase_add_test(tc, test_trace_start_out_of_descriptors);
     tcase_add_test(tc, test_trace_vmm_departed);
     tcase_add_test(tc, test_trace_vmm_refused_release);
     tcase_add_test(tc, test_trace_threads);
