@@ -172,6 +172,10 @@ int bfc__backend_cuda_open(const bfc_config_t *cfg, bfc__backend_t **out);
 int bfc__cuda_device_count(void);
 /* Device of a stream (cudaStreamGetDevice; NULL: current device). */
 int bfc__cuda_stream_device(bfc_stream_t s, int *dev);
+/* A device's PCI domain, bus and device numbers (host_numa=gpu finds its
+ * CPUs from them), the runtime's last-error slot left clear.  BFC_OK, or
+ * BFC_ENODEV for an ordinal or a runtime that cannot say. */
+int bfc__cuda_device_pci(int dev, int *domain, int *bus, int *slot);
 /* Makes `dev` current for the calling thread as the backend's own calls do
  * ("Device switches" in backend_cuda.c: its primary context pushed where
  * it is retained, else cudaSetDevice), *saved for bfc__cuda_dev_leave

@@ -340,6 +340,21 @@ int bfc__cuda_stream_device(bfc_stream_t s, int *dev)
     return device_status(err);
 }
 
+int bfc__cuda_device_pci(int dev, int *domain, int *bus, int *slot)
+{
+    struct cudaDeviceProp prop;
+    cudaError_t err = cudaGetDeviceProperties(&prop, dev);
+
+    if (err != cudaSuccess) {
+        (void)device_status(err); /* clears the slot */
+        return BFC_ENODEV;
+    }
+    *domain = prop.pciDomainID;
+    *bus = prop.pciBusID;
+    *slot = prop.pciDeviceID;
+    return BFC_OK;
+}
+
 static int cuda_mem_alloc(bfc__backend_t *be, size_t size, void **out)
 {
     void *p = NULL;

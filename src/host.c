@@ -16,7 +16,7 @@
  * Node choice (config host_numa): the node local to the CPUs the thread is
  * bound to (hwloc_get_cpubind), else the node local to the CPU it runs on at
  * its first allocation (hwloc_get_last_cpu_location); `gpu` picks the node
- * local to the GPU's CPUs (hwloc_cudart_get_device_cpuset, CUDA builds); a
+ * local to the GPU's CPUs (its PCI device's local_cpus, CUDA builds); a
  * number picks that node.  The choice is made once per thread.  "Local"
  * (bfc__host_node_of_cpuset) is the node whose CPUs are the fewest that
  * still cover the set: a memory-only node attached at the machine's level
@@ -46,8 +46,7 @@
 
 #include <hwloc.h>
 #if BFC_HAVE_CUDA
-#include <cuda_runtime_api.h>
-#include <hwloc/cudart.h>
+#include <hwloc/linux.h>
 #endif
 
 static int g_status = BFC_OK;
@@ -223,6 +222,27 @@ static int first_node(void)
     return -1;
 }
 
+#if BFC_HAVE_CUDA
+/* The CPUs close to the configured GPU, as hwloc's
+ * hwloc_cudart_get_device_cpuset finds them (its PCI device's local_cpus
+ * in sysfs; all CPUs where sysfs does not say), but with the device's PCI
+ * numbers asked through the backend, which leaves the runtime's last-error
+ * slot clear (hwloc's inline call left an invalid ordinal's error there
+ * for the application to find).  0, or -1 when the device cannot say. */
+static int gpu_cpuset(hwloc_cpuset_t set)
+{
+    int domain, bus, slot;
+    if (bfc__cuda_device_pci(g_cfg.device, &domain, &bus, &slot) != BFC_OK || !hwloc_topology_is_thissystem(g_topo))
+        return -1;
+    char path[128];
+    snprintf(path, sizeof path, "/sys/bus/pci/devices/%04x:%02x:%02x.0/local_cpus", (unsigned)domain, (unsigned)bus,
+             (unsigned)slot);
+    if (hwloc_linux_read_path_as_cpumask(path, set) < 0 || hwloc_bitmap_iszero(set))
+        return hwloc_bitmap_copy(set, hwloc_topology_get_complete_cpuset(g_topo));
+    return 0;
+}
+#endif
+
 static int pick_node(void)
 {
     int node = -1;
@@ -232,7 +252,7 @@ static int pick_node(void)
     if (!set)
         return first_node();
 #if BFC_HAVE_CUDA
-    if (g_cfg.host_numa == BFC_HOST_NUMA_GPU && hwloc_cudart_get_device_cpuset(g_topo, g_cfg.device, set) == 0)
+    if (g_cfg.host_numa == BFC_HOST_NUMA_GPU && gpu_cpuset(set) == 0)
         node = bfc__host_node_of_cpuset(g_topo, set);
 #endif
     if (node < 0 && hwloc_get_cpubind(g_topo, set, HWLOC_CPUBIND_THREAD) == 0)

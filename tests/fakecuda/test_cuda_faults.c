@@ -918,6 +918,25 @@ START_TEST(test_restore_refused_after_the_call)
 }
 END_TEST
 
+/* host_numa=gpu finds the GPU's CPUs from its PCI numbers, asking the
+ * runtime (in a CUDA build, whatever the device backend: SIM here, since
+ * no context can be made on a device the runtime lacks).  For a device it
+ * does not have (device=3 of one) the thread's own node serves, and the
+ * runtime's last-error slot is left clear: an application that checks
+ * cudaGetLastError after its own calls must not find ours (hwloc's inline
+ * helper left cudaErrorInvalidDevice there). */
+START_TEST(test_host_numa_gpu_leaves_no_error)
+{
+    ck_assert_int_eq(setenv("SHARDBFC_CONF", "backend=sim,host_numa=gpu,device=3", 1), 0);
+    ck_assert_int_eq(cudaGetLastError(), cudaSuccess);
+    void *p = bfc_host_alloc(4096); /* the thread's first: its node chosen */
+    ck_assert_msg(p != NULL, "%s", bfc_err_name(bfc_last_error()));
+    ck_assert_int_eq(cudaGetLastError(), cudaSuccess);
+    ck_assert_int_ge(bfc_host_numa_node(p), 0);
+    ck_assert_int_eq(bfc_host_free(p), BFC_OK);
+}
+END_TEST
+
 /* Host pinned memory on device 1 (SHARDBFC_CONF device=1) from a thread on
  * device 0: every cuCtxPopCurrent of a round that pins a new region
  * (cudaHostRegister), frees it and trims refused in turn.  The pinning
@@ -1026,6 +1045,7 @@ int main(void)
     tcase_add_test(tc, test_fork_frees_pctx_lock);
     tcase_add_test(tc, test_restore_refused_after_the_call);
     tcase_add_test(tc, test_host_register_restore_refused);
+    tcase_add_test(tc, test_host_numa_gpu_leaves_no_error);
     suite_add_tcase(su, tc);
     SRunner *sr = srunner_create(su);
     srunner_run_all(sr, CK_ENV);
