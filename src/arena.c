@@ -71,7 +71,7 @@ static void region_free_cb(struct rcu_head *h)
     struct bfc__region *r = caa_container_of(h, struct bfc__region, rcu);
     bfc__rcu_reclaim();
     if (r->handles_bytes)
-        munmap((void *)r->handles, r->handles_bytes);
+        (void)munmap((void *)r->handles, r->handles_bytes); /* fails only for a bad range: ours is not */
     else
         bfc__meta_free((void *)r->handles, r->nhandles * sizeof(r->handles[0]));
     bfc__meta_free(r, sizeof(*r));
@@ -81,7 +81,7 @@ static void region_free_cb(struct rcu_head *h)
 static void handles_free(struct bfc__region *r)
 {
     if (r->handles_bytes)
-        munmap((void *)r->handles, r->handles_bytes);
+        (void)munmap((void *)r->handles, r->handles_bytes); /* fails only for a bad range: ours is not */
     else if (r->handles)
         bfc__meta_free((void *)r->handles, r->nhandles * sizeof(r->handles[0]));
 }

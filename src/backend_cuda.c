@@ -713,8 +713,9 @@ void bfc__cuda_fork_child(void)
 {
     /* The child's one thread holds nothing: whoever held the lock stayed
      * in the parent.  A table entry is one atomic store: there or not. */
-    if (bfc__mutex_init(&g_pctx_lock, BFC__RANK_CUDA_PCTX, "the CUDA primary-context table") != 0)
-        bfc__fatal("bfc__mutex_init", EAGAIN);
+    int e = bfc__mutex_init(&g_pctx_lock, BFC__RANK_CUDA_PCTX, "the CUDA primary-context table");
+    if (e != 0)
+        bfc__fatal("bfc__mutex_init", e);
 }
 
 void bfc__cuda_pctx_lock(void)

@@ -19,6 +19,8 @@ struct bfc__fence *bfc__fence_new(bfc__backend_t *be)
 
 void bfc__fence_destroy(bfc__backend_t *be, struct bfc__fence *f)
 {
+    /* An event the device refuses to destroy is lost to us either way:
+     * nothing waits on it, and the record goes. */
     if (f->ev)
         (void)be->ops->event_destroy(be, f->ev);
     bfc__meta_free(f, sizeof(*f));

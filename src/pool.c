@@ -961,6 +961,9 @@ int bfc__pool_vmm_reserve(struct bfc__pool *p, size_t size, uintptr_t *base)
 
 void bfc__pool_vmm_unreserve(struct bfc__pool *p, uintptr_t base, size_t size)
 {
+    /* Nothing is mapped in it (a range never used, or one whose every
+     * granule went back): a refusal keeps only addresses, which the
+     * backend's book holds until it closes. */
     (void)p->be->ops->va_release(p->be, base, size);
 }
 
