@@ -1463,6 +1463,30 @@ static void released_reservation(void)
     bfc_ctx_destroy(ctx);
 }
 
+/* An expandable shard whose granules all went back (a trim) departs with
+ * nothing mapped, so with no fence, whatever its stream's state: the
+ * snapshot's pool counts the departure, but not among the fenced ones. */
+START_TEST(test_departure_unfenced_when_unmapped)
+{
+    bfc_ctx_t *ctx = mkctx("memory_limit=64M,vmm=on");
+    bfc_stream_t s = bfc_sim_stream_create(ctx);
+    xfree(ctx, xalloc(ctx, s, 1000), s);
+    ck_assert_int_eq(bfc_ctx_trim(ctx), BFC_OK);
+    bfc_stats_t st;
+    ck_assert_int_eq(bfc_ctx_stream_stats(ctx, s, &st), BFC_OK);
+    ck_assert_uint_eq(st.bytes_reserved, 0);
+    bfc_sim_stream_hold(ctx, s); /* queued work: a range with granules would wait for it */
+    ck_assert_int_eq(bfc_ctx_stream_release(ctx, s), BFC_OK);
+    json_object *v = snapshot(ctx), *pool = bfc_json_get(v, "pool");
+    ck_assert_uint_ge(bfc_json_u64(pool, "departures", 0), 1);
+    ck_assert_uint_eq(bfc_json_u64(pool, "fenced_departures", UINT64_MAX), 0);
+    json_object_put(v);
+    bfc_sim_stream_drain(ctx, s);
+    bfc_sim_stream_destroy(ctx, s);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
 START_TEST(test_pool_fence_seen_complete)
 {
     for (int k = 0; k < 4; k++)
@@ -2031,6 +2055,19 @@ static uint64_t action_bytes(const bfc_trace_event_t *ev, size_t n, int action, 
     return b;
 }
 
+/* Bytes of [lo, hi) that rows of one action cover. */
+static uint64_t action_covers(const bfc_trace_event_t *ev, size_t n, int action, uint64_t lo, uint64_t hi)
+{
+    uint64_t c = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (ev[i].action != action)
+            continue;
+        uint64_t a = ev[i].ptr > lo ? ev[i].ptr : lo, b = ev[i].ptr + ev[i].size < hi ? ev[i].ptr + ev[i].size : hi;
+        c += b > a ? b - a : 0;
+    }
+    return c;
+}
+
 /*
  * Expandable arenas: every run of granules unmapped gets its "release" row,
  * also where a released stream's reservation goes back to the device from
@@ -2043,7 +2080,9 @@ static uint64_t action_bytes(const bfc_trace_event_t *ev, size_t n, int action, 
  *      completed (the drain, then a trim).
  * Either way the granules mapped and unmapped balance, stream by stream,
  * once nothing is reserved (a departed reservation's unmap wrote no row:
- * 2 MiB grown and never released in (a)).
+ * 2 MiB grown and never released in (a)), and address by address: each
+ * byte grown is released once, at its own address; (b)'s three granules
+ * go as one run, one row.
  */
 START_TEST(test_trace_vmm_departed)
 {
@@ -2080,6 +2119,15 @@ START_TEST(test_trace_vmm_departed)
         ck_assert_uint_eq(action_bytes(ev, n, BFC_TRACE_GROW, s), 6 * MiB);
         ck_assert_uint_eq(action_bytes(ev, n, BFC_TRACE_RELEASE, s), 6 * MiB);
         ck_assert_uint_eq(action_bytes(ev, n, BFC_TRACE_RELEASE, NULL), 6 * MiB);
+        for (size_t i = 0; i < n; i++) {
+            uint64_t lo = ev[i].ptr, hi = ev[i].ptr + ev[i].size;
+            if (ev[i].action == BFC_TRACE_GROW)
+                ck_assert_uint_eq(action_covers(ev, n, BFC_TRACE_RELEASE, lo, hi), ev[i].size);
+            else if (ev[i].action == BFC_TRACE_RELEASE)
+                ck_assert_uint_eq(action_covers(ev, n, BFC_TRACE_GROW, lo, hi), ev[i].size);
+        }
+        if (k == 1)
+            ck_assert_uint_eq(count_action(ev, n, BFC_TRACE_RELEASE), 1);
         free(ev);
         bfc_sim_stream_destroy(ctx, s);
         bfc_ctx_destroy(ctx);
@@ -3050,6 +3098,7 @@ static Suite *obs_suite(void)
     tcase_add_test(tc, test_oom_report_pool_spans);
     tcase_add_test(tc, test_oom_report_held_and_backend);
     tcase_add_test(tc, test_pool_fence_seen_complete);
+    tcase_add_test(tc, test_departure_unfenced_when_unmapped);
     tcase_add_test(tc, test_oom_report_in_callback);
     tcase_add_test(tc, test_config_paths);
     tcase_add_test(tc, test_trace_round_trip);

@@ -1384,6 +1384,37 @@ START_TEST(test_growth_below_peak)
 }
 END_TEST
 
+/* The same for a stream's first block, which makes its shard's range: below
+ * the peak it asks the other shards for their spare only, never for a loan
+ * of their slack -- also when a hint sends it to them (r's first block
+ * leaves a one-granule hint of spare: its block's granule, published as
+ * it is handed out).  (The loan asked for regardless of the peak fails
+ * it: s's slack goes.) */
+START_TEST(test_first_block_below_peak)
+{
+    struct churned w;
+    churned_init(&w, "memory_limit=64M,vmm=on");
+    char *big = bfc_ctx_alloc(w.ctx, w.t, 16 * G);
+    ck_assert_ptr_nonnull(big);
+    uint64_t peak = reserved(w.ctx);
+    ck_assert_int_eq(bfc_ctx_free(w.ctx, big, w.t), BFC_OK);
+    churned_cycles(&w);
+    bfc_stream_t r = bfc_sim_stream_create(w.ctx), u = bfc_sim_stream_create(w.ctx);
+    char *rb = touch_alloc(w.ctx, r, G);
+    ck_assert_uint_ge(atomic_load(&w.ctx->pool.vmm_idle), G);
+    uint64_t s_unmaps = stream_stats(w.ctx, w.s).num_vmm_unmaps;
+    ck_assert_uint_le(reserved(w.ctx) + 4 * G, peak);
+    char *ub = touch_alloc(w.ctx, u, 4 * G);
+    ck_assert(mapped(w.ctx, w.p[3], G)); /* kept */
+    ck_assert_uint_eq(stream_stats(w.ctx, w.s).num_vmm_unmaps, s_unmaps);
+    ck_assert_int_eq(bfc_ctx_free(w.ctx, ub, u), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_free(w.ctx, rb, r), BFC_OK);
+    char *tb = bfc_ctx_alloc(w.ctx, w.t, 256);
+    ck_assert_ptr_nonnull(tb);
+    churned_teardown(&w, tb);
+}
+END_TEST
+
 /* A lender with a release threshold keeps exactly the threshold: the
  * threshold it kept at its frees is not also counted as memory no release
  * can unmap (which left it twice the threshold, and raised the context's
@@ -1872,6 +1903,85 @@ START_TEST(test_reserve_fallback)
     bfc_ctx_destroy(ctx);
     for (int i = 0; i < 6; i++)
         bfc_sim_stream_destroy(NULL, s[i]);
+}
+END_TEST
+
+/* A reservation taken back by its stream's next shard is that shard's own
+ * from then on: its peak counts what came mapped with it, and a trim
+ * unmaps every free granule of it, the highest included (6 MiB came, one
+ * 2 MiB granule holds the live block: 2 MiB stay). */
+START_TEST(test_adopted_range_trimmed)
+{
+    bfc_ctx_t *ctx = ctx_spec("memory_limit=64M,vmm=on,release_threshold=64M", 0);
+    bfc_stream_t s = bfc_sim_stream_create(ctx);
+    char *big = touch_alloc(ctx, s, 4 * MiB), *small = touch_alloc(ctx, s, 1000);
+    ck_assert_int_eq(bfc_ctx_free(ctx, big, s), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_free(ctx, small, s), BFC_OK);
+    bfc_sim_stream_hold(ctx, s);
+    ck_assert_int_eq(bfc_ctx_stream_release(ctx, s), BFC_OK); /* departs fenced */
+    ck_assert_uint_eq(reserved(ctx), 6 * MiB);
+    char *again = touch_alloc(ctx, s, 1000); /* adopted */
+    ck_assert_uint_eq(reserved(ctx), 6 * MiB);
+    bfc_sim_stream_drain(ctx, s);
+    bfc_stats_t st = stream_stats(ctx, s);
+    ck_assert_uint_eq(st.bytes_reserved, 6 * MiB);
+    ck_assert_uint_ge(st.peak_bytes_reserved, st.bytes_reserved);
+    ck_assert_int_eq(bfc_ctx_trim(ctx), BFC_OK);
+    ck_assert_uint_eq(reserved(ctx), 2 * MiB);
+    ck_assert_int_eq(bfc_ctx_free(ctx, again, s), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_trim(ctx), BFC_OK);
+    ck_assert_uint_eq(reserved(ctx), 0);
+    ck_assert_uint_eq(bfc_sim_backend_bytes_held(ctx), 0);
+    check_ok(ctx);
+    bfc_ctx_destroy(ctx);
+    bfc_sim_stream_destroy(NULL, s);
+}
+END_TEST
+
+/* The bytes of a trace's grow and release rows. */
+static void trace_sums(const char *path, uint64_t *grow, uint64_t *rel)
+{
+    FILE *f = fopen(path, "r");
+    ck_assert_ptr_nonnull(f);
+    char line[256], act[32];
+    unsigned long long size;
+    *grow = *rel = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "%*[^,],%*[^,],%31[^,],%*[^,],%llu", act, &size) == 2) {
+            *grow += strcmp(act, "grow") == 0 ? size : 0;
+            *rel += strcmp(act, "release") == 0 ? size : 0;
+        }
+    fclose(f);
+}
+
+/* A fallback range (the address space held a sixteenth of the limit)
+ * filled by one block, its stream released while the block is live: the
+ * block's free departs the range, every granule mapped, the last one
+ * included, and the pool gives it back -- release rows for all of it. */
+START_TEST(test_departed_range_traced_whole)
+{
+    char path[400];
+    const char *dir = getenv("TMPDIR");
+    snprintf(path, sizeof path, "%s/test_vmm_trace_XXXXXX", dir && *dir ? dir : "/tmp");
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+    bfc_ctx_t *ctx = ctx_spec("memory_limit=64M,vmm=on", 0);
+    bfc__sim_set_va_ceiling(ctx->be, 4 * MiB); /* neither 128 nor 64 MiB: a 4 MiB range */
+    bfc_stream_t s = bfc_sim_stream_create(ctx);
+    ck_assert_int_eq(bfc_ctx_trace_start(ctx, path), BFC_OK);
+    char *b = touch_alloc(ctx, s, 4 * MiB);
+    ck_assert_int_eq(bfc_ctx_stream_release(ctx, s), BFC_OK);
+    ck_assert_int_eq(bfc_ctx_free(ctx, b, s), BFC_OK);
+    ck_assert_uint_eq(reserved(ctx), 0);
+    ck_assert_int_eq(bfc_ctx_trace_stop(ctx), BFC_OK);
+    uint64_t grow, rel;
+    trace_sums(path, &grow, &rel);
+    unlink(path);
+    ck_assert_uint_eq(grow, 4 * MiB);
+    ck_assert_uint_eq(rel, 4 * MiB);
+    bfc_ctx_destroy(ctx);
+    bfc_sim_stream_destroy(NULL, s);
 }
 END_TEST
 
@@ -2490,6 +2600,8 @@ static Suite *vmm_suite(void)
     tcase_add_test(tc, test_release);
     tcase_add_test(tc, test_release_same_stream);
     tcase_add_test(tc, test_release_same_stream_late);
+    tcase_add_test(tc, test_adopted_range_trimmed);
+    tcase_add_test(tc, test_departed_range_traced_whole);
     tcase_add_test(tc, test_oom_report_counts_mapped);
     tcase_add_test(tc, test_oom_report_not_transient);
     tcase_add_loop_test(tc, test_mapped_fit_when_map_refused, 0, 2);
@@ -2503,6 +2615,7 @@ static Suite *vmm_suite(void)
     tcase_add_test(tc, test_growth_elsewhere);
     tcase_add_test(tc, test_growth_below_peak);
     tcase_add_test(tc, test_loan_first_block);
+    tcase_add_test(tc, test_first_block_below_peak);
     tcase_add_test(tc, test_loan_keeps_threshold);
     tcase_add_test(tc, test_threshold_kept_by_every_release);
     tcase_add_test(tc, test_band_lent_to_growth);
