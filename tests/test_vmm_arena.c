@@ -1353,20 +1353,27 @@ START_TEST(test_growth_elsewhere)
 }
 END_TEST
 
+/* The churned set-up after t held 16 granules once, and gave them back at
+ * its free: returns the peak reserved, which that set. */
+static uint64_t churned_below_peak(struct churned *w)
+{
+    churned_init(w, "memory_limit=64M,vmm=on");
+    char *big = bfc_ctx_alloc(w->ctx, w->t, 16 * G);
+    ck_assert_ptr_nonnull(big);
+    uint64_t peak = reserved(w->ctx);
+    ck_assert_int_eq(bfc_ctx_free(w->ctx, big, w->t), BFC_OK);
+    ck_assert_uint_le(reserved(w->ctx), peak - 16 * G);
+    churned_cycles(w);
+    return peak;
+}
+
 /* Growth that stays below the peak reserved takes no loan: the slack s
  * keeps costs no memory the context has not held already.  Growth past
  * the peak does. */
 START_TEST(test_growth_below_peak)
 {
     struct churned w;
-    churned_init(&w, "memory_limit=64M,vmm=on");
-    /* t held 16 granules once, and gave them back at its free. */
-    char *big = bfc_ctx_alloc(w.ctx, w.t, 16 * G);
-    ck_assert_ptr_nonnull(big);
-    uint64_t peak = reserved(w.ctx);
-    ck_assert_int_eq(bfc_ctx_free(w.ctx, big, w.t), BFC_OK);
-    ck_assert_uint_le(reserved(w.ctx), peak - 16 * G);
-    churned_cycles(&w);
+    uint64_t peak = churned_below_peak(&w);
     uint64_t s_unmaps = stream_stats(w.ctx, w.s).num_vmm_unmaps;
     ck_assert_uint_le(reserved(w.ctx) + 4 * G, peak);
     char *b = bfc_ctx_alloc(w.ctx, w.t, 4 * G);
@@ -1393,12 +1400,7 @@ END_TEST
 START_TEST(test_first_block_below_peak)
 {
     struct churned w;
-    churned_init(&w, "memory_limit=64M,vmm=on");
-    char *big = bfc_ctx_alloc(w.ctx, w.t, 16 * G);
-    ck_assert_ptr_nonnull(big);
-    uint64_t peak = reserved(w.ctx);
-    ck_assert_int_eq(bfc_ctx_free(w.ctx, big, w.t), BFC_OK);
-    churned_cycles(&w);
+    uint64_t peak = churned_below_peak(&w);
     bfc_stream_t r = bfc_sim_stream_create(w.ctx), u = bfc_sim_stream_create(w.ctx);
     char *rb = touch_alloc(w.ctx, r, G);
     ck_assert_uint_ge(atomic_load(&w.ctx->pool.vmm_idle), G);
