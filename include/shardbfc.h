@@ -533,7 +533,9 @@ BFC_API int bfc_config_validate_err(const bfc_config_t *cfg, char *err, size_t e
  * Creates an allocator context for one device.  cfg may be NULL (defaults).
  * With allow_growth=false the whole memory_limit is reserved from the backend
  * here.  Returns BFC_OK and *out, or BFC_EINVAL (bad config; also a trace=
- * path that cannot be created, an oom_dump= path that cannot be written
+ * path that cannot be created -- a process out of descriptors, memory or
+ * disk gets bfc_ctx_trace_start's BFC_ENOMEM or BFC_EBACKEND instead --,
+ * an oom_dump= path that cannot be written
  * (see bfc_ctx_set_oom_callback); vmm=on where the
  * backend has no virtual memory or the limit holds no granule), BFC_ENODEV (the
  * chosen backend has no usable device), BFC_ENOMEM (also: the process's
@@ -843,8 +845,9 @@ BFC_API void bfc_shutdown(void);
  * the pages are; none of these three blocks.  The process's first call of
  * the four reads SHARDBFC_CONF and the machine's topology (hwloc, from
  * /sys) once (a set-up that fails for want of memory or of the topology
- * is tried again at the next call; an invalid SHARDBFC_CONF is final); a thread's first bfc_host_alloc or bfc_host_free picks its
- * node and takes the host context table lock briefly; a node's first
+ * is tried again at the next call; an invalid SHARDBFC_CONF is final); a
+ * thread's first bfc_host_alloc or bfc_host_free picks its node and takes
+ * the host context table lock briefly; a node's first
  * allocation creates its host context under that lock (the backend, as
  * bfc_ctx_create), which other threads' first calls then wait for.
  */
