@@ -232,7 +232,7 @@ static int first_node(void)
 static int gpu_cpuset(hwloc_cpuset_t set)
 {
     int domain, bus, slot;
-    if (bfc__cuda_device_pci(g_cfg.device, &domain, &bus, &slot) != BFC_OK || !hwloc_topology_is_thissystem(g_topo))
+    if (!hwloc_topology_is_thissystem(g_topo) || bfc__cuda_device_pci(g_cfg.device, &domain, &bus, &slot) != BFC_OK)
         return -1;
     char path[128];
     snprintf(path, sizeof path, "/sys/bus/pci/devices/%04x:%02x:%02x.0/local_cpus", (unsigned)domain, (unsigned)bus,

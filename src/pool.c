@@ -257,6 +257,8 @@ static size_t vmm_gone_settle(struct bfc__pool *p, struct bfc__vmm_gone *g, bool
 {
     size_t gran = p->be->vmm_granule, n = g->size / gran, still = 0;
     bool trace = p->obs && bfc__tracing(p->obs);
+    if (!refused && !trace)
+        return 0; /* all of it went, and no row is wanted */
     for (size_t i = 0; i < n;) {
         if (!gone_went(p, g, i, refused)) {
             i++;
