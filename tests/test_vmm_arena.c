@@ -2233,8 +2233,8 @@ END_TEST
  * and a sixteenth of the limit) holds nothing live; s has churned; the
  * addresses come back, and u's 8 MiB block makes a new range: s's 7 whole
  * free granules go, so the context holds at most 8 MiB - 7 granules more.
- * (A regrow that mapped at once, as if the slow path had asked the other
- * shards, fails it: s keeps its slack and the peak rises by the block.)
+ * (A regrow that maps at once without asking the other shards fails it:
+ * s keeps its slack and the peak rises by the block.)
  */
 START_TEST(test_regrow_takes_loan)
 {
