@@ -539,12 +539,14 @@ BFC_API int bfc_config_validate_err(const bfc_config_t *cfg, char *err, size_t e
  * (see bfc_ctx_set_oom_callback); vmm=on where the
  * backend has no virtual memory or the limit holds no granule), BFC_ENODEV (the
  * chosen backend has no usable device), BFC_ENOMEM (also: the process's
- * first context starts liburcu's call_rcu thread, and no thread could be
- * made -- RLIMIT_NPROC, a container's pids limit; a later call tries
- * again), BFC_EBACKEND.
+ * first context starts liburcu's call_rcu thread, and a context made when
+ * no other exists its hash tables' resize thread; no thread could be made
+ * -- RLIMIT_NPROC, a container's pids limit, no addresses for its stack; a
+ * later call tries again), BFC_EBACKEND.
  * Context: thread-safe; may block in the backend (opening the device,
  * device memory reservation), on liburcu (the first context starts its
- * thread) and, with config trace=PATH, on creating the file.
+ * thread), on a thread it makes and joins first to learn that liburcu can
+ * make its own, and, with config trace=PATH, on creating the file.
  */
 BFC_API int bfc_ctx_create(const bfc_config_t *cfg, bfc_ctx_t **out);
 

@@ -311,16 +311,21 @@ static void process_init_once(void)
 }
 
 /*
- * liburcu's default call_rcu data and its thread, made before the first
- * context (not at the first call_rcu, under an arena lock: see "Fork"
- * above).  liburcu cannot report that it failed to create the thread: it
+ * liburcu makes threads of its own and cannot report that it failed to: it
  * aborts the process (urcu_die).  A process at its thread limit
- * (RLIMIT_NPROC, a container's pids.max) would die in its first
- * bfc_ctx_create, so a thread is created and joined first, with the same
- * (default) attributes: if that fails, the creation fails with
- * BFC_ENOMEM, and a later one tries again.  (A thread that takes the last
- * slot between the two can still make liburcu abort; the window is the
- * probe's join.)  Not in pthread_once: a failure here must not be final.
+ * (RLIMIT_NPROC, a container's pids.max) or short of addresses for a
+ * thread's stack (RLIMIT_AS) would die in bfc_ctx_create, so before each
+ * step that may start one a thread is created and joined, with the same
+ * (default) attributes: if that fails, the creation fails with BFC_ENOMEM,
+ * and a later one tries again.  (A thread that takes the last slot between
+ * the two can still make liburcu abort; the window is the probe's join.)
+ * The steps: its default call_rcu data and thread, made before the first
+ * context (not at the first call_rcu, under an arena lock: see "Fork"
+ * above; not in pthread_once: a failure here must not be final); and each
+ * context's shard directory, a hash table that resizes itself, whose
+ * creation starts liburcu's resize worker thread when no such table exists
+ * in the process (liburcu counts them: the first context's, and the first
+ * after every context was destroyed).
  */
 static _Atomic bool call_rcu_ready;
 
@@ -329,16 +334,23 @@ static void *thread_probe(void *arg)
     return arg;
 }
 
-static int call_rcu_ensure(void)
+static int thread_room(void)
 {
-    if (atomic_load_explicit(&call_rcu_ready, memory_order_acquire))
-        return BFC_OK;
     pthread_t t;
     if (pthread_create(&t, NULL, thread_probe, NULL) != 0)
         return BFC_ENOMEM;
     int e = pthread_join(t, NULL);
     if (e != 0)
         bfc__fatal("pthread_join", e);
+    return BFC_OK;
+}
+
+static int call_rcu_ensure(void)
+{
+    if (atomic_load_explicit(&call_rcu_ready, memory_order_acquire))
+        return BFC_OK;
+    if (thread_room() != BFC_OK)
+        return BFC_ENOMEM;
     if (get_default_call_rcu_data() == NULL)
         return BFC_ENOMEM;
     atomic_store_explicit(&call_rcu_ready, true, memory_order_release);
@@ -639,7 +651,9 @@ static int ctx_create(bfc_config_t cfg, bfc__backend_t *be, bool host, bfc_ctx_t
     atomic_store_explicit(&ctx->fast_off,
                           (cfg.debug_check ? BFC__FAST_DEBUG : 0) | (ctx->env.poison ? BFC__FAST_POISON : 0),
                           memory_order_relaxed);
-    st = bfc__shard_dir_init(ctx);
+    st = thread_room(); /* the directory may start liburcu's resize worker (above) */
+    if (st == BFC_OK)
+        st = bfc__shard_dir_init(ctx);
     if (st != BFC_OK)
         goto fail_pool;
     st = obs_init(ctx); /* last: it may start a trace */

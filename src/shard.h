@@ -17,7 +17,6 @@
 struct bfc_ctx;
 
 int bfc__shard_dir_init(struct bfc_ctx *ctx);
-int bfc__shard_dir_init(struct bfc_ctx *ctx);
 /* Bumped whenever a shard leaves a directory or a context dies: thread-local
  * caches compare it to know they are stale. */
 extern _Atomic uint64_t bfc__dir_epoch;

@@ -26,6 +26,7 @@
  *   nothreads N   no thread can be made: context creation and the service
  *                 fail with BFC_ENOMEM (liburcu would abort), then work
  *                 once threads can be made.
+ *   nothreads_again N  the same after a context was made and destroyed.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* pthread_{get,set}attr_default_np */
@@ -171,13 +172,25 @@ static int set_default_stack(size_t size)
 /*
  * No thread can be made (a process at RLIMIT_NPROC or a container's
  * pids.max; here: a default stack as large as the address space, which
- * the creation of liburcu's call_rcu thread uses too): the first context
- * and the service fail with BFC_ENOMEM instead of liburcu aborting the
- * process, and once threads can be made again, they work.  77 where such
- * a stack does not stop pthread_create.
+ * the creation of liburcu's threads uses too): the first context and the
+ * service fail with BFC_ENOMEM instead of liburcu aborting the process,
+ * and once threads can be made again, they work.  77 where such a stack
+ * does not stop pthread_create.  `again`: a context was made and destroyed
+ * first, so liburcu's call_rcu thread runs, but its hash tables' resize
+ * worker stopped with the last table (the new context's directory starts
+ * it again: liburcu aborted there).
  */
-static int child_nothreads(int n)
+static int child_nothreads(int n, bool again)
 {
+    if (again) {
+        bfc_config_t c0;
+        bfc_config_init(&c0);
+        c0.backend = BFC_BACKEND_SIM;
+        bfc_ctx_t *ctx0 = NULL;
+        CHILD_CHECK(bfc_ctx_create(&c0, &ctx0) == BFC_OK);
+        CHILD_CHECK(pairs(ctx0, n) == 0);
+        bfc_ctx_destroy(ctx0);
+    }
     pthread_attr_t a;
     size_t normal;
     CHILD_CHECK(pthread_getattr_default_np(&a) == 0);
@@ -206,8 +219,8 @@ static int child_nothreads(int n)
 
 static int child_main(const char *mode, int n)
 {
-    if (strcmp(mode, "nothreads") == 0)
-        return child_nothreads(n);
+    if (strcmp(mode, "nothreads") == 0 || strcmp(mode, "nothreads_again") == 0)
+        return child_nothreads(n, strcmp(mode, "nothreads_again") == 0);
     if (strcmp(mode, "refuse") == 0)
         return child_refuse();
     if (strcmp(mode, "nodev") == 0)
@@ -508,14 +521,18 @@ END_TEST
 
 START_TEST(no_thread_for_liburcu_is_enomem)
 {
-    struct run r;
-    run_child("nothreads", 100, "backend=sim", NULL, &r);
-    if (r.status == 77) {
-        fprintf(stderr, "test_ops: SKIP no_thread_for_liburcu_is_enomem: a thread with an address-space-sized "
-                        "stack was made\n");
-        return;
+    static const char *const modes[] = { "nothreads", "nothreads_again" };
+    for (int k = 0; k < 2; k++) {
+        struct run r;
+        run_child(modes[k], 100, "backend=sim", NULL, &r);
+        if (r.status == 77) {
+            fprintf(stderr, "test_ops: SKIP no_thread_for_liburcu_is_enomem: a thread with an "
+                            "address-space-sized stack was made\n");
+            return;
+        }
+        ck_assert_msg(r.status == 0, "%s: child status %d (-1: killed, e.g. liburcu's abort):\n%s", modes[k],
+                      r.status, r.out);
     }
-    ck_assert_msg(r.status == 0, "child status %d (-1: killed, e.g. liburcu's abort):\n%s", r.status, r.out);
 }
 END_TEST
 
