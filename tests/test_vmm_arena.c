@@ -2391,19 +2391,14 @@ START_TEST(test_limit_near_2_64)
 }
 END_TEST
 
-/* The process's own bytes of address space (VmSize), or 0. */
 /* Under RLIMIT_AS (ulimit -v) below the default limit (SIM: 16 GiB), in a
  * child process: four streams allocate and write 64 MiB each.  Plain builds
  * only: sanitizers and valgrind manage their own address space. */
 START_TEST(test_reserve_under_rlimit_as)
 {
-#if defined(BFC_TEST_ASAN) || defined(BFC_TEST_TSAN)
-    return;
-#endif
-    if (under_valgrind())
+    size_t vm;
+    if (!rlimit_as_testable(&vm))
         return;
-    size_t vm = vm_size();
-    ck_assert_uint_gt(vm, 0);
     pid_t pid = fork();
     ck_assert_int_ge(pid, 0);
     if (pid == 0) {
@@ -2425,11 +2420,8 @@ START_TEST(test_reserve_under_rlimit_as)
         }
         _exit(bfc_ctx_check(ctx) == BFC_OK ? 0 : 12);
     }
-    int status = 0;
-    while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
-        ;
-    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0,
-                  "child under RLIMIT_AS failed: status %d (20 + i: stream i's allocation failed)", status);
+    int code = child_exit(pid);
+    ck_assert_msg(code == 0, "child under RLIMIT_AS failed: exit %d (20 + i: stream i's allocation failed)", code);
 }
 END_TEST
 
@@ -2439,14 +2431,11 @@ END_TEST
  * only, as above. */
 START_TEST(test_reserve_table_refused)
 {
-#if defined(BFC_TEST_ASAN) || defined(BFC_TEST_TSAN)
-    return;
-#endif
-    if (under_valgrind())
+    size_t vm;
+    if (!rlimit_as_testable(&vm))
         return;
     bfc_ctx_t *ctx = ctx_spec("memory_limit=1G,vmm=on", 0); /* made before the rlimit */
-    size_t vm = vm_size();
-    ck_assert_uint_gt(vm, 0);
+    vm = vm_size();
     pid_t pid = fork();
     ck_assert_int_ge(pid, 0);
     if (pid == 0) {
@@ -2459,11 +2448,8 @@ START_TEST(test_reserve_table_refused)
         memset(p, 1, 64 * MiB);
         _exit(bfc_ctx_check(ctx) == BFC_OK ? 0 : 12);
     }
-    int status = 0;
-    while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
-        ;
-    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0,
-                  "child under RLIMIT_AS failed: status %#x (20: the allocation failed)", status);
+    int code = child_exit(pid);
+    ck_assert_msg(code == 0, "child under RLIMIT_AS failed: exit %d (20: the allocation failed)", code);
     bfc_ctx_destroy(ctx);
 }
 END_TEST

@@ -23,12 +23,14 @@
 #define BFC_TESTUTIL_H
 
 #include <check.h>
+#include <errno.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -66,8 +68,7 @@ static inline bool under_valgrind(void)
     return pre && strstr(pre, "vgpreload") != NULL;
 }
 
-/* The process's address space in use (VmSize), in bytes; 0 if unknown.
- * RLIMIT_AS tests set their limit from it. */
+/* The process's address space in use (VmSize), in bytes; 0 if unknown. */
 static inline size_t vm_size(void)
 {
     unsigned long pages = 0;
@@ -78,6 +79,33 @@ static inline size_t vm_size(void)
         pages = 0;
     fclose(f);
     return pages * (size_t)sysconf(_SC_PAGESIZE);
+}
+
+/* RLIMIT_AS tests run in a forked child (the limit is the process's).
+ * False under sanitizers and valgrind, which manage their own address
+ * space: such a test checks nothing there.  Else *vm is VmSize, from
+ * which the child sets its limit. */
+static inline bool rlimit_as_testable(size_t *vm)
+{
+#if defined(BFC_TEST_ASAN) || defined(BFC_TEST_TSAN)
+    (void)vm;
+    return false;
+#else
+    if (under_valgrind())
+        return false;
+    *vm = vm_size();
+    ck_assert_uint_gt(*vm, 0);
+    return true;
+#endif
+}
+
+/* Waits for the child pid: its exit code, or -1 when a signal ended it. */
+static inline int child_exit(pid_t pid)
+{
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+        ;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
 /* ------------------------------------------------- cheap assertions */
