@@ -496,13 +496,12 @@ static int cuda_event_wait(bfc__backend_t *be, bfc__event_t ev, uint32_t timeout
             return st;
         return dev_leave(saved, cuda_status(cudaEventSynchronize((cudaEvent_t)ev)));
     }
-    deadline = bfc__clock_ns(CLOCK_MONOTONIC) + (uint64_t)timeout_ms * 1000000ull;
+    deadline = bfc__deadline_in((uint64_t)timeout_ms * 1000000ull);
     for (;;) {
         st = cuda_event_query(be, ev);
         if (st != BFC_EBUSY)
             return st;
-        uint64_t now = bfc__clock_ns(CLOCK_MONOTONIC);
-        if (now == 0 || now >= deadline) /* 0: no clock (internal.h) */
+        if (bfc__deadline_passed(deadline))
             return BFC_EBUSY;
         nanosleep(&nap, NULL); /* EINTR: just poll again */
     }

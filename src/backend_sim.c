@@ -184,9 +184,9 @@ static void driver_cost(bfc__backend_t *be, struct sim_backend *b, size_t size)
         return;
     ns *= (size + be->vmm_granule - 1) / be->vmm_granule;
     bfc__lock(&g_driver_lock);
-    uint64_t now = bfc__clock_ns(CLOCK_MONOTONIC), end = now + ns;
-    while (now != 0 && now < end) /* 0: no clock (internal.h) */
-        now = bfc__clock_ns(CLOCK_MONOTONIC); /* a CPU busy in the driver, as a real call keeps it */
+    uint64_t end = bfc__deadline_in(ns);
+    while (!bfc__deadline_passed(end))
+        ; /* a CPU busy in the driver, as a real call keeps it */
     bfc__unlock(&g_driver_lock);
 }
 
@@ -707,15 +707,12 @@ static int sim_event_wait(bfc__backend_t *be, bfc__event_t ev, uint32_t timeout_
 
     if (!ev)
         return BFC_EINVAL;
-    deadline = bfc__clock_ns(CLOCK_MONOTONIC) + (uint64_t)timeout_ms * 1000000ull;
+    deadline = bfc__deadline_in((uint64_t)timeout_ms * 1000000ull);
     for (;;) {
         if (sim_event_done(b, ev))
             return BFC_OK;
-        if (timeout_ms != UINT32_MAX) {
-            uint64_t now = bfc__clock_ns(CLOCK_MONOTONIC);
-            if (now == 0 || now >= deadline) /* 0: no clock (internal.h) */
-                return BFC_EBUSY;
-        }
+        if (timeout_ms != UINT32_MAX && bfc__deadline_passed(deadline))
+            return BFC_EBUSY;
         nanosleep(&nap, NULL); /* EINTR: just poll again */
     }
 }

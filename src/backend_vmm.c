@@ -146,6 +146,20 @@ static struct bfc__vmm_res *holder(bfc__vmm_book_t *bk, uintptr_t addr)
     return addr - r->base < r->size ? r : NULL;
 }
 
+/* The reservation that holds all of [addr, addr + n), n > 0, and the
+ * granules [*lo, *hi) that cover it; NULL when no one reservation does. */
+static struct bfc__vmm_res *span(bfc__vmm_book_t *bk, uintptr_t addr, size_t n, size_t *lo, size_t *hi)
+{
+    size_t g = bk->granule;
+    struct bfc__vmm_res *r = holder(bk, addr);
+
+    if (!r || n == 0 || n > r->size - (addr - r->base))
+        return NULL;
+    *lo = (addr - r->base) / g;
+    *hi = (addr - r->base + n + g - 1) / g;
+    return r;
+}
+
 int bfc__vmm_book_add(bfc__vmm_book_t *bk, uintptr_t base, size_t size)
 {
     size_t g = bk->granule;
@@ -184,13 +198,15 @@ struct bfc__vmm_res *bfc__vmm_book_exact(bfc__vmm_book_t *bk, uintptr_t base, si
 
 size_t bfc__vmm_book_res_mapped(bfc__vmm_book_t *bk, uintptr_t addr, size_t size)
 {
-    size_t g = bk->granule, n = 0;
+    size_t g = bk->granule, n = 0, lo, hi;
+    struct bfc__vmm_res *r;
+
+    if (g == 0 || size % g != 0 || addr % g != 0)
+        return 0;
     bfc__lock(&bk->lock);
-    struct bfc__vmm_res *r = holder(bk, addr);
-    if (r && g && size % g == 0 && (addr - r->base) % g == 0 && size <= r->size - (addr - r->base)) {
-        size_t lo = (addr - r->base) / g;
-        n = bits_count(r->bits, lo, lo + size / g) * g;
-    }
+    r = span(bk, addr, size, &lo, &hi);
+    if (r)
+        n = bits_count(r->bits, lo, hi) * g;
     bfc__unlock(&bk->lock);
     return n;
 }
@@ -300,20 +316,16 @@ bool bfc__vmm_book_next_run(bfc__vmm_book_t *bk, const struct bfc__vmm_res *r,
 
 int bfc__vmm_book_mapped(bfc__vmm_book_t *bk, uintptr_t addr, size_t n)
 {
-    size_t g = bk->granule;
     struct bfc__vmm_res *r;
+    size_t lo, hi;
     int yes = 0;
 
-    if (g == 0 || n == 0 || addr + n < addr)
+    if (bk->granule == 0 || addr + n < addr)
         return 0;
     bfc__lock(&bk->lock);
-    r = holder(bk, addr);
-    if (r && n <= r->size - (addr - r->base)) {
-        size_t lo = (addr - r->base) / g;
-        size_t hi = (addr - r->base + n + g - 1) / g;
-
+    r = span(bk, addr, n, &lo, &hi);
+    if (r)
         yes = bits_count(r->bits, lo, hi) == hi - lo;
-    }
     bfc__unlock(&bk->lock);
     return yes;
 }

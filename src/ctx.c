@@ -802,11 +802,6 @@ static void sleep_ms(unsigned ms)
         ;
 }
 
-static uint64_t now_ms(void)
-{
-    return bfc__clock_ns(CLOCK_MONOTONIC) / 1000000u;
-}
-
 /*
  * retry_ms: waits a millisecond for other threads to free memory (and on
  * SIM for streams to be drained), with a's lock dropped.  *deadline starts
@@ -815,12 +810,11 @@ static uint64_t now_ms(void)
  */
 static bool retry_wait(struct bfc_ctx *ctx, struct bfc__arena *a, uint64_t *deadline)
 {
-    uint64_t now = now_ms();
-    if (ctx->cfg.retry_ms == 0 || now == 0) /* 0: no clock (internal.h) */
+    if (ctx->cfg.retry_ms == 0)
         return false;
     if (*deadline == 0)
-        *deadline = now + ctx->cfg.retry_ms;
-    if (now >= *deadline)
+        *deadline = bfc__deadline_in((uint64_t)ctx->cfg.retry_ms * 1000000u);
+    if (bfc__deadline_passed(*deadline))
         return false;
     bfc__unlock(&a->lock);
     sleep_ms(1);

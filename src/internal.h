@@ -39,15 +39,27 @@
 #define BFC__SHARE_SPAN 128
 
 /* Nanoseconds on `clock` (CLOCK_MONOTONIC, CLOCK_MONOTONIC_COARSE, ...); 0
- * when it cannot be read, which callers take as "unknown" -- and a timed
- * wait as its budget spent, so that no wait outlives its bound for want of
- * a clock (a seccomp policy that refuses clock_gettime). */
+ * when it cannot be read, which callers take as "unknown". */
 static inline uint64_t bfc__clock_ns(clockid_t clock)
 {
     struct timespec ts;
     if (clock_gettime(clock, &ts) != 0)
         return 0;
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* A timed wait's deadline, `ns` from now on CLOCK_MONOTONIC, and whether it
+ * has passed: also whenever the clock cannot be read, which spends the
+ * budget at once, so that no wait outlives its bound for want of a clock
+ * (a seccomp policy that refuses clock_gettime). */
+static inline uint64_t bfc__deadline_in(uint64_t ns)
+{
+    return bfc__clock_ns(CLOCK_MONOTONIC) + ns;
+}
+static inline bool bfc__deadline_passed(uint64_t deadline)
+{
+    uint64_t now = bfc__clock_ns(CLOCK_MONOTONIC);
+    return now == 0 || now >= deadline;
 }
 
 /*
