@@ -967,12 +967,20 @@ static bool expand_regrow(struct bfc__arena *a, size_t rounded)
     return true;
 }
 
+/* Will the escalation give the shard's range up for a new one
+ * (expand_trade, expand_regrow)?  When nothing in it is live or pending and
+ * the block is larger than the range. */
+static bool expand_regrows(const struct bfc__arena *a, size_t rounded)
+{
+    return a->x && a->x->region->live == 0 && rounded > a->x->size;
+}
+
 static bool expand_trade(struct bfc__arena *a, size_t rounded)
 {
     struct bfc__expand *x = a->x;
     if (!x || x->region->live != 0)
         return false;
-    if (rounded > x->size)
+    if (expand_regrows(a, rounded))
         return expand_regrow(a, rounded);
     if (bfc__pool_vmm_gone_mapped(a->env->pool, a->stream_id, rounded) <= x->mapped_bytes)
         return false;
@@ -1093,15 +1101,13 @@ static void *expand_alloc_slow(struct bfc_ctx *ctx, struct bfc__arena *a, size_t
      * peak reserved: below it, what a shard keeps for its churn costs no
      * memory the context has not held already (expand.c, "When", (a)). */
     bool peak = bfc__pool_would_peak(&ctx->pool, need);
-    /* A range the escalation gives up for a new one (expand_trade's
-     * regrow: nothing live, the block larger than the range) grows as a
-     * shard's first block does: the new range maps at once, so the other
-     * shards are asked here or not at all. */
-    bool regrow = a->x && a->x->region->live == 0 && rounded > a->x->size;
+    /* A range the escalation gives up for a new one grows as a shard's
+     * first block does: the new range maps at once, so the other shards
+     * are asked here or not at all. */
     bool others = !a->x ? atomic_load_explicit(&ctx->pool.vmm_idle, memory_order_relaxed) >= gran ||
                               (peak && atomic_load_explicit(&ctx->pool.vmm_lendable, memory_order_relaxed) >= gran)
-                  : regrow ? bfc__expand_ask_others(a, need)
-                           : a->x->deferred;
+                  : expand_regrows(a, rounded) ? bfc__expand_ask_others(a, need)
+                                               : a->x->deferred;
     if (others) {
         bfc__unlock(&a->lock);
         expand_unmap_others(ctx, a, 0, false, peak ? need : 0);
