@@ -224,6 +224,7 @@ struct pool_pieces {
      * different streams, or one fenced beside an open one). */
     uint64_t whole_open, whole_fenced;
     uint64_t whole_stream;   /* a stream fencing whole_fenced */
+    bool whole_several;      /* and not the only one */
     uint64_t whole_others;   /* of whole_fenced: fenced by other than own_sid */
 };
 
@@ -246,7 +247,7 @@ static void pool_pieces(struct bfc__oom_report *r, uint64_t own_sid, bool whole_
         uint64_t seg_free = 0, seg_sid = 0, run = 0, run_sid = 0;
         uintptr_t end = 0;
         size_t run_n = 0;
-        bool seg_fenced = false, seg_others = false, run_fenced = false;
+        bool seg_fenced = false, seg_several = false, seg_others = false, run_fenced = false;
         for (j = i; j < r->nspans && r->spans[j].seg_base == r->spans[i].seg_base; j++) {
             const struct bfc__span_info *s = &r->spans[j];
             in->pool_free += s->size;
@@ -254,6 +255,7 @@ static void pool_pieces(struct bfc__oom_report *r, uint64_t own_sid, bool whole_
                 in->pool_largest_span = s->size;
             if (s->fenced) {
                 in->pool_fenced += s->size;
+                seg_several |= seg_fenced && s->stream_id != seg_sid;
                 seg_fenced = true;
                 seg_sid = s->stream_id;
                 seg_others |= s->stream_id != own_sid;
@@ -278,6 +280,7 @@ static void pool_pieces(struct bfc__oom_report *r, uint64_t own_sid, bool whole_
             pp->whole_open += seg_free;
             continue;
         }
+        pp->whole_several |= seg_several || (pp->whole_fenced && pp->whole_stream != seg_sid);
         pp->whole_fenced += seg_free;
         pp->whole_stream = seg_sid;
         if (seg_others)
@@ -508,7 +511,7 @@ static void diagnose(struct bfc_ctx *ctx, struct bfc__oom_report *r)
             clause(&l,
                    "wholly free pool segments of %s, still fenced (stream id %" PRIu64
                    "%s), make room for %s once their fences complete",
-                   a, pp.whole_stream, own_work ? ", this stream" : " among others", need);
+                   a, pp.whole_stream, own_work ? ", this stream" : pp.whole_several ? " among others" : "", need);
         }
         if (held_run && !held_pending) {
             fmt_bytes(a, sizeof a, own_run);

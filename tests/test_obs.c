@@ -1527,6 +1527,7 @@ START_TEST(test_oom_report_held_and_backend)
      * segment of 32 MiB -- so the cause is HELD, not FRAGMENTED. */
     ctx = four_large_freed_busy("garbage_collection=true", &a, &b);
     i = expect_held(ctx, b, 32 * MiB, "wholly free pool segments of 64.0 MiB, still fenced");
+    ck_assert_msg(!strstr(i.diagnosis, "among others"), "a alone fences them: %s", i.diagnosis);
     ck_assert_uint_eq(i.pool_fenced, 64 * MiB);
     ck_assert_uint_eq(i.pool_largest_span, 16 * MiB);
     ck_assert_msg(strstr(i.diagnosis, "held by other streams"), "%s", i.diagnosis);
@@ -1543,6 +1544,25 @@ START_TEST(test_oom_report_held_and_backend)
     bfc_sim_stream_drain(ctx, a);
     ck_assert_ptr_null(bfc_ctx_alloc(ctx, b, 32 * MiB));
     oom_info(ctx, BFC_OOM_FRAGMENTED);
+    bfc_ctx_destroy(ctx);
+
+    /* Whole segments fenced by two streams, each segment by one: the
+     * diagnosis names one of them "among others". */
+    ctx = mkctx("memory_limit=64M,large_alloc=16M,garbage_collection=true");
+    a = bfc_sim_stream_create(ctx);
+    b = bfc_sim_stream_create(ctx);
+    bfc_stream_t c2 = bfc_sim_stream_create(ctx);
+    void *seg[4];
+    for (int k = 0; k < 4; k++)
+        seg[k] = xalloc(ctx, k & 1 ? b : a, 16 * MiB);
+    bfc_sim_stream_hold(ctx, a);
+    bfc_sim_stream_hold(ctx, b);
+    for (int k = 0; k < 4; k++)
+        xfree(ctx, seg[k], k & 1 ? b : a);
+    i = expect_held(ctx, c2, 32 * MiB, "wholly free pool segments of 64.0 MiB, still fenced");
+    ck_assert_msg(strstr(i.diagnosis, "among others"), "a and b fence them: %s", i.diagnosis);
+    bfc_sim_stream_drain(ctx, a);
+    succeeds_after_drain(ctx, b, c2, 32 * MiB);
     bfc_ctx_destroy(ctx);
 
     /* A block of a's freed on b while b is busy: pending in a's shard,
@@ -1580,6 +1600,7 @@ START_TEST(test_oom_report_held_and_backend)
     for (int k = 0; k < 8; k++)
         xfree(ctx, h[k], k & 1 ? b : a);
     i = expect_held(ctx, c, 32 * MiB, "still fenced");
+    ck_assert_msg(strstr(i.diagnosis, "among others"), "a and b fence them: %s", i.diagnosis);
     ck_assert_uint_eq(i.num_pool_spans, 8);
     bfc_sim_stream_drain(ctx, a);
     succeeds_after_drain(ctx, b, c, 32 * MiB);
