@@ -761,12 +761,13 @@ int bfc__expand_make_ready_locked(struct bfc__arena *a, uintptr_t p, size_t size
     struct bfc__expand *x = a->x;
     const struct bfc__arena_env *env = a->env;
     size_t g0 = (p - x->base) >> x->shift, g1 = ((p + size - 1 - x->base) >> x->shift) + 1;
-    size_t need = 0;
+    size_t need = 0, runs = 0;
     /* Leaving granules come back at no cost. */
     for (size_t g = g0; g < g1; g++)
-        if (!bit(x->mapped, g))
+        if (!bit(x->mapped, g)) {
             need += GRAN(x);
-        else if (!bit(x->ready, g)) {
+            runs += g == g0 || bit(x->mapped, g - 1);
+        } else if (!bit(x->ready, g)) {
             set_bit(x->ready, g, true);
             x->leaving_bytes -= GRAN(x);
         }
@@ -781,6 +782,15 @@ int bfc__expand_make_ready_locked(struct bfc__arena *a, uintptr_t p, size_t size
             return BFC_ENOMEM;
         }
         release_for_growth(a, g0, g1, need);
+        /* Holes in a free chunk take a map call each: all of them must
+         * fit the limit before the first is mapped, or a request the limit
+         * refuses would map some (raising the peak reserved) and leave
+         * them to be unmapped again.  One run is checked by its map. */
+        if (runs > 1 && !bfc__pool_vmm_fits(env->pool, need)) {
+            x->map_status = BFC_ENOMEM;
+            rearm(a, false);
+            return BFC_ENOMEM;
+        }
     }
     for (size_t g = g0; g < g1;) {
         if (bit(x->mapped, g)) {

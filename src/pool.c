@@ -969,15 +969,30 @@ void bfc__pool_vmm_unreserve(struct bfc__pool *p, uintptr_t base, size_t size)
     (void)p->be->ops->va_release(p->be, base, size);
 }
 
-int bfc__pool_vmm_map(struct bfc__pool *p, uintptr_t addr, size_t size)
+/* Whether `size` bytes more may be mapped: departed reservations whose
+ * fences completed go first when the limit would refuse them. */
+static bool vmm_fits_locked(struct bfc__pool *p, size_t size)
 {
-    bfc__lock(&p->lock);
     size_t committed = atomic_load_explicit(&p->committed, memory_order_relaxed);
     if (committed > p->limit - size && p->vmm_gone) {
         vmm_gone_poll_locked(p, false);
         committed = atomic_load_explicit(&p->committed, memory_order_relaxed);
     }
-    if (size > p->limit || committed > p->limit - size) {
+    return size <= p->limit && committed <= p->limit - size;
+}
+
+bool bfc__pool_vmm_fits(struct bfc__pool *p, size_t size)
+{
+    bfc__lock(&p->lock);
+    bool fits = vmm_fits_locked(p, size);
+    bfc__unlock(&p->lock);
+    return fits;
+}
+
+int bfc__pool_vmm_map(struct bfc__pool *p, uintptr_t addr, size_t size)
+{
+    bfc__lock(&p->lock);
+    if (!vmm_fits_locked(p, size)) {
         bfc__unlock(&p->lock);
         return BFC_ENOMEM;
     }

@@ -217,6 +217,10 @@ uint64_t bfc__pool_refusals(struct bfc__pool *p);
  *              would pass it, after releasing departed reservations whose
  *              fences completed), then maps them; the charge is undone when
  *              the backend refuses (its status is returned);
+ * vmm_fits     whether vmm_map could charge `size` bytes now (after the
+ *              same release of completed departures): a growth that needs
+ *              several runs of granules asks before mapping any, so that a
+ *              request the limit refuses maps nothing;
  * vmm_unmap    unmaps and uncharges (the caller has waited for the fences);
  *              *done: the bytes from addr that the device took back (on
  *              BFC_EBACKEND the rest stays mapped and charged);
@@ -244,6 +248,7 @@ uint64_t bfc__pool_refusals(struct bfc__pool *p);
 int bfc__pool_vmm_reserve(struct bfc__pool *p, size_t size, uintptr_t *base);
 void bfc__pool_vmm_unreserve(struct bfc__pool *p, uintptr_t base, size_t size);
 int bfc__pool_vmm_map(struct bfc__pool *p, uintptr_t addr, size_t size);
+bool bfc__pool_vmm_fits(struct bfc__pool *p, size_t size);
 int bfc__pool_vmm_unmap(struct bfc__pool *p, uintptr_t addr, size_t size, size_t *done);
 void bfc__pool_vmm_depart(struct bfc__pool *p, struct bfc__vmm_gone *rec, uintptr_t base, size_t size,
                           size_t mapped, struct bfc__fence *fence, uint64_t sid, bfc_stream_t stream, uint64_t *bits,

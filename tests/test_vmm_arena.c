@@ -2149,6 +2149,52 @@ START_TEST(test_regrow_not_while_pending)
 }
 END_TEST
 
+/* A free chunk with two unmapped holes, of which the limit has room for
+ * one: the request is refused before either is mapped.  Mapping the first
+ * and failing at the second raised the peak reserved for a request that
+ * failed, and left a granule to unmap again. */
+START_TEST(test_holes_refused_map_nothing)
+{
+    bfc_ctx_t *ctx = ctx_spec("memory_limit=2M,vmm=on,release_threshold=2M", G); /* 32 granules */
+    bfc_stream_t s = bfc_sim_stream_create(ctx), t = bfc_sim_stream_create(ctx);
+    char *x = bfc_ctx_alloc(ctx, t, 28 * G);
+    char *a = bfc_ctx_alloc(ctx, s, G), *b = bfc_ctx_alloc(ctx, s, G), *c = bfc_ctx_alloc(ctx, s, G);
+    ck_assert(x && a && b && c);
+    ck_assert_ptr_eq(b, a + G);
+    ck_assert_ptr_eq(c, b + G);
+    bfc_ctx_free(ctx, a, s);
+    bfc_ctx_free(ctx, c, s);
+    ck_assert_int_eq(bfc_ctx_trim(ctx), BFC_OK);
+    bfc_ctx_free(ctx, b, s); /* kept mapped: below the threshold */
+    char *y = bfc_ctx_alloc(ctx, t, 2 * G);
+    ck_assert_ptr_nonnull(y);
+    /* s's one free chunk starts at a: granules a and c unmapped, b's mapped
+     * between them; 31 granules mapped, room for one. */
+    ck_assert(!mapped(ctx, a, G) && mapped(ctx, b, G) && !mapped(ctx, c, G));
+    ck_assert_uint_eq(reserved(ctx), 31 * G);
+    uint64_t maps, unmaps, maps2, unmaps2, peak = peak_reserved(ctx);
+    calls(ctx, &maps, &unmaps);
+    ck_assert_ptr_null(bfc_ctx_alloc(ctx, s, 3 * G));
+    calls(ctx, &maps2, &unmaps2);
+    ck_assert_uint_eq(maps2, maps);
+    ck_assert_uint_eq(peak_reserved(ctx), peak);
+    ck_assert_uint_le(reserved(ctx), 31 * G);
+    check_ok(ctx);
+    /* With room for both, the same request maps them. */
+    bfc_ctx_free(ctx, y, t);
+    ck_assert_int_eq(bfc_ctx_trim(ctx), BFC_OK);
+    char *d = bfc_ctx_alloc(ctx, s, 3 * G);
+    ck_assert_ptr_nonnull(d);
+    ck_assert(mapped(ctx, d, 3 * G));
+    bfc_ctx_free(ctx, d, s);
+    bfc_ctx_free(ctx, x, t);
+    check_ok(ctx);
+    bfc_sim_stream_destroy(ctx, s);
+    bfc_sim_stream_destroy(ctx, t);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
 /*
  * A request that fails for want of device memory (the device refuses the
  * map: SIM's allocation ceiling) must leave the shard as it was (ctx.c:
@@ -2619,6 +2665,7 @@ static Suite *vmm_suite(void)
     tcase_add_test(tc, test_reserve_fallback_regrow_fenced);
     tcase_add_test(tc, test_regrow_not_while_pending);
     tcase_add_test(tc, test_refused_map_keeps_range);
+    tcase_add_test(tc, test_holes_refused_map_nothing);
     tcase_add_test(tc, test_regrow_leaves_others_alone);
     tcase_add_test(tc, test_regrow_takes_loan);
     tcase_add_test(tc, test_regrow_refused_keeps_range);
