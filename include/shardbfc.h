@@ -456,7 +456,10 @@ BFC_API int bfc_config_validate_err(const bfc_config_t *cfg, char *err, size_t e
  *     still rising (a map raised it within the context's last 64; as many
  *     go as it maps: fragmentation while the peak rises must not raise
  *     it, and once it has settled, free granules under it cost no memory
- *     the context has not held); until its frees
+ *     the context has not held; a shard whose growth keeps mapping again
+ *     what its growth unmapped -- eight times within 256 allocations --
+ *     keeps a granule more at growth, twice as much at each recurrence,
+ *     halved after 1,024 allocations without it); until its frees
  *     leave more than release_threshold bytes mapped but free plus a
  *     slack that doubles whenever such a release is mapped again soon
  *     after and halves at the next such release when it was not (checked

@@ -94,7 +94,15 @@
  *     this rule, at the same overhead (1.050, 1.052), and a driver that
  *     runs such calls one at a time queues on them (--sim-vmm-cost, perf/
  *     README.md).  The cost is at most one unmap call per run, beside a
- *     map call that is made anyway.
+ *     map call that is made anyway -- unless the next growth maps those
+ *     granules again, and the one after unmaps them again: blocks that
+ *     take turns over the same granules (5 MiB, then 7 MiB, beside a live
+ *     256 KiB block: two map and two unmap calls per turn, for ever).
+ *     Such churn at growth (GROW_CHURN_MAPS maps of what growth unmapped
+ *     within GROW_CHURN_WINDOW allocations) earns a slack at growth,
+ *     grow_slack, a granule and twice as much at each recurrence, kept
+ *     beside the threshold, halved after CALM_ALLOCS allocations without
+ *     such churn; the traces' rarer cases leave it at 0.
  *     (c) Frees.  A free tests one figure: bytes_in_use against a low-water
  *     mark (rearm()); crossing it -- the free mapped bytes exceed what the
  *     shard keeps by a granule more than at the last check, or, after a
@@ -480,14 +488,19 @@ static size_t staying_idle(const struct bfc__arena *a)
  * marks a whole granule while any budget is left, so an uneven budget
  * would take up to a granule of the threshold).  Unchanged at threshold
  * 0: every ready whole free granule fits in the staying bytes. */
-static size_t to_threshold(const struct bfc__arena *a, size_t budget)
+static size_t to_keep(const struct bfc__arena *a, size_t keep, size_t budget)
 {
     const struct bfc__expand *x = a->x;
-    if (x->threshold == 0)
+    if (keep == 0)
         return budget;
     size_t stay = staying_idle(a);
-    size_t room = stay > x->threshold ? (stay - x->threshold) & ~(GRAN(x) - 1) : 0;
+    size_t room = stay > keep ? (stay - keep) & ~(GRAN(x) - 1) : 0;
     return budget < room ? budget : room;
+}
+
+static size_t to_threshold(const struct bfc__arena *a, size_t budget)
+{
+    return to_keep(a, a->x->threshold, budget);
 }
 
 struct mapped_front {
@@ -703,6 +716,19 @@ static void unready(struct bfc__expand *x, size_t g)
         x->ready_end = at;
 }
 
+/* Churn at growth (release_for_growth): GROW_CHURN_MAPS maps of what
+ * growth had unmapped within a window of GROW_CHURN_WINDOW allocations
+ * grow grow_slack (a granule, then twice as much each time).  Rare such
+ * maps are the rule's price and leave it alone: the traces of tests/traces
+ * make them at most a few times per window while their peak settles, and
+ * keeping memory for them raised detect_frcnn's overhead from 1.053 to
+ * 1.085 (a map of it within 4 allocations grew the slack) and
+ * train_resnet18's from 1.057 to 1.108 (any map of it). */
+#define GROW_CHURN_MAPS 8
+#define GROW_CHURN_WINDOW 256
+/* Allocations without churn after which a slack halves. */
+#define CALM_ALLOCS 1024
+
 static void account_map(struct bfc__arena *a, size_t bytes)
 {
     struct bfc__expand *x = a->x;
@@ -721,6 +747,18 @@ static void account_map(struct bfc__arena *a, size_t bytes)
         x->calm_since = a->st.num_allocs;
         x->slack = x->slack ? (x->slack < x->size / 2 ? 2 * x->slack : x->size) : GRAN(x);
     }
+    /* Churn at growth: what a growth unmapped is mapped again. */
+    if (x->unmapped_at_growth) {
+        x->unmapped_at_growth -= bytes < x->unmapped_at_growth ? bytes : x->unmapped_at_growth;
+        if (a->st.num_allocs - x->churn_window > GROW_CHURN_WINDOW) {
+            x->churn_window = a->st.num_allocs;
+            x->churn_maps = 0;
+        }
+        if (++x->churn_maps >= GROW_CHURN_MAPS) {
+            x->churn_maps = 0;
+            x->grow_slack = x->grow_slack ? (x->grow_slack < x->size / 2 ? 2 * x->grow_slack : x->size) : GRAN(x);
+        }
+    }
     /* A map while a loan of the slack is out: the shard needed what it
      * lent (or more).  It stops lending, for twice as long as last time. */
     if (x->lending) {
@@ -735,7 +773,8 @@ static void account_map(struct bfc__arena *a, size_t bytes)
 static size_t release(struct bfc__arena *a, uint32_t wait_ms, size_t g0, size_t g1, size_t budget);
 
 /* Granules [g0, g1), `need` bytes, are about to be mapped for a block: the
- * shard's own free granules beyond the threshold go first, so that growth
+ * shard's own free granules beyond the threshold and grow_slack (churn at
+ * growth, account_map) go first, so that growth
  * in one place while memory lies free in another -- fragmentation -- does
  * not raise the peak reserved ("When", (b)).  As many as the growth would
  * raise the peak; below the peak, as many as it maps while the peak is
@@ -743,17 +782,24 @@ static size_t release(struct bfc__arena *a, uint32_t wait_ms, size_t g0, size_t 
  * context's), none once it has settled.  The map call is made anyway;
  * this adds at most one unmap call per run of free granules, and only at
  * growth. */
-static void release_for_growth(struct bfc__arena *a, size_t g0, size_t g1, size_t need)
+static size_t release_for_growth(struct bfc__arena *a, size_t g0, size_t g1, size_t need)
 {
     struct bfc__expand *x = a->x;
-    size_t idle = staying_idle(a);
-    if (idle <= x->threshold)
-        return;
+    /* No churn at growth for CALM_ALLOCS allocations: it keeps half. */
+    if (x->grow_slack && a->st.num_allocs - x->churn_window >= CALM_ALLOCS) {
+        x->grow_slack /= 2;
+        x->churn_window = a->st.num_allocs;
+        x->churn_maps = 0;
+    }
+    size_t keep = x->threshold + x->grow_slack;
+    if (keep < x->threshold)
+        keep = SIZE_MAX;
+    if (staying_idle(a) <= keep)
+        return 0;
     uint64_t since_rise;
     size_t over = bfc__pool_peak_excess(a->env->pool, need, &since_rise);
     size_t want = over ? over : since_rise < PEAK_SETTLED_MAPS ? need : 0;
-    if (want)
-        (void)release(a, 0, g0, g1, to_threshold(a, want));
+    return want ? release(a, 0, g0, g1, to_keep(a, keep, want)) : 0;
 }
 
 int bfc__expand_make_ready_locked(struct bfc__arena *a, uintptr_t p, size_t size)
@@ -761,7 +807,7 @@ int bfc__expand_make_ready_locked(struct bfc__arena *a, uintptr_t p, size_t size
     struct bfc__expand *x = a->x;
     const struct bfc__arena_env *env = a->env;
     size_t g0 = (p - x->base) >> x->shift, g1 = ((p + size - 1 - x->base) >> x->shift) + 1;
-    size_t need = 0, runs = 0;
+    size_t need = 0, runs = 0, out = 0;
     /* Leaving granules come back at no cost. */
     for (size_t g = g0; g < g1; g++)
         if (!bit(x->mapped, g)) {
@@ -781,7 +827,7 @@ int bfc__expand_make_ready_locked(struct bfc__arena *a, uintptr_t p, size_t size
             x->map_status = BFC_ENOMEM;
             return BFC_ENOMEM;
         }
-        release_for_growth(a, g0, g1, need);
+        out = release_for_growth(a, g0, g1, need);
         /* Holes in a free chunk take a map call each: all of them must
          * fit the limit before the first is mapped, or a request the limit
          * refuses would map some (raising the peak reserved) and leave
@@ -821,6 +867,12 @@ int bfc__expand_make_ready_locked(struct bfc__arena *a, uintptr_t p, size_t size
             bfc__trace_event(env->obs, BFC__TR_GROW, addr, len, a->stream);
         g = e;
     }
+    /* What the growth unmapped goes on its churn book once its own maps
+     * are counted: later maps find it there (account_map).  Else a shard
+     * whose blocks take turns over the same granules (5 MiB, then 7 MiB,
+     * beside a live 256 KiB block) unmapped at each growth what the next
+     * one mapped again: two map and two unmap calls per turn, for ever. */
+    x->unmapped_at_growth += out;
     size_t pg = (x->ready_end - x->base) >> x->shift;
     if (g0 <= pg)
         x->ready_end = x->base + (first_unready(x, pg) << x->shift);
@@ -970,8 +1022,6 @@ size_t bfc__expand_release_locked(struct bfc__arena *a, uint32_t wait_ms)
     rearm(a, false);
     return freed;
 }
-
-#define CALM_ALLOCS 1024
 
 /*
  * The decay ("When", (c)), checked at the first free after every

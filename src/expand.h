@@ -50,6 +50,10 @@ struct bfc__expand {
     size_t slack;               /* kept beyond the threshold at frees: grows with churn */
     size_t unmapped_at_free;    /* unmapped at the last release at a free, not mapped again since */
     bool remapped;              /* some of it was mapped again */
+    size_t grow_slack;          /* kept beyond the threshold at growth: grows when what growth unmapped is mapped again */
+    size_t unmapped_at_growth;  /* unmapped by growth, not mapped again since */
+    uint64_t churn_window;      /* num_allocs when the current window of GROW_CHURN_WINDOW began */
+    unsigned churn_maps;        /* maps in it of what growth had unmapped */
     uint64_t calm_since;        /* num_allocs at the last churn or slack decay */
     /* Loans of the slack to other shards' growth (expand.c, "When", (a)):
      * each growth elsewhere that would raise the peak reserved takes what
