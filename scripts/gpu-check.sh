@@ -86,7 +86,7 @@ prog=gpu-check.sh
 top=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
 usage() {
-    sed -n '3,5p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+    sed -n '3,7p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
     echo "(see the comment at the top of scripts/gpu-check.sh)" >&2
     exit "${1:-2}"
 }
