@@ -14,6 +14,7 @@
 #                    when a spec holds bytes that are not UTF-8; signed
 #                    or white-space-led numbers are malformed rows, and
 #                    live sizes past 2^64 - 1 an error, not a wrapped sum;
+#                    a gzip-compressed trace is named so;
 #   shardbfc-stat    --help / -h, an unknown option is a usage error (not a
 #                    file name), a missing file is exit 1, and so is a
 #                    report it could not write (stdout closed, /dev/full),
@@ -117,6 +118,12 @@ CSV
 replay_ok "replay of frag.csv failed" --config vmm=off "$tmp/frag.csv"
 grep -q '"fragmentation":0.250000,"fragmentation_max_at_peaks":0.250000,' "$tmp/out" ||
     { cat "$tmp/out" >&2; fail "fragmentation at the peaks of frag.csv wrong"; }
+
+# A trace still gzip-compressed (as tests/traces keeps them) is named so.
+gzip -c "$tmp/batches.csv" >"$tmp/batches.csv.gz" || fail "gzip failed"
+"$replay" "$tmp/batches.csv.gz" >"$tmp/out" 2>"$tmp/err"
+[ $? -eq 1 ] || fail "a gzip-compressed trace does not exit 1"
+grep -q "gzip-compressed; gunzip it first" "$tmp/err" || { cat "$tmp/err" >&2; fail "a gzip-compressed trace not explained"; }
 
 # A bad SPEC, anywhere in a comparison, stops the replay before any run:
 # exit 1, the reason on stderr, and no table (with a row missing) on stdout.
