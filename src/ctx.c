@@ -1037,7 +1037,7 @@ static void *expand_escalate(struct bfc_ctx *ctx, struct bfc__arena *a, size_t n
             goto fail;
     }
     for (uint64_t deadline = 0;;) {
-        if (bfc__expand_release_locked(a, wait) && (p = expand_fit(a, n, rounded, &st)))
+        if (bfc__expand_release_for_locked(a, wait, rounded) && (p = expand_fit(a, n, rounded, &st)))
             return p;
         if (st != BFC_ENOMEM)
             goto fail;

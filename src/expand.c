@@ -1013,14 +1013,32 @@ static size_t release(struct bfc__arena *a, uint32_t wait_ms, size_t g0, size_t 
     return freed;
 }
 
-size_t bfc__expand_release_locked(struct bfc__arena *a, uint32_t wait_ms)
+static size_t release_all(struct bfc__arena *a, uint32_t wait_ms, size_t g0, size_t g1)
 {
-    if (!a->x)
-        return 0;
-    size_t freed = release(a, wait_ms, 0, 0, SIZE_MAX);
+    size_t freed = release(a, wait_ms, g0, g1, SIZE_MAX);
     a->x->idle_floor = staying_idle(a);
     rearm(a, false);
     return freed;
+}
+
+size_t bfc__expand_release_locked(struct bfc__arena *a, uint32_t wait_ms)
+{
+    return a->x ? release_all(a, wait_ms, 0, 0) : 0;
+}
+
+size_t bfc__expand_release_for_locked(struct bfc__arena *a, uint32_t wait_ms, size_t rounded)
+{
+    struct bfc__expand *x = a->x;
+    if (!x)
+        return 0;
+    /* Unmapping them would only make the fit map them again, in the same
+     * call (at the limit, a chunk whose first granules were mapped and
+     * free: an unmap of those beside the map of the whole block). */
+    struct bfc__chunk *c = bfc__bins_best_fit(&a->bins, rounded);
+    if (!c)
+        return release_all(a, wait_ms, 0, 0);
+    return release_all(a, wait_ms, (c->ptr - x->base) >> x->shift,
+                       ((c->ptr + rounded - 1 - x->base) >> x->shift) + 1);
 }
 
 /*

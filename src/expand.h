@@ -115,6 +115,10 @@ bool bfc__expand_ask_others(const struct bfc__arena *a, size_t need);
  * unmaps what may go: waits up to wait_ms for the fence (0: only when it
  * has already completed).  Returns the bytes unmapped. */
 size_t bfc__expand_release_locked(struct bfc__arena *a, uint32_t wait_ms);
+/* The same, sparing the granules a block of `rounded` bytes would take in
+ * the best fit (the fit that follows maps them: the slow path at the
+ * limit). */
+size_t bfc__expand_release_for_locked(struct bfc__arena *a, uint32_t wait_ms, size_t rounded);
 /* Mapped bytes under no block in use or pending (granules shared with a
  * block included: an upper bound of what a release can unmap). */
 size_t bfc__expand_idle_bytes(const struct bfc__arena *a);

@@ -2149,6 +2149,44 @@ START_TEST(test_regrow_not_while_pending)
 }
 END_TEST
 
+/* At the limit the slow path unmaps the shard's free granules so that the
+ * best fit can map -- all but those of the best fit itself, which the fit
+ * would map again in the same call.  s: x, f1 (4 granules, free), y, then
+ * its free end chunk with c's 2 granules mapped; the threshold keeps both
+ * mapped.  An 8-granule block lands on c and needs 6 more, the limit has
+ * room for 4: f1 goes (one unmap call), c's granules stay. */
+START_TEST(test_limit_release_spares_fit)
+{
+    bfc_ctx_t *ctx = ctx_spec("memory_limit=2M,vmm=on,release_threshold=384K", G); /* 32 granules, 6 kept */
+    bfc_stream_t s = bfc_sim_stream_create(ctx), t = bfc_sim_stream_create(ctx);
+    char *tt = bfc_ctx_alloc(ctx, t, 20 * G);
+    char *x = bfc_ctx_alloc(ctx, s, G), *f1 = bfc_ctx_alloc(ctx, s, 4 * G);
+    char *y = bfc_ctx_alloc(ctx, s, G), *c = bfc_ctx_alloc(ctx, s, 2 * G);
+    ck_assert(tt && x && f1 && y && c);
+    ck_assert_ptr_eq(c, y + G);
+    bfc_ctx_free(ctx, f1, s);
+    bfc_ctx_free(ctx, c, s);
+    ck_assert_uint_eq(reserved(ctx), 28 * G);
+    uint64_t maps, unmaps, maps2, unmaps2;
+    calls(ctx, &maps, &unmaps);
+    char *z = bfc_ctx_alloc(ctx, s, 8 * G);
+    ck_assert_ptr_eq(z, c);
+    calls(ctx, &maps2, &unmaps2);
+    ck_assert_uint_eq(unmaps2 - unmaps, 1); /* f1's granules only */
+    ck_assert_uint_eq(maps2 - maps, 1);
+    ck_assert(!mapped(ctx, f1, G) && mapped(ctx, z, 8 * G));
+    ck_assert_uint_eq(reserved(ctx), 30 * G);
+    check_ok(ctx);
+    bfc_ctx_free(ctx, z, s);
+    bfc_ctx_free(ctx, x, s);
+    bfc_ctx_free(ctx, y, s);
+    bfc_ctx_free(ctx, tt, t);
+    bfc_sim_stream_destroy(ctx, s);
+    bfc_sim_stream_destroy(ctx, t);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
 /* Blocks that take turns over the same granules beside a live one (at 2
  * MiB granules: 5 MiB, then 7 MiB, a 256 KiB block between): the growth
  * rule unmapped, at each growth, the granules the last block had left, to
@@ -2700,6 +2738,7 @@ static Suite *vmm_suite(void)
     tcase_add_test(tc, test_refused_map_keeps_range);
     tcase_add_test(tc, test_holes_refused_map_nothing);
     tcase_add_test(tc, test_growth_churn_settles);
+    tcase_add_test(tc, test_limit_release_spares_fit);
     tcase_add_test(tc, test_regrow_leaves_others_alone);
     tcase_add_test(tc, test_regrow_takes_loan);
     tcase_add_test(tc, test_regrow_refused_keeps_range);
