@@ -864,6 +864,48 @@ static void count_oom(struct bfc_ctx *ctx, struct bfc__arena *a, int st)
 
 #define UNMAP_WAIT_MAX 64
 
+/*
+ * Could any memory given back make room for `need` bytes?  Not when the
+ * blocks in use -- `mine` in the asking shard, and every other shard's,
+ * each drained first so that blocks freed to it by other streams count as
+ * free -- leave less of the limit than that: the memory other shards
+ * cache, and the pool's, would go back to the device (a cudaFree, which
+ * waits for the whole device; an unmap) and the request fail all the
+ * same, and with retry_ms every millisecond of the wait, each time taken
+ * again by its shard's next allocation.  TensorFlow's DeallocateFreeRegions
+ * makes the same test before it frees (own_room, below, is its form for one
+ * shard).  Pending blocks count as free: their fences may complete.  The
+ * shards are read one at a time under their own locks, a->lock not held:
+ * an allocation on another stream that follows a free on a third during
+ * the walk may be counted with that free's block, a bound that errs toward
+ * "futile" by that block for a request at the very edge of the limit; the
+ * request is refused as it would be an instant later, when the allocation
+ * has taken the room.
+ */
+static bool futile(struct bfc_ctx *ctx, struct bfc__arena *self, size_t mine, size_t need)
+{
+    size_t committed = atomic_load_explicit(&ctx->pool.committed, memory_order_relaxed);
+    if (need > ctx->limit)
+        return true;
+    if (committed <= ctx->limit - need) /* room now: not this test's case */
+        return false;
+    size_t live = mine;
+    struct bfc__arena *a;
+    bfc__lock(&ctx->arenas_lock);
+    bfc__list_for_each(a, &ctx->arenas, all) {
+        if (a == self)
+            continue;
+        bfc__lock(&a->lock);
+        if (!a->dead) {
+            bfc__arena_drain_locked(a, true);
+            live += a->st.bytes_in_use;
+        }
+        bfc__unlock(&a->lock);
+    }
+    bfc__unlock(&ctx->arenas_lock);
+    return live > ctx->limit - need;
+}
+
 /* Asks every other shard for its free granules: all of them (`all`: at the
  * limit, and trim) or those beyond what it keeps for its own churn (a
  * growth that still fits the limit; expand.c, "When", (a)).  With wait_ms,
@@ -1045,8 +1087,9 @@ static void *expand_escalate(struct bfc_ctx *ctx, struct bfc__arena *a, size_t n
          * (expand.c, reserve()).  Other shards' free granules would not
          * help, only departed reservations going back. */
         bool reserved = a->x != NULL;
+        size_t mine = a->st.bytes_in_use;
         bfc__unlock(&a->lock);
-        if (reserved)
+        if (reserved && !futile(ctx, a, mine, bfc__round_up(rounded, ctx->be->vmm_granule)))
             expand_unmap_others(ctx, a, wait, true, 0);
         bfc__pool_wait(&ctx->pool, a->stream_id, true, wait);
         bfc__lock(&a->lock);
@@ -1109,8 +1152,10 @@ static void *expand_alloc_slow(struct bfc_ctx *ctx, struct bfc__arena *a, size_t
                   : expand_regrows(a, rounded) ? bfc__expand_ask_others(a, need)
                                                : a->x->deferred;
     if (others) {
+        size_t mine = a->st.bytes_in_use;
         bfc__unlock(&a->lock);
-        expand_unmap_others(ctx, a, 0, false, peak ? need : 0);
+        if (!futile(ctx, a, mine, need))
+            expand_unmap_others(ctx, a, 0, false, peak ? need : 0);
         bfc__lock(&a->lock);
     }
     if (a->x)
@@ -1272,10 +1317,19 @@ static void *alloc_slow(struct bfc_ctx *ctx, struct bfc__arena *a, size_t n, siz
          * pool can hand over as it is is taken, not freed and allocated
          * again: on a GPU that costs a cudaFree, which waits for the whole
          * device. */
+        size_t mine = a->st.bytes_in_use;
         bfc__unlock(&a->lock);
-        bfc__shard_reclaim_others(ctx, a, false);
-        bfc__pool_wait(&ctx->pool, a->stream_id, false, wait);
+        bool hopeless = futile(ctx, a, mine, rounded);
+        if (!hopeless) {
+            bfc__shard_reclaim_others(ctx, a, false);
+            bfc__pool_wait(&ctx->pool, a->stream_id, false, wait);
+        }
         bfc__lock(&a->lock);
+        /* Steps 5 to 6 are for a request the limit could hold beside the
+         * blocks in use (futile): else they would only give memory back to
+         * the device for the shards that cached it to take again. */
+        if (hopeless)
+            goto last;
         if ((p = retry_here(ctx, a, n, rounded, large, fit_first, &st)))
             return p;
         if (st != BFC_ENOMEM)
@@ -1311,6 +1365,7 @@ static void *alloc_slow(struct bfc_ctx *ctx, struct bfc__arena *a, size_t n, siz
             if (st != BFC_ENOMEM)
                 goto fail;
         }
+    last:
         /* Last resort for a large request: a big enough free chunk of an
          * ordinary region (TensorFlow's allocator would use it too). */
         if (large && (p = bfc__arena_fit_locked(a, n, rounded)))

@@ -1010,6 +1010,48 @@ START_TEST(test_memory_moves_remote_frees_in_queue)
 }
 END_TEST
 
+/* A request the limit cannot hold beside the blocks in use (B: 12 MiB live
+ * of a 16 MiB limit, asking 5) gives nothing back: A's cached region stays
+ * (with garbage collection, the default, it went back to the backend and
+ * A's next block allocated it again -- on a GPU a cudaFree, which waits for
+ * the whole device, and a cudaMalloc, at every such request, every
+ * millisecond of a retry_ms wait).  Blocks freed to a shard by another
+ * stream and still in its queue count as free: B's 10 MiB fits once A's
+ * 8 MiB block, freed on B, is counted so. */
+START_TEST(test_hopeless_leaves_cached)
+{
+    for (int retry = 0; retry < 2; retry++) {
+        bfc_config_t c = cfg_grow(16 * MiB);
+        c.garbage_collection = true;
+        c.retry_ms = retry ? 5 : 0;
+        bfc_ctx_t *ctx = ctx_new(&c);
+        bfc_stream_t a = new_stream(ctx), b = new_stream(ctx);
+        xfree(ctx, xalloc(ctx, a, MiB), a);
+        void *live = xalloc(ctx, b, 12 * MiB);
+        uint64_t held = bfc_sim_backend_bytes_held(ctx), allocs = bfc_sim_backend_allocs(ctx);
+        ck_assert_ptr_null(bfc_ctx_alloc(ctx, b, 5 * MiB));
+        ck_assert_uint_eq(bfc_sim_backend_bytes_held(ctx), held);
+        xfree(ctx, xalloc(ctx, a, MiB), a);
+        ck_assert_uint_eq(bfc_sim_backend_allocs(ctx), allocs);
+        xfree(ctx, live, b);
+        xcheck(ctx);
+        bfc_ctx_destroy(ctx);
+    }
+    bfc_config_t c = cfg_grow(16 * MiB);
+    c.garbage_collection = true;
+    bfc_ctx_t *ctx = ctx_new(&c);
+    bfc_stream_t a = new_stream(ctx), b = new_stream(ctx);
+    void *x = xalloc(ctx, a, 8 * MiB), *y = xalloc(ctx, b, 4 * MiB);
+    xfree(ctx, x, b); /* in A's queue until A drains */
+    void *z = bfc_ctx_alloc(ctx, b, 10 * MiB);
+    ck_assert_ptr_nonnull(z);
+    xfree(ctx, z, b);
+    xfree(ctx, y, b);
+    xcheck(ctx);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
 /* Another shard's fully free region, its fences complete, is handed to the
  * stream that needs it as it is: with garbage collection on (the default)
  * it must not go back to the backend and a new one be allocated (on a GPU:
@@ -2386,6 +2428,7 @@ static Suite *shards_suite(void)
     tcase_add_test(lim, test_memory_moves_remote_frees_in_queue);
     tcase_add_test(lim, test_memory_moves_after_fence);
     tcase_add_test(lim, test_memory_moves_region_handed_over);
+    tcase_add_test(lim, test_hopeless_leaves_cached);
     tcase_add_test(lim, test_limit_across_shards);
     tcase_add_test(lim, test_extend_fits_pool_piece);
     tcase_add_test(lim, test_trim_regrow_cycles);

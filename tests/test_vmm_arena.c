@@ -2149,6 +2149,40 @@ START_TEST(test_regrow_not_while_pending)
 }
 END_TEST
 
+/* A request the limit cannot hold beside the blocks in use (b: 24 of 32
+ * granules live, asking 10) unmaps nothing of the other shards: a's free
+ * granules, kept by the threshold, stay mapped (they were unmapped, and
+ * a's next block mapped them again -- at every such request, and every
+ * millisecond of a retry_ms wait). */
+START_TEST(test_hopeless_leaves_others_mapped)
+{
+    for (int retry = 0; retry < 2; retry++) {
+        bfc_ctx_t *ctx = ctx_spec(retry ? "memory_limit=2M,vmm=on,release_threshold=1M,retry_ms=5"
+                                        : "memory_limit=2M,vmm=on,release_threshold=1M",
+                                  G);
+        bfc_stream_t a = bfc_sim_stream_create(ctx), b = bfc_sim_stream_create(ctx);
+        char *x = bfc_ctx_alloc(ctx, a, 4 * G);
+        ck_assert_ptr_nonnull(x);
+        bfc_ctx_free(ctx, x, a);
+        char *live = bfc_ctx_alloc(ctx, b, 24 * G);
+        ck_assert_ptr_nonnull(live);
+        ck_assert_uint_eq(reserved(ctx), 28 * G);
+        uint64_t maps, unmaps, maps2, unmaps2;
+        calls(ctx, &maps, &unmaps);
+        ck_assert_ptr_null(bfc_ctx_alloc(ctx, b, 10 * G));
+        calls(ctx, &maps2, &unmaps2);
+        ck_assert_uint_eq(unmaps2, unmaps);
+        ck_assert(mapped(ctx, x, 4 * G));
+        ck_assert_uint_eq(reserved(ctx), 28 * G);
+        bfc_ctx_free(ctx, live, b);
+        check_ok(ctx);
+        bfc_sim_stream_destroy(ctx, a);
+        bfc_sim_stream_destroy(ctx, b);
+        bfc_ctx_destroy(ctx);
+    }
+}
+END_TEST
+
 /* At the limit the slow path unmaps the shard's free granules so that the
  * best fit can map -- all but those of the best fit itself, which the fit
  * would map again in the same call.  s: x, f1 (4 granules, free), y, then
@@ -2739,6 +2773,7 @@ static Suite *vmm_suite(void)
     tcase_add_test(tc, test_holes_refused_map_nothing);
     tcase_add_test(tc, test_growth_churn_settles);
     tcase_add_test(tc, test_limit_release_spares_fit);
+    tcase_add_test(tc, test_hopeless_leaves_others_mapped);
     tcase_add_test(tc, test_regrow_leaves_others_alone);
     tcase_add_test(tc, test_regrow_takes_loan);
     tcase_add_test(tc, test_regrow_refused_keeps_range);
