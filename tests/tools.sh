@@ -14,7 +14,8 @@
 #                    when a spec holds bytes that are not UTF-8; signed
 #                    or white-space-led numbers are malformed rows, and
 #                    live sizes past 2^64 - 1 an error, not a wrapped sum;
-#                    a gzip-compressed trace is named so;
+#                    a gzip-compressed trace is named so, a NUL byte is
+#                    an error;
 #   shardbfc-stat    --help / -h, an unknown option is a usage error (not a
 #                    file name), a missing file is exit 1, and so is a
 #                    report it could not write (stdout closed, /dev/full),
@@ -124,6 +125,12 @@ gzip -c "$tmp/batches.csv" >"$tmp/batches.csv.gz" || fail "gzip failed"
 "$replay" "$tmp/batches.csv.gz" >"$tmp/out" 2>"$tmp/err"
 [ $? -eq 1 ] || fail "a gzip-compressed trace does not exit 1"
 grep -q "gzip-compressed; gunzip it first" "$tmp/err" || { cat "$tmp/err" >&2; fail "a gzip-compressed trace not explained"; }
+
+# A NUL byte in a row is an error, not the end of its field.
+printf 'Thread,Time,Action,Pointer,Size\n1,1,allocate,0x10,40\00096\n' >"$tmp/nul.csv"
+"$replay" "$tmp/nul.csv" >"$tmp/out" 2>"$tmp/err"
+[ $? -eq 1 ] || fail "a trace with a NUL byte does not exit 1"
+grep -q "nul.csv:2: a NUL byte" "$tmp/err" || { cat "$tmp/err" >&2; fail "a trace with a NUL byte not explained"; }
 
 # A bad SPEC, anywhere in a comparison, stops the replay before any run:
 # exit 1, the reason on stderr, and no table (with a row missing) on stdout.
@@ -348,7 +355,12 @@ grep -q ', 1 shards and 1 retired (released by their streams, kept by live block
 # script would stop on; test_obs tries each shape through the viewer).
 printf '{"shards":[1,"x",null]}\n' >"$tmp/garbage.json"
 printf '{"version":2,"shards":[{"regions":5}]}\n' >"$tmp/regions5.json"
-for f in garbage:version regions5:'shards\[0\]\.regions is not an array'; do
+# JSON.parse refuses what json-c's strict mode lets through (00, -01); a
+# fragmentation is a fraction.
+printf '{"version":2,"shards":[],"limit":00}\n' >"$tmp/lead0.json"
+printf '{"version":2,"shards":[],"totals":{"fragmentation":1e40}}\n' >"$tmp/frag.json"
+for f in garbage:version regions5:'shards\[0\]\.regions is not an array' lead0:'a number with a leading zero' \
+    frag:'totals.fragmentation is not a fraction from 0 to 1'; do
     "$stat" "$tmp/${f%%:*}.json" >/dev/null 2>"$tmp/err"
     [ $? -eq 1 ] || fail "shardbfc-stat on ${f%%:*}.json does not exit 1"
     grep -q "${f#*:}" "$tmp/err" || { cat "$tmp/err" >&2; fail "shardbfc-stat on ${f%%:*}.json does not say what is wrong"; }

@@ -5,9 +5,10 @@
  * json-c's tokener reads the text in one call plus, when the text ends
  * inside a value that has no end mark of its own (a top-level number), one
  * more call with the terminating NUL, as json-c asks.  Its strict mode
- * refuses trailing commas, comments, leading zeros, bad escapes and
- * anything after the value; it still accepts NaN, Infinity, "1." and
- * numbers too large for a double, and decodes \u0000 into a string.  So
+ * refuses trailing commas, comments, bad escapes, anything after the value
+ * and most leading zeros (not 00 or -01: lexical_fault refuses those); it
+ * still accepts NaN, Infinity, "1." and numbers too large for a double,
+ * and decodes \u0000 into a string.  So
  * the parsed tree is walked once more: every double must have kept a text
  * of RFC 8259's number grammar (json-c keeps the text a double was parsed
  * from) and a finite value, and every string its full length as a C
@@ -77,7 +78,7 @@ static bool integer_clamped(const char *t, size_t n)
     size_t nd = n - neg;
     const char *bound = neg ? "9223372036854775808" : "18446744073709551615";
     size_t nb = strlen(bound);
-    while (nd > 1 && *d == '0') { /* leading zeros: the tokener refuses them anyway */
+    while (nd > 1 && *d == '0') { /* leading zeros: refused, by the tokener or lexical_fault */
         d++;
         nd--;
     }
@@ -86,8 +87,9 @@ static bool integer_clamped(const char *t, size_t n)
 
 /* What json-c's strict mode still lets through at the level of characters:
  * a single-quoted string, a raw control character inside a string
- * (RFC 8259 wants them escaped; a browser's JSON.parse refuses both), and
- * an integer json-c would clamp.  The offset of the first, or len. */
+ * (RFC 8259 wants them escaped; a browser's JSON.parse refuses both), an
+ * integer json-c would clamp, and a number with a leading zero.  The
+ * offset of the first, or len. */
 static size_t lexical_fault(const char *text, size_t len, const char **what)
 {
     bool in = false;
@@ -106,6 +108,12 @@ static size_t lexical_fault(const char *text, size_t len, const char **what)
             }
             if (integer && j - i > (c == '-') && integer_clamped(text + i, j - i)) {
                 *what = "an integer beyond 64 bits (json-c would change it)";
+                return i;
+            }
+            /* json-c refuses 01 but lets 00, -01 and -007 through. */
+            const char *d = text + i + (c == '-');
+            if (d + 1 < text + j && d[0] == '0' && isdigit((unsigned char)d[1])) {
+                *what = "a number with a leading zero";
                 return i;
             }
             i = j - 1;
@@ -325,6 +333,13 @@ static bool figures_ok(const json_object *v, const char *where, char *err, size_
             (!json_object_is_type(m, json_type_int) || json_object_get_int64(m) < -1 ||
              (json_object_get_int64(m) == INT64_MAX && json_object_get_uint64(m) != (uint64_t)INT64_MAX))) {
             snprintf(err, errlen, "%s is not an allocation id (an integer, -1 when free)", here);
+            return false;
+        }
+        /* A fraction in [0, 1] (doc/snapshot.md), or null. */
+        if (m && strcmp(key, "fragmentation") == 0 &&
+            (!(json_object_is_type(m, json_type_double) || json_object_is_type(m, json_type_int)) ||
+             !(json_object_get_double(m) >= 0 && json_object_get_double(m) <= 1))) {
+            snprintf(err, errlen, "%s is not a fraction from 0 to 1", here);
             return false;
         }
         if (!figures_ok(m, here, err, errlen))

@@ -52,7 +52,10 @@ static const char *numf(const json_object *o, const char *key, int decimals)
     const json_object *v = bfc_json_get(o, key);
     if (!v || !(json_object_is_type(v, json_type_double) || json_object_is_type(v, json_type_int)))
         return "?";
-    snprintf(b, sizeof buf[0], "%.*f", decimals, bfc_json_num(o, key, 0));
+    double x = bfc_json_num(o, key, 0);
+    int w = snprintf(b, sizeof buf[0], "%.*f", decimals, x);
+    if (w < 0 || (size_t)w >= sizeof buf[0]) /* never a figure cut short */
+        snprintf(b, sizeof buf[0], "%.6g", x);
     return b;
 }
 

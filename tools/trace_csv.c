@@ -195,6 +195,17 @@ int bfc_trace_csv_read_stream(FILE *f, const char *name, bfc_trace_event_t **out
     while ((len = getline(&line, &linecap, f)) >= 0) {
         lineno++;
         char *l = line;
+        /* gzip's magic: the traces of tests/traces are kept so. */
+        if (lineno == 1 && len >= 2 && (unsigned char)line[0] == 0x1f && (unsigned char)line[1] == 0x8b) {
+            set_err(err, errlen, "%s: gzip-compressed; gunzip it first (zcat %s > trace.csv)", name, name);
+            goto fail;
+        }
+        /* The fields are read as C strings: a NUL would end the line there,
+         * silently (a size of 40 for 40\0096). */
+        if (memchr(line, '\0', (size_t)len)) {
+            set_err(err, errlen, "%s:%zu: a NUL byte", name, lineno);
+            goto fail;
+        }
         /* A UTF-8 byte-order mark (spreadsheets write one) is not part of
          * the first column's name. */
         if (lineno == 1 && strncmp(l, "\xEF\xBB\xBF", 3) == 0)
@@ -221,11 +232,7 @@ int bfc_trace_csv_read_stream(FILE *f, const char *name, bfc_trace_event_t **out
                     if (strcmp(fields[i], col_names[c]) == 0)
                         col[c] = (int)i;
             if (col[COL_ACTION] < 0 || col[COL_POINTER] < 0 || col[COL_SIZE] < 0) {
-                /* gzip's magic: the traces of tests/traces are kept so. */
-                if (lineno == 1 && (unsigned char)l[0] == 0x1f && (unsigned char)l[1] == 0x8b)
-                    set_err(err, errlen, "%s: gzip-compressed; gunzip it first (zcat %s > trace.csv)", name, name);
-                else
-                    set_err(err, errlen, "%s:%zu: header lacks Action, Pointer or Size column", name, lineno);
+                set_err(err, errlen, "%s:%zu: header lacks Action, Pointer or Size column", name, lineno);
                 goto fail;
             }
             header = true;
