@@ -20,7 +20,9 @@
 #                    file name), a missing file is exit 1, and so is a
 #                    report it could not write (stdout closed, /dev/full),
 #                    and a file shaped wrong (no version, a shard that is
-#                    not an object, regions that are not an array);
+#                    not an object, regions that are not an array, a
+#                    leading zero, a fragmentation past 1); strings are
+#                    printed without their control characters;
 #   shardbfc-view    --help, a missing -o and an unknown option are usage
 #                    errors; a bad snapshot is exit 1 and leaves what -o
 #                    names as it was (an older page, a device), a good one
@@ -351,6 +353,11 @@ printf '{"version":2,"backend":"sim","totals":{"num_shards":1},"shards":[{"strea
 "$stat" --summary "$tmp/retired.json" >"$tmp/out" 2>&1 || { cat "$tmp/out" >&2; fail "shardbfc-stat on a retired shard fails"; }
 grep -q ', 1 shards and 1 retired (released by their streams, kept by live blocks)$' "$tmp/out" ||
     { cat "$tmp/out" >&2; fail "shardbfc-stat counts a retired shard as a shard"; }
+# Strings reach the terminal without their control characters.
+printf '{"version":2,"backend":"sim\\u001b[2J\\nTotals:","shards":[]}\n' >"$tmp/ctrl.json"
+"$stat" "$tmp/ctrl.json" >"$tmp/out" 2>&1 || { cat "$tmp/out" >&2; fail "shardbfc-stat on control characters failed"; }
+grep -q '^libshardbfc snapshot v2: backend sim?\[2J?Totals:,' "$tmp/out" && ! grep -q "$(printf '\033')" "$tmp/out" ||
+    { cat -A "$tmp/out" >&2; fail "shardbfc-stat printed a string's control characters"; }
 # Near-garbage is not a snapshot: exit 1, the fault named (what the page's
 # script would stop on; test_obs tries each shape through the viewer).
 printf '{"shards":[1,"x",null]}\n' >"$tmp/garbage.json"

@@ -42,6 +42,22 @@ static const char *num(const json_object *o, const char *key)
     return b;
 }
 
+/* A string of the snapshot as it may reach a terminal: control
+ * characters (an escape sequence, a newline that would fake a line of the
+ * report) as '?'; "?" where the input leaves it out.  Four buffers in
+ * turn, each the first 511 bytes. */
+static const char *str(const json_object *o, const char *key)
+{
+    static char buf[4][512];
+    static unsigned next;
+    char *b = buf[next++ % 4];
+    snprintf(b, sizeof buf[0], "%s", bfc_json_str(o, key, "?"));
+    for (char *c = b; *c; c++)
+        if ((unsigned char)*c < 0x20 || *c == 0x7f)
+            *c = '?';
+    return b;
+}
+
 /* A fraction or a signed figure as text ("%.4f" or "%.0f"), or "?" where
  * the input leaves it out; num's buffers. */
 static const char *numf(const json_object *o, const char *key, int decimals)
@@ -131,10 +147,10 @@ static void print_oom(const json_object *o)
 {
     if (!json_object_is_type(o, json_type_object))
         return;
-    printf("Out of memory: %s\n", bfc_json_str(o, "diagnosis", "?"));
+    printf("Out of memory: %s\n", str(o, "diagnosis"));
     printf("  request %s bytes (%s chunk bytes) on stream %s; cause %s\n",
-           num(o, "size"), num(o, "rounded"), bfc_json_str(o, "stream", "?"),
-           bfc_json_str(o, "cause", "?"));
+           num(o, "size"), num(o, "rounded"), str(o, "stream"),
+           str(o, "cause"));
     printf("  limit %s, reserved %s, unreserved %s, in use %s"
            ", pending %s\n",
            num(o, "bytes_limit"), num(o, "bytes_reserved"),
@@ -146,7 +162,7 @@ static void print_oom(const json_object *o)
         /* A retired shard (released by its stream, kept by live blocks) has
          * the stream of its successor: the mark tells the two apart. */
         printf("  shard stream_id=%s stream=%s%s%s: ", num(s, "stream_id"),
-               bfc_json_str(s, "stream", "?"), bfc_json_bool(s, "requesting", false) ? " (requesting)" : "",
+               str(s, "stream"), bfc_json_bool(s, "requesting", false) ? " (requesting)" : "",
                bfc_json_bool(s, "retired", false) ? " (retired)" : "");
         /* An expandable shard's free figures are bounds (doc/snapshot.md). */
         if (bfc_json_bool(s, "expandable", false))
@@ -167,7 +183,7 @@ static void print_oom(const json_object *o)
     for (size_t i = 0; i < bfc_json_len(sp); i++) {
         const json_object *s = bfc_json_at(sp, i);
         bool fenced = bfc_json_bool(s, "fenced", false);
-        printf("    span %s size %s%s", bfc_json_str(s, "base", "?"), num(s, "size"),
+        printf("    span %s size %s%s", str(s, "base"), num(s, "size"),
                fenced ? " fenced by stream_id " : "\n");
         if (fenced)
             printf("%s\n", num(s, "stream_id"));
@@ -227,7 +243,7 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < bfc_json_len(shards); i++)
         retired += bfc_json_bool(bfc_json_at(shards, i), "retired", false);
     printf("libshardbfc snapshot v%s: backend %s%s, device %s, limit %s, %zu shards",
-           num(v, "version"), bfc_json_str(v, "backend", "?"),
+           num(v, "version"), str(v, "backend"),
            bfc_json_bool(v, "host", false) ? " (host)" : "", num(v, "device"),
            num(v, "limit"), bfc_json_len(shards) - retired);
     if (retired)
@@ -255,19 +271,19 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < bfc_json_len(shards); i++) {
         const json_object *s = bfc_json_at(shards, i);
         printf("Shard stream_id=%s stream=%s%s\n", num(s, "stream_id"),
-               bfc_json_str(s, "stream", "?"), bfc_json_bool(s, "retired", false) ? " (retired)" : "");
+               str(s, "stream"), bfc_json_bool(s, "retired", false) ? " (retired)" : "");
         print_stats("  ", bfc_json_get(s, "stats"), false);
         if (summary)
             continue;
         const json_object *regions = bfc_json_get(s, "regions");
         for (size_t j = 0; j < bfc_json_len(regions); j++) {
             const json_object *r = bfc_json_at(regions, j);
-            printf("  Region %s size %s%s\n", bfc_json_str(r, "base", "?"), num(r, "size"),
+            printf("  Region %s size %s%s\n", str(r, "base"), num(r, "size"),
                    bfc_json_bool(r, "large", false) ? " (large)" : "");
             const json_object *chunks = bfc_json_get(r, "chunks");
             for (size_t k = 0; k < bfc_json_len(chunks); k++) {
                 const json_object *c = bfc_json_at(chunks, k);
-                const char *state = bfc_json_str(c, "state", "?");
+                const char *state = str(c, "state");
                 printf("    Chunk +%s size %s %s", num(c, "offset"),
                        num(c, "size"), state);
                 if (strcmp(state, "free") != 0)
