@@ -400,8 +400,14 @@ BFC_API int bfc_config_validate_err(const bfc_config_t *cfg, char *err, size_t e
  *     backend and try again); gives free
  *     region tails back -- its own and other shards' -- when that makes the
  *     request fit; and waits for the events that still fence memory other
- *     streams gave back.  On CUDA those waits are unbounded (queued device
- *     work finishes); on SIM a held stream finishes only when drained, so the
+ *     streams gave back.  A request that the limit cannot hold beside the
+ *     blocks in use (every shard's, blocks freed but not yet drained
+ *     counted as free, pending ones too) skips what takes other shards'
+ *     memory or gives cached memory back: it would fail all the same, the
+ *     shards that cached the memory taking it again at their next block
+ *     (TensorFlow's DeallocateFreeRegions makes the same test).  On CUDA
+ *     the waits for events are unbounded (queued device work finishes); on
+ *     SIM a held stream finishes only when drained, so the
  *     allocator does not wait there, and retry_ms bounds how long it polls
  *     (on either backend) for memory other threads free or drain.
  *   - Expandable arenas (vmm=on; vmm=auto, the default, picks them when
@@ -437,7 +443,8 @@ BFC_API int bfc_config_validate_err(const bfc_config_t *cfg, char *err, size_t e
  *     event recorded on the shard's stream has completed, and never on
  *     the common path (a map or unmap costs tens of microseconds on a
  *     GPU): a shard keeps its free granules mapped until another shard
- *     needs the limit (then every free granule goes, its slow path
+ *     needs the limit for a request it can hold (then every free granule
+ *     goes but those the request's best fit takes, its slow path
  *     waiting for those events, without bound on CUDA, not at all on
  *     SIM, so shards that peak at different times need no higher limit
  *     than one allocator would); until another shard grows within the
