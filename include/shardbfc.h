@@ -443,8 +443,8 @@ BFC_API int bfc_config_validate_err(const bfc_config_t *cfg, char *err, size_t e
  *     event recorded on the shard's stream has completed, and never on
  *     the common path (a map or unmap costs tens of microseconds on a
  *     GPU): a shard keeps its free granules mapped until another shard
- *     needs the limit for a request it can hold (then every free granule
- *     goes but those the request's best fit takes, its slow path
+ *     needs the limit for a request the limit can hold (then every free
+ *     granule goes, its slow path
  *     waiting for those events, without bound on CUDA, not at all on
  *     SIM, so shards that peak at different times need no higher limit
  *     than one allocator would); until another shard grows within the
