@@ -865,10 +865,12 @@ static void count_oom(struct bfc_ctx *ctx, struct bfc__arena *a, int st)
 #define UNMAP_WAIT_MAX 64
 
 /*
- * Could any memory given back make room for `need` bytes?  Not when the
- * blocks in use -- `mine` in the asking shard, and every other shard's,
- * each drained first so that blocks freed to it by other streams count as
- * free -- leave less of the limit than that: the memory other shards
+ * Could any memory given back make room for a block of `rounded` bytes?
+ * Not when the blocks in use -- `mine` in the asking shard, and every other
+ * shard's, each drained first so that blocks freed to it by other streams
+ * count as free -- leave less of the limit than that (the block itself,
+ * not its whole granules: it may begin in a granule that a live block of
+ * its shard maps already): the memory other shards
  * cache, and the pool's, would go back to the device (a cudaFree, which
  * waits for the whole device; an unmap) and the request fail all the
  * same, and with retry_ms every millisecond of the wait, each time taken
@@ -882,9 +884,9 @@ static void count_oom(struct bfc_ctx *ctx, struct bfc__arena *a, int st)
  * request is refused as it would be an instant later, when the allocation
  * has taken the room.
  */
-static bool futile(struct bfc_ctx *ctx, struct bfc__arena *self, size_t mine, size_t need)
+static bool futile(struct bfc_ctx *ctx, struct bfc__arena *self, size_t mine, size_t rounded)
 {
-    size_t committed = atomic_load_explicit(&ctx->pool.committed, memory_order_relaxed);
+    size_t committed = atomic_load_explicit(&ctx->pool.committed, memory_order_relaxed), need = rounded;
     if (need > ctx->limit)
         return true;
     if (committed <= ctx->limit - need) /* room now: not this test's case */
@@ -1089,7 +1091,7 @@ static void *expand_escalate(struct bfc_ctx *ctx, struct bfc__arena *a, size_t n
         bool reserved = a->x != NULL;
         size_t mine = a->st.bytes_in_use;
         bfc__unlock(&a->lock);
-        if (reserved && !futile(ctx, a, mine, bfc__round_up(rounded, ctx->be->vmm_granule)))
+        if (reserved && !futile(ctx, a, mine, rounded))
             expand_unmap_others(ctx, a, wait, true, 0);
         bfc__pool_wait(&ctx->pool, a->stream_id, true, wait);
         bfc__lock(&a->lock);
@@ -1154,7 +1156,7 @@ static void *expand_alloc_slow(struct bfc_ctx *ctx, struct bfc__arena *a, size_t
     if (others) {
         size_t mine = a->st.bytes_in_use;
         bfc__unlock(&a->lock);
-        if (!futile(ctx, a, mine, need))
+        if (!futile(ctx, a, mine, rounded))
             expand_unmap_others(ctx, a, 0, false, peak ? need : 0);
         bfc__lock(&a->lock);
     }
@@ -1366,6 +1368,13 @@ static void *alloc_slow(struct bfc_ctx *ctx, struct bfc__arena *a, size_t n, siz
                 goto fail;
         }
     last:
+        /* The lock was dropped (the walks of the other shards): a shard
+         * retired meanwhile hands out nothing more.  acquire: pairs with
+         * the seq_cst store in bfc__remote_mark_retired. */
+        if (atomic_load_explicit(&a->retired, memory_order_acquire)) {
+            st = BFC__RETRY;
+            goto fail;
+        }
         /* Last resort for a large request: a big enough free chunk of an
          * ordinary region (TensorFlow's allocator would use it too). */
         if (large && (p = bfc__arena_fit_locked(a, n, rounded)))

@@ -754,6 +754,7 @@ static void account_map(struct bfc__arena *a, size_t bytes)
             x->churn_window = a->st.num_allocs;
             x->churn_maps = 0;
         }
+        x->churn_last = a->st.num_allocs;
         if (++x->churn_maps >= GROW_CHURN_MAPS) {
             x->churn_maps = 0;
             x->grow_slack = x->grow_slack ? (x->grow_slack < x->size / 2 ? 2 * x->grow_slack : x->size) : GRAN(x);
@@ -786,10 +787,9 @@ static size_t release_for_growth(struct bfc__arena *a, size_t g0, size_t g1, siz
 {
     struct bfc__expand *x = a->x;
     /* No churn at growth for CALM_ALLOCS allocations: it keeps half. */
-    if (x->grow_slack && a->st.num_allocs - x->churn_window >= CALM_ALLOCS) {
+    if (x->grow_slack && a->st.num_allocs - x->churn_last >= CALM_ALLOCS) {
         x->grow_slack /= 2;
-        x->churn_window = a->st.num_allocs;
-        x->churn_maps = 0;
+        x->churn_last = a->st.num_allocs;
     }
     size_t keep = x->threshold + x->grow_slack;
     if (keep < x->threshold)
@@ -833,6 +833,7 @@ int bfc__expand_make_ready_locked(struct bfc__arena *a, uintptr_t p, size_t size
          * refuses would map some (raising the peak reserved) and leave
          * them to be unmapped again.  One run is checked by its map. */
         if (runs > 1 && !bfc__pool_vmm_fits(env->pool, need)) {
+            x->unmapped_at_growth += out;
             x->map_status = BFC_ENOMEM;
             rearm(a, false);
             return BFC_ENOMEM;
@@ -850,6 +851,7 @@ int bfc__expand_make_ready_locked(struct bfc__arena *a, uintptr_t p, size_t size
         size_t len = (e - g) << x->shift;
         int st = bfc__pool_vmm_map(env->pool, addr, len);
         if (st != BFC_OK) {
+            x->unmapped_at_growth += out;
             x->map_status = st;
             rearm(a, false);
             return st;

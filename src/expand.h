@@ -54,6 +54,7 @@ struct bfc__expand {
     size_t unmapped_at_growth;  /* unmapped by growth, not mapped again since */
     uint64_t churn_window;      /* num_allocs when the current window of GROW_CHURN_WINDOW began */
     unsigned churn_maps;        /* maps in it of what growth had unmapped */
+    uint64_t churn_last;        /* num_allocs at the last such map, or at the last halving */
     uint64_t calm_since;        /* num_allocs at the last churn or slack decay */
     /* Loans of the slack to other shards' growth (expand.c, "When", (a)):
      * each growth elsewhere that would raise the peak reserved takes what

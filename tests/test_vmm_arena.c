@@ -2183,6 +2183,35 @@ START_TEST(test_hopeless_leaves_others_mapped)
 }
 END_TEST
 
+/* ... but a request the limit can hold is judged by its own bytes, not its
+ * whole granules: a's 3 MiB block begins in the granule a's 1 MiB block
+ * maps, so it needs one granule more, which b's cached granule makes room
+ * for (2 MiB granules, limit 4 MiB).  Judged as 4 MiB of granules beside
+ * 1 MiB live it was refused, b keeping its granule. */
+START_TEST(test_futile_counts_block_not_granules)
+{
+    bfc_ctx_t *ctx = ctx_spec("memory_limit=4M,vmm=on", 0);
+    bfc_stream_t a = bfc_sim_stream_create(ctx), b = bfc_sim_stream_create(ctx);
+    char *a1 = bfc_ctx_alloc(ctx, a, MiB);
+    ck_assert_ptr_nonnull(a1);
+    for (int i = 0; i < 4; i++) { /* b's churn: it keeps its granule */
+        char *x = bfc_ctx_alloc(ctx, b, 2 * MiB);
+        ck_assert_ptr_nonnull(x);
+        bfc_ctx_free(ctx, x, b);
+    }
+    ck_assert_uint_eq(reserved(ctx), 4 * MiB);
+    char *a2 = bfc_ctx_alloc(ctx, a, 3 * MiB);
+    ck_assert_ptr_nonnull(a2);
+    ck_assert_ptr_eq(a2, a1 + MiB);
+    bfc_ctx_free(ctx, a2, a);
+    bfc_ctx_free(ctx, a1, a);
+    check_ok(ctx);
+    bfc_sim_stream_destroy(ctx, a);
+    bfc_sim_stream_destroy(ctx, b);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
 /* At the limit the slow path unmaps the shard's free granules so that the
  * best fit can map -- all but those of the best fit itself, which the fit
  * would map again in the same call.  s: x, f1 (4 granules, free), y, then
@@ -2774,6 +2803,7 @@ static Suite *vmm_suite(void)
     tcase_add_test(tc, test_growth_churn_settles);
     tcase_add_test(tc, test_limit_release_spares_fit);
     tcase_add_test(tc, test_hopeless_leaves_others_mapped);
+    tcase_add_test(tc, test_futile_counts_block_not_granules);
     tcase_add_test(tc, test_regrow_leaves_others_alone);
     tcase_add_test(tc, test_regrow_takes_loan);
     tcase_add_test(tc, test_regrow_refused_keeps_range);
