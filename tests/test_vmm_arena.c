@@ -2149,6 +2149,44 @@ START_TEST(test_regrow_not_while_pending)
 }
 END_TEST
 
+/* ... and only the granules the block covers whole: a last granule it
+ * shares with the chunk's leftover goes as before, and the leftover,
+ * unmapped, is cut off.  One stream, 2 MiB granules, limit 8 MiB, frees
+ * unmap nothing: F = [0, 4M) free with g0 unmapped and g1 mapped, a live
+ * block at 4M, g3 and g4 mapped and free (the limit reached).  R = 3 MiB
+ * lands on F at the limit.  With g1 spared, R kept F whole (4 MiB: under
+ * twice the request) and Q, with 7.75 MiB requested live, was refused. */
+START_TEST(test_limit_release_spares_whole_granules)
+{
+    bfc_ctx_t *ctx = ctx_spec("memory_limit=8M,vmm=on,release_threshold=64M", 0);
+    bfc_stream_t s = bfc_sim_stream_create(ctx);
+    char *x0 = bfc_ctx_alloc(ctx, s, 2 * MiB), *x1 = bfc_ctx_alloc(ctx, s, 2 * MiB);
+    char *l = bfc_ctx_alloc(ctx, s, 256 * KiB);
+    ck_assert(x0 && x1 && l);
+    ck_assert(x1 == x0 + 2 * MiB && l == x1 + 2 * MiB);
+    bfc_ctx_free(ctx, x0, s);
+    ck_assert_int_eq(bfc_ctx_trim(ctx), BFC_OK);
+    char *t = bfc_ctx_alloc(ctx, s, 5 * MiB + 768 * KiB);
+    ck_assert_ptr_nonnull(t);
+    bfc_ctx_free(ctx, t, s);
+    bfc_ctx_free(ctx, x1, s);
+    ck_assert(!mapped(ctx, x0, 2 * MiB) && mapped(ctx, x1, 2 * MiB));
+    ck_assert_uint_eq(reserved(ctx), 8 * MiB);
+    char *r = bfc_ctx_alloc(ctx, s, 3 * MiB);
+    ck_assert_ptr_eq(r, x0);
+    ck_assert_uint_eq(bfc_ctx_allocated_size(ctx, r), 3 * MiB);
+    char *p = bfc_ctx_alloc(ctx, s, MiB), *q = bfc_ctx_alloc(ctx, s, 3 * MiB + 512 * KiB);
+    ck_assert(p && q);
+    bfc_ctx_free(ctx, q, s);
+    bfc_ctx_free(ctx, p, s);
+    bfc_ctx_free(ctx, r, s);
+    bfc_ctx_free(ctx, l, s);
+    check_ok(ctx);
+    bfc_sim_stream_destroy(ctx, s);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
 /* A request the limit cannot hold beside the blocks in use (b: 24 of 32
  * granules live, asking 10) unmaps nothing of the other shards: a's free
  * granules, kept by the threshold, stay mapped (they were unmapped, and
@@ -2802,6 +2840,7 @@ static Suite *vmm_suite(void)
     tcase_add_test(tc, test_holes_refused_map_nothing);
     tcase_add_test(tc, test_growth_churn_settles);
     tcase_add_test(tc, test_limit_release_spares_fit);
+    tcase_add_test(tc, test_limit_release_spares_whole_granules);
     tcase_add_test(tc, test_hopeless_leaves_others_mapped);
     tcase_add_test(tc, test_futile_counts_block_not_granules);
     tcase_add_test(tc, test_regrow_leaves_others_alone);
