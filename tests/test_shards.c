@@ -1020,20 +1020,25 @@ END_TEST
  * 8 MiB block, freed on B, is counted so. */
 START_TEST(test_hopeless_leaves_cached)
 {
-    for (int retry = 0; retry < 2; retry++) {
+    /* retry_ms or not; the blocks in use the asking stream's own, or a
+     * third stream's (the asking one holding nothing). */
+    for (int k = 0; k < 4; k++) {
+        bool retry = k & 1, third = k & 2;
         bfc_config_t c = cfg_grow(16 * MiB);
         c.garbage_collection = true;
         c.retry_ms = retry ? 5 : 0;
         bfc_ctx_t *ctx = ctx_new(&c);
-        bfc_stream_t a = new_stream(ctx), b = new_stream(ctx);
+        bfc_stream_t a = new_stream(ctx), b = new_stream(ctx), owner = third ? new_stream(ctx) : b;
         xfree(ctx, xalloc(ctx, a, MiB), a);
-        void *live = xalloc(ctx, b, 12 * MiB);
+        void *live = xalloc(ctx, owner, 12 * MiB);
         uint64_t held = bfc_sim_backend_bytes_held(ctx), allocs = bfc_sim_backend_allocs(ctx);
+        uint64_t a_reserved = sst(ctx, a).bytes_reserved;
         ck_assert_ptr_null(bfc_ctx_alloc(ctx, b, 5 * MiB));
         ck_assert_uint_eq(bfc_sim_backend_bytes_held(ctx), held);
+        ck_assert_uint_eq(sst(ctx, a).bytes_reserved, a_reserved); /* not even handed to the pool */
         xfree(ctx, xalloc(ctx, a, MiB), a);
         ck_assert_uint_eq(bfc_sim_backend_allocs(ctx), allocs);
-        xfree(ctx, live, b);
+        xfree(ctx, live, owner);
         xcheck(ctx);
         bfc_ctx_destroy(ctx);
     }

@@ -354,9 +354,12 @@ printf '{"version":2,"backend":"sim","totals":{"num_shards":1},"shards":[{"strea
 grep -q ', 1 shards and 1 retired (released by their streams, kept by live blocks)$' "$tmp/out" ||
     { cat "$tmp/out" >&2; fail "shardbfc-stat counts a retired shard as a shard"; }
 # Strings reach the terminal without their control characters.
-printf '{"version":2,"backend":"sim\\u001b[2J\\nTotals:","shards":[]}\n' >"$tmp/ctrl.json"
+# Fragmentation 1 is a fraction.
+printf '{"version":2,"backend":"sim\\u001b[2J\\u007f\\nTotals:","shards":[],"totals":{"fragmentation":1},' >"$tmp/ctrl.json"
+printf '"oom":{"diagnosis":"d\\u001b[2J","stream":"0x1\\u007f","cause":"held\\u001b]0;t\\u0007"}}\n' >>"$tmp/ctrl.json"
 "$stat" "$tmp/ctrl.json" >"$tmp/out" 2>&1 || { cat "$tmp/out" >&2; fail "shardbfc-stat on control characters failed"; }
-grep -q '^libshardbfc snapshot v2: backend sim?\[2J?Totals:,' "$tmp/out" && ! grep -q "$(printf '\033')" "$tmp/out" ||
+grep -q '^libshardbfc snapshot v2: backend sim?\[2J??Totals:,' "$tmp/out" && grep -q 'Out of memory: d?\[2J$' "$tmp/out" &&
+    ! grep -q "$(printf '[\033\177\007]')" "$tmp/out" ||
     { cat -A "$tmp/out" >&2; fail "shardbfc-stat printed a string's control characters"; }
 # Near-garbage is not a snapshot: exit 1, the fault named (what the page's
 # script would stop on; test_obs tries each shape through the viewer).
@@ -365,9 +368,12 @@ printf '{"version":2,"shards":[{"regions":5}]}\n' >"$tmp/regions5.json"
 # JSON.parse refuses what json-c's strict mode lets through (00, -01); a
 # fragmentation is a fraction.
 printf '{"version":2,"shards":[],"limit":00}\n' >"$tmp/lead0.json"
+printf '{"version":2,"shards":[],"x":[1,-01]}\n' >"$tmp/leadneg.json"
 printf '{"version":2,"shards":[],"totals":{"fragmentation":1e40}}\n' >"$tmp/frag.json"
+printf '{"version":2,"shards":[],"totals":{"fragmentation":"0.5"}}\n' >"$tmp/fragstr.json"
 for f in garbage:version regions5:'shards\[0\]\.regions is not an array' lead0:'a number with a leading zero' \
-    frag:'totals.fragmentation is not a fraction from 0 to 1'; do
+    leadneg:'a number with a leading zero' frag:'totals.fragmentation is not a fraction from 0 to 1' \
+    fragstr:'totals.fragmentation is not a fraction from 0 to 1'; do
     "$stat" "$tmp/${f%%:*}.json" >/dev/null 2>"$tmp/err"
     [ $? -eq 1 ] || fail "shardbfc-stat on ${f%%:*}.json does not exit 1"
     grep -q "${f#*:}" "$tmp/err" || { cat "$tmp/err" >&2; fail "shardbfc-stat on ${f%%:*}.json does not say what is wrong"; }

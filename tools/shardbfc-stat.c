@@ -58,8 +58,9 @@ static const char *str(const json_object *o, const char *key)
     return b;
 }
 
-/* A fraction or a signed figure as text ("%.4f" or "%.0f"), or "?" where
- * the input leaves it out; num's buffers. */
+/* A fraction or a signed figure as text ("%.4f" or "%.0f"; "%.6g" where
+ * that would not fit its buffer), or "?" where the input leaves it out.
+ * Four buffers of its own, in turn. */
 static const char *numf(const json_object *o, const char *key, int decimals)
 {
     static char buf[4][40];
