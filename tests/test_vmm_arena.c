@@ -2187,6 +2187,50 @@ START_TEST(test_limit_release_spares_whole_granules)
 }
 END_TEST
 
+/* The spared range is the block's whole granules wherever its mapped ones
+ * lie: a free 10-granule chunk with granules 7 and 9 mapped, an 8-granule
+ * block at its start, room for 6 more: granule 9 goes (one unmap call),
+ * granule 7 stays, granules 0 to 6 are mapped (one map call). */
+START_TEST(test_limit_release_spares_inner_granule)
+{
+    bfc_ctx_t *ctx = ctx_spec("memory_limit=2M,vmm=on,release_threshold=1M", G); /* 32 granules, 16 kept */
+    bfc_stream_t s = bfc_sim_stream_create(ctx), t = bfc_sim_stream_create(ctx);
+    char *b[10];
+    for (int i = 0; i < 10; i++) {
+        b[i] = bfc_ctx_alloc(ctx, s, G);
+        ck_assert_ptr_nonnull(b[i]);
+        ck_assert(i == 0 || b[i] == b[i - 1] + G);
+    }
+    char *sep = bfc_ctx_alloc(ctx, s, G);
+    ck_assert_ptr_eq(sep, b[9] + G);
+    for (int i = 0; i < 10; i++)
+        if (i != 7 && i != 9)
+            bfc_ctx_free(ctx, b[i], s);
+    ck_assert_int_eq(bfc_ctx_trim(ctx), BFC_OK); /* granules 0-6 and 8 unmapped */
+    char *tt = bfc_ctx_alloc(ctx, t, 23 * G);
+    ck_assert_ptr_nonnull(tt);
+    bfc_ctx_free(ctx, b[7], s);
+    bfc_ctx_free(ctx, b[9], s);
+    ck_assert(mapped(ctx, b[7], G) && mapped(ctx, b[9], G) && !mapped(ctx, b[0], 7 * G) && !mapped(ctx, b[8], G));
+    ck_assert_uint_eq(reserved(ctx), 26 * G);
+    uint64_t maps, unmaps, maps2, unmaps2;
+    calls(ctx, &maps, &unmaps);
+    char *z = bfc_ctx_alloc(ctx, s, 8 * G);
+    ck_assert_ptr_eq(z, b[0]);
+    calls(ctx, &maps2, &unmaps2);
+    ck_assert_uint_eq(unmaps2 - unmaps, 1);
+    ck_assert_uint_eq(maps2 - maps, 1);
+    ck_assert(mapped(ctx, z, 8 * G) && !mapped(ctx, b[9], G));
+    check_ok(ctx);
+    bfc_ctx_free(ctx, z, s);
+    bfc_ctx_free(ctx, sep, s);
+    bfc_ctx_free(ctx, tt, t);
+    bfc_sim_stream_destroy(ctx, s);
+    bfc_sim_stream_destroy(ctx, t);
+    bfc_ctx_destroy(ctx);
+}
+END_TEST
+
 /* A request the limit cannot hold beside the blocks in use (b: 24 of 32
  * granules live, asking 10) unmaps nothing of the other shards: a's free
  * granules, kept by the threshold, stay mapped (they were unmapped, and
@@ -2841,6 +2885,7 @@ static Suite *vmm_suite(void)
     tcase_add_test(tc, test_growth_churn_settles);
     tcase_add_test(tc, test_limit_release_spares_fit);
     tcase_add_test(tc, test_limit_release_spares_whole_granules);
+    tcase_add_test(tc, test_limit_release_spares_inner_granule);
     tcase_add_test(tc, test_hopeless_leaves_others_mapped);
     tcase_add_test(tc, test_futile_counts_block_not_granules);
     tcase_add_test(tc, test_regrow_leaves_others_alone);
