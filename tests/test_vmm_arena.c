@@ -2262,6 +2262,27 @@ START_TEST(test_hopeless_leaves_others_mapped)
         bfc_sim_stream_destroy(ctx, b);
         bfc_ctx_destroy(ctx);
     }
+    /* Nor does it take a's churn slack as a loan (a growth past the peak
+     * would: the slow path asks the other shards first). */
+    bfc_ctx_t *ctx = ctx_spec("memory_limit=2M,vmm=on", G);
+    bfc_stream_t a = bfc_sim_stream_create(ctx), b = bfc_sim_stream_create(ctx);
+    char *live = bfc_ctx_alloc(ctx, b, 24 * G);
+    ck_assert_ptr_nonnull(live);
+    for (int i = 0; i < 4; i++) { /* a's churn: it keeps its granules */
+        char *x = bfc_ctx_alloc(ctx, a, 4 * G);
+        ck_assert_ptr_nonnull(x);
+        bfc_ctx_free(ctx, x, a);
+    }
+    ck_assert_uint_eq(reserved(ctx), 28 * G);
+    uint64_t unmaps = stream_stats(ctx, a).num_vmm_unmaps;
+    ck_assert_ptr_null(bfc_ctx_alloc(ctx, b, 10 * G));
+    ck_assert_uint_eq(stream_stats(ctx, a).num_vmm_unmaps, unmaps);
+    ck_assert_uint_eq(reserved(ctx), 28 * G);
+    bfc_ctx_free(ctx, live, b);
+    check_ok(ctx);
+    bfc_sim_stream_destroy(ctx, a);
+    bfc_sim_stream_destroy(ctx, b);
+    bfc_ctx_destroy(ctx);
 }
 END_TEST
 
