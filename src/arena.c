@@ -427,7 +427,9 @@ __attribute__((noinline)) struct bfc__chunk *bfc__arena_take_vmm(struct bfc__are
     size_t keep = cut ? rounded : c->size;
     /* Granules not mapped are no internal fragmentation: a leftover that
      * has some is cut off rather than mapped for the block. */
-    if (!cut && keep > rounded && !bfc__expand_ready(a->x, c->ptr + rounded, keep - rounded)) {
+    if (!cut && keep > rounded &&
+        (!bfc__expand_ready(a->x, c->ptr + rounded, keep - rounded) ||
+         bfc__expand_spared_leftover(a->x, c->ptr, c->size, rounded))) {
         cut = true;
         keep = rounded;
     }

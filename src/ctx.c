@@ -968,6 +968,8 @@ static void *expand_fit(struct bfc__arena *a, size_t n, size_t rounded, int *st)
     a->x->map_status = BFC_ENOMEM;
     void *p = bfc__arena_fit_locked(a, n, rounded);
     *st = p ? BFC_OK : a->x->map_status;
+    if (a->x)
+        a->x->spared = 0; /* the release's spare served this fit only */
     return p;
 }
 

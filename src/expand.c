@@ -1035,17 +1035,19 @@ size_t bfc__expand_release_for_locked(struct bfc__arena *a, uint32_t wait_ms, si
         return 0;
     /* Unmapping them would only make the fit map them again, in the same
      * call (at the limit, a chunk whose first granules were mapped and
-     * free: an unmap of those beside the map of the whole block).  Only
-     * the granules the block covers whole: a last granule it shares with
-     * the chunk's leftover goes as before, so that the leftover, unmapped,
-     * is cut off rather than handed out with the block (TensorFlow's rule
-     * keeps a chunk under twice the request whole: with that granule
-     * spared, a 3 MiB block took a 4 MiB chunk, and a later request the
-     * limit could hold failed). */
+     * free: an unmap of those beside the map of the whole block).  Every
+     * granule the block touches; the fit then cuts the chunk's leftover
+     * off wherever the release would have unmapped a granule under it
+     * (bfc__expand_spared_leftover), as it did when those granules went:
+     * else TensorFlow's rule keeps a chunk under twice the request whole,
+     * and a 3 MiB block took a 4 MiB chunk whose last granule it shared
+     * with the leftover, and a later request the limit could hold failed. */
     struct bfc__chunk *c = bfc__bins_best_fit(&a->bins, rounded);
-    size_t g0 = c ? (c->ptr - x->base + GRAN(x) - 1) >> x->shift : 0;
-    size_t g1 = c ? (c->ptr + rounded - x->base) >> x->shift : 0;
-    return release_all(a, wait_ms, g0, g1 > g0 ? g1 : g0);
+    x->spared = c ? c->ptr : 0;
+    if (!c)
+        return release_all(a, wait_ms, 0, 0);
+    return release_all(a, wait_ms, (c->ptr - x->base) >> x->shift,
+                       ((c->ptr + rounded - 1 - x->base) >> x->shift) + 1);
 }
 
 /*

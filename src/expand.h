@@ -55,6 +55,8 @@ struct bfc__expand {
     uint64_t churn_window;      /* num_allocs when the current window of GROW_CHURN_WINDOW began */
     unsigned churn_maps;        /* maps in it of what growth had unmapped */
     uint64_t churn_last;        /* num_allocs at the last such map, or at the last halving */
+    uintptr_t spared;           /* the free chunk whose granules the last release at the limit
+                                   spared (bfc__expand_release_for_locked), until the fit after it */
     uint64_t calm_since;        /* num_allocs at the last churn or slack decay */
     /* Loans of the slack to other shards' growth (expand.c, "When", (a)):
      * each growth elsewhere that would raise the peak reserved takes what
@@ -92,6 +94,21 @@ static inline bool bfc__expand_ready(const struct bfc__expand *x, uintptr_t p, s
         if (!((x->ready[g >> 6] >> (g & 63)) & 1))
             return false;
     return true;
+}
+
+/* Would the release at the limit have unmapped a granule under the
+ * leftover [p + rounded, p + size) of free chunk [p, p + size), had it not
+ * spared the chunk?  Every granule wholly inside a free chunk, the
+ * leftover's first one included when the block ends inside it: the
+ * leftover is then cut off, as it was when those granules went. */
+static inline bool bfc__expand_spared_leftover(const struct bfc__expand *x, uintptr_t p, size_t size,
+                                               size_t rounded)
+{
+    if (x->spared != p)
+        return false;
+    uintptr_t g = (uintptr_t)1 << x->shift;
+    uintptr_t whole_lo = (p + g - 1) & ~(g - 1), whole_hi = (p + size) & ~(g - 1);
+    return whole_lo < whole_hi && p + rounded < whole_hi;
 }
 
 /* All under a->lock. */

@@ -2149,14 +2149,16 @@ START_TEST(test_regrow_not_while_pending)
 }
 END_TEST
 
-/* ... and only the granules the block covers whole: a last granule it
- * shares with the chunk's leftover goes as before, and the leftover,
- * unmapped, is cut off.  One stream, 2 MiB granules, limit 8 MiB, frees
- * unmap nothing: F = [0, 4M) free with g0 unmapped and g1 mapped, a live
- * block at 4M, g3 and g4 mapped and free (the limit reached).  R = 3 MiB
- * lands on F at the limit.  With g1 spared, R kept F whole (4 MiB: under
- * twice the request) and Q, with 7.75 MiB requested live, was refused. */
-START_TEST(test_limit_release_spares_whole_granules)
+/* ... and the chunk's leftover is cut off where the release would have
+ * unmapped a granule under it, as it was when that granule went.  One
+ * stream, 2 MiB granules, limit 8 MiB, frees unmap nothing: F = [0, 4M)
+ * free with g0 unmapped and g1 mapped, a live block at 4M, g3 and g4
+ * mapped and free (the limit reached).  R = 3 MiB lands on F at the limit:
+ * g1, which R shares with the leftover, stays mapped (one unmap call, of
+ * g3 and g4, where unmapping g1 too made two), and the leftover is cut
+ * off.  Kept whole (4 MiB: under twice the request), R's chunk left no
+ * room for Q, refused with 7.75 MiB requested live. */
+START_TEST(test_limit_release_cuts_leftover)
 {
     bfc_ctx_t *ctx = ctx_spec("memory_limit=8M,vmm=on,release_threshold=64M", 0);
     bfc_stream_t s = bfc_sim_stream_create(ctx);
@@ -2172,9 +2174,14 @@ START_TEST(test_limit_release_spares_whole_granules)
     bfc_ctx_free(ctx, x1, s);
     ck_assert(!mapped(ctx, x0, 2 * MiB) && mapped(ctx, x1, 2 * MiB));
     ck_assert_uint_eq(reserved(ctx), 8 * MiB);
+    uint64_t maps, unmaps, maps2, unmaps2;
+    calls(ctx, &maps, &unmaps);
     char *r = bfc_ctx_alloc(ctx, s, 3 * MiB);
     ck_assert_ptr_eq(r, x0);
     ck_assert_uint_eq(bfc_ctx_allocated_size(ctx, r), 3 * MiB);
+    calls(ctx, &maps2, &unmaps2);
+    ck_assert_uint_eq(unmaps2 - unmaps, 1);
+    ck_assert_uint_eq(maps2 - maps, 1);
     char *p = bfc_ctx_alloc(ctx, s, MiB), *q = bfc_ctx_alloc(ctx, s, 3 * MiB + 512 * KiB);
     ck_assert(p && q);
     bfc_ctx_free(ctx, q, s);
@@ -2905,7 +2912,7 @@ static Suite *vmm_suite(void)
     tcase_add_test(tc, test_holes_refused_map_nothing);
     tcase_add_test(tc, test_growth_churn_settles);
     tcase_add_test(tc, test_limit_release_spares_fit);
-    tcase_add_test(tc, test_limit_release_spares_whole_granules);
+    tcase_add_test(tc, test_limit_release_cuts_leftover);
     tcase_add_test(tc, test_limit_release_spares_inner_granule);
     tcase_add_test(tc, test_hopeless_leaves_others_mapped);
     tcase_add_test(tc, test_futile_counts_block_not_granules);
