@@ -15,7 +15,7 @@
 #                    or white-space-led numbers are malformed rows, and
 #                    live sizes past 2^64 - 1 an error, not a wrapped sum;
 #                    a gzip-compressed trace is named so, a NUL byte is
-#                    an error;
+#                    an error; a TRACE of - reads standard input;
 #   shardbfc-stat    --help / -h, an unknown option is a usage error (not a
 #                    file name), a missing file is exit 1, and so is a
 #                    report it could not write (stdout closed, /dev/full),
@@ -121,6 +121,12 @@ CSV
 replay_ok "replay of frag.csv failed" --config vmm=off "$tmp/frag.csv"
 grep -q '"fragmentation":0.250000,"fragmentation_max_at_peaks":0.250000,' "$tmp/out" ||
     { cat "$tmp/out" >&2; fail "fragmentation at the peaks of frag.csv wrong"; }
+
+# A TRACE of - reads standard input: the same table.
+"$replay" "$tmp/batches.csv" >"$tmp/file.out" 2>&1 || fail "replay of batches.csv failed"
+"$replay" - <"$tmp/batches.csv" >"$tmp/stdin.out" 2>&1 || { cat "$tmp/stdin.out" >&2; fail "replay of - failed"; }
+sed 's/ *[0-9.]*$//' "$tmp/file.out" >"$tmp/file.cut"; sed 's/ *[0-9.]*$//' "$tmp/stdin.out" >"$tmp/stdin.cut"
+cmp -s "$tmp/file.cut" "$tmp/stdin.cut" || { diff "$tmp/file.cut" "$tmp/stdin.cut" >&2; fail "replay of - differs from the file's"; }
 
 # A trace still gzip-compressed (as tests/traces keeps them) is named so.
 gzip -c "$tmp/batches.csv" >"$tmp/batches.csv.gz" || fail "gzip failed"

@@ -5,8 +5,9 @@
  *   shardbfc-replay [--config SPEC]... [--json] [--trace-out PATH] TRACE
  *   shardbfc-replay [--json] --compare SPEC... TRACE
  *
- * TRACE is a libshardbfc trace (SHARDBFC_CONF=trace=PATH) or an RMM
- * logging_resource_adaptor CSV log.  Each SPEC (SHARDBFC_CONF syntax, e.g.
+ * TRACE ("-": standard input) is a libshardbfc trace
+ * (SHARDBFC_CONF=trace=PATH) or an RMM logging_resource_adaptor CSV log.
+ * Each SPEC (SHARDBFC_CONF syntax, e.g.
  * "memory_limit=4G,allow_growth=false") is one run on a fresh SIM context;
  * no SPEC means one run on the defaults.  The table (or, with --json, a list
  * of objects with config, peak_requested, peak_reserved, peak_allocated,

@@ -304,7 +304,8 @@ fail:
 int bfc_trace_csv_read(const char *path, bfc_trace_event_t **out, size_t *n, char *err,
                        size_t errlen)
 {
-    FILE *f = fopen(path, "r");
+    bool in = strcmp(path, "-") == 0; /* standard input, as the other tools read it */
+    FILE *f = in ? stdin : fopen(path, "r");
     if (!f) {
         set_err(err, errlen, "%s: %s", path, strerror(errno));
         if (out)
@@ -313,8 +314,9 @@ int bfc_trace_csv_read(const char *path, bfc_trace_event_t **out, size_t *n, cha
             *n = 0;
         return -1;
     }
-    int rc = bfc_trace_csv_read_stream(f, path, out, n, err, errlen);
-    fclose(f);
+    int rc = bfc_trace_csv_read_stream(f, in ? "stdin" : path, out, n, err, errlen);
+    if (!in)
+        fclose(f);
     return rc;
 }
 

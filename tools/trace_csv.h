@@ -47,8 +47,8 @@ typedef struct bfc_trace_event {
 } bfc_trace_event_t;
 
 /*
- * Reads the trace at path into a malloc'ed array (*out, *n events, in file
- * order; free it with free()).  The header row names the columns, in any
+ * Reads the trace at path ("-": standard input) into a malloc'ed array
+ * (*out, *n events, in file order; free it with free()).  The header row names the columns, in any
  * order; Action, Pointer and Size are required, Thread, Time and Stream
  * default to 0 when absent.  Blank lines and CR LF line ends are accepted.
  * Returns 0, or -1 with a message ("trace.csv:12: unknown action 'foo'") in
