@@ -106,9 +106,9 @@ static inline bool bfc__expand_spared_leftover(const struct bfc__expand *x, uint
 {
     if (x->spared != p)
         return false;
-    uintptr_t g = (uintptr_t)1 << x->shift;
-    uintptr_t whole_lo = (p + g - 1) & ~(g - 1), whole_hi = (p + size) & ~(g - 1);
-    return whole_lo < whole_hi && p + rounded < whole_hi;
+    uintptr_t g = (uintptr_t)1 << x->shift, off = p - x->base; /* granules count from base */
+    uintptr_t whole_lo = (off + g - 1) & ~(g - 1), whole_hi = (off + size) & ~(g - 1);
+    return whole_lo < whole_hi && off + rounded < whole_hi;
 }
 
 /* All under a->lock. */
