@@ -864,6 +864,28 @@ static void count_oom(struct bfc_ctx *ctx, struct bfc__arena *a, int st)
 
 #define UNMAP_WAIT_MAX 64
 
+/* Calls fn on every live shard but self, each under its own lock after
+ * draining it (blocks other streams freed to it count as freed; a drain
+ * may retire an expandable shard's reservation).  self's lock not held:
+ * arenas_lock, then one arena lock at a time. */
+static void each_other_drained(struct bfc_ctx *ctx, struct bfc__arena *self,
+                               void (*fn)(struct bfc__arena *a, void *arg), void *arg)
+{
+    struct bfc__arena *a;
+    bfc__lock(&ctx->arenas_lock);
+    bfc__list_for_each(a, &ctx->arenas, all) {
+        if (a == self)
+            continue;
+        bfc__lock(&a->lock);
+        if (!a->dead) {
+            bfc__arena_drain_locked(a, true);
+            fn(a, arg);
+        }
+        bfc__unlock(&a->lock);
+    }
+    bfc__unlock(&ctx->arenas_lock);
+}
+
 /*
  * Could any memory given back make room for a block of `rounded` bytes?
  * Not when the blocks in use -- `mine` in the asking shard, and every other
@@ -884,68 +906,61 @@ static void count_oom(struct bfc_ctx *ctx, struct bfc__arena *a, int st)
  * request is refused as it would be an instant later, when the allocation
  * has taken the room.
  */
+static void add_live(struct bfc__arena *a, void *live)
+{
+    *(size_t *)live += a->st.bytes_in_use;
+}
+
 static bool futile(struct bfc_ctx *ctx, struct bfc__arena *self, size_t mine, size_t rounded)
 {
-    size_t committed = atomic_load_explicit(&ctx->pool.committed, memory_order_relaxed), need = rounded;
-    if (need > ctx->limit)
+    size_t committed = atomic_load_explicit(&ctx->pool.committed, memory_order_relaxed);
+    if (rounded > ctx->limit)
         return true;
-    if (committed <= ctx->limit - need) /* room now: not this test's case */
+    if (committed <= ctx->limit - rounded) /* room now: not this test's case */
         return false;
     size_t live = mine;
-    struct bfc__arena *a;
-    bfc__lock(&ctx->arenas_lock);
-    bfc__list_for_each(a, &ctx->arenas, all) {
-        if (a == self)
-            continue;
-        bfc__lock(&a->lock);
-        if (!a->dead) {
-            bfc__arena_drain_locked(a, true);
-            live += a->st.bytes_in_use;
-        }
-        bfc__unlock(&a->lock);
-    }
-    bfc__unlock(&ctx->arenas_lock);
-    return live > ctx->limit - need;
+    each_other_drained(ctx, self, add_live, &live);
+    return live > ctx->limit - rounded;
 }
 
 /* Asks every other shard for its free granules: all of them (`all`: at the
  * limit, and trim) or those beyond what it keeps for its own churn (a
  * growth that still fits the limit; expand.c, "When", (a)).  With wait_ms,
  * waits for their fences without a lock and unmaps again. */
+struct unmap_walk {
+    bool all, again;
+    size_t loan, n;
+    bfc__event_t evs[UNMAP_WAIT_MAX];
+};
+
+static void unmap_one(struct bfc__arena *a, void *arg)
+{
+    struct unmap_walk *w = arg;
+    if (!a->x)
+        return;
+    if (w->all)
+        (void)bfc__expand_release_locked(a, 0);
+    else
+        (void)bfc__expand_release_spare_locked(a, &w->loan);
+    if (a->x && a->x->leaving_bytes) {
+        w->again = true;
+        /* The record is the pool's: its event outlives our locks. */
+        struct bfc__fence *f = a->x->fence;
+        if (w->n < UNMAP_WAIT_MAX && f->ev && !f->synced && !f->unfenced)
+            w->evs[w->n++] = f->ev;
+    }
+}
+
 static void expand_unmap_others(struct bfc_ctx *ctx, struct bfc__arena *self, uint32_t wait_ms, bool all,
                                 size_t need)
 {
-    size_t loan = need;
-    bfc__event_t evs[UNMAP_WAIT_MAX];
-    size_t n = 0;
-    bool again = false;
+    struct unmap_walk w = { .all = all, .loan = need };
     struct bfc__arena *a;
-    bfc__lock(&ctx->arenas_lock);
-    bfc__list_for_each(a, &ctx->arenas, all) {
-        if (a == self)
-            continue;
-        bfc__lock(&a->lock);
-        if (!a->dead && a->x) {
-            bfc__arena_drain_locked(a, true); /* may retire its reservation */
-            if (all)
-                (void)bfc__expand_release_locked(a, 0);
-            else
-                (void)bfc__expand_release_spare_locked(a, &loan);
-            if (a->x && a->x->leaving_bytes) {
-                again = true;
-                /* The record is the pool's: its event outlives our locks. */
-                struct bfc__fence *f = a->x->fence;
-                if (n < UNMAP_WAIT_MAX && f->ev && !f->synced && !f->unfenced)
-                    evs[n++] = f->ev;
-            }
-        }
-        bfc__unlock(&a->lock);
-    }
-    bfc__unlock(&ctx->arenas_lock);
-    if (!again || wait_ms == 0)
+    each_other_drained(ctx, self, unmap_one, &w);
+    if (!w.again || wait_ms == 0)
         return;
-    for (size_t i = 0; i < n; i++)
-        (void)ctx->be->ops->event_wait(ctx->be, evs[i], wait_ms);
+    for (size_t i = 0; i < w.n; i++)
+        (void)ctx->be->ops->event_wait(ctx->be, w.evs[i], wait_ms);
     bfc__lock(&ctx->arenas_lock);
     bfc__list_for_each(a, &ctx->arenas, all) {
         if (a == self)

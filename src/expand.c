@@ -633,10 +633,15 @@ bool bfc__expand_ask_others(const struct bfc__arena *a, size_t need)
 /* Free mapped bytes the shard keeps beyond its granules shared with live
  * blocks, at its own frees and when another shard grows: the threshold and
  * the churn slack (saturating: a threshold near SIZE_MAX keeps all). */
+static size_t beyond_threshold(const struct bfc__expand *x, size_t more)
+{
+    size_t keep = x->threshold + more;
+    return keep < x->threshold ? SIZE_MAX : keep;
+}
+
 static size_t keep_bytes(const struct bfc__expand *x)
 {
-    size_t keep = x->threshold + x->slack;
-    return keep < x->threshold ? SIZE_MAX : keep;
+    return beyond_threshold(x, x->slack);
 }
 
 /* Free mapped bytes a loan leaves the shard: idle_floor (what the last
@@ -646,8 +651,7 @@ static size_t keep_bytes(const struct bfc__expand *x)
  * loan takes on no more than the hint offered. */
 static size_t lend_floor(const struct bfc__expand *x)
 {
-    size_t f = x->idle_floor + x->threshold;
-    return f < x->threshold ? SIZE_MAX : f;
+    return beyond_threshold(x, x->idle_floor);
 }
 
 /* May another shard's growth take some of the slack now? */
@@ -729,6 +733,12 @@ static void unready(struct bfc__expand *x, size_t g)
 /* Allocations without churn after which a slack halves. */
 #define CALM_ALLOCS 1024
 
+/* A slack after churn: a granule, then twice as much, up to the range. */
+static size_t doubled(const struct bfc__expand *x, size_t slack)
+{
+    return slack ? (slack < x->size / 2 ? 2 * slack : x->size) : GRAN(x);
+}
+
 static void account_map(struct bfc__arena *a, size_t bytes)
 {
     struct bfc__expand *x = a->x;
@@ -745,7 +755,7 @@ static void account_map(struct bfc__arena *a, size_t bytes)
         x->unmapped_at_free -= bytes < x->unmapped_at_free ? bytes : x->unmapped_at_free;
         x->remapped = true;
         x->calm_since = a->st.num_allocs;
-        x->slack = x->slack ? (x->slack < x->size / 2 ? 2 * x->slack : x->size) : GRAN(x);
+        x->slack = doubled(x, x->slack);
     }
     /* Churn at growth: what a growth unmapped is mapped again. */
     if (x->unmapped_at_growth) {
@@ -757,7 +767,7 @@ static void account_map(struct bfc__arena *a, size_t bytes)
         x->churn_last = a->st.num_allocs;
         if (++x->churn_maps >= GROW_CHURN_MAPS) {
             x->churn_maps = 0;
-            x->grow_slack = x->grow_slack ? (x->grow_slack < x->size / 2 ? 2 * x->grow_slack : x->size) : GRAN(x);
+            x->grow_slack = doubled(x, x->grow_slack);
         }
     }
     /* A map while a loan of the slack is out: the shard needed what it
@@ -791,9 +801,7 @@ static size_t release_for_growth(struct bfc__arena *a, size_t g0, size_t g1, siz
         x->grow_slack /= 2;
         x->churn_last = a->st.num_allocs;
     }
-    size_t keep = x->threshold + x->grow_slack;
-    if (keep < x->threshold)
-        keep = SIZE_MAX;
+    size_t keep = beyond_threshold(x, x->grow_slack);
     if (staying_idle(a) <= keep)
         return 0;
     uint64_t since_rise;
@@ -808,6 +816,7 @@ int bfc__expand_make_ready_locked(struct bfc__arena *a, uintptr_t p, size_t size
     const struct bfc__arena_env *env = a->env;
     size_t g0 = (p - x->base) >> x->shift, g1 = ((p + size - 1 - x->base) >> x->shift) + 1;
     size_t need = 0, runs = 0, out = 0;
+    int st;
     /* Leaving granules come back at no cost. */
     for (size_t g = g0; g < g1; g++)
         if (!bit(x->mapped, g)) {
@@ -833,10 +842,8 @@ int bfc__expand_make_ready_locked(struct bfc__arena *a, uintptr_t p, size_t size
          * refuses would map some (raising the peak reserved) and leave
          * them to be unmapped again.  One run is checked by its map. */
         if (runs > 1 && !bfc__pool_vmm_fits(env->pool, need)) {
-            x->unmapped_at_growth += out;
-            x->map_status = BFC_ENOMEM;
-            rearm(a, false);
-            return BFC_ENOMEM;
+            st = BFC_ENOMEM;
+            goto refused;
         }
     }
     for (size_t g = g0; g < g1;) {
@@ -849,13 +856,9 @@ int bfc__expand_make_ready_locked(struct bfc__arena *a, uintptr_t p, size_t size
             e++;
         uintptr_t addr = x->base + (g << x->shift);
         size_t len = (e - g) << x->shift;
-        int st = bfc__pool_vmm_map(env->pool, addr, len);
-        if (st != BFC_OK) {
-            x->unmapped_at_growth += out;
-            x->map_status = st;
-            rearm(a, false);
-            return st;
-        }
+        st = bfc__pool_vmm_map(env->pool, addr, len);
+        if (st != BFC_OK)
+            goto refused;
         for (size_t i = g; i < e; i++) {
             set_bit(x->mapped, i, true);
             set_bit(x->ready, i, true);
@@ -880,6 +883,12 @@ int bfc__expand_make_ready_locked(struct bfc__arena *a, uintptr_t p, size_t size
         x->ready_end = x->base + (first_unready(x, pg) << x->shift);
     rearm(a, need != 0);
     return BFC_OK;
+
+refused:
+    x->unmapped_at_growth += out;
+    x->map_status = st;
+    rearm(a, false);
+    return st;
 }
 
 /* ---------------------------------------------------------- unmapping */
