@@ -418,16 +418,9 @@ START_TEST(test_stream_table_mapped_later)
     size_t vm;
     if (!rlimit_as_testable(&vm))
         return;
-    pid_t pid = fork();
-    ck_assert_int_ge(pid, 0);
+    struct rlimit old;
+    pid_t pid = fork_under_rlimit_as(vm + 1024 * 1024, &old);
     if (pid == 0) {
-        struct rlimit old, rl;
-        if (getrlimit(RLIMIT_AS, &old) != 0)
-            _exit(10);
-        rl = old;
-        rl.rlim_cur = vm + 1024 * 1024;
-        if (setrlimit(RLIMIT_AS, &rl) != 0)
-            _exit(11);
         bfc_config_t cfg;
         bfc_config_init(&cfg);
         cfg.backend = BFC_BACKEND_SIM;

@@ -58,6 +58,14 @@ static void check_ok(bfc_ctx_t *ctx)
     ck_assert_msg(rc == BFC_OK, "bfc_ctx_check: %s", buf);
 }
 
+/* The end of a two-stream test: both SIM streams, then the context. */
+static void destroy2(bfc_ctx_t *ctx, bfc_stream_t s, bfc_stream_t t)
+{
+    bfc_sim_stream_destroy(ctx, s);
+    bfc_sim_stream_destroy(ctx, t);
+    bfc_ctx_destroy(ctx);
+}
+
 static uint64_t reserved(bfc_ctx_t *ctx)
 {
     bfc_stats_t st;
@@ -2232,9 +2240,7 @@ START_TEST(test_limit_release_spares_inner_granule)
     bfc_ctx_free(ctx, z, s);
     bfc_ctx_free(ctx, sep, s);
     bfc_ctx_free(ctx, tt, t);
-    bfc_sim_stream_destroy(ctx, s);
-    bfc_sim_stream_destroy(ctx, t);
-    bfc_ctx_destroy(ctx);
+    destroy2(ctx, s, t);
 }
 END_TEST
 
@@ -2265,9 +2271,7 @@ START_TEST(test_hopeless_leaves_others_mapped)
         ck_assert_uint_eq(reserved(ctx), 28 * G);
         bfc_ctx_free(ctx, live, b);
         check_ok(ctx);
-        bfc_sim_stream_destroy(ctx, a);
-        bfc_sim_stream_destroy(ctx, b);
-        bfc_ctx_destroy(ctx);
+        destroy2(ctx, a, b);
     }
     /* Nor does it take a's churn slack as a loan (a growth past the peak
      * would: the slow path asks the other shards first). */
@@ -2287,9 +2291,7 @@ START_TEST(test_hopeless_leaves_others_mapped)
     ck_assert_uint_eq(reserved(ctx), 28 * G);
     bfc_ctx_free(ctx, live, b);
     check_ok(ctx);
-    bfc_sim_stream_destroy(ctx, a);
-    bfc_sim_stream_destroy(ctx, b);
-    bfc_ctx_destroy(ctx);
+    destroy2(ctx, a, b);
 }
 END_TEST
 
@@ -2316,9 +2318,7 @@ START_TEST(test_futile_counts_block_not_granules)
     bfc_ctx_free(ctx, a2, a);
     bfc_ctx_free(ctx, a1, a);
     check_ok(ctx);
-    bfc_sim_stream_destroy(ctx, a);
-    bfc_sim_stream_destroy(ctx, b);
-    bfc_ctx_destroy(ctx);
+    destroy2(ctx, a, b);
 }
 END_TEST
 
@@ -2354,9 +2354,7 @@ START_TEST(test_limit_release_spares_fit)
     bfc_ctx_free(ctx, x, s);
     bfc_ctx_free(ctx, y, s);
     bfc_ctx_free(ctx, tt, t);
-    bfc_sim_stream_destroy(ctx, s);
-    bfc_sim_stream_destroy(ctx, t);
-    bfc_ctx_destroy(ctx);
+    destroy2(ctx, s, t);
 }
 END_TEST
 
@@ -2433,9 +2431,7 @@ START_TEST(test_holes_refused_map_nothing)
     bfc_ctx_free(ctx, d, s);
     bfc_ctx_free(ctx, x, t);
     check_ok(ctx);
-    bfc_sim_stream_destroy(ctx, s);
-    bfc_sim_stream_destroy(ctx, t);
-    bfc_ctx_destroy(ctx);
+    destroy2(ctx, s, t);
 }
 END_TEST
 
@@ -2689,12 +2685,9 @@ START_TEST(test_reserve_under_rlimit_as)
     size_t vm;
     if (!rlimit_as_testable(&vm))
         return;
-    pid_t pid = fork();
-    ck_assert_int_ge(pid, 0);
+    struct rlimit old;
+    pid_t pid = fork_under_rlimit_as(vm + 3 * GiB, &old);
     if (pid == 0) {
-        struct rlimit rl = { vm + 3 * GiB, vm + 3 * GiB };
-        if (setrlimit(RLIMIT_AS, &rl) != 0)
-            _exit(10);
         bfc_config_t c;
         bfc_config_init(&c);
         c.backend = BFC_BACKEND_SIM;
@@ -2726,12 +2719,9 @@ START_TEST(test_reserve_table_refused)
         return;
     bfc_ctx_t *ctx = ctx_spec("memory_limit=1G,vmm=on", 0); /* made before the rlimit */
     vm = vm_size();
-    pid_t pid = fork();
-    ck_assert_int_ge(pid, 0);
+    struct rlimit old;
+    pid_t pid = fork_under_rlimit_as(vm + 2 * GiB + 40 * MiB, &old);
     if (pid == 0) {
-        struct rlimit rl = { vm + 2 * GiB + 40 * MiB, vm + 2 * GiB + 40 * MiB };
-        if (setrlimit(RLIMIT_AS, &rl) != 0)
-            _exit(10);
         char *p = bfc_ctx_alloc(ctx, NULL, 64 * MiB);
         if (!p)
             _exit(20);

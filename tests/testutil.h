@@ -30,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -97,6 +98,26 @@ static inline bool rlimit_as_testable(size_t *vm)
     ck_assert_uint_gt(*vm, 0);
     return true;
 #endif
+}
+
+/* Forks; the child runs under RLIMIT_AS's soft limit `cur` (hard limit
+ * unchanged, *old the limits before, so that it may lift it again) and
+ * exits 10 where it cannot be set.  Returns 0 in the child, the child's
+ * pid in the parent. */
+static inline pid_t fork_under_rlimit_as(rlim_t cur, struct rlimit *old)
+{
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        struct rlimit rl;
+        if (getrlimit(RLIMIT_AS, old) != 0)
+            _exit(10);
+        rl = *old;
+        rl.rlim_cur = cur;
+        if (setrlimit(RLIMIT_AS, &rl) != 0)
+            _exit(10);
+    }
+    return pid;
 }
 
 /* Waits for the child pid: its exit code, or -1 when a signal ended it. */
